@@ -1,0 +1,93 @@
+"""Saving and loading models with their config, keeping tied parameters tied.
+
+Tied parameters (one ``nn.Parameter`` reachable under several names) are how interlayer shares weights:
+embeddings/output projection, Crossformer's hard guidance, LW's group sharing. ``safetensors`` refuses tensors
+that share storage, so a checkpoint stores each tied tensor once, under its first name, and records the *tie map*
+(name -> the names it is also known by) in the file's metadata. Loading rebuilds the model from the stored config
+(which re-creates the ties), checks the rebuilt model has the same tie map, and loads the canonical tensors.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .build import build_model
+from .config import ModelConfig, config_from_dict
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded into the requested model; the message says what differs."""
+
+
+def tie_map(model: nn.Module) -> dict[str, list[str]]:
+    """Canonical parameter name -> other names of the same tensor (only entries with aliases)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return {group[0]: group[1:] for group in names.values() if len(group) > 1}
+
+
+def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with every tied tensor present once (under its canonical name)."""
+    aliases = {alias for group in tie_map(model).values() for alias in group}
+    return {k: v for k, v in model.state_dict().items() if k not in aliases}
+
+
+def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "state dict"
+                              ) -> None:
+    """Load a state dict that may omit alias names; mismatches raise :class:`CheckpointError` naming the keys."""
+    ties = tie_map(model)
+    aliases = {alias: canon for canon, group in ties.items() for alias in group}
+    expected = {k for k in model.state_dict() if k not in aliases}
+    given = {k for k in state if k not in aliases}
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing or unexpected:
+        raise CheckpointError(f"{source} does not fit this model: missing {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                              f"{'...' if len(unexpected) > 5 else ''}")
+    own = model.state_dict()
+    for key in expected:
+        if own[key].shape != state[key].shape:
+            raise CheckpointError(f"{source}: {key} has shape {tuple(state[key].shape)}, the model expects "
+                                  f"{tuple(own[key].shape)}")
+    model.load_state_dict({k: state[k] for k in expected}, strict=False)
+
+
+def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (tie map in its metadata) into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config: ModelConfig = model.config
+    config.save(directory / CONFIG_FILE)
+    tensors = {k: v.detach().contiguous() for k, v in canonical_state_dict(model).items()}
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    save_file(tensors, str(tmp), metadata={"tie_map": json.dumps(tie_map(model)), "format": "interlayer"})
+    tmp.replace(directory / WEIGHTS_FILE)
+    return directory
+
+
+def load_pretrained(directory: Union[str, Path]) -> nn.Module:
+    """Rebuild the model from ``config.json`` and load its weights, re-tying shared parameters."""
+    directory = Path(directory)
+    config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise CheckpointError(f"{directory} is not an interlayer checkpoint: {path.name} is missing")
+    cfg = config_from_dict(json.loads(config_path.read_text()), source=str(config_path))
+    model = build_model(cfg)
+    with safe_open(str(weights_path), framework="pt") as handle:
+        stored_ties = json.loads((handle.metadata() or {}).get("tie_map", "{}"))
+    if stored_ties != tie_map(model):
+        raise CheckpointError(f"{weights_path} was saved with tied parameters {stored_ties}, but its config "
+                              f"builds a model tied as {tie_map(model)}; the files come from different models")
+    load_canonical_state_dict(model, load_file(str(weights_path)), source=str(weights_path))
+    return model

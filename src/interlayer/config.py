@@ -1,0 +1,164 @@
+"""The full model configuration: the core Transformer's fields plus one optional section per method.
+
+A section left ``None`` means the method is off. Configs round-trip through JSON and YAML, and every loader path
+(file, dict, ``--set key=value`` overrides) goes through :func:`config_from_dict`, which rejects unknown keys
+(suggesting the closest valid one) and values of the wrong type, naming the dotted key that was wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from .core.config import ConfigError, TransformerConfig
+from .methods import METHODS
+from .methods.conv_branch import ConvBranchConfig
+from .methods.crossformer import CrossformerConfig
+from .methods.lightweight import LightweightConfig
+from .methods.multipass import MultiPassConfig
+from .methods.predictive import PredictiveConfig
+
+
+@dataclass
+class ModelConfig(TransformerConfig):
+    """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off)."""
+
+    crossformer: Optional[CrossformerConfig] = None
+    multipass: Optional[MultiPassConfig] = None
+    predictive: Optional[PredictiveConfig] = None
+    conv_branch: Optional[ConvBranchConfig] = None
+    lightweight: Optional[LightweightConfig] = None
+
+    def sections(self) -> list[tuple[Any, Any]]:
+        """(method, section) for every method that is on."""
+        return [(m, getattr(self, m.name)) for m in METHODS if getattr(self, m.name) is not None]
+
+    def validate(self) -> None:
+        super().validate()
+        for method, section in self.sections():
+            method.validate(section, self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Union[str, Path]) -> None:
+        path = Path(path)
+        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
+                else json.dumps(self.to_dict(), indent=2))
+        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "ModelConfig":
+        path = Path(path)
+        try:
+            text = path.read_text()
+            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        except (OSError, json.JSONDecodeError, yaml.YAMLError) as err:
+            raise ConfigError(f"cannot read config file {path}: {err}") from err
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+        return config_from_dict(data, source=str(path))
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
+    """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key."""
+    try:
+        cfg = _build(ModelConfig, data, prefix="")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    cfg.validate()
+    return cfg
+
+
+def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """Return a new config with dotted-key overrides (``{"crossformer.hard": ["kq"]}``) applied and validated.
+
+    String values are parsed as YAML scalars/lists, so ``--set d_model=256`` and ``--set passes=[0,2,1]`` work.
+    Setting a key inside a section that is off turns the section on with its defaults first.
+    """
+    data = cfg.to_dict()
+    for dotted, raw in overrides.items():
+        value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        head, _, rest = dotted.partition(".")
+        if rest:
+            section = data.get(head)
+            if head not in data:
+                _unknown(head, list(data), "")
+            if section is None:
+                section = {}
+                data[head] = section
+            section[rest] = value
+        else:
+            if head not in data:
+                _unknown(head, list(data), "")
+            data[head] = {} if value is True and _is_section(head) else value
+    return config_from_dict(data, source="overrides")
+
+
+def _is_section(name: str) -> bool:
+    return any(m.name == name for m in METHODS)
+
+
+def _unknown(key: str, valid: list[str], prefix: str) -> None:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean {prefix}{close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown key {prefix}{key!r}{hint}; valid keys: {', '.join(sorted(valid))}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            _unknown(key, names, prefix)
+        kwargs[key] = _coerce(value, hints[key], prefix + key)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, {} if value is True else value, key + ".")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        return origin(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value

@@ -1,0 +1,195 @@
+"""Multi-head attention with separate q/k/v/out projections (fairseq layout) and two interchangeable paths.
+
+* **Fused** — ``torch.nn.functional.scaled_dot_product_attention``: used automatically when nothing needs the
+  attention logits (no intermediates requested, no logit mixer, ``attn_impl='auto'``).
+* **Eager** — explicit ``softmax(q k^T / sqrt(d) + bias)``: used when a caller wants the
+  :class:`AttentionIntermediates` or a *logit mixer* rewrites the logits (Predictive Attention).
+
+Masking never writes ``-inf``: disallowed logits are replaced by the dtype's most negative finite number, and a
+query row with no allowed key (an all-padding sequence) outputs zeros on both paths, so no NaN can appear and
+the two paths agree exactly on every row.
+
+Extension points used by the method modules, all optional and generic:
+``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias), ``logit_mixer`` (a module mapping the current and
+the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class AttentionIntermediates:
+    """What one attention call computed, for analysis, plots and cross-layer methods.
+
+    ``logits`` are pre-softmax and *unmasked* (they include relative-position bias and any logit mixing), so a
+    next layer can read them without meeting a masking constant. ``probs`` are the masked softmax. ``extras``
+    holds method-specific maps (e.g. Predictive Attention's CNN prediction).
+    """
+
+    logits: Tensor
+    probs: Tensor
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class KVCache:
+    """Keys and values kept between decoding steps: appended for self-attention, computed once for cross."""
+
+    k: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool, q_offset: int,
+                       device: torch.device) -> Optional[Tensor]:
+    """Boolean ``(B|1, 1, Tq, Tk)`` mask, True where query i may attend key j; None when everything is allowed."""
+    allowed = None
+    if causal:
+        i = torch.arange(q_offset, q_offset + t_q, device=device).unsqueeze(1)
+        j = torch.arange(t_k, device=device).unsqueeze(0)
+        allowed = (j <= i)[None, None]
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]
+        allowed = keep if allowed is None else allowed & keep
+    return allowed
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over ``n_heads`` heads (Vaswani et al. 2017, Eq. 1-2 of Sec. 3.2).
+
+    ``kv_dim`` is the width of the key/value input (cross-attention may read a memory of another width);
+    ``qk_dim`` the total width of queries and keys (``d_model`` by default). Values and output are ``d_model``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, kv_dim: Optional[int] = None, qk_dim: Optional[int] = None,
+                 dropout: float = 0.0, bias: bool = True, relative: Optional[nn.Module] = None,
+                 logit_mixer: Optional[nn.Module] = None, force_eager: bool = False) -> None:
+        super().__init__()
+        kv_dim = kv_dim or d_model
+        qk_dim = qk_dim or d_model
+        self.n_heads, self.d_model, self.qk_dim, self.kv_dim = n_heads, d_model, qk_dim, kv_dim
+        self.scale = (qk_dim // n_heads) ** -0.5
+        self.q_proj = nn.Linear(d_model, qk_dim, bias=bias)
+        self.k_proj = nn.Linear(kv_dim, qk_dim, bias=bias)
+        self.v_proj = nn.Linear(kv_dim, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+        self.relative = relative
+        self.logit_mixer = logit_mixer
+        self.force_eager = force_eager
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # fairseq's init: q/k/v scaled Xavier (gain 1/sqrt(2)) keeps the logit variance near 1 at the start.
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+    @property
+    def wants_prev_logits(self) -> bool:
+        """True when this module mixes in the previous layer's logits, so that layer must produce them."""
+        return self.logit_mixer is not None
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, width = x.shape
+        return x.view(b, t, self.n_heads, width // self.n_heads).transpose(1, 2)
+
+    def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
+                causal: bool = False, prev_logits: Optional[Tensor] = None, need_intermediates: bool = False,
+                cache: Optional[KVCache] = None) -> tuple[Tensor, Optional[AttentionIntermediates]]:
+        """Attend from ``x`` (B, Tq, d_model) to itself, or to ``memory`` (B, Tk, kv_dim) for cross-attention.
+
+        ``key_padding_mask`` (B, Tk) is True at padding. With ``cache`` and self-attention, ``x`` holds only the
+        new positions and keys/values are appended; with ``cache`` and cross-attention the memory projections are
+        computed once and reused.
+        """
+        b, t_q, _ = x.shape
+        q = self._split(self.q_proj(x))
+        q_offset = 0
+        if memory is None:
+            k, v = self._split(self.k_proj(x)), self._split(self.v_proj(x))
+            if cache is not None:
+                q_offset = cache.length
+                k, v = cache.append(k, v)
+        elif cache is not None and cache.k is not None:
+            k, v = cache.k, cache.v
+        else:
+            k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+            if cache is not None:
+                cache.k, cache.v = k, v
+        t_k = k.shape[2]
+        q = q * self.scale
+        bias = self.relative(q, q_offset, t_k) if self.relative is not None else None
+        allowed = build_allowed_mask(key_padding_mask, t_q, t_k, causal, q_offset, x.device)
+
+        eager = need_intermediates or self.logit_mixer is not None or self.force_eager
+        if eager:
+            out, inter = self._eager(q, k, v, bias, allowed, key_padding_mask, prev_logits)
+        else:
+            out, inter = self._fused(q, k, v, bias, allowed, causal and key_padding_mask is None and q_offset == 0
+                                     and t_q == t_k), None
+        if allowed is not None:
+            out = out.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+        out = out.transpose(1, 2).reshape(b, t_q, self.d_model)
+        return self.out_proj(out), inter if need_intermediates else None
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
+               plain_causal: bool) -> Tensor:
+        dropout = self.dropout if self.training else 0.0
+        if plain_causal and bias is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=1.0)
+        mask = allowed
+        if bias is not None:
+            mask = bias if allowed is None else bias.masked_fill(~allowed, torch.finfo(bias.dtype).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0)
+
+    def _eager(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
+               key_padding_mask: Optional[Tensor], prev_logits: Optional[Tensor]
+               ) -> tuple[Tensor, AttentionIntermediates]:
+        logits = q @ k.transpose(-2, -1)
+        if bias is not None:
+            logits = logits + bias
+        extras: dict[str, Tensor] = {}
+        if self.logit_mixer is not None and prev_logits is not None:
+            logits, extras = self.logit_mixer(logits, prev_logits, key_padding_mask)
+        masked = logits if allowed is None else logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+        probs = torch.softmax(masked, dim=-1, dtype=torch.float32).to(v.dtype)
+        dropped = F.dropout(probs, self.dropout, self.training) if self.dropout else probs
+        return dropped @ v, AttentionIntermediates(logits=logits, probs=probs, q=q, k=k, v=v, extras=extras)
+
+    def madds(self, t_q: int, t_k: int) -> int:
+        """Multiply-adds of one forward pass without cache (projections, logits, weighted sum, extras)."""
+        total = t_q * self.d_model * self.qk_dim + t_k * self.kv_dim * (self.qk_dim + self.d_model)
+        total += t_q * t_k * (self.qk_dim + self.d_model) + t_q * self.d_model * self.d_model
+        if self.relative is not None:
+            total += self.relative.madds(t_q, t_k, self.n_heads)
+        if self.logit_mixer is not None:
+            total += self.logit_mixer.madds(t_q, t_k)
+        return total

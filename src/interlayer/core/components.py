@@ -1,0 +1,57 @@
+"""The factories a model is built from, one per replaceable part.
+
+A method plugs into the core by replacing entries *before* the model is built (e.g. group-wise attention
+replaces ``self_attention``; predictive attention provides ``logit_mixer``). The default self-attention factory
+looks up ``relative`` and ``logit_mixer`` on this object when it is called, so replacements made by one method
+are seen by another: that late binding is what lets the methods compose.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .config import TransformerConfig
+from .feedforward import FeedForward
+from .positions import RelativePositionBias, RelativePositionBias2D
+
+Side = str  # "encoder" or "decoder"
+
+
+class Components:
+    """Per-layer factories: each takes ``(side, layer_index)`` and returns a fresh module."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        self.cfg = cfg
+        self.relative: Callable[[Side, int], Optional[nn.Module]] = self.default_relative
+        self.logit_mixer: Callable[[Side, int], Optional[nn.Module]] = lambda side, index: None
+        self.self_attention: Callable[[Side, int], nn.Module] = self.default_self_attention
+        self.cross_attention: Callable[[int], nn.Module] = self.default_cross_attention
+        self.ffn: Callable[[Side, int], nn.Module] = self.default_ffn
+        self.encoder_class: Optional[type] = None  # None: interlayer.core.encoder.Encoder
+
+    def default_relative(self, side: Side, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
+        cfg = self.cfg
+        head_dim = head_dim or cfg.qk_width // cfg.n_heads
+        if cfg.positions == "relative":
+            return RelativePositionBias(head_dim, cfg.rel_max_distance)
+        if cfg.positions == "relative_2d" and side == "encoder":
+            return RelativePositionBias2D(head_dim, cfg.grid_height, cfg.grid_width)
+        return None
+
+    def default_self_attention(self, side: Side, index: int) -> nn.Module:
+        cfg = self.cfg
+        return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
+                                  bias=cfg.bias, relative=self.relative(side, index),
+                                  logit_mixer=self.logit_mixer(side, index), force_eager=cfg.attn_impl == "eager")
+
+    def default_cross_attention(self, index: int) -> nn.Module:
+        cfg = self.cfg
+        return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
+                                  bias=cfg.bias, force_eager=cfg.attn_impl == "eager")
+
+    def default_ffn(self, side: Side, index: int) -> nn.Module:
+        cfg = self.cfg
+        return FeedForward(cfg.d_model, cfg.d_ffn, activation=cfg.activation, act_dropout=cfg.act_dropout,
+                           bias=cfg.bias)

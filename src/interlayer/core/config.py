@@ -1,0 +1,137 @@
+"""The core Transformer's configuration: one typed dataclass, nothing about the papers.
+
+Design notes
+------------
+* One flat dataclass (nanoGPT style) so that ``--set d_model=256`` works without knowing a nesting scheme.
+* ``validate()`` rejects combinations that cannot work, naming the key and the valid choices, so a bad config
+  fails at construction time instead of as a shape error three modules deep.
+* The method sections (Crossformer, Multi-Pass, ...) live in :mod:`interlayer.config`, which extends this class;
+  the core only ever reads the fields declared here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal, Optional
+
+Arch = Literal["encoder_decoder", "encoder_classifier"]
+Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "none"]
+
+ARCHES = ("encoder_decoder", "encoder_classifier")
+POSITIONS = ("sinusoidal", "learned", "relative", "relative_2d", "none")
+ACTIVATIONS = ("relu", "gelu")
+POOLINGS = ("cls", "mean")
+ATTN_IMPLS = ("auto", "eager")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the key, the value and what would be valid."""
+
+
+def _choice(key: str, value: object, valid: tuple) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+
+
+@dataclass
+class TransformerConfig:
+    """Hyper-parameters of a plain Transformer (Vaswani et al. 2017) and its common variants.
+
+    Field groups: architecture (``arch``, sizes), embeddings and positions, regularisation, heads for
+    classification. ``qk_dim`` lets the query/key projection be wider or narrower than ``d_model``
+    (LW-Transformer's Table I expands it); ``None`` means ``d_model``.
+    """
+
+    arch: Arch = "encoder_decoder"
+    src_vocab_size: int = 8000
+    tgt_vocab_size: Optional[int] = None  # None: same as src_vocab_size
+    d_model: int = 512
+    n_heads: int = 8
+    d_ffn: int = 2048
+    enc_layers: int = 6
+    dec_layers: int = 6
+    qk_dim: Optional[int] = None
+    activation: str = "relu"
+    norm_first: bool = False  # False: post-LN (Vaswani, fairseq default); True: pre-LN (+ a final LayerNorm)
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+
+    positions: Positions = "sinusoidal"
+    max_positions: int = 1024
+    rel_max_distance: int = 16  # Shaw et al. 2018 clip distance k
+    grid_height: int = 0  # for positions="relative_2d": the token grid (PA Eq. 3); prefix tokens (CLS) allowed
+    grid_width: int = 0
+    embed_scale: bool = True  # multiply token embeddings by sqrt(d_model) (Vaswani et al., fairseq)
+    embed_layer_norm: bool = False  # LayerNorm after summing embeddings (BERT)
+    share_embeddings: bool = False  # one table for source and target (needs one vocabulary)
+    tie_output: bool = True  # decoder input embedding == output projection
+    n_segments: int = 0  # >0 adds segment (token-type) embeddings, for sentence pairs
+    pad_id: int = 0
+
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    act_dropout: float = 0.0
+
+    num_classes: int = 0  # encoder_classifier only
+    pooling: str = "cls"
+    classifier_hidden: int = 0  # >0: a tanh hidden layer before the class projection (BERT pooler)
+
+    attn_impl: str = "auto"  # "auto": fused SDPA when no option needs the logits; "eager": always explicit
+
+    @property
+    def target_vocab(self) -> int:
+        return self.tgt_vocab_size or self.src_vocab_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def qk_width(self) -> int:
+        return self.qk_dim or self.d_model
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` on the first setting that cannot work."""
+        _choice("arch", self.arch, ARCHES)
+        _choice("positions", self.positions, POSITIONS)
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("pooling", self.pooling, POOLINGS)
+        _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        for key in ("src_vocab_size", "d_model", "n_heads", "d_ffn", "max_positions"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key}={getattr(self, key)} must be a positive integer")
+        if self.enc_layers < 1:
+            raise ConfigError(f"enc_layers={self.enc_layers} must be at least 1")
+        if self.arch == "encoder_decoder" and self.dec_layers < 1:
+            raise ConfigError(f"dec_layers={self.dec_layers} must be at least 1 for arch='encoder_decoder'")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                              f"valid n_heads divide d_model, e.g. {_divisors(self.d_model)}")
+        if self.qk_width % self.n_heads:
+            raise ConfigError(f"qk_dim={self.qk_dim} is not divisible by n_heads={self.n_heads}")
+        for key in ("dropout", "attn_dropout", "act_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{key}={getattr(self, key)} must lie in [0, 1)")
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.src_vocab_size):
+            raise ConfigError(f"share_embeddings=True needs one vocabulary, but src_vocab_size={self.src_vocab_size}"
+                              f" and tgt_vocab_size={self.tgt_vocab_size}; set tgt_vocab_size=None or "
+                              f"share_embeddings=False")
+        if self.positions == "relative_2d" and (self.grid_height <= 0 or self.grid_width <= 0):
+            raise ConfigError("positions='relative_2d' needs grid_height and grid_width (the token grid), "
+                              f"got {self.grid_height}x{self.grid_width}")
+        if self.positions == "relative_2d" and self.arch == "encoder_decoder":
+            raise ConfigError("positions='relative_2d' is for image grids; an encoder_decoder decodes 1-D text. "
+                              "Use arch='encoder_classifier' or positions='relative'")
+        if self.positions in ("relative", "relative_2d") and self.rel_max_distance < 1:
+            raise ConfigError(f"rel_max_distance={self.rel_max_distance} must be at least 1")
+        if self.arch == "encoder_classifier" and self.num_classes < 2:
+            raise ConfigError(f"arch='encoder_classifier' needs num_classes >= 2, got {self.num_classes}")
+        if not 0 <= self.pad_id < self.src_vocab_size:
+            raise ConfigError(f"pad_id={self.pad_id} must be a token id below src_vocab_size={self.src_vocab_size}")
+
+
+def core_field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(TransformerConfig))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in (1, 2, 4, 8, 16, 32) if n % d == 0]

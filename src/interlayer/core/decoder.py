@@ -1,0 +1,80 @@
+"""The Transformer decoder: causal self-attention, cross-attention, and an output projection.
+
+Incremental decoding keeps a :class:`DecoderCache` (keys/values per layer); feeding one token at a time with a
+cache gives the same logits as the full forward pass (tested). Target padding needs no self-attention mask: with
+right padding, the causal mask already hides every padded position from every real one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from torch import Tensor, nn
+
+from .attention import AttentionIntermediates, KVCache
+from .components import Components
+from .config import TransformerConfig
+from .embedding import InputEmbedding
+from .layers import DecoderLayer, DecoderLayerCache
+
+
+@dataclass
+class DecoderCache:
+    layers: list[DecoderLayerCache] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].self_attn.length if self.layers else 0
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
+            layer.cross_attn.reorder(index)
+
+
+@dataclass
+class DecoderOutput:
+    logits: Tensor  # (B, T, V)
+    hidden: Tensor  # (B, T, d) before the output projection
+    self_attentions: list[Optional[AttentionIntermediates]]
+    cross_attentions: list[Optional[AttentionIntermediates]]
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig, components: Components, tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = InputEmbedding(cfg, tokens)
+        self.layers = nn.ModuleList(
+            DecoderLayer(components.self_attention("decoder", i), components.cross_attention(i),
+                         components.ffn("decoder", i), cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
+                         eps=cfg.layer_norm_eps)
+            for i in range(cfg.dec_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.output_projection = nn.Linear(cfg.d_model, tokens.num_embeddings, bias=False)
+        if cfg.tie_output:
+            self.output_projection.weight = tokens.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, std=cfg.d_model**-0.5)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache([DecoderLayerCache(KVCache(), KVCache()) for _ in self.layers])
+
+    def forward(self, tokens: Tensor, memory: Tensor, memory_padding_mask: Optional[Tensor] = None, *,
+                cache: Optional[DecoderCache] = None, need_intermediates: bool = False) -> DecoderOutput:
+        """``tokens`` (B, T): the whole shifted target, or with ``cache`` only the positions not yet seen."""
+        x = self.embed(tokens, offset=cache.length if cache is not None else 0)
+        self_attns, cross_attns = [], []
+        for i, layer in enumerate(self.layers):
+            x, self_inter, cross_inter = layer(x, memory, memory_padding_mask=memory_padding_mask,
+                                               cache=cache.layers[i] if cache is not None else None,
+                                               need_intermediates=need_intermediates)
+            self_attns.append(self_inter)
+            cross_attns.append(cross_inter)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return DecoderOutput(logits=self.output_projection(x), hidden=x, self_attentions=self_attns,
+                             cross_attentions=cross_attns)
+
+    def madds(self, t: int, src_len: int) -> int:
+        proj = t * self.output_projection.in_features * self.output_projection.out_features
+        return sum(layer.madds(t, src_len) for layer in self.layers) + proj

@@ -1,0 +1,57 @@
+"""Input embedding: token table (optionally shared), absolute positions, segments, optional LayerNorm, dropout.
+
+Inputs may also arrive as ready vectors (``inputs_embeds``: image patches, graph node features), in which case
+only positions, LayerNorm and dropout apply, so the same encoder serves text and non-text tasks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from torch import Tensor, nn
+
+from .config import TransformerConfig
+from .positions import LearnedPositions, SinusoidalPositions
+
+
+def make_token_embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:
+    table = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+    nn.init.normal_(table.weight, mean=0.0, std=d_model**-0.5)
+    nn.init.zeros_(table.weight[pad_id])
+    return table
+
+
+class InputEmbedding(nn.Module):
+    def __init__(self, cfg: TransformerConfig, tokens: Optional[nn.Embedding]) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
+        if cfg.positions == "sinusoidal":
+            self.positions: Optional[nn.Module] = SinusoidalPositions(cfg.d_model, cfg.max_positions)
+        elif cfg.positions == "learned":
+            self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
+        else:
+            self.positions = None  # relative positions live inside attention; "none" has no positions
+        self.segments = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_layer_norm else None
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: Optional[Tensor] = None, *, inputs_embeds: Optional[Tensor] = None,
+                segments: Optional[Tensor] = None, offset: int = 0) -> Tensor:
+        if (tokens is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of tokens (B, T) or inputs_embeds (B, T, d_model)")
+        if tokens is not None:
+            if self.tokens is None:
+                raise ValueError("this model has no token embedding (it reads inputs_embeds)")
+            x = self.tokens(tokens) * self.scale
+        else:
+            x = inputs_embeds
+        if self.positions is not None:
+            x = x + self.positions(x.shape[1], offset)
+        if self.segments is not None:
+            if segments is None:
+                raise ValueError("this model has segment embeddings (n_segments > 0): pass segments (B, T)")
+            x = x + self.segments(segments)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)

@@ -1,0 +1,78 @@
+"""The Transformer encoder: embedding, a stack of :class:`EncoderLayer`, and (pre-LN) a final LayerNorm."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+from .attention import AttentionIntermediates
+from .components import Components
+from .config import TransformerConfig
+from .embedding import InputEmbedding
+from .layers import EncoderLayer
+
+# Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
+Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
+
+
+@dataclass
+class EncoderOutput:
+    hidden: Tensor  # (B, T, d) the encoder's output (after the final LayerNorm in pre-LN)
+    padding_mask: Optional[Tensor]  # (B, T) True at padding
+    states: list[Tensor]  # each layer's output, before the final LayerNorm
+    mids: list[Tensor]  # each layer's state after its self-attention sublayer
+    attentions: list[Optional[AttentionIntermediates]]
+    # Further outputs that each also receive the training loss (multi-exit training, e.g. one per MPT pass);
+    # None means the single output ``hidden``.
+    exits: Optional[list[Tensor]] = None
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig, components: Components, tokens: Optional[nn.Embedding]) -> None:
+        super().__init__()
+        self.pad_id = cfg.pad_id
+        self.embed = InputEmbedding(cfg, tokens)
+        self.layers = nn.ModuleList(
+            EncoderLayer(components.self_attention("encoder", i), components.ffn("encoder", i), cfg.d_model,
+                         dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps)
+            for i in range(cfg.enc_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        # Layer i must return its logits when layer i+1 mixes them in (predictive attention).
+        self._logits_needed = [getattr(layer.self_attn, "wants_prev_logits", False)
+                               for layer in list(self.layers)[1:]] + [False]
+
+    def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
+                need_intermediates: bool = False) -> EncoderOutput:
+        if key_padding_mask is None and tokens is not None:
+            key_padding_mask = tokens.eq(self.pad_id)
+        x = self.embed(tokens, inputs_embeds=inputs_embeds, segments=segments)
+        return self.run_layers(x, key_padding_mask, need_intermediates=need_intermediates)
+
+    def run_layers(self, x: Tensor, key_padding_mask: Optional[Tensor], *, injector: Optional[Injector] = None,
+                   need_intermediates: bool = False) -> EncoderOutput:
+        """Run the stack once over embedded input ``x``; ``injector`` adds cross-pass inputs (Multi-Pass)."""
+        states: list[Tensor] = []
+        mids: list[Tensor] = []
+        attentions: list[Optional[AttentionIntermediates]] = []
+        prev_logits: Optional[Tensor] = None
+        for i, layer in enumerate(self.layers):
+            input_add, branch_add = injector(i) if injector is not None else (None, None)
+            if input_add is not None:
+                x = x + input_add
+            out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
+                        need_intermediates=need_intermediates or self._logits_needed[i])
+            x = out.hidden
+            prev_logits = out.attention.logits if out.attention is not None else None
+            states.append(x)
+            mids.append(out.mid)
+            attentions.append(out.attention if need_intermediates else None)
+        return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=states, mids=mids,
+                             attentions=attentions)
+
+    def finish(self, x: Tensor) -> Tensor:
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def madds(self, t: int) -> int:
+        return sum(layer.madds(t) for layer in self.layers)

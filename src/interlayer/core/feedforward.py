@@ -1,0 +1,27 @@
+"""Position-wise feed-forward block: ``W2 act(W1 x)`` (Vaswani et al. 2017, Eq. 2); fairseq names fc1/fc2."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ffn: int, *, activation: str = "relu", act_dropout: float = 0.0,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ffn, bias=bias)
+        self.fc2 = nn.Linear(d_ffn, d_model, bias=bias)
+        self.activation = ACTIVATIONS[activation]
+        self.act_dropout = nn.Dropout(act_dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            if fc.bias is not None:
+                nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act_dropout(self.activation(self.fc1(x))))
+
+    def madds(self, t: int) -> int:
+        return t * (self.fc1.in_features * self.fc1.out_features + self.fc2.in_features * self.fc2.out_features)

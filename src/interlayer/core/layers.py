@@ -1,0 +1,98 @@
+"""Encoder and decoder layers, post-LN (Vaswani et al. 2017) or pre-LN (Xiong et al. 2020, Crossformer Eq. 7).
+
+A layer is assembled from modules it is given (self-attention, optional cross-attention, feed-forward), so a
+method can swap a module (group-wise attention, an attention+convolution block) without touching the wiring.
+Two generic hooks exist for cross-layer methods: ``prev_logits`` (the previous layer's attention logits, handed
+to the self-attention) and ``branch_add`` (a tensor added to the input of the self-attention *branch* only, after
+the residual split; adding to the layer input itself is simply ``layer(x + extra)``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import Tensor, nn
+
+from .attention import AttentionIntermediates, KVCache
+
+
+@dataclass
+class LayerOutput:
+    hidden: Tensor  # the layer's output
+    mid: Tensor  # the state after the self-attention sublayer (MPT's S_mid)
+    attention: Optional[AttentionIntermediates]  # self-attention intermediates when requested
+
+
+class _Sublayer(nn.Module):
+    """Residual wrapper: ``x + drop(f(LN(x)))`` (pre-LN) or ``LN(x + drop(f(x)))`` (post-LN)."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def branch_input(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm_first else x
+
+    def combine(self, residual: Tensor, branch_out: Tensor) -> Tensor:
+        out = residual + self.dropout(branch_out)
+        return out if self.norm_first else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, self_attn: nn.Module, ffn: nn.Module, d_model: int, *, dropout: float, norm_first: bool,
+                 eps: float) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.ffn = ffn
+        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps)
+        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps)
+
+    def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
+                branch_add: Optional[Tensor] = None, need_intermediates: bool = False) -> LayerOutput:
+        branch = x if branch_add is None else x + branch_add
+        attn_out, inter = self.self_attn(self.attn_block.branch_input(branch), key_padding_mask=key_padding_mask,
+                                         prev_logits=prev_logits, need_intermediates=need_intermediates)
+        mid = self.attn_block.combine(x, attn_out)
+        hidden = self.ffn_block.combine(mid, self.ffn(self.ffn_block.branch_input(mid)))
+        return LayerOutput(hidden=hidden, mid=mid, attention=inter)
+
+    def madds(self, t: int) -> int:
+        return self.self_attn.madds(t, t) + self.ffn.madds(t)
+
+
+@dataclass
+class DecoderLayerCache:
+    self_attn: KVCache
+    cross_attn: KVCache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: nn.Module, d_model: int, *,
+                 dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+        self.ffn = ffn
+        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps)
+        self.cross_block = _Sublayer(d_model, dropout, norm_first, eps)
+        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps)
+
+    def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
+                memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
+                need_intermediates: bool = False
+                ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
+        attn_out, self_inter = self.self_attn(
+            self.attn_block.branch_input(x), key_padding_mask=self_padding_mask, causal=True,
+            need_intermediates=need_intermediates, cache=cache.self_attn if cache else None)
+        x = self.attn_block.combine(x, attn_out)
+        cross_out, cross_inter = self.cross_attn(
+            self.cross_block.branch_input(x), memory, key_padding_mask=memory_padding_mask,
+            need_intermediates=need_intermediates, cache=cache.cross_attn if cache else None)
+        x = self.cross_block.combine(x, cross_out)
+        x = self.ffn_block.combine(x, self.ffn(self.ffn_block.branch_input(x)))
+        return x, self_inter, cross_inter
+
+    def madds(self, t: int, src_len: int) -> int:
+        return self.self_attn.madds(t, t) + self.cross_attn.madds(t, src_len) + self.ffn.madds(t)

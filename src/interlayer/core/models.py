@@ -1,0 +1,131 @@
+"""Complete models: an encoder-decoder for sequence-to-sequence tasks and an encoder with a classification head.
+
+Both expose ``aux_loss_fns``: named functions of the model that return a scalar to add to the task loss
+(a regulariser such as Crossformer-SG). They are evaluated in ``forward`` and returned in ``aux_losses``, unweighted
+by the model and each logged under its own name, so the training loop decides nothing about them but the sum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+from .components import Components
+from .config import TransformerConfig
+from .decoder import Decoder, DecoderCache, DecoderOutput
+from .embedding import make_token_embedding
+from .encoder import Encoder, EncoderOutput
+
+AuxLossFn = Callable[[nn.Module], Tensor]
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: Tensor  # (B, T, V) from the encoder's main output
+    encoder: EncoderOutput
+    decoder: DecoderOutput
+    exit_logits: Optional[list[Tensor]] = None  # one per encoder exit when the encoder has several
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ClassifierOutput:
+    logits: Tensor  # (B, num_classes)
+    encoder: EncoderOutput
+    pooled: Tensor  # (B, d)
+    exit_logits: Optional[list[Tensor]] = None
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _make_encoder(cfg: TransformerConfig, components: Components, tokens: Optional[nn.Embedding]) -> Encoder:
+    encoder_class = components.encoder_class or Encoder
+    return encoder_class(cfg, components, tokens)
+
+
+class _AuxLossMixin:
+    aux_loss_fns: dict[str, AuxLossFn]
+
+    def compute_aux_losses(self) -> dict[str, Tensor]:
+        return {name: fn(self) for name, fn in self.aux_loss_fns.items()}
+
+
+class EncoderDecoderModel(nn.Module, _AuxLossMixin):
+    def __init__(self, cfg: TransformerConfig, components: Components) -> None:
+        super().__init__()
+        self.pad_id = cfg.pad_id
+        src_tokens = make_token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        tgt_tokens = src_tokens if cfg.share_embeddings else make_token_embedding(cfg.target_vocab, cfg.d_model,
+                                                                                  cfg.pad_id)
+        self.encoder = _make_encoder(cfg, components, src_tokens)
+        self.decoder = Decoder(cfg, components, tgt_tokens)
+        self.aux_loss_fns: dict[str, AuxLossFn] = {}
+
+    def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False) -> EncoderOutput:
+        return self.encoder(src_tokens, need_intermediates=need_intermediates)
+
+    def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOutput, *, cache: Optional[DecoderCache] = None,
+               memory: Optional[Tensor] = None, need_intermediates: bool = False) -> DecoderOutput:
+        memory = encoder_out.hidden if memory is None else memory
+        return self.decoder(tgt_tokens, memory, encoder_out.padding_mask, cache=cache,
+                            need_intermediates=need_intermediates)
+
+    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor, *, need_intermediates: bool = False) -> Seq2SeqOutput:
+        """Teacher-forced forward: ``tgt_tokens`` is the target shifted right (starting with BOS)."""
+        enc = self.encode(src_tokens, need_intermediates=need_intermediates)
+        dec = self.decode(tgt_tokens, enc, need_intermediates=need_intermediates)
+        exit_logits = None
+        if enc.exits is not None:
+            exit_logits = [dec.logits if e is enc.hidden else self.decode(tgt_tokens, enc, memory=e).logits
+                           for e in enc.exits]
+        return Seq2SeqOutput(logits=dec.logits, encoder=enc, decoder=dec, exit_logits=exit_logits,
+                             aux_losses=self.compute_aux_losses())
+
+    def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
+        tgt_len = src_len if tgt_len is None else tgt_len
+        return self.encoder.madds(src_len) + self.decoder.madds(tgt_len, src_len)
+
+
+class EncoderClassifier(nn.Module, _AuxLossMixin):
+    """Encoder + pooling (the first token, or the mean over non-padding tokens) + a linear head."""
+
+    def __init__(self, cfg: TransformerConfig, components: Components, *, with_tokens: bool = True) -> None:
+        super().__init__()
+        tokens = make_token_embedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id) if with_tokens else None
+        self.encoder = _make_encoder(cfg, components, tokens)
+        self.pooling = cfg.pooling
+        self.pooler = (nn.Sequential(nn.Linear(cfg.d_model, cfg.classifier_hidden), nn.Tanh())
+                       if cfg.classifier_hidden else None)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(cfg.classifier_hidden or cfg.d_model, cfg.num_classes)
+        self.aux_loss_fns: dict[str, AuxLossFn] = {}
+
+    def pool(self, hidden: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        elif padding_mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            keep = (~padding_mask).unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        return self.pooler(pooled) if self.pooler is not None else pooled
+
+    def classify(self, hidden: Tensor, padding_mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        pooled = self.pool(hidden, padding_mask)
+        return self.head(self.dropout(pooled)), pooled
+
+    def forward(self, tokens: Optional[Tensor] = None, *, inputs_embeds: Optional[Tensor] = None,
+                segments: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
+                need_intermediates: bool = False) -> ClassifierOutput:
+        enc = self.encoder(tokens, key_padding_mask=key_padding_mask, inputs_embeds=inputs_embeds,
+                           segments=segments, need_intermediates=need_intermediates)
+        logits, pooled = self.classify(enc.hidden, enc.padding_mask)
+        exit_logits = None
+        if enc.exits is not None:
+            exit_logits = [logits if e is enc.hidden else self.classify(e, enc.padding_mask)[0] for e in enc.exits]
+        return ClassifierOutput(logits=logits, encoder=enc, pooled=pooled, exit_logits=exit_logits,
+                                aux_losses=self.compute_aux_losses())
+
+    def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
+        pooler = self.pooler[0].in_features * self.pooler[0].out_features if self.pooler is not None else 0
+        return self.encoder.madds(src_len) + pooler + self.head.in_features * self.head.out_features

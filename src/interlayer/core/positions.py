@@ -1,0 +1,116 @@
+"""Position information: absolute tables added to the input, relative biases added to attention logits.
+
+Relative positions follow Shaw et al. (2018) on the key side only, which is the form the Predictive Attention
+paper writes (PA Eq. 2: ``r_ij = q_i^T e_{i-j}``); the image form is PA Eq. 3, one table for height offsets and
+one for width offsets (Bello et al. 2019). Both produce a bias of shape ``(B, H, Tq, Tk)`` that the attention
+module adds to its logits, so they work with the fused and the eager attention path alike.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos table (Vaswani et al. 2017, Sec. 3.5); no parameters, any length up to ``max_len``."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+        inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_len, d_model)
+        table[:, 0::2] = torch.sin(position * inv_freq)
+        table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        _check_length(length + offset, self.table.shape[0])
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """A trained table of absolute positions (BERT, fairseq ``learned_pos``)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        _check_length(length + offset, self.weight.shape[0])
+        return self.weight[offset : offset + length]
+
+
+class RelativePositionBias(nn.Module):
+    """Shaw et al. (2018) key-side relative positions: ``bias[b,h,i,j] = q_i . e[clip(j - i, -k, k)]``.
+
+    One table of ``2k+1`` vectors of the per-head query width, shared across heads (as in Shaw et al.);
+    each attention module owns its own table. Offsets beyond ``k`` share the edge vector.
+    """
+
+    def __init__(self, head_dim: int, max_distance: int) -> None:
+        super().__init__()
+        self.max_distance = max_distance
+        self.embeddings = nn.Parameter(torch.empty(2 * max_distance + 1, head_dim))
+        nn.init.normal_(self.embeddings, std=head_dim**-0.5)
+
+    def forward(self, q: Tensor, q_offset: int, k_len: int) -> Tensor:
+        """``q``: (B, H, Tq, dh) already scaled as the logits are. Returns (B, H, Tq, Tk)."""
+        t_q = q.shape[2]
+        scores = q @ self.embeddings.t()  # (B, H, Tq, 2k+1)
+        i = torch.arange(q_offset, q_offset + t_q, device=q.device).unsqueeze(1)
+        j = torch.arange(k_len, device=q.device).unsqueeze(0)
+        index = (j - i).clamp(-self.max_distance, self.max_distance) + self.max_distance
+        return scores.gather(-1, index.expand(*scores.shape[:2], t_q, k_len))
+
+    def madds(self, t_q: int, t_k: int, n_heads: int) -> int:
+        return n_heads * t_q * self.embeddings.shape[0] * self.embeddings.shape[1]
+
+
+class RelativePositionBias2D(nn.Module):
+    """PA Eq. 3: ``r_ij = q_i . e^H[h(j)-h(i)] + q_i . e^W[w(j)-w(i)]`` over a ``height x width`` token grid.
+
+    Tokens are in raster order. A sequence may carry ``T - height*width`` leading prefix tokens (a CLS token):
+    they have no place on the grid, so every bias that involves them is zero. Offsets are not clipped beyond the
+    grid (the tables cover ``-(H-1)..H-1`` and ``-(W-1)..W-1``).
+    """
+
+    def __init__(self, head_dim: int, height: int, width: int) -> None:
+        super().__init__()
+        self.height, self.width = height, width
+        self.e_h = nn.Parameter(torch.empty(2 * height - 1, head_dim))
+        self.e_w = nn.Parameter(torch.empty(2 * width - 1, head_dim))
+        nn.init.normal_(self.e_h, std=head_dim**-0.5)
+        nn.init.normal_(self.e_w, std=head_dim**-0.5)
+        rows = torch.arange(height).repeat_interleave(width)
+        cols = torch.arange(width).repeat(height)
+        self.register_buffer("h_index", (rows[None, :] - rows[:, None]) + height - 1, persistent=False)
+        self.register_buffer("w_index", (cols[None, :] - cols[:, None]) + width - 1, persistent=False)
+
+    def forward(self, q: Tensor, q_offset: int, k_len: int) -> Tensor:
+        cells = self.height * self.width
+        prefix = k_len - cells
+        if prefix < 0 or q_offset != 0 or q.shape[2] != k_len:
+            raise ValueError(f"2-D relative positions need a full self-attention over {self.height}x{self.width}"
+                             f" grid tokens (plus optional prefix tokens); got query length {q.shape[2]},"
+                             f" key length {k_len}")
+        grid_q = q[:, :, prefix:]
+        b, h, n, _ = grid_q.shape
+        s_h = (grid_q @ self.e_h.t()).gather(-1, self.h_index.expand(b, h, n, n))
+        s_w = (grid_q @ self.e_w.t()).gather(-1, self.w_index.expand(b, h, n, n))
+        grid_bias = s_h + s_w
+        if prefix == 0:
+            return grid_bias
+        return nn.functional.pad(grid_bias, (prefix, 0, prefix, 0))
+
+    def madds(self, t_q: int, t_k: int, n_heads: int) -> int:
+        cells = self.height * self.width
+        return n_heads * cells * (self.e_h.shape[0] + self.e_w.shape[0]) * self.e_h.shape[1]
+
+
+def _check_length(needed: int, available: int) -> None:
+    if needed > available:
+        raise ValueError(f"sequence needs {needed} positions but the model has max_positions={available}; "
+                         "raise max_positions in the config or truncate the input")

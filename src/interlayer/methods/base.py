@@ -1,0 +1,28 @@
+"""How a method plugs into the core: a config section, a validation, and two hooks around model building.
+
+``customize`` runs before the model is built and may replace factories on :class:`Components` (a different
+attention module, a logit mixer, an encoder class). ``finalize`` runs on the built model and may tie parameters
+or register auxiliary losses. Methods never edit core code, so any subset of them composes, and every pair that
+cannot compose is rejected by ``validate`` with the reason.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import nn
+
+from ..core.components import Components
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+
+class Method(Protocol):
+    name: str  # the section's key in ModelConfig
+    config_class: type
+
+    def validate(self, section: Any, cfg: "ModelConfig") -> None: ...
+
+    def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None: ...
+
+    def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None: ...
