@@ -47,9 +47,9 @@ def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
     """Load a state dict that may omit alias names; mismatches raise :class:`CheckpointError` naming the keys."""
     ties = tie_map(model)
     aliases = {alias: canon for canon, group in ties.items() for alias in group}
-    expected = {k for k in model.state_dict() if k not in aliases}
+    expected = [k for k in model.state_dict() if k not in aliases]
     given = {k for k in state if k not in aliases}
-    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    missing, unexpected = [k for k in expected if k not in given], sorted(given - set(expected))
     if missing or unexpected:
         raise CheckpointError(f"{source} does not fit this model: missing {missing[:5]}"
                               f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"

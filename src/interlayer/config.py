@@ -108,8 +108,8 @@ def _is_section(name: str) -> bool:
 
 def _unknown(key: str, valid: list[str], prefix: str) -> None:
     close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" (did you mean {prefix}{close[0]!r}?)" if close else ""
-    raise ConfigError(f"unknown key {prefix}{key!r}{hint}; valid keys: {', '.join(sorted(valid))}")
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    raise ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}")
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:

@@ -1,27 +1,332 @@
-"""PLACEHOLDER: the helper implementing this method replaces this file."""
+"""Multi-Pass Transformer (MPT; Gao, Hori, Geng, Hori & Le Roux, 2020): the encoder stack run P times with tied
+weights, each pass's layers feeding the next pass's layers.
+
+Paper map (section, equation and table numbers of the MPT paper):
+
+* **Passes** (Sec. 3.2, Fig. 2): the first-pass ("inner") stack is cloned into a second-pass ("outer") stack
+  that shares every weight, so the parameter count is unchanged (Table 2: 61.2M for Base and for both MPTs).
+  ``passes=1`` is exactly the plain encoder.
+* **Outer stack input**: the embedded source enters outer layer 0, i.e. ``S~_{-1}^out`` in Eq. 6 is the
+  embedding. The paper never writes ``S~_{-1}`` out, but Table 2's caption defines the "6+6-layer (tied weights)"
+  baseline as MPT *without feeding the original input to the 7th layer*, so MPT does feed it. The same embedded
+  tensor (same dropout mask) is reused: nothing is re-embedded. That baseline itself is ``connection="tied_stack"``.
+* **Connections** (Sec. 3.2): ``default`` adds inner layer k's output to outer layer k's input (``[0,1,...,N-1]``,
+  Table 1 row "MP Transformer [0,1,2,3,4,5]"); ``soft`` adds ``sum_j alpha_kj S_j^out`` with
+  ``alpha_kj = softmax_j(w_kj)`` (Eq. 6); ``hard`` adds inner layer ``tau_k`` to outer layer k for a permutation
+  ``tau`` (Sec. 3.2 "Hard Connections", best ``[0,4,1,5,2,3]``, Fig. 3, Table 1).
+* **Routing** (Sec. 3.3, Fig. 4, Table 1): (a) inner FFN output ``S^out`` added to the outer layer input, before
+  the residual split; (b) the same added after the split, to the self-attention branch only; (c)/(d) as (a)/(b)
+  with the inner self-attention output ``S^mid`` (Eq. 2) instead of ``S^out`` (Eq. 3).
+* **Training objective** (Sec. 3.2 "Training procedure"): the loss on the last pass ``L(S~_{N-1}, T)``; or on
+  every pass (the sum of ``L(S_{N-1}, T)`` and ``L(S~_{N-1}, T)``); or on one pass drawn at random per step. The
+  two latter let one model serve several compute budgets, read with ``exit_pass``.
+* **Three passes** (Sec. 5, "3-pass ... comparable with 2-pass, 28.4 BLEU"): the paper gives no wiring. Here pass
+  p+1 receives from pass p exactly as pass 2 from pass 1, with the same permutation, and (soft) its *own* N x N
+  weights by default: every transition is a distinct inner/outer pair, and its N^2 weights are as negligible as the
+  paper's. ``share_soft_weights=True`` uses one matrix for every transition instead.
+"""
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.components import Components
+from ..core.config import ConfigError, TransformerConfig
+from ..core.encoder import Encoder, EncoderOutput, Injector
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+Connection = Literal["default", "soft", "hard", "tied_stack"]
+Routing = Literal["a", "b", "c", "d"]
+PassLoss = Literal["last", "all", "random"]
+
+CONNECTIONS = ("default", "soft", "hard", "tied_stack")
+ROUTINGS = ("a", "b", "c", "d")
+PASS_LOSSES = ("last", "all", "random")
+DEFAULT_SOFT_INIT = 0.9
 
 
 @dataclass
 class MultiPassConfig:
-    def validate(self, cfg) -> None:
-        pass
+    """Options of the Multi-Pass encoder (see the module docstring for the paper references).
+
+    * ``passes``: P, the number of tied passes (paper: 2; 3 in Sec. 5). 1 is the plain encoder.
+    * ``connection``: ``default`` (k <- k), ``soft`` (Eq. 6), ``hard`` (``permutation``), or ``tied_stack`` (Table
+      2's "6+6-layer (tied weights)" baseline: pass p+1 starts from pass p's output, no embedding, no connections).
+    * ``permutation``: tau for ``hard``: outer layer k receives inner layer ``permutation[k]``.
+    * ``routing``: Fig. 4 pattern ``a`` (paper's choice), ``b``, ``c`` or ``d``.
+    * ``loss``: which passes get the training loss: ``last`` (paper's main setting), ``all`` or ``random``.
+    * ``exit_pass``: the pass whose output is used in eval mode (None: the last); later passes are not computed.
+    * ``soft_init``: initial ``alpha_kk`` of the soft weights, off-diagonal ``(1-soft_init)/(N-1)``.
+    * ``share_soft_weights``: one soft weight matrix for every transition (only matters for P >= 3).
+    """
+
+    passes: int = 2
+    connection: Connection = "default"
+    permutation: Optional[list[int]] = None
+    routing: Routing = "a"
+    loss: PassLoss = "last"
+    exit_pass: Optional[int] = None
+    soft_init: float = DEFAULT_SOFT_INIT
+    share_soft_weights: bool = False
+
+    def validate(self, cfg: TransformerConfig) -> None:
+        """Raise :class:`ConfigError` naming the ``multipass.*`` key of the first setting that cannot work."""
+        _choice("multipass.connection", self.connection, CONNECTIONS)
+        _choice("multipass.routing", self.routing, ROUTINGS)
+        _choice("multipass.loss", self.loss, PASS_LOSSES)
+        if self.passes < 1:
+            raise ConfigError(f"multipass.passes={self.passes} must be at least 1 (1 is the plain encoder; the "
+                              "paper uses 2, Sec. 5 also tries 3)")
+        if self.exit_pass is not None and not 1 <= self.exit_pass <= self.passes:
+            raise ConfigError(f"multipass.exit_pass={self.exit_pass} must lie in 1..{self.passes} "
+                              f"(multipass.passes={self.passes}), or be null for the last pass")
+        self._validate_permutation(cfg.enc_layers)
+        if self.connection != "soft" and self.soft_init != DEFAULT_SOFT_INIT:
+            raise ConfigError(f"multipass.soft_init={self.soft_init} only applies to multipass.connection='soft' "
+                              f"(got connection={self.connection!r})")
+        if not 0.0 < self.soft_init < 1.0:
+            raise ConfigError(f"multipass.soft_init={self.soft_init} must lie in (0, 1): it is the initial "
+                              "softmax weight alpha_kk of Eq. 6 (1 would need an infinite logit)")
+        if self.share_soft_weights and self.connection != "soft":
+            raise ConfigError("multipass.share_soft_weights=True only applies to multipass.connection='soft' "
+                              f"(got connection={self.connection!r})")
+        if self.connection == "tied_stack" and self.routing != "a":
+            raise ConfigError(f"multipass.routing={self.routing!r} has no effect with connection='tied_stack', "
+                              "which has no cross-pass connections to route; leave routing='a'")
+
+    def _validate_permutation(self, n_layers: int) -> None:
+        if self.connection != "hard":
+            if self.permutation is not None:
+                raise ConfigError(f"multipass.permutation={self.permutation} is only used with "
+                                  f"multipass.connection='hard' (got connection={self.connection!r}); remove it "
+                                  "or set connection='hard'")
+            return
+        if self.permutation is None:
+            raise ConfigError(f"multipass.connection='hard' needs multipass.permutation, a permutation of "
+                              f"0..{n_layers - 1} (enc_layers={n_layers}), e.g. {list(range(n_layers))}")
+        problems = _permutation_problems(list(self.permutation), n_layers)
+        if problems:
+            raise ConfigError(f"multipass.permutation={self.permutation} is not a permutation of 0..{n_layers - 1}"
+                              f" (enc_layers={n_layers}): {'; '.join(problems)}")
+
+    @property
+    def effective_exit_pass(self) -> int:
+        return self.passes if self.exit_pass is None else self.exit_pass
+
+
+def _choice(key: str, value: object, valid: tuple) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+
+
+def _permutation_problems(perm: list[int], n: int) -> list[str]:
+    """Human-readable reasons why ``perm`` is not a permutation of ``0..n-1`` (empty when it is)."""
+    problems = []
+    if len(perm) != n:
+        problems.append(f"it has {len(perm)} entries, enc_layers={n} needs {n}")
+    counts = Counter(perm)
+    outside = sorted(v for v in counts if not (isinstance(v, int) and 0 <= v < n))
+    if outside:
+        problems.append(f"{outside} outside 0..{n - 1}")
+    repeated = sorted(v for v, c in counts.items() if c > 1)
+    if repeated:
+        problems.append(f"{repeated} repeated (each inner layer feeds exactly one outer layer)")
+    missing = sorted(set(range(n)) - set(counts))
+    if missing:
+        problems.append(f"{missing} missing")
+    return problems
+
+
+def soft_init_logits(n_layers: int, soft_init: float) -> Tensor:
+    """``w`` with ``softmax_j(w_kj) = soft_init`` on the diagonal and ``(1-soft_init)/(N-1)`` elsewhere.
+
+    Eq. 6 with ``alpha = delta`` is the default MPT, so the soft model starts close to it; an exact delta needs
+    ``w_kk = +inf`` and a saturated softmax passes almost no gradient to the off-diagonal weights, hence 0.9.
+    """
+    logits = torch.zeros(n_layers, n_layers)
+    if n_layers > 1:
+        logits.fill_diagonal_(math.log(soft_init * (n_layers - 1) / (1.0 - soft_init)))
+    return logits
+
+
+class MultiPassEncoder(Encoder):
+    """The core encoder run for several tied passes (MPT Fig. 2); its layers are the plain encoder's modules.
+
+    State-dict keys of the layers are identical to :class:`Encoder`'s, so a plain checkpoint loads into it; the
+    only new parameter is ``connection_logits`` (the ``w_kj`` of Eq. 6, shape ``(P-1 | 1, N, N)``) for soft
+    connections.
+
+    Output: ``hidden`` is the output of the pass that is read (eval: ``exit_pass``; training: the last pass, or
+    the sampled one for ``loss='random'``), after the final LayerNorm in pre-LN. ``exits`` lists every pass's
+    output (each through the final LayerNorm) when training with ``loss='all'``, and is None otherwise.
+    ``states``/``mids``/``attentions`` are concatenated over the passes run (pass-major; ``len(states) // N`` is
+    the number of passes run). Predictive-attention logits restart at each pass's first layer: ``run_layers``
+    starts every pass with no previous logits, as pass 1's layer 0 does, so tied layer 0 always sees the same
+    kind of input and ``passes=1`` stays the plain encoder.
+    """
+
+    def __init__(self, cfg: "ModelConfig", components: Components, tokens: Optional[nn.Embedding]) -> None:
+        super().__init__(cfg, components, tokens)
+        section: MultiPassConfig = cfg.multipass
+        self.passes = section.passes
+        self.connection = section.connection
+        self.routing = section.routing
+        self.loss = section.loss
+        n_layers = len(self.layers)
+        self.permutation = list(section.permutation) if section.connection == "hard" else list(range(n_layers))
+        self.connection_logits: Optional[nn.Parameter] = None
+        if section.connection == "soft" and section.passes > 1:
+            matrices = 1 if section.share_soft_weights else section.passes - 1
+            init = soft_init_logits(n_layers, section.soft_init)
+            self.connection_logits = nn.Parameter(init.expand(matrices, n_layers, n_layers).clone())
+        self._exit_pass = section.effective_exit_pass
+
+    @property
+    def exit_pass(self) -> int:
+        """The pass read in eval mode (1..P); set it at run time to trade accuracy for compute."""
+        return self._exit_pass
+
+    @exit_pass.setter
+    def exit_pass(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= self.passes:
+            raise ConfigError(f"multipass.exit_pass={value!r} must be an integer in 1..{self.passes}")
+        self._exit_pass = value
+
+    def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
+                need_intermediates: bool = False) -> EncoderOutput:
+        if key_padding_mask is None and tokens is not None:
+            key_padding_mask = tokens.eq(self.pad_id)
+        x = self.embed(tokens, inputs_embeds=inputs_embeds, segments=segments)
+        return self.run_passes(x, key_padding_mask, need_intermediates=need_intermediates)
+
+    def passes_to_run(self) -> int:
+        """Eval: up to ``exit_pass``. Training: all P, or one pass drawn uniformly from 1..P (``loss='random'``)."""
+        if not self.training:
+            return self._exit_pass
+        if self.loss == "random":
+            return int(torch.randint(1, self.passes + 1, ()).item())
+        return self.passes
+
+    def run_passes(self, x: Tensor, key_padding_mask: Optional[Tensor], *, need_intermediates: bool = False
+                   ) -> EncoderOutput:
+        """Run the tied stack ``passes_to_run()`` times over the embedded input ``x``."""
+        outputs: list[EncoderOutput] = []
+        for p in range(self.passes_to_run()):
+            if p == 0:
+                out = self.run_layers(x, key_padding_mask, need_intermediates=need_intermediates)
+            elif self.connection == "tied_stack":
+                out = self.run_layers(outputs[-1].states[-1], key_padding_mask,
+                                      need_intermediates=need_intermediates)
+            else:
+                out = self.run_layers(x, key_padding_mask, injector=self._injector(outputs[-1], p - 1),
+                                      need_intermediates=need_intermediates)
+            outputs.append(out)
+        last = outputs[-1]
+        exits = [o.hidden for o in outputs] if self.training and self.loss == "all" else None
+        return EncoderOutput(hidden=last.hidden, padding_mask=key_padding_mask,
+                             states=[s for o in outputs for s in o.states], mids=[m for o in outputs for m in o.mids],
+                             attentions=[a for o in outputs for a in o.attentions], exits=exits)
+
+    def _injector(self, inner: EncoderOutput, transition: int) -> Injector:
+        """Outer layer k's additions from the previous ("inner") pass, placed as the routing pattern says."""
+        features = inner.states if self.routing in ("a", "b") else inner.mids
+        before_split = self.routing in ("a", "c")
+        if self.connection_logits is not None:
+            stacked = torch.stack(features)
+            alpha = self._alpha()[transition].to(stacked.dtype)
+
+        def inject(k: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
+            if self.connection_logits is not None:
+                # Eq. 6 as an element-wise weighted sum (not a matmul): N^2 T d adds, left out of the MAdds.
+                add = (alpha[k].view(-1, 1, 1, 1) * stacked).sum(0)
+            else:
+                add = features[self.permutation[k]]
+            return (add, None) if before_split else (None, add)
+
+        return inject
+
+    def _alpha(self) -> Tensor:
+        """Soft weights ``alpha_kj = softmax_j(w_kj)`` (Eq. 6), one ``(N, N)`` matrix per transition."""
+        alpha = torch.softmax(self.connection_logits, dim=-1)
+        return alpha.expand(self.passes - 1, -1, -1)
+
+    def connection_weights(self) -> Tensor:
+        """``(P-1, N, N)``: entry ``[t, k, j]`` weights inner layer j of pass t+1 into outer layer k of pass t+2.
+
+        Soft: the learned alphas (MPT Fig. 5); default/hard: the 0/1 matrix of the permutation; tied_stack: zeros.
+        Detached, on CPU, for plotting.
+        """
+        n = len(self.layers)
+        if self.connection_logits is not None:
+            return self._alpha().detach().cpu().clone()
+        weights = torch.zeros(self.passes - 1, n, n)
+        if self.connection != "tied_stack":
+            weights[:, torch.arange(n), torch.tensor(self.permutation, dtype=torch.long)] = 1.0
+        return weights
+
+    def madds(self, t: int) -> int:
+        """Inference MAdds at the current ``exit_pass``: passes run x one stack (the soft sum's adds not counted)."""
+        return self._exit_pass * super().madds(t)
 
 
 class _MultiPassMethod:
     name = "multipass"
     config_class = MultiPassConfig
 
-    def validate(self, section, cfg) -> None:
+    def validate(self, section: MultiPassConfig, cfg: "ModelConfig") -> None:
         section.validate(cfg)
 
-    def customize(self, section, cfg, components) -> None:
-        pass
+    def customize(self, section: MultiPassConfig, cfg: "ModelConfig", components: Components) -> None:
+        if components.encoder_class is not None:
+            raise ConfigError(f"multipass replaces the encoder class, but another method already installed "
+                              f"{components.encoder_class.__name__}; these two cannot be combined")
+        components.encoder_class = MultiPassEncoder
 
-    def finalize(self, section, cfg, model) -> None:
-        pass
+    def finalize(self, section: MultiPassConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie: every pass calls the same layer modules."""
 
 
 METHOD = _MultiPassMethod()
+
+# Core fields of registry's transformer_base / transformer_small (the registry imports this module, so they are
+# restated here; a test checks they still match).
+_BASE = dict(arch="encoder_decoder", src_vocab_size=32000, d_model=512, n_heads=8, d_ffn=2048, enc_layers=6,
+             dec_layers=6, dropout=0.1, share_embeddings=True, tie_output=True)
+_SMALL = dict(arch="encoder_decoder", src_vocab_size=8000, d_model=256, n_heads=4, d_ffn=1024, enc_layers=3,
+              dec_layers=3, dropout=0.1, share_embeddings=True)
+
+# [0,2,1] is [0,4,1,5,2,3]'s rule at N=3 (Sec. 4.2's reading of the best pattern): outer layer 0 keeps inner
+# layer 0 (feeding the last inner layer to the first outer layer "significantly deteriorated" results), the
+# deepest inner layer feeds a shallow outer layer (long path: inner 2 -> outer 1, as inner 4 -> outer 1), and the
+# remaining shallow inner layer feeds the deepest outer layer (short path: inner 1 -> outer 2).
+SMALL_HARD_PERMUTATION = [0, 2, 1]
+
+PRESETS: dict[str, tuple[str, dict]] = {
+    "mpt_base": ("MPT default [0,1,2,3,4,5], routing (a), 2 passes on Transformer-Base (MPT Table 1: 28.1 BLEU "
+                 "En-De)", dict(_BASE, multipass=dict(passes=2, connection="default", routing="a"))),
+    "mpt_soft_base": ("MPT soft connections (Eq. 6), routing (a), 2 passes on Transformer-Base (MPT Tables 1-2: "
+                      "28.4 BLEU En-De, 41.6 En-Fr)", dict(_BASE, multipass=dict(passes=2, connection="soft"))),
+    "mpt_hard_base_041523": ("MPT best searched hard pattern [0,4,1,5,2,3] (Fig. 3), routing (a), 2 passes on "
+                             "Transformer-Base (MPT Tables 1-2: 28.4 BLEU En-De, 41.8 En-Fr)",
+                             dict(_BASE, multipass=dict(passes=2, connection="hard",
+                                                        permutation=[0, 4, 1, 5, 2, 3]))),
+    "mpt3_soft_base": ("MPT soft connections with 3 passes on Transformer-Base (MPT Sec. 5: 28.4 BLEU En-De, "
+                       "comparable with 2 passes)", dict(_BASE, multipass=dict(passes=3, connection="soft"))),
+    "mpt_tied_6x2_base": ("MPT Table 2 baseline '6+6-layer (tied weights) BT': the stack run twice, no input "
+                          "re-feed, no cross-pass connections (27.8 BLEU En-De)",
+                          dict(_BASE, multipass=dict(passes=2, connection="tied_stack"))),
+    "mpt_soft_small": ("MPT soft connections (Eq. 6), 2 passes on transformer_small (3+3 layers, d=256)",
+                       dict(_SMALL, multipass=dict(passes=2, connection="soft"))),
+    "mpt_hard_small_021": ("MPT hard pattern [0,2,1], the N=3 analogue of the best [0,4,1,5,2,3] (MPT Sec. 4.2), "
+                           "2 passes on transformer_small",
+                           dict(_SMALL, multipass=dict(passes=2, connection="hard",
+                                                       permutation=SMALL_HARD_PERMUTATION))),
+}

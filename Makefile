@@ -1,0 +1,26 @@
+# One entry point for people and CI. `make run` and `make test` each set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements/cpu.txt
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: setup
+	$(VENV)/bin/interlayer models
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,45 @@
+"""Parameter counts count tied tensors once; analytic MAdds equal torch's FLOP counter (FLOPs = 2 MAdds)."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from interlayer import count_madds, count_parameters, create_model
+
+
+def _flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_tied_parameters_counted_once():
+    tied = create_model("transformer_small", share_embeddings=True, tie_output=True)
+    untied = create_model("transformer_small", share_embeddings=False, tie_output=False)
+    table = 8000 * 256
+    assert count_parameters(untied) - count_parameters(tied) == 2 * table
+
+
+def test_transformer_block_has_12_d_squared_weights():
+    """A block holds 4 d^2 of attention and 8 d^2 of FFN weights (Crossformer Sec. 2, Vaswani et al. base)."""
+    model = create_model("transformer_base", enc_layers=1, bias=False)
+    layer = model.encoder.layers[0]
+    weights = sum(p.numel() for n, p in layer.named_parameters() if "norm" not in n)
+    assert weights == 12 * 512**2
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"positions": "relative"},
+    {"qk_dim": 64, "norm_first": True},
+    {"arch": "encoder_classifier", "num_classes": 3, "classifier_hidden": 16},
+])
+def test_madds_match_flop_counter(overrides):
+    model = create_model("transformer_small", d_model=32, n_heads=4, d_ffn=64, src_vocab_size=50,
+                         attn_impl="eager", **overrides).eval()
+    src, tgt = torch.randint(1, 50, (1, 9)), torch.randint(1, 50, (1, 7))
+    if model.config.arch == "encoder_decoder":
+        flops = _flops(lambda: model(src, tgt))
+        assert flops == 2 * count_madds(model, 9, 7)
+    else:
+        flops = _flops(lambda: model(src))
+        assert flops == 2 * count_madds(model, 9)
