@@ -70,7 +70,7 @@ class ModelConfig(TransformerConfig):
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
     """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key."""
     try:
-        cfg = _build(ModelConfig, data, prefix="")
+        cfg = dataclass_from_dict(ModelConfig, data, prefix="")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     cfg.validate()
@@ -112,7 +112,8 @@ def _unknown(key: str, valid: list[str], prefix: str) -> None:
     raise ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}")
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
+def dataclass_from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Instantiate dataclass ``cls`` from a mapping, checking keys and value types (errors name ``prefix+key``)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -133,7 +134,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], key)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, {} if value is True else value, key + ".")
+        return dataclass_from_dict(hint, {} if value is True else value, key + ".")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, args))}")

@@ -43,6 +43,11 @@ _CORE_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformer_small": ("benchmark encoder-decoder: 3+3 layers, d=256, 4 heads, FFN 1024, 8k vocabulary",
                           dict(arch="encoder_decoder", src_vocab_size=8000, d_model=256, n_heads=4, d_ffn=1024,
                                enc_layers=3, dec_layers=3, dropout=0.1, share_embeddings=True)),
+    "transformer_multi30k": ("Multi30k De-En translation baseline: 3+3 layers, d=256, 4 heads, FFN 1024, "
+                             "dropout 0.3, joint vocabulary with shared embeddings",
+                             dict(arch="encoder_decoder", src_vocab_size=8000, d_model=256, n_heads=4, d_ffn=1024,
+                                  enc_layers=3, dec_layers=3, dropout=0.3, share_embeddings=True,
+                                  max_positions=256)),
     "transformer_text_cls": ("PA paper's text classifier (Sec. 4.1.1, App. B.2.1): M=3 blocks, d=256, 8 heads, "
                              "FFN 1024, relative positions", _TEXT_CLS),
 }

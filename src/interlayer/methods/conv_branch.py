@@ -1,27 +1,302 @@
-"""PLACEHOLDER: the helper implementing this method replaces this file."""
+"""Conv-Transformer / PA-Conv-Transformer's attention + convolution block (PA paper Sec. 3.5, Fig. 4, App. B.1).
+
+The PA paper (Predictive Attention Transformer) evaluates its method on top of a multi-branch block that
+"concatenates self-attention and convolutional layers jointly" (Sec. 3.5): "we use one half of dimension for the
+convolutional layer and the other half for the self-attention layer. The head number of self-attention is set as
+4" (App. B.1); "for text-related tasks, we adopt 1D-convolution with sliding window 3, while 2D-convolution with
+kernel size 3 x 3 is applied for the image data" (Sec. 3.5). With the ``predictive`` section on as well the model
+is the PA-Conv-Transformer; alone it is the Conv-Transformer baseline of Table 1.
+
+Wiring (Fig. 4 is an image; the text fixes only the split, the head count and the kernels):
+
+* Both branches read the full ``d_model``-wide sublayer input, as in the attention-augmented convolution the
+  paper builds on (Bello et al. 2019, ``AAConv(X) = Concat[Conv(X), MHA(X)]``). The attention half projects
+  queries, keys and values to ``attn_dim = d_model / 2`` (``heads=4``); the convolution maps ``d_model`` channels
+  to the other ``d_model - attn_dim``. Their outputs are concatenated back to ``d_model`` and enter the usual
+  residual + LayerNorm, then the feed-forward block.
+* ``out_proj="none"`` (default): no output projection on either branch. This is the reading that matches
+  Table 1: Conv-Transformer has 0.21M fewer parameters than the Transformer (2.79M -> 2.58M) over M=3 blocks;
+  dropping W^O gives 3 x 66,048 = 0.198M fewer (2.59M), while keeping the attention half's W^O (Bello et al.'s
+  form, ``out_proj="attention"``) gives 3 x 49,536 = 0.149M fewer (2.64M). ``out_proj="joint"`` adds one
+  ``d_model x d_model`` projection after the concatenation instead (Lite-Transformer style, no saving).
+* ``activation="relu"`` (default) follows the convolution: the paper's convolutional layers are followed by a
+  ReLU throughout (Sec. 3.3 "We apply a ReLU activation after each 2D-convolutional layer"; the CNN baseline of
+  Sec. 4.1.1). ``"none"`` keeps the branch linear like the attention half, ``"gelu"`` is offered too.
+* 2-D: with a token grid (``grid_height`` x ``grid_width``, as for ``positions='relative_2d'``) the convolution
+  runs over the grid in raster order; leading prefix tokens (CLS) have no grid cell, so their convolution output
+  is zero (they get context from the attention half only, matching how 2-D relative positions treat them).
+* Padding: padded positions are zeroed before the convolution, so no padded token reaches a real one.
+* Decoder: not supported (``sides`` may only be ``["encoder"]``). A centred kernel reads future tokens, and a
+  causal one would need its own state in incremental decoding, which the core's ``KVCache`` does not carry; the
+  paper applies the block to encoders and classifiers only.
+
+The block implements the core attention protocol and delegates ``wants_prev_logits`` and the intermediates to its
+attention half, so the ``predictive`` method's logit mixer (installed through ``components.logit_mixer``) sits in
+the attention half and predicts its 4 heads' maps. The PA paper's presets, including ``conv_transformer_text``
+and ``pa_conv_transformer_text``, live in :mod:`interlayer.methods.predictive`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.attention import AttentionIntermediates, KVCache, MultiHeadAttention
+from ..core.components import Components
+from ..core.config import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+SIDES = ("encoder",)
+BRANCH_ACTIVATIONS = ("relu", "gelu", "none")
+OUT_PROJS = ("none", "attention", "joint")
 
 
 @dataclass
 class ConvBranchConfig:
-    def validate(self, cfg) -> None:
-        pass
+    """Half self-attention, half convolution (PA App. B.1); every field's reading is argued in the module doc."""
+
+    heads: int = 4  # App. B.1: "The head number of self-attention is set as 4"
+    attn_dim: Optional[int] = None  # width of the attention half; None: d_model // 2 (App. B.1 "one half")
+    kernel_size: int = 3  # Sec. 3.5: window 3 (1-D text), 3 x 3 (2-D grid)
+    activation: Literal["relu", "gelu", "none"] = "relu"
+    out_proj: Literal["none", "attention", "joint"] = "none"
+    sides: list[str] = field(default_factory=lambda: ["encoder"])
+
+    def attention_width(self, cfg: "ModelConfig") -> int:
+        return self.attn_dim if self.attn_dim is not None else cfg.d_model // 2
+
+    def query_width(self, cfg: "ModelConfig") -> int:
+        """Query/key width of the attention half: ``qk_dim`` scaled by the half's share of ``d_model``."""
+        return cfg.qk_width * self.attention_width(cfg) // cfg.d_model
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        check_sides("conv_branch", self.sides, "a centred convolution reads future target tokens and a causal "
+                     "one would need a convolution state in incremental decoding, which the decoder's KVCache "
+                     "does not carry (the PA paper uses the block in encoders only)")
+        if self.heads < 1:
+            raise ConfigError(f"conv_branch.heads={self.heads} must be at least 1")
+        if self.attn_dim is None and cfg.d_model % 2:
+            raise ConfigError(f"conv_branch.attn_dim=None splits d_model in half, but d_model={cfg.d_model} is odd;"
+                              " set conv_branch.attn_dim to the attention half's width")
+        width = self.attention_width(cfg)
+        if not 0 < width < cfg.d_model:
+            raise ConfigError(f"conv_branch.attn_dim={width} must lie strictly between 0 and d_model={cfg.d_model}"
+                              " so that both branches have channels")
+        if width % self.heads:
+            valid = [h for h in range(1, width + 1) if width % h == 0]
+            raise ConfigError(f"conv_branch.heads={self.heads} does not divide the attention half's width "
+                              f"attn_dim={width}; valid heads: {valid}")
+        qk_total = cfg.qk_width * width
+        if qk_total % cfg.d_model or (qk_total // cfg.d_model) % self.heads:
+            raise ConfigError(f"qk_dim={cfg.qk_dim} scaled to the attention half (qk_dim * attn_dim / d_model = "
+                              f"{qk_total / cfg.d_model:g}) must be an integer divisible by conv_branch.heads="
+                              f"{self.heads}")
+        check_kernel("conv_branch.kernel_size", self.kernel_size)
+        if self.activation not in BRANCH_ACTIVATIONS:
+            raise ConfigError(f"conv_branch.activation={self.activation!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, BRANCH_ACTIVATIONS))}")
+        if self.out_proj not in OUT_PROJS:
+            raise ConfigError(f"conv_branch.out_proj={self.out_proj!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, OUT_PROJS))}")
+        if (cfg.grid_height > 0) != (cfg.grid_width > 0):
+            raise ConfigError(f"conv_branch runs a 2-D convolution over the token grid, which needs both "
+                              f"grid_height and grid_width; got {cfg.grid_height}x{cfg.grid_width} (set both, or "
+                              f"both to 0 for the 1-D text convolution)")
+
+
+def check_sides(section: str, sides: list[str], decoder_reason: str) -> None:
+    """Shared by ``predictive`` and ``conv_branch``: both are encoder-only, for the reason given."""
+    if "decoder" in sides:
+        raise ConfigError(f"{section}.sides={sides!r}: 'decoder' is not supported: {decoder_reason}. "
+                          f"Use {section}.sides=['encoder']")
+    if list(sides) != ["encoder"]:
+        raise ConfigError(f"{section}.sides={sides!r} is not valid; the only valid value is ['encoder']")
+
+
+def check_kernel(key: str, size: int) -> None:
+    if size < 1 or size % 2 == 0:
+        raise ConfigError(f"{key}={size} must be a positive odd number (3, 5, ...) so that 'same' padding keeps "
+                          "every position centred")
+
+
+def attention_heads(cfg: "ModelConfig") -> int:
+    """Heads of the encoder self-attention: the attention half's when this method is on, else ``n_heads``."""
+    return cfg.conv_branch.heads if cfg.conv_branch is not None else cfg.n_heads
+
+
+class BranchAttention(MultiHeadAttention):
+    """Multi-head self-attention reading a ``d_in``-wide input and producing ``width`` channels.
+
+    The core module's projections are kept (``q_proj`` is re-made to read ``d_in``; keys and values read it via
+    ``kv_dim``), so the fused/eager paths, relative positions and logit mixers work unchanged. Without its own
+    W^O (``out_proj=False``) the heads are simply concatenated (PA Eq. 5 without W^O) and ``out_proj`` is an
+    identity.
+    """
+
+    def __init__(self, d_in: int, width: int, n_heads: int, *, qk_dim: int, out_proj: bool, dropout: float,
+                 bias: bool, relative: Optional[nn.Module], logit_mixer: Optional[nn.Module], force_eager: bool
+                 ) -> None:
+        super().__init__(width, n_heads, kv_dim=d_in, qk_dim=qk_dim, dropout=dropout, bias=bias, relative=relative,
+                         logit_mixer=logit_mixer, force_eager=force_eager)
+        self.d_in = d_in
+        self.q_proj = nn.Linear(d_in, qk_dim, bias=bias)
+        nn.init.xavier_uniform_(self.q_proj.weight, gain=1 / math.sqrt(2))
+        if bias:
+            nn.init.zeros_(self.q_proj.bias)
+        if not out_proj:
+            self.out_proj = nn.Identity()
+
+    def madds(self, t_q: int, t_k: int) -> int:
+        total = t_q * self.d_in * self.qk_dim + t_k * self.kv_dim * (self.qk_dim + self.d_model)
+        total += t_q * t_k * (self.qk_dim + self.d_model)
+        if isinstance(self.out_proj, nn.Linear):
+            total += t_q * self.d_model * self.d_model
+        if self.relative is not None:
+            total += self.relative.madds(t_q, t_k, self.n_heads)
+        if self.logit_mixer is not None:
+            total += self.logit_mixer.madds(t_q, t_k)
+        return total
+
+
+class TokenConv(nn.Module):
+    """A 'same'-padded convolution over the sequence (1-D) or over the token grid (2-D, prefix tokens excluded)."""
+
+    def __init__(self, d_in: int, d_out: int, kernel_size: int, *, grid: Optional[tuple[int, int]], bias: bool
+                 ) -> None:
+        super().__init__()
+        self.grid = grid
+        conv = nn.Conv1d if grid is None else nn.Conv2d
+        self.conv = conv(d_in, d_out, kernel_size, padding=kernel_size // 2, bias=bias)
+
+    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """``x`` (B, T, d_in) -> (B, T, d_out); padded positions are zeroed first so they cannot leak."""
+        if key_padding_mask is not None:
+            x = x.masked_fill(key_padding_mask.unsqueeze(-1), 0.0)
+        if self.grid is None:
+            return self.conv(x.transpose(1, 2)).transpose(1, 2)
+        height, width = self.grid
+        b, t, d = x.shape
+        prefix = t - height * width
+        if prefix < 0:
+            raise ValueError(f"the 2-D convolution needs the {height}x{width} grid tokens (plus optional prefix "
+                             f"tokens), got a sequence of {t}")
+        cells = x[:, prefix:].transpose(1, 2).reshape(b, d, height, width)
+        out = self.conv(cells).flatten(2).transpose(1, 2)
+        return F.pad(out, (0, 0, prefix, 0))
+
+    def madds(self, t: int) -> int:
+        positions = t if self.grid is None else self.grid[0] * self.grid[1]
+        return positions * self.conv.weight.numel()
+
+
+_ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu, "none": lambda x: x}
+
+
+class AttentionConvBlock(nn.Module):
+    """``Concat[Attention_half(x), act(Conv(x))]`` (optionally projected), a drop-in for the self-attention.
+
+    Follows the attention protocol of :class:`~interlayer.core.attention.MultiHeadAttention`; the intermediates
+    and ``wants_prev_logits`` are the attention half's. ``q_proj``/``k_proj``/``v_proj``/``out_proj`` read and
+    write the attention half's projections, so weight-sharing methods that tie them work on this block too.
+    """
+
+    _DELEGATED = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+    def __init__(self, attention: BranchAttention, conv: TokenConv, activation: str, proj: Optional[nn.Linear]
+                 ) -> None:
+        super().__init__()
+        self.attention = attention
+        self.conv = conv
+        self.activation = activation
+        self.proj = proj
+
+    def __getattr__(self, name: str) -> Any:
+        if name in AttentionConvBlock._DELEGATED:
+            return getattr(self.attention, name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in AttentionConvBlock._DELEGATED:
+            setattr(self.attention, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def wants_prev_logits(self) -> bool:
+        return self.attention.wants_prev_logits
+
+    def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
+                causal: bool = False, prev_logits: Optional[Tensor] = None, need_intermediates: bool = False,
+                cache: Optional[KVCache] = None) -> tuple[Tensor, Optional[AttentionIntermediates]]:
+        if memory is not None or causal or cache is not None:
+            raise ValueError("the attention + convolution block is encoder self-attention only (no memory, "
+                             "causal mask or cache); conv_branch.sides=['encoder'] guarantees that")
+        attended, inter = self.attention(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits,
+                                         need_intermediates=need_intermediates)
+        convolved = _ACTIVATION_FNS[self.activation](self.conv(x, key_padding_mask))
+        out = torch.cat([attended, convolved], dim=-1)
+        return (self.proj(out) if self.proj is not None else out), inter
+
+    def madds(self, t_q: int, t_k: int) -> int:
+        proj = t_q * self.proj.in_features * self.proj.out_features if self.proj is not None else 0
+        return self.attention.madds(t_q, t_k) + self.conv.madds(t_q) + proj
+
+
+def build_block(section: ConvBranchConfig, cfg: "ModelConfig", components: Components, side: str, index: int
+                ) -> AttentionConvBlock:
+    """One block for layer ``index``; relative positions and the logit mixer come from the (late-bound) factories."""
+    width, qk_dim = section.attention_width(cfg), section.query_width(cfg)
+    attention = BranchAttention(cfg.d_model, width, section.heads, qk_dim=qk_dim,
+                                out_proj=section.out_proj == "attention", dropout=cfg.attn_dropout, bias=cfg.bias,
+                                relative=_relative(components, side, index, qk_dim // section.heads),
+                                logit_mixer=components.logit_mixer(side, index),
+                                force_eager=cfg.attn_impl == "eager")
+    grid = (cfg.grid_height, cfg.grid_width) if cfg.grid_height > 0 else None
+    conv = TokenConv(cfg.d_model, cfg.d_model - width, section.kernel_size, grid=grid, bias=cfg.bias)
+    proj = None
+    if section.out_proj == "joint":
+        proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        nn.init.xavier_uniform_(proj.weight)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
+    return AttentionConvBlock(attention, conv, section.activation, proj)
+
+
+def _relative(components: Components, side: str, index: int, head_dim: int) -> Optional[nn.Module]:
+    """The core relative-position module sized for the attention half's heads (a replaced factory is used as is)."""
+    if components.relative == components.default_relative:
+        return components.default_relative(side, index, head_dim)
+    return components.relative(side, index)
 
 
 class _ConvBranchMethod:
     name = "conv_branch"
     config_class = ConvBranchConfig
 
-    def validate(self, section, cfg) -> None:
+    def validate(self, section: ConvBranchConfig, cfg: "ModelConfig") -> None:
         section.validate(cfg)
 
-    def customize(self, section, cfg, components) -> None:
-        pass
+    def customize(self, section: ConvBranchConfig, cfg: "ModelConfig", components: Components) -> None:
+        previous = components.self_attention
+        if previous != components.default_self_attention:
+            raise ConfigError("conv_branch replaces the encoder self-attention with its attention + convolution "
+                              "block, but another method already replaced it; turn one of them off")
 
-    def finalize(self, section, cfg, model) -> None:
-        pass
+        def factory(side: str, index: int) -> nn.Module:
+            if side not in section.sides:
+                return previous(side, index)
+            return build_block(section, cfg, components, side, index)
+
+        components.self_attention = factory
+
+    def finalize(self, section: ConvBranchConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie or add: the block is complete once built."""
 
 
 METHOD = _ConvBranchMethod()

@@ -1,27 +1,500 @@
-"""PLACEHOLDER: the helper implementing this method replaces this file."""
+"""Crossformer: alternated cross-layer guidance (Crossformer paper, Sec. 2; Tables 1-3 and 6).
+
+Paper map (section, equation and table numbers of the Crossformer paper):
+
+* **Soft guidance, SG** (Sec. 2.1, Eq. 1-2): ``L = L_nll + alpha * L_reg`` with
+  ``L_reg = sum_{t<T} ||A(t) - sg(B(t+1))||`` pulling a matrix of layer t toward one of layer t+1 whose gradient
+  is stopped ("guiding lower layers with higher layers"). ``soft`` lists the pairs; the term is registered as
+  ``model.aux_loss_fns["crossformer_sg"]`` with alpha applied inside, so it is logged as its own loss.
+* **Hard guidance, HG** (Sec. 2.2): ``A(t) = B(t+1)`` made exact by weight tying; ``hard`` lists the pairs.
+* **Pairs**: ``kq`` (Eq. 3: layer t's key projection is layer t+1's query projection, the paper's default),
+  the other Table 6 orders ``qk``, ``qq``, ``kk``; ``vf`` (Eq. 6: fusion/output projections W_F tied at odd t,
+  value projections W_V at even t); ``ffn`` (Eq. 5: W_2 tied at odd t, W_1 at even t; ``ffn_order`` swaps them).
+  Naming a pair in ``hard`` gives the paper's Crossformer-Key-Query / -Value / -FFN; all three is
+  Crossformer-All (Table 2).
+
+Readings chosen where the paper is ambiguous (each with the reason):
+
+* **"States" are weight matrices.** Eq. 1 regularises "states"; Sec. 1 says HG "unifies the two alignment state
+  matrices into one shared matrix", which "drives the regulariser to zero". That holds only if the states are the
+  weights (``K(t) = H(t) W`` and ``Q(t+1) = H(t+1) W`` still differ after tying, since ``H(t) != H(t+1)``), so SG
+  compares weights. The activation reading is not offered: Eq. 5/6 define only weight equalities, so it has no
+  meaning for ``vf``/``ffn``, and it would need per-batch padding masks that the aux-loss protocol does not carry.
+* **Eq. 3 is weight tying.** Read literally, ``K(t) = Q(t+1) = H(t+1) W_Q(t+1)`` is circular: H(t+1) is the
+  output of layer t, which needs K(t). The implementable reading is ``K(t) = H(t) W_Q(t+1)``: layer t's key
+  projection *is* layer t+1's query projection (the same ``nn.Parameter``).
+* **Table 6 labels.** An attention label "X-Y" means W_X of layer t is W_Y of layer t+1, for every t < T, as
+  Eq. 3 does for the default "key-query". ``qq``/``kk`` therefore chain through the whole stack (one W_Q, or one
+  W_K, for all T layers): every order then saves the same (T-1) matrices, which keeps the ablation
+  parameter-matched. FFN label "X-Y" names the matrix tied at odd t first, then at even t: Eq. 5 (the paper's
+  default "w2-w1") ties W_2 at t = 1, 3, ... and W_1 at t = 2, 4, ...; "w1-w2" swaps them. (A "W_2(t) = W_1(t+1)"
+  reading, analogous to key-query, is impossible without a transpose: the shapes are d_f x d_m and d_m x d_f.)
+* **Odd depths.** Eq. 5/6 are written for even T. For any T every adjacent pair (t, t+1) is tied exactly once,
+  alternating by the parity of t, so a stack of T layers has T-1 ties. The per-block savings of Sec. 2.2
+  ("Model properties": 1 d_m^2 for key-query, 1 d_m^2 value-fusion, 4 d_m^2 FFN, 6 d_m^2 all) are therefore the
+  large-T limit; per stack of T layers (weights only, d_f = 4 d_m) they are exactly ``(T-1) d_m^2``,
+  ``(T-1) d_m^2``, ``4 (T-1) d_m^2`` and ``6 (T-1) d_m^2``. With biases, see :func:`hard_savings`.
+* **Biases follow their weights** (``include_bias=True``): Eq. 3 equates the projections themselves, and a
+  fairseq projection is affine, so the whole ``nn.Linear`` is shared; SG compares the augmented matrix
+  ``[W | b]`` so that HG stays SG's zero-regulariser limit. ``include_bias=False`` ties/regularises the weights
+  only; then the savings are exactly the paper's bias-free d_m^2 figures.
+* **The norm.** Sec. 1 describes SG as "an L1 or L2 regularization" (Sec. 3.1: "by L2 norm"), the usual reading
+  of which is lasso/ridge: ``sum |d|`` (p=1) and ``sum d^2`` (p=2, squared Frobenius), summed over entries and
+  over all pairs and stacks (Eq. 1 sums over t). That is ``sg_norm="power"``, ``sg_reduction="sum"``, the
+  default. With the paper's alpha = 0.01 (Appendix A.1.2) the sum keeps a per-entry pull of 2 alpha (W_t - W_t+1)
+  (p=2), whereas a mean over a 512 x 512 matrix would divide it by 262,144 and the regulariser would be negligible.
+  ``sg_norm="root"`` takes the p-th root (the literal norm ``||d||_p``, Frobenius for p=2);
+  ``sg_reduction="mean"`` averages over a matrix's entries (width-independent alpha). Either way the terms of
+  the pairs are summed, as Eq. 1 sums over t.
+* **Where.** Eq. 7-8 describe encoder and decoder self-attention and FFN; ``sides`` picks the stacks (default:
+  all self-attention stacks of the model). ``"cross"`` adds the decoder's cross-attention stack, which the text
+  never mentions but which the paper's key-query/value parameter counts of Tables 1-2 only reach with it
+  (see :func:`paper_tables`).
+
+Composition: every pair needs the plain projections, so attention pairs are rejected when another method
+replaces a guided attention module (LW group-wise attention, the conv-branch block) and ``ffn`` when the FFN is
+replaced (LW group FFN). Multi-Pass keeps one stack (``encoder.layers``), so ties stay inside it; Predictive
+Attention only adds a logit mixer inside ``MultiHeadAttention``. ``qk_dim`` is fine: ``q_proj`` and ``k_proj``
+are both ``d_model -> qk_dim`` in self- and cross-attention.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.attention import MultiHeadAttention
+from ..core.components import Components
+from ..core.config import ConfigError
+from ..core.feedforward import FeedForward
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+Pair = Literal["kq", "qk", "qq", "kk", "vf", "ffn"]
+Side = Literal["encoder", "decoder", "cross"]
+
+# Attention order "X-Y" (Eq. 3 / Table 6): the projection of layer t (lower) and of layer t+1 (upper) tied.
+ATTENTION_ORDERS: dict[str, tuple[str, str]] = {"kq": ("k_proj", "q_proj"), "qk": ("q_proj", "k_proj"),
+                                                "qq": ("q_proj", "q_proj"), "kk": ("k_proj", "k_proj")}
+# Alternated pairs: (matrix shared between t and t+1 for odd t, for even t), t counted from 1 as in Eq. 5-6.
+ALTERNATIONS: dict[str, tuple[str, str]] = {"vf": ("out_proj", "v_proj"), "w2_w1": ("fc2", "fc1"),
+                                            "w1_w2": ("fc1", "fc2")}
+PAIRS: tuple[str, ...] = (*ATTENTION_ORDERS, "vf", "ffn")
+SIDES: tuple[str, ...] = ("encoder", "decoder", "cross")
+FFN_ORDERS: tuple[str, ...] = ("w2_w1", "w1_w2")
+SG_NORMS: tuple[str, ...] = ("power", "root")
+SG_REDUCTIONS: tuple[str, ...] = ("sum", "mean")
+_FACTORIES = ("self_attention", "cross_attention", "ffn")
 
 
 @dataclass
 class CrossformerConfig:
-    def validate(self, cfg) -> None:
-        pass
+    """Which cross-layer pairs are hard-tied (Sec. 2.2) or soft-guided (Eq. 1-2), and where.
+
+    ``hard``/``soft``: pairs from ``kq``, ``qk``, ``qq``, ``kk`` (attention orders, Table 6), ``vf`` (Eq. 6) and
+    ``ffn`` (Eq. 5); at least one pair in total, at most one attention order in ``hard``, no pair in both.
+    ``sides``: ``encoder``/``decoder`` self-attention+FFN stacks, ``cross`` (decoder cross-attention); ``None``
+    means every self-attention stack of the model. ``p``, ``alpha``, ``sg_norm``, ``sg_reduction`` shape SG's
+    regulariser (alpha 0.01: Appendix A.1.2). See the module docstring for every reading and its reason.
+    """
+
+    hard: list[Pair] = field(default_factory=list)
+    soft: list[Pair] = field(default_factory=list)
+    ffn_order: Literal["w2_w1", "w1_w2"] = "w2_w1"
+    sides: Optional[list[Side]] = None
+    include_bias: bool = True
+    p: int = 2
+    alpha: float = 0.01
+    sg_norm: Literal["power", "root"] = "power"
+    sg_reduction: Literal["sum", "mean"] = "sum"
+
+    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+        """The guided stacks: ``sides``, or every self-attention stack the architecture has."""
+        if self.sides is not None:
+            return list(self.sides)
+        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        _check_names("crossformer.hard", self.hard, PAIRS)
+        _check_names("crossformer.soft", self.soft, PAIRS)
+        if not self.hard and not self.soft:
+            raise ConfigError("crossformer needs at least one pair in crossformer.hard or crossformer.soft, got "
+                              f"none; choose from {', '.join(map(repr, PAIRS))} (e.g. hard=['kq', 'vf', 'ffn'] "
+                              "is Crossformer-All)")
+        orders = [pair for pair in self.hard if pair in ATTENTION_ORDERS]
+        if len(orders) > 1:
+            raise ConfigError(f"crossformer.hard={self.hard} names {len(orders)} attention orders {orders}; keep "
+                              "one (Table 6 compares them one at a time; two would merge every layer's q/k into "
+                              "two shared matrices)")
+        both = [pair for pair in self.soft if pair in self.hard]
+        if both:
+            raise ConfigError(f"crossformer.soft={self.soft} repeats {both} from crossformer.hard: a tied pair is "
+                              "one tensor, so its soft-guidance term is identically zero; drop it from one list")
+        _choice("crossformer.ffn_order", self.ffn_order, FFN_ORDERS)
+        _choice("crossformer.sg_norm", self.sg_norm, SG_NORMS)
+        _choice("crossformer.sg_reduction", self.sg_reduction, SG_REDUCTIONS)
+        if self.p not in (1, 2) or isinstance(self.p, bool):
+            raise ConfigError(f"crossformer.p={self.p!r} is not valid; choose 1 (L1) or 2 (L2)")
+        if not self.alpha >= 0.0 or math.isinf(self.alpha):
+            raise ConfigError(f"crossformer.alpha={self.alpha!r} must be a finite number >= 0 (the paper uses 0.01)")
+        self._validate_sides(cfg)
+        _check_composition(self, cfg)
+
+    def _validate_sides(self, cfg: "ModelConfig") -> None:
+        if self.sides is not None:
+            _check_names("crossformer.sides", self.sides, SIDES)
+            if not self.sides:
+                raise ConfigError(f"crossformer.sides is empty; choose from {', '.join(map(repr, SIDES))} or "
+                                  "leave it unset for every self-attention stack")
+            no_decoder = [side for side in self.sides if side != "encoder"]
+            if cfg.arch != "encoder_decoder" and no_decoder:
+                raise ConfigError(f"crossformer.sides={self.sides} includes {no_decoder}, but arch={cfg.arch!r} "
+                                  "has no decoder; use sides=['encoder']")
+        sides = self.resolved_sides(cfg)
+        for side in sides:
+            key, layers = ("enc_layers", cfg.enc_layers) if side == "encoder" else ("dec_layers", cfg.dec_layers)
+            if layers < 2:
+                raise ConfigError(f"crossformer guides layer t with layer t+1, so every guided stack needs at "
+                                  f"least 2 layers, but {key}={layers} (crossformer.sides includes {side!r})")
+        for key, pairs in (("crossformer.hard", self.hard), ("crossformer.soft", self.soft)):
+            if "ffn" in pairs and not any(side != "cross" for side in sides):
+                raise ConfigError(f"{key} includes 'ffn', but crossformer.sides={sides} has no FFN stack (the "
+                                  "cross-attention stack has none); add 'encoder' or 'decoder' to sides")
+
+
+class Link(NamedTuple):
+    """One guided pair: ``lower`` (layer t, the guided Linear) and ``upper`` (layer t+1, the guide)."""
+
+    lower: nn.Module
+    upper: nn.Module
+    name: str
+
+
+BlocksOf = Callable[[str, str], tuple[list[nn.Module], str]]
+
+
+def stack_links(pair: str, ffn_order: str, blocks: list[nn.Module], path: str) -> list[Link]:
+    """The links of one stack, bottom to top; ``blocks[i]`` is layer i's attention (or FFN for ``ffn``)."""
+    links = []
+    for i in range(len(blocks) - 1):
+        lower_attr, upper_attr = _attributes(pair, ffn_order, i)
+        links.append(Link(getattr(blocks[i], lower_attr), getattr(blocks[i + 1], upper_attr),
+                          f"{path.format(i)}.{lower_attr} <- {path.format(i + 1)}.{upper_attr}"))
+    return links
+
+
+def _attributes(pair: str, ffn_order: str, i: int) -> tuple[str, str]:
+    if pair in ATTENTION_ORDERS:
+        return ATTENTION_ORDERS[pair]
+    odd_t, even_t = ALTERNATIONS["vf" if pair == "vf" else ffn_order]
+    name = odd_t if i % 2 == 0 else even_t  # 0-based lower index i is the paper's t = i + 1
+    return name, name
+
+
+def collect_links(section: CrossformerConfig, cfg: "ModelConfig", pairs: list[str], key: str,
+                  blocks_of: BlocksOf, owners: Optional[dict[str, str]] = None) -> list[Link]:
+    """Every link of ``pairs`` on the guided sides, after checking the modules can be tied/regularised."""
+    links: list[Link] = []
+    for side in section.resolved_sides(cfg):
+        for pair in pairs:
+            if pair == "ffn" and side == "cross":
+                continue
+            blocks, path = blocks_of(side, pair)
+            _check_blocks(blocks, pair, side, key, owners or {})
+            for link in stack_links(pair, section.ffn_order, blocks, path):
+                _check_link(link, key)
+                links.append(link)
+    return links
+
+
+def model_blocks(model: nn.Module) -> BlocksOf:
+    """``blocks_of`` reading a built model's stacks (``encoder.layers``, ``decoder.layers``)."""
+    def blocks_of(side: str, pair: str) -> tuple[list[nn.Module], str]:
+        stack = "encoder" if side == "encoder" else "decoder"
+        attr = "ffn" if pair == "ffn" else ("cross_attn" if side == "cross" else "self_attn")
+        layers = getattr(model, stack).layers
+        return [getattr(layer, attr) for layer in layers], f"{stack}.layers.{{}}.{attr}"
+    return blocks_of
+
+
+def _factory_blocks(components: Components, cfg: "ModelConfig") -> BlocksOf:
+    """``blocks_of`` calling the installed factories, as the model builder will."""
+    def blocks_of(side: str, pair: str) -> tuple[list[nn.Module], str]:
+        stack = "encoder" if side == "encoder" else "decoder"
+        n_layers = cfg.enc_layers if stack == "encoder" else cfg.dec_layers
+        if pair == "ffn":
+            return [components.ffn(stack, i) for i in range(n_layers)], f"{stack}.layers.{{}}.ffn"
+        if side == "cross":
+            return [components.cross_attention(i) for i in range(n_layers)], "decoder.layers.{}.cross_attn"
+        return [components.self_attention(stack, i) for i in range(n_layers)], f"{stack}.layers.{{}}.self_attn"
+    return blocks_of
+
+
+def _check_composition(section: CrossformerConfig, cfg: "ModelConfig") -> None:
+    """Build the guided modules from the other methods' factories on the meta device and check them.
+
+    Probing the factories (instead of reading other sections' fields) rejects exactly the combinations whose
+    modules lack the plain projections, whatever option of the other method caused it, and names that method.
+    It runs only when another method replaced a factory, on the meta device, so nothing is allocated (a few
+    milliseconds per layer).
+    """
+    components = Components(cfg)
+    owners: dict[str, str] = {}
+    for method, other in cfg.sections():
+        if method.name == "crossformer":
+            continue
+        before = {name: getattr(components, name) for name in _FACTORIES}
+        method.customize(other, cfg, components)
+        owners.update({name: method.name for name in _FACTORIES if getattr(components, name) is not before[name]})
+    if not owners:
+        return  # the core's own factories build plain MultiHeadAttention / FeedForward modules
+    with torch.device("meta"):
+        for key, pairs in (("crossformer.hard", section.hard), ("crossformer.soft", section.soft)):
+            collect_links(section, cfg, list(pairs), key, _factory_blocks(components, cfg), owners)
+
+
+def _check_blocks(blocks: list[nn.Module], pair: str, side: str, key: str, owners: dict[str, str]) -> None:
+    """Every block must be the core module with plain ``nn.Linear`` projections for the matrices ``pair`` uses."""
+    expected = FeedForward if pair == "ffn" else MultiHeadAttention
+    factory = "ffn" if pair == "ffn" else ("cross_attention" if side == "cross" else "self_attention")
+    names = sorted({name for i in range(2) for name in _attributes(pair, "w2_w1", i)})
+    for i, block in enumerate(blocks):
+        odd = [name for name in names if not isinstance(getattr(block, name, None), nn.Linear)]
+        if isinstance(block, expected) and not odd:
+            continue
+        owner = owners.get(factory)
+        by = f"the {owner} section replaces" if owner else "this model replaces"
+        what = (f"whose {odd[0]} is a {type(getattr(block, odd[0], None)).__name__}" if isinstance(block, expected)
+                else f"which is not a {expected.__name__}")
+        raise ConfigError(
+            f"{key} includes {pair!r}, which ties or regularises the plain nn.Linear {'/'.join(names)} of adjacent "
+            f"{side} layers, but {by} layer {i}'s {'feed-forward' if pair == 'ffn' else 'attention'} module with "
+            f"{type(block).__name__}, {what}; drop {pair!r} from {key}, or turn off the option of "
+            f"{owner or 'the model'} that replaces that module")
+
+
+def _check_link(link: Link, key: str) -> None:
+    lower, upper = link.lower, link.upper
+    if not (isinstance(lower, nn.Linear) and isinstance(upper, nn.Linear)):
+        raise ConfigError(f"{key}: cannot guide {link.name}: both must be nn.Linear, got "
+                          f"{type(lower).__name__} and {type(upper).__name__}")
+    if lower.weight.shape != upper.weight.shape or (lower.bias is None) != (upper.bias is None):
+        raise ConfigError(f"{key}: cannot guide {link.name}: weight shapes {tuple(lower.weight.shape)} and "
+                          f"{tuple(upper.weight.shape)} (bias {lower.bias is not None} and "
+                          f"{upper.bias is not None}) differ")
+
+
+def tie(link: Link, include_bias: bool) -> None:
+    """Make layer t's Linear use layer t+1's parameters (HG, ``A(t) = B(t+1)``)."""
+    link.lower.weight = link.upper.weight
+    if include_bias and link.upper.bias is not None:
+        link.lower.bias = link.upper.bias
+
+
+def guidance_distance(link: Link, p: int, norm: str, reduction: str, include_bias: bool) -> Tensor:
+    """One term of Eq. 1: the p-distance between layer t's ``[W | b]`` and the stop-gradient of layer t+1's.
+
+    ``torch.linalg.vector_norm`` is used for the root so its gradient at zero distance is 0, not NaN.
+    """
+    parts = [(link.lower.weight - link.upper.weight.detach()).flatten()]
+    if include_bias and link.lower.bias is not None:
+        parts.append(link.lower.bias - link.upper.bias.detach())
+    diff = torch.cat(parts)
+    if norm == "root":
+        distance = torch.linalg.vector_norm(diff, ord=p)
+        return distance / diff.numel() ** (1.0 / p) if reduction == "mean" else distance
+    powered = diff.abs() if p == 1 else diff.pow(2)
+    return powered.mean() if reduction == "mean" else powered.sum()
+
+
+class SoftGuidance:
+    """``alpha * L_reg`` of Eq. 1-2, as a picklable aux-loss function of the model.
+
+    The links are re-read from the model on every call, so modules replaced after building are respected.
+    """
+
+    def __init__(self, section: CrossformerConfig, cfg: "ModelConfig") -> None:
+        self.section = section
+        self.cfg = cfg
+
+    def __call__(self, model: nn.Module) -> Tensor:
+        s = self.section
+        links = collect_links(s, self.cfg, list(s.soft), "crossformer.soft", model_blocks(model))
+        terms = [guidance_distance(link, s.p, s.sg_norm, s.sg_reduction, s.include_bias) for link in links]
+        return s.alpha * torch.stack(terms).sum()
+
+
+def hard_savings(pair: str, n_layers: int, d_model: int, d_ffn: int, qk_dim: Optional[int] = None, *,
+                 bias: bool = True, ffn_order: str = "w2_w1") -> int:
+    """Exact parameters saved by hard-guiding ``pair`` in one stack of ``n_layers`` layers.
+
+    T-1 adjacent pairs are tied. Attention orders save ``(T-1)(d_m d_qk + d_qk)``; ``vf`` saves
+    ``(T-1)(d_m^2 + d_m)``; ``ffn`` ties the odd-t matrix ``floor(T/2)`` times and the even-t one
+    ``floor((T-1)/2)`` times, and since W_1's bias has d_f entries and W_2's d_m, the total depends on T's parity:
+    ``floor(T/2)(d_m d_f + b_odd) + floor((T-1)/2)(d_m d_f + b_even)``. Without biases these are the paper's
+    ``(T-1) d_m^2`` and ``4 (T-1) d_m^2`` (d_f = 4 d_m), i.e. Sec. 2.2's per-block figures in the large-T limit.
+    """
+    ties = n_layers - 1
+    if pair in ATTENTION_ORDERS:
+        width = qk_dim or d_model
+        return ties * (d_model * width + (width if bias else 0))
+    if pair == "vf":
+        return ties * (d_model * d_model + (d_model if bias else 0))
+    bias_of = {"fc1": d_ffn, "fc2": d_model}
+    odd_t, even_t = ALTERNATIONS[ffn_order]
+    odd, even = n_layers // 2, (n_layers - 1) // 2
+    return (odd + even) * d_model * d_ffn + (odd * bias_of[odd_t] + even * bias_of[even_t] if bias else 0)
+
+
+def _check_names(key: str, values: Any, valid: tuple[str, ...]) -> None:
+    if not isinstance(values, (list, tuple)):
+        raise ConfigError(f"{key} must be a list, got {values!r}")
+    for i, value in enumerate(values):
+        if value not in valid:
+            raise ConfigError(f"{key}[{i}]={value!r} is not valid; choose from {', '.join(map(repr, valid))}")
+    repeated = sorted({value for value in values if list(values).count(value) > 1})
+    if repeated:
+        raise ConfigError(f"{key}={list(values)} lists {repeated} more than once")
+
+
+def _choice(key: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
 
 
 class _CrossformerMethod:
     name = "crossformer"
     config_class = CrossformerConfig
 
-    def validate(self, section, cfg) -> None:
+    def validate(self, section: CrossformerConfig, cfg: "ModelConfig") -> None:
         section.validate(cfg)
 
-    def customize(self, section, cfg, components) -> None:
-        pass
+    def customize(self, section: CrossformerConfig, cfg: "ModelConfig", components: Components) -> None:
+        """Nothing to replace: Crossformer reuses the plain modules and only ties or regularises them."""
 
-    def finalize(self, section, cfg, model) -> None:
-        pass
+    def finalize(self, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Tie the hard pairs top-down and register the soft-guidance loss.
+
+        Top-down order makes the chained orders (``qq``, ``kk``) end on one tensor: layer T-2 first takes layer
+        T-1's matrix, then layer T-3 takes that one, and so on; the upper layer's initialisation survives.
+        """
+        links = collect_links(section, cfg, list(section.hard), "crossformer.hard", model_blocks(model))
+        for link in reversed(links):
+            tie(link, section.include_bias)
+        if section.soft:
+            model.aux_loss_fns["crossformer_sg"] = SoftGuidance(section, cfg)
 
 
 METHOD = _CrossformerMethod()
+
+
+# Table 1 (IWSLT'14 De-En, 52M): the paper follows Transformer-Base's hyper-parameters with d_f = 4 d_m
+# (Appendix A.1.1) and pre-LN (Eq. 7). 52M is reached with fairseq's IWSLT'14 dictionaries (8,848 German and
+# 6,632 English types, separate embeddings, decoder output tied to its input): 52.07M. With the core preset's
+# d_ffn=1024 it would be 39.5M, so d_ffn=2048. The head count does not change the count; 4 heads as fairseq's
+# transformer_iwslt_de_en.
+_IWSLT: dict[str, Any] = dict(arch="encoder_decoder", src_vocab_size=8848, tgt_vocab_size=6632, d_model=512,
+                              n_heads=4, d_ffn=2048, enc_layers=6, dec_layers=6, norm_first=True, dropout=0.3,
+                              share_embeddings=False, tie_output=True)
+# Table 2 (WMT'14 En-De, 61M): Transformer-Base with a 32k joint BPE vocabulary (Appendix A.1.2), shared
+# embeddings: 60.52M.
+_WMT: dict[str, Any] = dict(arch="encoder_decoder", src_vocab_size=32000, d_model=512, n_heads=8, d_ffn=2048,
+                            enc_layers=6, dec_layers=6, norm_first=True, dropout=0.1, share_embeddings=True,
+                            tie_output=True)
+_ALL = ["kq", "vf", "ffn"]
+_BLOCKS = {"ffn": "FFN", "value": "Value", "key_query": "Key-Query"}
+_PAIR_OF = {"ffn": "ffn", "value": "vf", "key_query": "kq"}
+
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "crossformer_iwslt_transformer": ("Crossformer Table 1 baseline: IWSLT'14 De-En Transformer, 6+6 pre-LN, "
+                                      "d=512, FFN 2048, 8848/6632 vocabularies (52M)", dict(_IWSLT)),
+    "crossformer_wmt_en_de_transformer": ("Crossformer Table 2 baseline: WMT'14 En-De Transformer-Base, 6+6 "
+                                          "pre-LN, 32k shared vocabulary (61M)", dict(_WMT)),
+    "crossformer_wmt_en_de_all_16l": ("Crossformer-All, Table 2: 16 encoder + 6 decoder layers, key-query, "
+                                      "value-fusion and FFN hard guidance (60M)",
+                                      dict(_WMT, enc_layers=16, crossformer={"hard": list(_ALL)})),
+    "crossformer_iwslt_all": ("Crossformer-All (Sec. 2.2) on the Table 1 IWSLT'14 setting: key-query, "
+                              "value-fusion and FFN hard guidance", dict(_IWSLT, crossformer={"hard": list(_ALL)})),
+}
+for _suffix, _block in _BLOCKS.items():
+    _pair = _PAIR_OF[_suffix]
+    PRESETS[f"crossformer_iwslt_{_suffix}"] = (
+        f"Crossformer-{_block} hard guidance, Table 1 right (IWSLT'14 De-En)",
+        dict(_IWSLT, crossformer={"hard": [_pair]}))
+    PRESETS[f"crossformer_iwslt_sg_{_suffix}"] = (
+        f"Crossformer-{_block} soft guidance, Table 1 left (IWSLT'14 De-En; L2, alpha=0.01 as Appendix A.1.2)",
+        dict(_IWSLT, crossformer={"soft": [_pair], "p": 2, "alpha": 0.01}))
+    PRESETS[f"crossformer_wmt_en_de_{_suffix}"] = (
+        f"Crossformer-{_block} hard guidance, Table 2 (WMT'14 En-De, 6 layers)",
+        dict(_WMT, crossformer={"hard": [_pair]}))
+
+# Paper figures (millions). Tables 1-3; Table 3 is the 36-encoder-layer version of Table 2's presets.
+_TABLE1_HARD = {"crossformer_iwslt_transformer": 52, "crossformer_iwslt_ffn": 39, "crossformer_iwslt_value": 48,
+                "crossformer_iwslt_key_query": 48}
+_TABLE1_SOFT = {"crossformer_iwslt_transformer": 52, "crossformer_iwslt_sg_ffn": 52,
+                "crossformer_iwslt_sg_value": 52, "crossformer_iwslt_sg_key_query": 52}
+_TABLE2 = {"crossformer_wmt_en_de_transformer": 61, "crossformer_wmt_en_de_ffn": 47,
+           "crossformer_wmt_en_de_value": 57, "crossformer_wmt_en_de_key_query": 57,
+           "crossformer_wmt_en_de_all_16l": 60}
+_TABLE3 = {"crossformer_wmt_en_de_transformer": 155, "crossformer_wmt_en_de_ffn": 111,
+           "crossformer_wmt_en_de_value": 142, "crossformer_wmt_en_de_key_query": 142}
+_WITH_CROSS = {"sides": ["encoder", "decoder", "cross"]}
+
+
+def paper_tables() -> list[tuple[str, list[str], list[list]]]:
+    """Our parameter counts beside Tables 1-3's, built on the meta device (nothing is allocated).
+
+    Columns: preset (with overrides), ours, paper, difference, and the saving versus the same-shape plain
+    Transformer in d_m^2 per block (encoder + decoder layers), which Sec. 2.2 puts at 1 (key-query, value),
+    4 (FFN) and 6 (all) and which is vocabulary-independent. Alternation ties T-1 pairs in a T-layer stack, so
+    ours are (T-1)/T of that. Rows "+cross" also guide the decoder cross-attention (``sides`` with "cross"):
+    only then do key-query/value reach Tables 1-2's 48M/57M.
+    """
+    headers = ["model", "ours", "paper", "diff", "saved d_m^2/block"]
+    table1 = [_row(name, paper, {}) for name, paper in _TABLE1_HARD.items()]
+    table1 += [_row(name, _TABLE1_HARD[name], {"crossformer": _WITH_CROSS}, "+cross")
+               for name in ("crossformer_iwslt_value", "crossformer_iwslt_key_query")]
+    table1 += [_row(name, paper, {}) for name, paper in _TABLE1_SOFT.items() if "_sg_" in name]
+    table2 = [_row(name, paper, {}) for name, paper in _TABLE2.items()]
+    table2 += [_row(name, _TABLE2[name], {"crossformer": _WITH_CROSS}, "+cross")
+               for name in ("crossformer_wmt_en_de_value", "crossformer_wmt_en_de_key_query")]
+    table3 = [_row(name, paper, {"enc_layers": 36}, "36L enc") for name, paper in _TABLE3.items()]
+    table3 += [_row(name, _TABLE3[name], {"enc_layers": 36, "crossformer": _WITH_CROSS}, "36L enc, +cross")
+               for name in ("crossformer_wmt_en_de_value", "crossformer_wmt_en_de_key_query")]
+    return [("Crossformer Table 1: IWSLT'14 De-En #Params (hard guidance; soft guidance adds none)", headers,
+             table1),
+            ("Crossformer Table 2: WMT'14 En-De #Params (6+6 layers; All: 16+6)", headers, table2),
+            ("Crossformer Table 3: WMT'14 En-De #Params, 36 encoder + 6 decoder layers", headers, table3)]
+
+
+def _row(name: str, paper_millions: float, overrides: dict[str, Any], note: str = "") -> list:
+    from ..registry import get_config  # late: the registry imports this module
+
+    cfg = get_config(name, **overrides)
+    ours = _count(cfg)
+    plain = _count(get_config(cfg.to_dict() | {"crossformer": None}))
+    blocks = cfg.enc_layers + (cfg.dec_layers if cfg.arch == "encoder_decoder" else 0)
+    saved = (plain - ours) / (blocks * cfg.d_model**2)
+    label = f"{name} ({note})" if note else name
+    return [label, f"{ours / 1e6:.2f}M", f"{paper_millions}M", f"{ours / 1e6 - paper_millions:+.2f}M",
+            f"{saved:.2f}"]
+
+
+def _count(cfg: "ModelConfig") -> int:
+    return _count_cached(json.dumps(cfg.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _count_cached(config_json: str) -> int:
+    from ..accounting import count_parameters
+    from ..build import build_model
+    from ..config import config_from_dict
+
+    with torch.device("meta"):
+        return count_parameters(build_model(config_from_dict(json.loads(config_json))))

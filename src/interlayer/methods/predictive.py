@@ -1,27 +1,196 @@
-"""PLACEHOLDER: the helper implementing this method replaces this file."""
+"""Predictive Attention Transformer (PA-Transformer): a CNN predicts each layer's attention logits from the last's.
+
+PA Sec. 3.3: the K attention maps of the previous block form an ``N x N`` image with K channels; "several
+2D-convolutional layers with 3 x 3 kernels" with K output channels and "a ReLU activation after each
+2D-convolutional layer" predict the next block's maps, which are mixed with the block's own logits (Eq. 4)::
+
+    A = softmax(alpha * CNN(A_prev_logits) + (1 - alpha) * Attention(X)_logits)
+
+"We do not apply convolution-based attention prediction to the first transformer block", so the mixer sits in
+encoder layers 1..N-1. The mixed logits are what the next block receives (Fig. 1(b): a *chain* of prediction
+modules), which the core does by handing each layer the logits its attention returns.
+
+Choices where the paper leaves room (each documented on its config field):
+
+* ``conv_layers`` (n): 1 by default (Sec. 4.1.1 "We use one convolutional layer in each prediction module";
+  Table 5). n = 0 is Table 5's Res-Transformer: the CNN is the identity, ``A = softmax(a A_prev + (1-a) A)``.
+* ``alpha``: 0.1, the value of Sec. 4.1.1 for SST, Yelp and IWSLT'14 (0.5 for SNLI, 0.2 for GLUE in App. B.2.2,
+  0.01 on CIFAR, 0.5 on ImageNet). ``alpha = 0`` is exactly the plain Transformer (Sec. 5), ``alpha = 1`` uses the
+  prediction alone.
+* Convolution weights are per layer ("one prediction module per block", Fig. 1(b)); ``share_conv=True`` ties one
+  module across all layers instead (a cheap ablation, not from the paper).
+* Initialisation: "the additional parameters are initialized randomly" (Sec. 4.1.2), i.e. PyTorch's default conv
+  init (``init="random"``). ``init="dirac"`` starts every conv as the identity per head with zero bias, so at
+  step 0 the prediction is ``ReLU(A_prev)`` -- useful when adding PA to a trained checkpoint (an option, not the
+  paper's).
+* Relative positions: the logits handed around include the relative-position bias (PA Eq. 2/3 put ``R`` inside
+  the logits), so the CNN sees and predicts biased logits. ``qk_dim`` changes nothing here: the mixer only sees
+  ``(B, heads, T, T)`` maps.
+* Padding: the core's logits are unmasked, so padded rows and columns of ``A_prev`` (and any non-finite value)
+  are zeroed before the convolution; otherwise a 3 x 3 kernel would carry padded keys' logits into real
+  positions. The core masks after the mixing. The mixer runs in fp32 (autocast off) and casts back, because
+  the convolution sums 9K logits and bf16 keeps only about 3 significant digits of each.
+* Decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a causal map mixes
+  in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries into earlier rows;
+  the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer architecture to the encoder").
+
+The prediction and the layer's own logits are kept in ``AttentionIntermediates.extras`` under ``predicted`` and
+``self`` (the combined map is ``logits``), the three columns of PA Fig. 8.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.components import Components
+from ..core.config import ConfigError
+from .conv_branch import attention_heads, check_kernel, check_sides
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+INITS = ("random", "dirac")
 
 
 @dataclass
 class PredictiveConfig:
-    def validate(self, cfg) -> None:
-        pass
+    """Eq. 4 mixing weight and the prediction CNN (PA Sec. 3.3, Table 5)."""
+
+    alpha: float = 0.1  # Sec. 4.1.1: 0.1 on SST, Yelp and IWSLT'14 De-En
+    conv_layers: int = 1  # Sec. 4.1.1 / Table 5: one 3x3 layer; 0 = Res-Transformer
+    kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels
+    share_conv: bool = False  # False: one prediction module per block (Fig. 1(b)); True: one for all layers
+    init: Literal["random", "dirac"] = "random"  # Sec. 4.1.2: "initialized randomly"
+    sides: list[str] = field(default_factory=lambda: ["encoder"])
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"predictive.alpha={self.alpha} must lie in [0, 1] (PA Eq. 4; 0 is the plain "
+                              "Transformer, 1 uses the CNN prediction alone)")
+        if self.conv_layers < 0:
+            raise ConfigError(f"predictive.conv_layers={self.conv_layers} must be >= 0 (0 is the Res-Transformer "
+                              "of PA Table 5, 1 the paper's default)")
+        check_kernel("predictive.kernel_size", self.kernel_size)
+        if self.init not in INITS:
+            raise ConfigError(f"predictive.init={self.init!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, INITS))}")
+        check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
+                     "and future queries' logits into visible positions (the PA paper uses the encoder only)")
+        if cfg.enc_layers < 2:
+            raise ConfigError(f"predictive needs enc_layers >= 2, got {cfg.enc_layers}: the first layer never "
+                              "predicts (PA Sec. 3.3), so with one layer the method would do nothing")
+
+
+class PredictiveMixer(nn.Module):
+    """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels."""
+
+    def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str) -> None:
+        super().__init__()
+        self.heads = heads
+        self.alpha = alpha
+        self.convs = nn.ModuleList(nn.Conv2d(heads, heads, kernel_size, padding=kernel_size // 2)
+                                   for _ in range(conv_layers))
+        if init == "dirac":
+            for conv in self.convs:
+                nn.init.dirac_(conv.weight)
+                nn.init.zeros_(conv.bias)
+
+    def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+        """``CNN(A_prev)`` in fp32, with padded rows/columns and non-finite entries zeroed before the first conv."""
+        x = prev_logits.float()
+        x = x.masked_fill(~torch.isfinite(x), 0.0)
+        if key_padding_mask is not None:
+            if x.shape[-1] != x.shape[-2]:
+                raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(x.shape)}")
+            pad = key_padding_mask[:, None, :]
+            x = x.masked_fill(pad.unsqueeze(-1) | pad.unsqueeze(-2), 0.0)
+        for conv in self.convs:
+            x = F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding))
+        return x
+
+    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+        if prev_logits.shape != logits.shape or logits.shape[1] != self.heads:
+            raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
+                             f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
+        with torch.autocast(device_type=logits.device.type, enabled=False):
+            predicted = self.predict(prev_logits, key_padding_mask)
+            mixed = self.alpha * predicted + (1.0 - self.alpha) * logits.float()
+        return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
+
+    def madds(self, t_q: int, t_k: int) -> int:
+        return sum(t_q * t_k * conv.weight.numel() for conv in self.convs)
+
+
+def make_mixer(section: PredictiveConfig, heads: int) -> PredictiveMixer:
+    return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
+                           kernel_size=section.kernel_size, init=section.init)
 
 
 class _PredictiveMethod:
     name = "predictive"
     config_class = PredictiveConfig
 
-    def validate(self, section, cfg) -> None:
+    def validate(self, section: PredictiveConfig, cfg: "ModelConfig") -> None:
         section.validate(cfg)
 
-    def customize(self, section, cfg, components) -> None:
-        pass
+    def customize(self, section: PredictiveConfig, cfg: "ModelConfig", components: Components) -> None:
+        previous = components.logit_mixer
+        heads = attention_heads(cfg)
+        shared = make_mixer(section, heads) if section.share_conv else None
 
-    def finalize(self, section, cfg, model) -> None:
-        pass
+        def factory(side: str, index: int) -> Optional[nn.Module]:
+            inherited = previous(side, index)
+            if side not in section.sides or index == 0:
+                return inherited
+            if inherited is not None:
+                raise ConfigError(f"predictive and another method both rewrite the attention logits of {side} "
+                                  f"layer {index}; turn one of them off")
+            return shared if shared is not None else make_mixer(section, heads)
+
+        components.logit_mixer = factory
+
+    def finalize(self, section: PredictiveConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie or add: the mixers are installed in the attention modules at build time."""
 
 
 METHOD = _PredictiveMethod()
+
+# The PA paper's text models (Sec. 4.1.1, App. B.2.1): M=3 blocks, d=256, 8 heads, FFN 1024, Shaw et al. relative
+# positions, a classifier; the same fields as the core preset ``transformer_text_cls``.
+_TEXT_CLS: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=16000, d_model=256, n_heads=8, d_ffn=1024,
+                                 enc_layers=3, positions="relative", rel_max_distance=16, max_positions=256,
+                                 num_classes=5, pooling="mean", dropout=0.1)
+# IWSLT'14 De-En (Sec. 4.1.1, App. B.2.1): 6+6 blocks, hidden size 160 everywhere ("removes the bottleneck", after
+# Wu et al. 2020), 10K joint BPE (shared embeddings), dropout 0.2, absolute positions. The head count is not given;
+# 4 is fairseq's IWSLT setting.
+_IWSLT: dict[str, Any] = dict(arch="encoder_decoder", src_vocab_size=10000, d_model=160, n_heads=4, d_ffn=160,
+                              enc_layers=6, dec_layers=6, positions="sinusoidal", dropout=0.2, share_embeddings=True,
+                              tie_output=True)
+_PA = dict(alpha=0.1, conv_layers=1)
+
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "pa_transformer_text": (
+        "PA-Transformer text classifier (PA Sec. 4.1.1, Table 1): M=3, d=256, 8 heads, FFN 1024, relative "
+        "positions, one 3x3 conv per prediction module, alpha=0.1 (SST/Yelp; 0.5 for SNLI)",
+        dict(_TEXT_CLS, predictive=dict(_PA))),
+    "res_transformer_text": (
+        "Res-Transformer (PA Table 5): the text classifier with conv_layers=0, i.e. A = softmax(0.1 A_prev + 0.9 A)",
+        dict(_TEXT_CLS, predictive=dict(_PA, conv_layers=0))),
+    "conv_transformer_text": (
+        "Conv-Transformer (PA Sec. 3.5, Table 1, App. B.1): half self-attention (4 heads), half 1-D conv "
+        "(kernel 3), M=3, d=256",
+        dict(_TEXT_CLS, conv_branch={})),
+    "pa_conv_transformer_text": (
+        "PA-Conv-Transformer (PA Sec. 3.5, Table 1, Fig. 4): Conv-Transformer plus attention prediction over "
+        "the 4 attention heads, alpha=0.1",
+        dict(_TEXT_CLS, conv_branch={}, predictive=dict(_PA))),
+    "pa_transformer_iwslt_de_en": (
+        "PA-Transformer for IWSLT'14 De-En (PA Sec. 4.1.1, Table 1): 6+6 layers, d=160, FFN 160, PA on the "
+        "encoder only, alpha=0.1",
+        dict(_IWSLT, predictive=dict(_PA))),
+}

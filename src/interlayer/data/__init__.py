@@ -1,0 +1,1 @@
+"""Reading data files (plain or gzip) with errors that name the file and line, and the bundled data sets."""

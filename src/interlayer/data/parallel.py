@@ -1,0 +1,54 @@
+"""Line-aligned parallel text: two files, line i of one translates line i of the other.
+
+Checks, each with a :class:`DataError` naming file and line: missing or empty files, invalid UTF-8, over-long
+lines, unequal line counts. One documented filter: pairs where either side is blank are dropped from *training*
+data and counted (``ParallelCorpus.dropped_blank``); evaluation data is never filtered, since a test set must be
+translated whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .text import DataError, PathLike, read_lines
+
+MAX_LINE_CHARS = 4096
+
+
+@dataclass
+class ParallelCorpus:
+    source: list[str]
+    target: list[str]
+    source_path: str
+    target_path: str
+    dropped_blank: int = 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def read_parallel(source_path: PathLike, target_path: PathLike, *, drop_blank: bool = False,
+                  max_chars: int = MAX_LINE_CHARS) -> ParallelCorpus:
+    src = read_lines(source_path, max_chars=max_chars)
+    tgt = read_lines(target_path, max_chars=max_chars)
+    if len(src) != len(tgt):
+        shorter, longer = (source_path, target_path) if len(src) < len(tgt) else (target_path, source_path)
+        raise DataError(f"{source_path} has {len(src)} lines but {target_path} has {len(tgt)}: parallel files "
+                        f"must be line-aligned; {shorter} ends at line {min(len(src), len(tgt))}, {longer} goes on")
+    blank = [i for i, (s, t) in enumerate(zip(src, tgt)) if not s.strip() or not t.strip()]
+    if blank and not drop_blank:
+        first = blank[0] + 1
+        side = source_path if not src[blank[0]].strip() else target_path
+        raise DataError(f"{side}:{first}: blank line in evaluation data ({len(blank)} blank pairs in all); "
+                        "every line must hold a sentence")
+    keep = set(range(len(src))) - set(blank)
+    return ParallelCorpus([src[i] for i in sorted(keep)], [tgt[i] for i in sorted(keep)], str(source_path),
+                          str(target_path), dropped_blank=len(blank))
+
+
+def bundled_dir(name: str) -> Path:
+    """Folder of a data set shipped inside the package (``multi30k``, ``sst``, ...)."""
+    path = Path(__file__).parent / "bundled" / name
+    if not path.is_dir():
+        raise DataError(f"no bundled data set {name!r} at {path}")
+    return path

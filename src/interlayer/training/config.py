@@ -1,0 +1,50 @@
+"""Training hyper-parameters: one dataclass saved beside the model config in every run and checkpoint.
+
+Defaults follow fairseq's IWSLT'14 recipe that the Crossformer and PA papers use: Adam (0.9, 0.98), inverse
+square-root schedule with warm-up, label smoothing 0.1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.config import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 5e-4
+    warmup_steps: int = 4000
+    warmup_init_lr: float = 1e-7
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_tokens: int = 4096  # padded tokens per batch
+    max_epochs: int = 50
+    max_steps: int = 0  # 0: no limit
+    max_minutes: float = 0.0  # wall-clock training budget, summed over resumed runs; 0: no limit
+    patience: int = 0  # epochs without a better validation metric before stopping; 0: never stop early
+    save_interval_steps: int = 0  # extra mid-epoch checkpoints (0: only at the end of each epoch)
+    keep_last: int = 5  # epoch checkpoints kept on disk (what averaging can use)
+    average_last: int = 0  # >1: average the last N epoch checkpoints into the final model
+    log_interval: int = 50
+    seed: int = 1
+    threads: int = 0  # torch threads; 0 keeps torch's default
+
+    def validate(self) -> None:
+        positive = ("lr", "max_tokens", "max_epochs", "log_interval")
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must be positive")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas={self.betas} must be two numbers in [0, 1)")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1)")
+        for key in ("warmup_steps", "max_steps", "patience", "save_interval_steps", "keep_last", "average_last",
+                    "threads", "clip_norm", "max_minutes", "weight_decay"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")
+        if self.average_last > self.keep_last:
+            raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
+                              f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")

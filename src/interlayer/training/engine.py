@@ -1,0 +1,334 @@
+"""The training loop every task shares.
+
+What it guarantees:
+
+* **Resumable to the bit.** ``checkpoint_last.pt`` holds weights, optimiser, step, position inside the epoch and
+  every random generator; batch order depends only on ``(seed, epoch)``. A run stopped at any saved point and
+  resumed with ``resume=True`` ends with the same weights as an uninterrupted run (tested).
+* **Nothing lost on Ctrl-C / SIGTERM.** The signal only sets a flag; the loop finishes the current step, writes
+  ``checkpoint_last.pt`` and returns. A SIGKILL loses at most the steps since the last checkpoint (epoch end, or
+  every ``save_interval_steps``).
+* **Atomic files.** Checkpoints are written to a temporary name and renamed, so a crash mid-write leaves the
+  previous checkpoint intact.
+* **Separate loss terms.** Whatever the task's loss returns by name (task loss, NLL, Crossformer-SG, each
+  Multi-Pass exit) is logged separately to ``train.csv`` and TensorBoard; validation metrics go to ``valid.csv``.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
+from ..config import config_from_dict
+from .config import TrainConfig
+
+LAST = "checkpoint_last.pt"
+BEST_DIR = "best"
+
+
+class Task(Protocol):
+    """What the engine needs from a task (translation, classification, ...)."""
+
+    metric: str  # validation metric that picks the best checkpoint and drives early stopping
+    higher_is_better: bool
+
+    def train_batches(self, epoch: int, seed: int) -> list[Any]: ...
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float], int]:
+        """(loss to minimise, named terms for the log, number of tokens or examples in the batch)"""
+
+    def validate(self, model: nn.Module) -> dict[str, float]: ...
+
+    def save_assets(self, directory: Path) -> None:
+        """Write what a saved model needs besides its weights (e.g. the tokenizer)."""
+
+
+@dataclasses.dataclass
+class TrainState:
+    epoch: int = 1
+    batch_in_epoch: int = 0
+    step: int = 0
+    elapsed: float = 0.0
+    best: Optional[float] = None
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    finished: bool = False
+    stop_reason: str = ""
+
+
+def inverse_sqrt_lr(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then ``lr * sqrt(warmup / step)`` (Vaswani et al.)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / max(step, 1))
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class _Logs:
+    """CSV files (one per split) plus TensorBoard scalars under ``tb/``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._writer = None
+
+    def write(self, split: str, step: int, values: dict[str, float]) -> None:
+        path = self.run_dir / f"{split}.csv"
+        row = {"step": step, **values}
+        fresh = not path.exists()
+        fields = list(row) if fresh else next(csv.reader(path.open()))
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+            if fresh:
+                writer.writeheader()
+            writer.writerow(row)
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tb"))
+        for key, value in values.items():
+            if isinstance(value, (int, float)):
+                self._writer.add_scalar(f"{split}/{key}", value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class Trainer:
+    def __init__(self, task: Task, model: nn.Module, cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 progress: bool = True) -> None:
+        cfg.validate()
+        self.task, self.model, self.cfg = task, model, cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
+                                          weight_decay=cfg.weight_decay)
+        self.state = TrainState()
+        self.logs = _Logs(self.run_dir)
+        self._stop_requested = False
+        if resume:
+            self._resume()
+        else:
+            if (self.run_dir / LAST).exists():
+                raise FileExistsError(f"{self.run_dir} already holds a run ({LAST}); pass resume=True (--resume) to "
+                                      "continue it, or choose another run directory")
+            torch.manual_seed(cfg.seed)
+            random.seed(cfg.seed)
+            np.random.seed(cfg.seed)
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def _checkpoint(self) -> dict[str, Any]:
+        return {"model": canonical_state_dict(self.model), "model_config": self.model.config.to_dict(),
+                "train_config": dataclasses.asdict(self.cfg), "optimizer": self.optimizer.state_dict(),
+                "state": dataclasses.asdict(self.state), "rng": _rng_state()}
+
+    def save_last(self) -> None:
+        atomic_save(self._checkpoint(), self.run_dir / LAST)
+
+    def _resume(self) -> None:
+        path = self.run_dir / LAST
+        if not path.exists():
+            raise FileNotFoundError(f"cannot resume: {path} does not exist (start without --resume)")
+        ckpt = torch.load(path, weights_only=False)
+        saved_cfg = config_from_dict(ckpt["model_config"], source=str(path))
+        if saved_cfg != self.model.config:
+            diff = {k: (v, getattr(self.model.config, k)) for k, v in dataclasses.asdict(saved_cfg).items()
+                    if getattr(self.model.config, k) != v}
+            raise ValueError(f"{path} was written by a different model; differing fields (checkpoint, now): {diff}")
+        load_canonical_state_dict(self.model, ckpt["model"], source=str(path))
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.state = TrainState(**ckpt["state"])
+        _set_rng_state(ckpt["rng"])
+
+    def _save_epoch(self, epoch: int) -> None:
+        atomic_save(canonical_state_dict(self.model), self.run_dir / f"checkpoint{epoch}.pt")
+        for old in sorted(self.run_dir.glob("checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[10:]))[
+                   :-self.cfg.keep_last or None]:
+            old.unlink()
+
+    def save_model(self, directory: Path) -> None:
+        save_pretrained(self.model, directory)
+        self.task.save_assets(directory)
+        (directory / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Finish the current step, save, and return from :meth:`fit` (what SIGINT/SIGTERM do)."""
+        self._stop_requested = True
+
+    def _out_of_budget(self, started: float) -> Optional[str]:
+        if self.cfg.max_steps and self.state.step >= self.cfg.max_steps:
+            return f"max_steps={self.cfg.max_steps} reached"
+        if self.cfg.max_minutes and self.state.elapsed + time.perf_counter() - started >= self.cfg.max_minutes * 60:
+            return f"time budget of {self.cfg.max_minutes} minutes used"
+        return None
+
+    def fit(self) -> TrainState:
+        if self.state.finished:
+            return self.state
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for sig in previous:
+                signal.signal(sig, lambda *_: self.request_stop())
+        except ValueError:  # not the main thread: signals stay as they are
+            previous = {}
+        try:
+            self._loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.logs.close()
+        return self.state
+
+    def _loop(self) -> None:
+        cfg, state = self.cfg, self.state
+        started = time.perf_counter()
+        while state.epoch <= cfg.max_epochs:
+            batches = self.task.train_batches(state.epoch, cfg.seed)
+            bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
+                       disable=not self.progress, dynamic_ncols=True, leave=False)
+            window: dict[str, float] = {}
+            window_units, window_start = 0, time.perf_counter()
+            for batch in batches[state.batch_in_epoch:]:
+                reason = self._out_of_budget(started)
+                if reason or self._stop_requested:
+                    return self._stop(started, reason or "stopped by request (signal)", bar)
+                logs, units = self._step(batch)
+                state.batch_in_epoch += 1
+                window_units += units
+                for key, value in logs.items():
+                    window[key] = window.get(key, 0.0) + value
+                bar.update(1)
+                if state.step % cfg.log_interval == 0:
+                    seconds = time.perf_counter() - window_start
+                    row = {k: v / cfg.log_interval for k, v in window.items()}
+                    row.update(epoch=state.epoch, lr=self.optimizer.param_groups[0]["lr"],
+                               units_per_s=window_units / max(seconds, 1e-9))
+                    self.logs.write("train", state.step, row)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
+                                    tok_s=f"{row['units_per_s']:.0f}")
+                    window, window_units, window_start = {}, 0, time.perf_counter()
+                if cfg.save_interval_steps and state.step % cfg.save_interval_steps == 0:
+                    self._bank_time(started)
+                    started = time.perf_counter()
+                    self.save_last()
+            bar.close()
+            if self._end_epoch(started):
+                return
+            started = time.perf_counter()
+        state.stop_reason = state.stop_reason or f"max_epochs={cfg.max_epochs} reached"
+        self._finish()
+
+    def _step(self, batch: Any) -> tuple[dict[str, float], int]:
+        self.model.train()
+        self.state.step += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = inverse_sqrt_lr(self.state.step, self.cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, logs, units = self.task.loss(self.model, batch)
+        loss.backward()
+        if self.cfg.clip_norm:
+            logs["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
+        self.optimizer.step()
+        return logs, units
+
+    def _bank_time(self, started: float) -> None:
+        self.state.elapsed += time.perf_counter() - started
+
+    def _end_epoch(self, started: float) -> bool:
+        """Validate, keep the best model, write checkpoints; True when training should stop."""
+        state, cfg = self.state, self.cfg
+        self._bank_time(started)
+        metrics = self.task.validate(self.model)
+        value = metrics[self.task.metric]
+        improved = state.best is None or (value > state.best if self.task.higher_is_better else value < state.best)
+        if improved:
+            state.best, state.best_epoch, state.bad_epochs = value, state.epoch, 0
+            self.save_model(self.run_dir / BEST_DIR)
+        else:
+            state.bad_epochs += 1
+        self.logs.write("valid", state.step, {"epoch": state.epoch, **metrics, "elapsed_min": state.elapsed / 60})
+        if self.progress:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            tqdm.write(f"epoch {state.epoch}: {shown}{' (best)' if improved else ''}")
+        self._save_epoch(state.epoch)
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        stop = self._out_of_budget(time.perf_counter())
+        if cfg.patience and state.bad_epochs >= cfg.patience:
+            stop = f"early stopping: no better {self.task.metric} for {cfg.patience} epochs"
+        if stop:
+            state.stop_reason = stop
+            self._finish()
+            return True
+        self.save_last()
+        return False
+
+    def _stop(self, started: float, reason: str, bar: tqdm) -> None:
+        bar.close()
+        self._bank_time(started)
+        self.state.stop_reason = reason
+        if reason.startswith("stopped by request"):
+            self.save_last()  # resumable: the run is not finished
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        """Budget reached or training converged: optionally average, mark finished, save."""
+        if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
+            metrics = self.task.validate(self.model)
+            value = metrics[self.task.metric]
+            if self.state.best is None or (value > self.state.best if self.task.higher_is_better
+                                           else value < self.state.best):
+                self.state.best, self.state.best_epoch = value, self.state.epoch
+                self.save_model(self.run_dir / BEST_DIR)
+            self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
+                                                       "elapsed_min": self.state.elapsed / 60})
+        if self.cfg.average_last > 1:
+            self.average_checkpoints(self.cfg.average_last)
+        self.state.finished = True
+        self.save_last()
+
+    def average_checkpoints(self, n: int) -> Path:
+        """Average the last ``n`` epoch checkpoints into ``averaged/`` (Vaswani et al. 2017, Sec. 6.1)."""
+        paths = sorted(self.run_dir.glob("checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[10:]))[-n:]
+        states = [torch.load(p, weights_only=True) for p in paths]
+        averaged = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
+                    if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
+        current = canonical_state_dict(self.model)
+        load_canonical_state_dict(self.model, averaged, source=f"average of {[p.name for p in paths]}")
+        self.save_model(self.run_dir / "averaged")
+        load_canonical_state_dict(self.model, current)
+        return self.run_dir / "averaged"

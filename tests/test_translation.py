@@ -1,0 +1,217 @@
+"""Translation end to end on a tiny synthetic corpus: data checks, BPE, batching, decoding, training, CLI."""
+import gzip
+import json
+import random
+
+import pytest
+import torch
+
+from interlayer import create_model
+from interlayer.checkpoint import canonical_state_dict
+from interlayer.cli import main
+from interlayer.data.batching import epoch_order, length_buckets
+from interlayer.data.bpe import VocabPair
+from interlayer.data.parallel import read_parallel
+from interlayer.data.text import DataError
+from interlayer.decoding import DecodeOptions, beam_search, greedy_decode
+from interlayer.tasks.translation import TranslationData, TranslationTask, pad_batch, score
+from interlayer.training import TrainConfig, Trainer
+
+LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
+           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees", "große": "big", "kleine": "small"}
+
+
+def _sentences(n, seed):
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        words = rng.choices(list(LEXICON), k=rng.randint(3, 6))
+        pairs.append((" ".join(words).capitalize() + ".", " ".join(LEXICON[w] for w in words).capitalize() + "."))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    for split, n, seed in (("train", 300, 1), ("valid", 20, 2), ("test", 20, 3)):
+        pairs = _sentences(n, seed)
+        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
+        with gzip.open(root / f"{split}.en.gz", "wt", encoding="utf-8") as handle:
+            handle.write("\n".join(p[1] for p in pairs) + "\n")
+    return root
+
+
+def _data(corpus):
+    return TranslationData(train_src=str(corpus / "train.de"), train_tgt=str(corpus / "train.en.gz"),
+                           valid_src=str(corpus / "valid.de"), valid_tgt=str(corpus / "valid.en.gz"),
+                           test_src=str(corpus / "test.de"), test_tgt=str(corpus / "test.en.gz"), vocab_size=80)
+
+
+def _tiny_model(task):
+    return create_model("transformer_multi30k", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, dec_layers=2,
+                        dropout=0.1, **task.model_fields())
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def test_unequal_line_counts_name_both_files(tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
+    (tmp_path / "a.en").write_text("one\ntwo\n")
+    with pytest.raises(DataError, match=r"a\.de has 3 lines but .*a\.en has 2.*ends at line 2"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+
+
+def test_bad_encoding_empty_file_and_long_line_name_file_and_line(tmp_path):
+    (tmp_path / "bad.de").write_bytes("gut\n".encode() + b"schlecht \xff\n")
+    with pytest.raises(DataError, match=r"bad\.de:2: not valid UTF-8"):
+        read_parallel(tmp_path / "bad.de", tmp_path / "bad.de")
+    (tmp_path / "empty.en").write_text("")
+    with pytest.raises(DataError, match=r"empty\.en: the file is empty"):
+        read_parallel(tmp_path / "empty.en", tmp_path / "empty.en")
+    (tmp_path / "long.de").write_text("kurz\n" + "x" * 50 + "\n")
+    with pytest.raises(DataError, match=r"long\.de:2: line has 50 characters"):
+        read_parallel(tmp_path / "long.de", tmp_path / "long.de", max_chars=20)
+    with pytest.raises(DataError, match="no such file"):
+        read_parallel(tmp_path / "missing.de", tmp_path / "long.de")
+
+
+def test_blank_pairs_are_dropped_from_training_and_counted_but_refused_in_evaluation(tmp_path):
+    (tmp_path / "x.de").write_text("eins\n\ndrei\n")
+    (tmp_path / "x.en").write_text("one\ntwo\nthree\n")
+    corpus = read_parallel(tmp_path / "x.de", tmp_path / "x.en", drop_blank=True)
+    assert (corpus.source, corpus.target, corpus.dropped_blank) == (["eins", "drei"], ["one", "three"], 1)
+    with pytest.raises(DataError, match=r"x\.de:2: blank line"):
+        read_parallel(tmp_path / "x.de", tmp_path / "x.en")
+
+
+def test_bpe_decodes_to_the_original_text_and_saves(tmp_path, corpus):
+    pairs = _sentences(50, 9)
+    for joint in (True, False):
+        vocab = VocabPair.train([p[0] for p in pairs], [p[1] for p in pairs], 60, joint=joint)
+        assert vocab.joint is joint
+        text = "Ein große hund läuft schnell."  # characters seen in training (others become <unk>)
+        assert vocab.source.decode(vocab.source.encode(text)) == text
+        vocab.save(tmp_path)
+        again = VocabPair.load(tmp_path)
+        assert again.target.encode("A dog runs.") == vocab.target.encode("A dog runs.")
+
+
+def test_token_batches_respect_the_budget_and_shuffle_by_epoch():
+    lengths = [random.Random(i).randint(1, 30) for i in range(200)]
+    batches = length_buckets(lengths, 64)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    assert all(len(b) * max(lengths[i] for i in b) <= 64 for b in batches)
+    assert epoch_order(batches, 1, 1) == epoch_order(batches, 1, 1)
+    assert epoch_order(batches, 1, 1) != epoch_order(batches, 1, 2)
+    with pytest.raises(ValueError, match="more than max_tokens"):
+        length_buckets([100], 64)
+
+
+# -- decoding --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    cfg = TrainConfig(max_epochs=3, max_tokens=400, warmup_steps=10, lr=3e-3, log_interval=5, keep_last=2,
+                      average_last=2)
+    task = TranslationTask(_data(corpus), cfg)
+    model = _tiny_model(task)
+    run = tmp_path_factory.mktemp("run")
+    state = Trainer(task, model, cfg, run, progress=False).fit()
+    return task, model, run, state
+
+
+def test_training_writes_logs_checkpoints_and_averages(trained):
+    task, model, run, state = trained
+    assert state.finished and state.epoch == 4
+    assert (run / "best" / "vocab.json").is_file() and (run / "averaged" / "model.safetensors").is_file()
+    assert sorted(p.name for p in run.glob("checkpoint[0-9]*.pt")) == ["checkpoint2.pt", "checkpoint3.pt"]
+    header = (run / "train.csv").read_text().splitlines()[0].split(",")
+    assert {"loss", "nll", "lr", "units_per_s", "grad_norm"} <= set(header)
+    valid = (run / "valid.csv").read_text().splitlines()
+    assert len(valid) == 4 and "bleu" in valid[0]
+    assert any(p.name.startswith("events") for p in (run / "tb").iterdir())
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_with_and_without_cache_agree(trained, beam):
+    task, model, _, _ = trained
+    model.eval()
+    src = pad_batch(task.encode_sources(task.valid.source[:6]))
+    decode = greedy_decode if beam == 1 else beam_search
+    with_cache = decode(model, src, DecodeOptions(beam=beam, use_cache=True))
+    without = decode(model, src, DecodeOptions(beam=beam, use_cache=False))
+    assert with_cache == without and any(with_cache)
+
+
+def test_beam_of_one_is_greedy_and_batched_equals_single(trained):
+    task, model, _, _ = trained
+    model.eval()
+    src = pad_batch(task.encode_sources(task.valid.source[:5]))
+    greedy = greedy_decode(model, src)
+    assert beam_search(model, src, DecodeOptions(beam=1)) == greedy
+    singles = [beam_search(model, src[i : i + 1, : int(src[i].ne(0).sum())], DecodeOptions(beam=4))[0]
+               for i in range(5)]
+    assert beam_search(model, src, DecodeOptions(beam=4)) == singles
+
+
+def test_sacrebleu_scores_detokenized_text_with_signature():
+    result = score(["A dog runs fast."], ["A dog runs fast."])
+    assert result["bleu"] == pytest.approx(100.0) and "tok:13a" in result["bleu_signature"]
+
+
+# -- resume ----------------------------------------------------------------------------------------------------
+def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
+    cfg = TrainConfig(max_epochs=2, max_tokens=400, warmup_steps=10, lr=3e-3, log_interval=5, seed=3)
+    task = TranslationTask(_data(corpus), cfg)
+    torch.manual_seed(0)
+    uninterrupted = _tiny_model(task)
+    Trainer(task, uninterrupted, cfg, tmp_path / "a", progress=False).fit()
+
+    torch.manual_seed(0)
+    model = _tiny_model(task)
+    trainer = Trainer(task, model, cfg, tmp_path / "b", progress=False)
+    inner = task.loss
+    steps_per_epoch = len(task.buckets)
+
+    def stopping_loss(m, batch):
+        if trainer.state.step == steps_per_epoch + 3:  # mid-way through the second epoch
+            trainer.request_stop()
+        return inner(m, batch)
+
+    task.loss = stopping_loss
+    state = trainer.fit()
+    task.loss = inner
+    assert not state.finished and "stopped by request" in state.stop_reason
+    torch.manual_seed(123)  # the resumed run must not depend on the process's RNG
+    resumed = _tiny_model(task)
+    final = Trainer(task, resumed, cfg, tmp_path / "b", resume=True, progress=False).fit()
+    assert final.finished and final.step == 2 * steps_per_epoch
+    a, b = canonical_state_dict(uninterrupted), canonical_state_dict(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_starting_over_an_existing_run_is_refused(trained):
+    task, model, run, _ = trained
+    with pytest.raises(FileExistsError, match="--resume"):
+        Trainer(task, model, TrainConfig(), run)
+
+
+# -- command line ----------------------------------------------------------------------------------------------
+def test_cli_train_translate_evaluate(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "2",
+            "--set", "d_model=32", "--set", "n_heads=4", "--set", "d_ffn=64", "--set", "enc_layers=1",
+            "--set", "dec_layers=1", "--set", "train.max_epochs=1", "--set", "train.max_tokens=400",
+            "--set", "train.average_last=0", "--set", "data.vocab_size=80"]
+    for split in ("train", "valid", "test"):
+        args += [f"--{split}-src", str(corpus / f"{split}.de"), f"--{split}-tgt", str(corpus / f"{split}.en.gz")]
+    assert main(args) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "finished" and "nrefs:1" in results["bleu_signature"]
+    capsys.readouterr()
+    inp = tmp_path / "in.txt"
+    inp.write_text("Ein hund läuft.\nEine katze.\n")
+    assert main(["translate", "--checkpoint", str(run / "best"), "--input", str(inp), "--beam", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--beam", "1"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    assert main(["train", "translation", "--run-dir", str(run), "--no-progress"]) == 2
+    assert "--resume" in capsys.readouterr().err
