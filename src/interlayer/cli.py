@@ -13,8 +13,10 @@ from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines
 from .decoding import DecodeOptions
-from .experiment import train_translation
-from .tasks.translation import TranslationData, load_translator, score, translate
+from .experiment import train
+from .tasks import task_specs
+from .tasks.translation import (TranslationData, add_decode_arguments, decode_options, load_translator, score,
+                                translate)
 from .registry import PRESETS
 from .tables import format_table, human
 
@@ -75,25 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a field; dotted keys reach a method section (crossformer.hard=kq,ffn)")
     config.add_argument("--output", help="write to this .json/.yaml file instead of printing")
 
-    train = sub.add_parser("train", help="train a model on a task (translation)",
-                           description="Train a preset or config on a task. Keys given with --set go to the model "
-                                       "config; train.KEY and data.KEY reach the training and data settings "
-                                       "(e.g. --set train.lr=5e-4 --set data.vocab_size=6000 --set d_model=256).")
-    train.add_argument("task", choices=["translation"], help="the task to train")
-    train.add_argument("--preset", default="transformer_multi30k", help="preset name or .json/.yaml model config")
-    train.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a model field, or train.KEY / data.KEY (repeatable)")
-    train.add_argument("--seed", type=int, default=1, help="random seed (data order, init, dropout)")
-    train.add_argument("--max-minutes", type=float, help="wall-clock training budget in minutes")
-    train.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
-    for split in ("train", "valid", "test"):
-        for side in ("src", "tgt"):
-            train.add_argument(f"--{split}-{side}", metavar="PATH",
-                               help=f"{split} {'source' if side == 'src' else 'target'} text (plain or .gz; "
-                                    "default: bundled Multi30k De-En)")
-    _decode_args(train)
-    train.add_argument("--no-progress", action="store_true", help="no progress bar (logs still written)")
+    train = sub.add_parser("train", help="train a model on a task",
+                           description="Train a preset or config on a task; each task has its own flags "
+                                       "(interlayer train TASK --help).")
+    tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
+    for spec in task_specs().values():
+        task = tasks.add_parser(spec.name, help=spec.description,
+                                description=f"Train on {spec.description}. Keys given with --set go to the model "
+                                            "config; train.KEY and data.KEY reach the training and data settings "
+                                            "(e.g. --set d_model=256 --set train.lr=5e-4).")
+        task.add_argument("--preset", default=spec.default_preset,
+                          help=f"preset name or .json/.yaml model config (default {spec.default_preset})")
+        task.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                          help="override a model field, or train.KEY / data.KEY (repeatable)")
+        task.add_argument("--seed", type=int, default=1, help="random seed (data order, init, dropout)")
+        task.add_argument("--max-minutes", type=float, help="training budget in minutes (validation excluded)")
+        task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED)")
+        task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
+        task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
+        spec.add_arguments(task)
 
     translate = sub.add_parser("translate", help="translate text with a trained model",
                                description="Translate one sentence per line from --input (default stdin) to "
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/best or RUN_DIR/averaged)")
     translate.add_argument("--input", help="file to translate (plain or .gz); default stdin")
     translate.add_argument("--output", help="file to write; default stdout")
-    _decode_args(translate)
+    add_decode_arguments(translate)
 
     evaluate = sub.add_parser("evaluate", help="sacreBLEU and chrF of a trained model",
                               description="Translate --src and score against --ref (defaults: the test set the model "
@@ -109,41 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/best or RUN_DIR/averaged)")
     evaluate.add_argument("--src", help="source file (default: the run's test source)")
     evaluate.add_argument("--ref", help="reference file (default: the run's test target)")
-    _decode_args(evaluate)
+    add_decode_arguments(evaluate)
     return parser
 
 
-def _decode_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5, the papers' IWSLT)")
-    parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default 1.0)")
-    parser.add_argument("--no-cache", action="store_true", help="decode without the incremental cache (slower)")
-
-
-def _decode_options(args: argparse.Namespace) -> DecodeOptions:
-    if args.beam < 1:
-        raise ConfigError(f"--beam={args.beam} must be at least 1")
-    return DecodeOptions(beam=args.beam, lenpen=args.lenpen, use_cache=not args.no_cache)
-
-
 def _train(args: argparse.Namespace) -> None:
-    sets = _parse_sets(args.sets)
-    for split in ("train", "valid", "test"):
-        for side in ("src", "tgt"):
-            value = getattr(args, f"{split}_{side}")
-            if value:
-                sets[f"data.{split}_{side}"] = json.dumps(value)
-    name = Path(args.preset).stem
-    run_dir = Path(args.run_dir or f"runs/{args.task}/{name}-s{args.seed}")
-    results = train_translation(preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
-                                run_dir=run_dir, resume=args.resume, progress=not args.no_progress,
-                                decode_options=_decode_options(args))
+    spec = task_specs()[args.task]
+    data_sets, options = spec.options_from_args(args)
+    sets = {**_parse_sets(args.sets), **data_sets}
+    run_dir = Path(args.run_dir or f"runs/{args.task}/{Path(args.preset).stem}-s{args.seed}")
+    results = train(spec, preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
+                    run_dir=run_dir, resume=args.resume, progress=not args.no_progress, options=options)
     print(json.dumps(results, indent=2))
 
 
 def _translate(args: argparse.Namespace) -> None:
     model, vocab = load_translator(Path(args.checkpoint))
     lines = read_lines(args.input) if args.input else [line.rstrip("\n") for line in sys.stdin]
-    out = translate(model, vocab, lines, _decode_options(args))
+    out = translate(model, vocab, lines, DecodeOptions(**decode_options(args)))
     text = "\n".join(out) + ("\n" if out else "")
     if args.output:
         Path(args.output).write_text(text)
@@ -160,7 +145,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     if len(src) != len(ref):
         raise DataError(f"{args.src or data.test_src} has {len(src)} lines but {args.ref or data.test_tgt} has "
                         f"{len(ref)}")
-    result = score(translate(model, vocab, src, _decode_options(args)), ref)
+    result = score(translate(model, vocab, src, DecodeOptions(**decode_options(args))), ref)
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}")
     print(f"signature: {result['bleu_signature']}")
     print(f"           {result['chrf_signature']}")

@@ -1,8 +1,8 @@
-"""Whole runs: resolve configs, train a task with the engine, pick the final model on validation, score on test.
+"""Whole runs of any task: resolve configs, train with the engine, score the final model.
 
-A run directory holds everything needed to resume or reproduce it: ``run.json`` (model, training and data
-configs as resolved), the vocabulary, ``checkpoint_last.pt``, ``best/`` and ``averaged/`` model folders, CSV and
-TensorBoard logs, and ``results.json``.
+A run directory holds everything needed to resume or reproduce it: ``run.json`` (task, preset, and the model,
+training and data configs as resolved), the task's assets (e.g. the vocabulary), ``checkpoint_last.pt``, the
+``best/`` (and ``averaged/``) model folders, CSV and TensorBoard logs, and ``results.json``.
 """
 from __future__ import annotations
 
@@ -13,25 +13,24 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 import yaml
 
-from .accounting import count_madds, count_parameters
-from .build import build_model
-from .config import config_from_dict, dataclass_from_dict
-from .data.bpe import VocabPair
-from .decoding import DecodeOptions
-from .registry import get_config
-from .tasks import translation
+from .config import dataclass_from_dict
+from .core.config import ConfigError
+from .tasks import TaskSpec
 from .training import TrainConfig, Trainer
 
 RUN_FILE = "run.json"
 
 
-def split_overrides(sets: dict[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field."""
+def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field.
+
+    Values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``.
+    """
     model, train, data = {}, {}, {}
     for key, value in sets.items():
+        value = yaml.safe_load(value) if isinstance(value, str) else value
         head, _, rest = key.partition(".")
         if head == "train" and rest:
             train[rest] = value
@@ -42,90 +41,66 @@ def split_overrides(sets: dict[str, str]) -> tuple[dict[str, str], dict[str, str
     return model, train, data
 
 
-def _parse(values: dict[str, str]) -> dict[str, Any]:
-    return {k: yaml.safe_load(v) if isinstance(v, str) else v for k, v in values.items()}
+def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None, seed: int = 1,
+          max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False, progress: bool = True,
+          options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Train (or resume) one run of ``spec``'s task and return its results (also in ``results.json``).
 
-
-def train_translation(*, preset: str, sets: Optional[dict[str, str]] = None, seed: int = 1,
-                      max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False,
-                      progress: bool = True, decode_options: DecodeOptions = DecodeOptions()) -> dict[str, Any]:
-    """Train (or resume) a translation run and return its results (also written to ``results.json``)."""
+    On resume every setting comes from the run's ``run.json`` (only ``max_minutes`` may be raised), so a resumed
+    run is the run that was started.
+    """
     run_dir = Path(run_dir)
+    options = options or {}
     if resume:
         if not (run_dir / RUN_FILE).is_file():
             raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
         stored = json.loads((run_dir / RUN_FILE).read_text())
-        model_cfg = config_from_dict(stored["model"], source=str(run_dir / RUN_FILE))
+        if stored["task"] != spec.name:
+            raise ConfigError(f"{run_dir} holds a {stored['task']!r} run, not {spec.name!r}")
         train_cfg = dataclass_from_dict(TrainConfig, stored["train"], "train.")
-        data_cfg = dataclass_from_dict(translation.TranslationData, stored["data"], "data.")
+        data_cfg = dataclass_from_dict(spec.data_class, stored["data"], "data.")
         if max_minutes is not None:
             train_cfg.max_minutes = max_minutes
-        vocab: Optional[VocabPair] = VocabPair.load(run_dir)
+        task = spec.make_task(data_cfg, train_cfg, run_dir)
+        model = spec.model_from_dict(stored["model"])
     else:
-        model_sets, train_sets, data_sets = split_overrides(sets or {})
-        train_cfg = dataclass_from_dict(TrainConfig, {**translation.TRAIN_DEFAULTS, "seed": seed,
-                                                      **_parse(train_sets)}, "train.")
-        if max_minutes is not None:
-            train_cfg.max_minutes = max_minutes
-        data_cfg = dataclass_from_dict(translation.TranslationData, _parse(data_sets), "data.")
-        vocab = None
-    train_cfg.validate()
-    task = translation.TranslationTask(data_cfg, train_cfg, vocab=vocab)
-    if not resume:
-        base = get_config(preset)
-        model_cfg = get_config(base, **{**task.model_fields(), **model_sets})
-        run_dir.mkdir(parents=True, exist_ok=True)
         if (run_dir / RUN_FILE).exists():
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another "
                                   "--run-dir")
-        task.vocab.save(run_dir)
-        (run_dir / RUN_FILE).write_text(json.dumps({"task": "translation", "preset": preset,
+        model_sets, train_sets, data_sets = split_overrides(sets or {})
+        train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, "seed": seed, **train_sets}, "train.")
+        if max_minutes is not None:
+            train_cfg.max_minutes = max_minutes
+        train_cfg.validate()
+        data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
+        task = spec.make_task(data_cfg, train_cfg, None)
+        preset = preset or spec.default_preset
+        model_cfg = spec.resolve_model(preset, model_sets, task)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        task.save_assets(run_dir)
+        (run_dir / RUN_FILE).write_text(json.dumps({"task": spec.name, "preset": preset,
                                                     "model": model_cfg.to_dict(), "train": asdict(train_cfg),
                                                     "data": asdict(data_cfg)}, indent=2))
-    model = build_model(model_cfg)
+        model = spec.model_from_dict(model_cfg.to_dict())
     trainer = Trainer(task, model, train_cfg, run_dir, resume=resume, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
     if not state.finished:
-        return {"status": "interrupted", "stop_reason": state.stop_reason, "run_dir": str(run_dir)}
-    return finish_translation(task, run_dir, state, decode_options, seconds=time.perf_counter() - started)
-
-
-def finish_translation(task: translation.TranslationTask, run_dir: Path, state, options: DecodeOptions,
-                       seconds: float) -> dict[str, Any]:
-    """Choose ``best/`` or ``averaged/`` by validation BLEU (beam search), then score it once on test."""
-    candidates = [d for d in (run_dir / "best", run_dir / "averaged") if (d / "config.json").is_file()]
-    valid = {}
-    for directory in candidates:
-        model, vocab = translation.load_translator(directory)
-        hyps = translation.translate(model, vocab, task.valid.source, options)
-        valid[directory.name] = translation.score(hyps, task.valid.target)["bleu"]
-    chosen = max(valid, key=valid.get)
-    model, vocab = translation.load_translator(run_dir / chosen)
-    data = task.data
-    test = translation.read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
-    start = time.perf_counter()
-    hyps = translation.translate(model, vocab, test.source, options)
-    decode_seconds = time.perf_counter() - start
-    (run_dir / "test.hyp").write_text("\n".join(hyps) + "\n")
-    scores = translation.score(hyps, test.target)
-    train_log = _read_csv(run_dir / "train.csv")
-    speeds = [float(r["units_per_s"]) for r in train_log]
-    results = {
-        "status": "finished", "stop_reason": state.stop_reason, "epochs": state.epoch - 1, "steps": state.step,
-        "train_minutes": state.elapsed / 60, "model": chosen, "valid_bleu": valid,
-        "test_bleu": scores["bleu"], "test_chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
-        "chrf_signature": scores["chrf_signature"], "beam": options.beam, "lenpen": options.lenpen,
-        "parameters": count_parameters(model), "madds_at_64": count_madds(model, 64),
-        "train_tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
-        "test_decode_seconds": decode_seconds, "threads": torch.get_num_threads(), "wall_seconds": seconds,
-    }
+        return {"status": "interrupted", "stop_reason": state.stop_reason, "run_dir": str(run_dir),
+                "resume_with": "the same command plus --resume"}
+    results = {"status": "finished", "task": spec.name, "stop_reason": state.stop_reason,
+               "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
+               "best_epoch": state.best_epoch, "train_wall_seconds": time.perf_counter() - started,
+               "train_units_per_s": _mean_speed(run_dir), **spec.finish(task, run_dir, state, options)}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def _mean_speed(run_dir: Path) -> Optional[float]:
+    """Mean training throughput (tokens or examples per second) over the logged windows of ``train.csv``."""
+    path = run_dir / "train.csv"
     if not path.is_file():
-        return []
+        return None
     with path.open() as handle:
-        return list(csv.DictReader(handle))
+        speeds = [float(row["units_per_s"]) for row in csv.DictReader(handle)]
+    return sum(speeds) / len(speeds) if speeds else None

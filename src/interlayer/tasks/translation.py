@@ -7,7 +7,9 @@ Scores are sacreBLEU on *detokenized* output against the raw references, with th
 """
 from __future__ import annotations
 
+import argparse
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -20,8 +22,12 @@ from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import bundled_dir, read_parallel
 from ..decoding import DecodeOptions, decode
+from ..accounting import count_madds, count_parameters
+from ..checkpoint import load_pretrained
+from ..core.config import ConfigError
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
+from .base import TaskSpec
 
 _MULTI30K = "bundled:multi30k"
 
@@ -170,16 +176,76 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-TRAIN_DEFAULTS = dict(lr=7e-4, warmup_steps=1000, max_tokens=2048, label_smoothing=0.1, clip_norm=1.0,
-                      max_epochs=60, patience=8, keep_last=5, average_last=5)
-
 
 def load_translator(directory: Path) -> tuple[nn.Module, VocabPair]:
     """A saved translation model (``best/``, ``averaged/``) with its vocabulary."""
-    from ..checkpoint import load_pretrained
-
     directory = Path(directory)
     if not (directory / "vocab.json").is_file():
         raise FileNotFoundError(f"{directory} has no vocab.json: pass a translation model folder such as "
                                 "RUN_DIR/best or RUN_DIR/averaged")
     return load_pretrained(directory).eval(), VocabPair.load(directory)
+
+
+def finish(task: TranslationTask, run_dir: Path, state, options: dict) -> dict:
+    """Choose ``best/`` or ``averaged/`` by validation BLEU (beam search), then score it once on test."""
+    decode_options = DecodeOptions(**options)
+    valid = {}
+    for directory in (run_dir / "best", run_dir / "averaged"):
+        if (directory / "config.json").is_file():
+            model, vocab = load_translator(directory)
+            valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options),
+                                          task.valid.target)["bleu"]
+    chosen = max(valid, key=valid.get)
+    model, vocab = load_translator(run_dir / chosen)
+    data = task.data
+    test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
+    start = time.perf_counter()
+    hypotheses = translate(model, vocab, test.source, decode_options)
+    seconds = time.perf_counter() - start
+    (run_dir / "test.hyp").write_text("\n".join(hypotheses) + "\n")
+    scores = score(hypotheses, test.target)
+    return {"model": chosen, "valid_bleu": valid, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
+            "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
+            "decode": asdict(decode_options), "test_decode_seconds": seconds,
+            "parameters": count_parameters(model), "madds_at_64": count_madds(model, 64)}
+
+
+def _make_task(data: TranslationData, train: TrainConfig, run_dir: Optional[Path]) -> TranslationTask:
+    return TranslationTask(data, train, vocab=VocabPair.load(run_dir) if run_dir is not None else None)
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5, the papers' IWSLT)")
+    parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default 1.0)")
+    parser.add_argument("--no-cache", action="store_true", help="decode without the incremental cache (slower)")
+
+
+def decode_options(args: argparse.Namespace) -> dict:
+    if args.beam < 1:
+        raise ConfigError(f"--beam={args.beam} must be at least 1")
+    return {"beam": args.beam, "lenpen": args.lenpen, "use_cache": not args.no_cache}
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    for split in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            parser.add_argument(f"--{split}-{side}", metavar="PATH",
+                                help=f"{split} {'source' if side == 'src' else 'target'} text (plain or .gz; "
+                                     "default: bundled Multi30k De-En)")
+    add_decode_arguments(parser)
+
+
+def _options(args: argparse.Namespace) -> tuple[dict, dict]:
+    data = {f"data.{split}_{side}": getattr(args, f"{split}_{side}") for split in ("train", "valid", "test")
+            for side in ("src", "tgt") if getattr(args, f"{split}_{side}")}
+    return data, decode_options(args)
+
+
+# fairseq-style recipe, scaled to Multi30k on 2 CPU cores (choices made on the validation set; docs/translation.md)
+TRAIN_DEFAULTS = dict(lr=7e-4, warmup_steps=1000, max_tokens=2048, label_smoothing=0.1, clip_norm=1.0,
+                      max_epochs=60, patience=8, keep_last=5, average_last=5)
+
+SPEC = TaskSpec(name="translation", description="machine translation (default: bundled Multi30k De-En)",
+                default_preset="transformer_multi30k", data_class=TranslationData, make_task=_make_task,
+                finish=finish, train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments,
+                options_from_args=_options)

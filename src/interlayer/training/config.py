@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 
 from ..core.config import ConfigError
 
+SCHEDULES = ("inverse_sqrt", "constant", "linear")
+
 
 @dataclass
 class TrainConfig:
     lr: float = 5e-4
+    schedule: str = "inverse_sqrt"  # "inverse_sqrt" (Vaswani), "constant" (GAT), "linear" decay to 0 (BERT fine-tuning)
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -33,6 +36,9 @@ class TrainConfig:
     threads: int = 0  # torch threads; 0 keeps torch's default
 
     def validate(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule={self.schedule!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, SCHEDULES))}")
         positive = ("lr", "max_tokens", "max_epochs", "log_interval")
         for key in positive:
             if getattr(self, key) <= 0:

@@ -31,8 +31,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
-from ..config import config_from_dict
+from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
 from .config import TrainConfig
 
 LAST = "checkpoint_last.pt"
@@ -46,6 +45,9 @@ class Task(Protocol):
     higher_is_better: bool
 
     def train_batches(self, epoch: int, seed: int) -> list[Any]: ...
+
+    def model_fields(self) -> dict[str, Any]:
+        """Model config fields the data decides (vocabulary size, classes, ...)."""
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float], int]:
         """(loss to minimise, named terms for the log, number of tokens or examples in the batch)"""
@@ -63,16 +65,23 @@ class TrainState:
     step: int = 0
     elapsed: float = 0.0
     best: Optional[float] = None
+    best_metrics: Optional[dict[str, float]] = None
     best_epoch: int = 0
     bad_epochs: int = 0
     finished: bool = False
     stop_reason: str = ""
 
 
-def inverse_sqrt_lr(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then ``lr * sqrt(warmup / step)`` (Vaswani et al.)."""
+def learning_rate(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule: ``lr * sqrt(warmup / step)``
+    (inverse_sqrt, Vaswani et al.), ``lr`` (constant), or a linear decay reaching 0 at ``total_steps`` (linear)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule == "linear":
+        span = max(total_steps - cfg.warmup_steps, 1)
+        return cfg.lr * max(0.0, 1.0 - (step - cfg.warmup_steps) / span)
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / max(step, 1))
 
 
@@ -138,6 +147,7 @@ class Trainer:
         self.state = TrainState()
         self.logs = _Logs(self.run_dir)
         self._stop_requested = False
+        self._total_steps = cfg.max_steps
         if resume:
             self._resume()
         else:
@@ -162,11 +172,11 @@ class Trainer:
         if not path.exists():
             raise FileNotFoundError(f"cannot resume: {path} does not exist (start without --resume)")
         ckpt = torch.load(path, weights_only=False)
-        saved_cfg = config_from_dict(ckpt["model_config"], source=str(path))
-        if saved_cfg != self.model.config:
-            diff = {k: (v, getattr(self.model.config, k)) for k, v in dataclasses.asdict(saved_cfg).items()
-                    if getattr(self.model.config, k) != v}
-            raise ValueError(f"{path} was written by a different model; differing fields (checkpoint, now): {diff}")
+        current = self.model.config.to_dict()
+        if ckpt["model_config"] != current:
+            diff = {k: (v, current.get(k)) for k, v in ckpt["model_config"].items() if current.get(k) != v}
+            raise CheckpointError(f"{path} was written by a different model; differing fields (checkpoint, now): "
+                                  f"{diff}")
         load_canonical_state_dict(self.model, ckpt["model"], source=str(path))
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.state = TrainState(**ckpt["state"])
@@ -217,6 +227,7 @@ class Trainer:
         started = time.perf_counter()
         while state.epoch <= cfg.max_epochs:
             batches = self.task.train_batches(state.epoch, cfg.seed)
+            self._total_steps = cfg.max_steps or cfg.max_epochs * len(batches)
             bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
                        disable=not self.progress, dynamic_ncols=True, leave=False)
             window: dict[str, float] = {}
@@ -255,7 +266,7 @@ class Trainer:
         self.model.train()
         self.state.step += 1
         for group in self.optimizer.param_groups:
-            group["lr"] = inverse_sqrt_lr(self.state.step, self.cfg)
+            group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps)
         self.optimizer.zero_grad(set_to_none=True)
         loss, logs, units = self.task.loss(self.model, batch)
         loss.backward()
@@ -263,6 +274,17 @@ class Trainer:
             logs["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
         self.optimizer.step()
         return logs, units
+
+    def _is_improvement(self, metrics: dict[str, float]) -> bool:
+        """The task's own rule if it has one (GAT: loss *or* accuracy), else its one metric got better."""
+        best = self.state.best_metrics
+        if best is None:
+            return True
+        rule = getattr(self.task, "is_improvement", None)
+        if rule is not None:
+            return bool(rule(metrics, best))
+        value, previous = metrics[self.task.metric], best[self.task.metric]
+        return value > previous if self.task.higher_is_better else value < previous
 
     def _bank_time(self, started: float) -> None:
         self.state.elapsed += time.perf_counter() - started
@@ -272,10 +294,10 @@ class Trainer:
         state, cfg = self.state, self.cfg
         self._bank_time(started)
         metrics = self.task.validate(self.model)
-        value = metrics[self.task.metric]
-        improved = state.best is None or (value > state.best if self.task.higher_is_better else value < state.best)
+        improved = self._is_improvement(metrics)
         if improved:
-            state.best, state.best_epoch, state.bad_epochs = value, state.epoch, 0
+            state.best, state.best_metrics = metrics[self.task.metric], metrics
+            state.best_epoch, state.bad_epochs = state.epoch, 0
             self.save_model(self.run_dir / BEST_DIR)
         else:
             state.bad_epochs += 1
@@ -309,10 +331,9 @@ class Trainer:
         """Budget reached or training converged: optionally average, mark finished, save."""
         if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
             metrics = self.task.validate(self.model)
-            value = metrics[self.task.metric]
-            if self.state.best is None or (value > self.state.best if self.task.higher_is_better
-                                           else value < self.state.best):
-                self.state.best, self.state.best_epoch = value, self.state.epoch
+            if self._is_improvement(metrics):
+                self.state.best, self.state.best_metrics = metrics[self.task.metric], metrics
+                self.state.best_epoch = self.state.epoch
                 self.save_model(self.run_dir / BEST_DIR)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
