@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
+from typing import Callable, Union
 
 import torch
 from safetensors import safe_open
@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .build import build_model
-from .config import ModelConfig, config_from_dict
+from .config import config_from_dict
+from .core.config import ConfigError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -62,15 +63,32 @@ def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
     model.load_state_dict({k: state[k] for k in expected}, strict=False)
 
 
+# Model families besides the Transformer (a CNN baseline, GAT, ...) register how to rebuild themselves from the
+# dict in config.json: a model with ``model_type = "name"`` is saved with that name in the weights' metadata.
+_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
+    "transformer": lambda data: build_model(config_from_dict(data)),
+}
+
+
+def register_model_type(name: str, builder: Callable[[dict], nn.Module]) -> None:
+    """Let :func:`load_pretrained` rebuild models whose ``model_type`` is ``name`` from their config dict."""
+    _BUILDERS[name] = builder
+
+
 def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (tie map in its metadata) into ``directory``."""
+    """Write ``config.json`` and ``model.safetensors`` (tie map and model type in its metadata) into ``directory``.
+
+    ``model.config`` must offer ``save(path)`` and ``to_dict()``; ``model.model_type`` names a registered builder
+    (default ``"transformer"``).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config: ModelConfig = model.config
-    config.save(directory / CONFIG_FILE)
+    model.config.save(directory / CONFIG_FILE)
     tensors = {k: v.detach().contiguous() for k, v in canonical_state_dict(model).items()}
     tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(tensors, str(tmp), metadata={"tie_map": json.dumps(tie_map(model)), "format": "interlayer"})
+    metadata = {"tie_map": json.dumps(tie_map(model)), "format": "interlayer",
+                "model_type": getattr(model, "model_type", "transformer")}
+    save_file(tensors, str(tmp), metadata=metadata)
     tmp.replace(directory / WEIGHTS_FILE)
     return directory
 
@@ -82,10 +100,18 @@ def load_pretrained(directory: Union[str, Path]) -> nn.Module:
     for path in (config_path, weights_path):
         if not path.is_file():
             raise CheckpointError(f"{directory} is not an interlayer checkpoint: {path.name} is missing")
-    cfg = config_from_dict(json.loads(config_path.read_text()), source=str(config_path))
-    model = build_model(cfg)
     with safe_open(str(weights_path), framework="pt") as handle:
-        stored_ties = json.loads((handle.metadata() or {}).get("tie_map", "{}"))
+        metadata = handle.metadata() or {}
+    stored_ties = json.loads(metadata.get("tie_map", "{}"))
+    model_type = metadata.get("model_type", "transformer")
+    if model_type not in _BUILDERS:
+        raise CheckpointError(f"{weights_path} holds a {model_type!r} model; known model types: "
+                              f"{', '.join(sorted(_BUILDERS))} (import the module that registers it)")
+    data = json.loads(config_path.read_text())
+    try:
+        model = _BUILDERS[model_type](data)
+    except ConfigError as err:
+        raise CheckpointError(f"{config_path}: {err}") from None
     if stored_ties != tie_map(model):
         raise CheckpointError(f"{weights_path} was saved with tied parameters {stored_ties}, but its config "
                               f"builds a model tied as {tie_map(model)}; the files come from different models")

@@ -15,8 +15,7 @@ from .data.text import DataError, read_lines
 from .decoding import DecodeOptions
 from .experiment import train
 from .tasks import task_specs
-from .tasks.translation import (TranslationData, add_decode_arguments, decode_options, load_translator, score,
-                                translate)
+from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .registry import PRESETS
 from .tables import format_table, human
 
@@ -105,12 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--output", help="file to write; default stdout")
     add_decode_arguments(translate)
 
-    evaluate = sub.add_parser("evaluate", help="sacreBLEU and chrF of a trained model",
-                              description="Translate --src and score against --ref (defaults: the test set the model "
-                                          "was trained with) with sacreBLEU and chrF on detokenized text.")
+    evaluate = sub.add_parser("evaluate", help="score a trained model on a task's test data (or given files)",
+                              description="Score a saved model folder (RUN_DIR/best, RUN_DIR/averaged) with its "
+                                          "task's metrics. Translation: sacreBLEU and chrF on detokenized text "
+                                          "(--src/--ref, default the run's test set). Classification: accuracy "
+                                          "(F1 where the task has it), per-class precision/recall and the "
+                                          "confusion matrix (--data, default the run's test split).")
     evaluate.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/best or RUN_DIR/averaged)")
-    evaluate.add_argument("--src", help="source file (default: the run's test source)")
-    evaluate.add_argument("--ref", help="reference file (default: the run's test target)")
+    evaluate.add_argument("--src", help="translation: source file (default: the run's test source)")
+    evaluate.add_argument("--ref", help="translation: reference file (default: the run's test target)")
+    evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split)")
     add_decode_arguments(evaluate)
     return parser
 
@@ -138,17 +141,15 @@ def _translate(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace) -> None:
     directory = Path(args.checkpoint)
-    model, vocab = load_translator(directory)
-    data = TranslationData(**json.loads((directory / "data.json").read_text()))
-    src = read_lines(args.src or data.resolve(data.test_src))
-    ref = read_lines(args.ref or data.resolve(data.test_tgt))
-    if len(src) != len(ref):
-        raise DataError(f"{args.src or data.test_src} has {len(src)} lines but {args.ref or data.test_tgt} has "
-                        f"{len(ref)}")
-    result = score(translate(model, vocab, src, DecodeOptions(**decode_options(args))), ref)
-    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}")
-    print(f"signature: {result['bleu_signature']}")
-    print(f"           {result['chrf_signature']}")
+    info = directory / "task.json"
+    if not info.is_file():
+        raise FileNotFoundError(f"{directory} has no task.json: pass a model folder written by `interlayer train` "
+                                "(RUN_DIR/best or RUN_DIR/averaged)")
+    name = json.loads(info.read_text())["task"]
+    spec = task_specs()[name]
+    if spec.evaluate is None:
+        raise ConfigError(f"task {name!r} has no evaluate command")
+    print(spec.evaluate(directory, args))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -49,5 +49,7 @@ class TaskSpec:
     add_arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
     # (parsed args) -> (data settings as --set strings, options handed to ``finish``)
     options_from_args: Callable[[argparse.Namespace], tuple[dict[str, str], dict[str, Any]]] = _no_options
+    # (saved model folder, parsed `interlayer evaluate` args) -> printed report; the folder's task.json names the task
+    evaluate: Optional[Callable[[Path, argparse.Namespace], str]] = None
     resolve_model: Callable[[str, dict[str, Any], Any], Any] = resolve_transformer
     model_from_dict: Callable[[dict[str, Any]], nn.Module] = transformer_from_dict

@@ -245,7 +245,19 @@ def _options(args: argparse.Namespace) -> tuple[dict, dict]:
 TRAIN_DEFAULTS = dict(lr=7e-4, warmup_steps=1000, max_tokens=2048, label_smoothing=0.1, clip_norm=1.0,
                       max_epochs=60, patience=8, keep_last=5, average_last=5)
 
+def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
+    """``interlayer evaluate`` for translation: BLEU and chrF of ``--src`` against ``--ref`` (default: test set)."""
+    model, vocab = load_translator(directory)
+    data = TranslationData(**json.loads((directory / "data.json").read_text()))
+    src_path = Path(args.src) if args.src else data.resolve(data.test_src)
+    ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
+    pair = read_parallel(src_path, ref_path)
+    result = score(translate(model, vocab, pair.source, DecodeOptions(**decode_options(args))), pair.target)
+    return (f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}\n"
+            f"signature: {result['bleu_signature']}\n           {result['chrf_signature']}")
+
+
 SPEC = TaskSpec(name="translation", description="machine translation (default: bundled Multi30k De-En)",
                 default_preset="transformer_multi30k", data_class=TranslationData, make_task=_make_task,
                 finish=finish, train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments,
-                options_from_args=_options)
+                options_from_args=_options, evaluate=evaluate_cli)
