@@ -215,3 +215,15 @@ def test_cli_train_translate_evaluate(corpus, tmp_path, capsys):
     assert "BLEU" in capsys.readouterr().out
     assert main(["train", "translation", "--run-dir", str(run), "--no-progress"]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_label_smoothed_loss_matches_pytorch():
+    from interlayer.training.losses import label_smoothed_nll
+
+    logits = torch.randn(2, 5, 11, requires_grad=True)
+    target = torch.randint(1, 11, (2, 5))
+    target[1, 3:] = 0
+    loss, nll = label_smoothed_nll(logits, target, 0.1, ignore_index=0)
+    flat, tgt = logits.reshape(-1, 11), target.reshape(-1)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(flat, tgt, ignore_index=0, label_smoothing=0.1))
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(flat, tgt, ignore_index=0))

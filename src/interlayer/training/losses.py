@@ -14,13 +14,19 @@ from torch import Tensor
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_index: int = -100
                        ) -> tuple[Tensor, Tensor]:
-    """Mean label-smoothed loss and mean NLL over non-ignored positions (Szegedy et al. 2016, fairseq's form)."""
-    logits = logits.reshape(-1, logits.shape[-1]).float()
+    """Mean label-smoothed loss and mean NLL over non-ignored positions (Szegedy et al. 2016).
+
+    ``(1 - eps) * nll + eps * mean_v(-log p_v)``, PyTorch's ``label_smoothing`` form, computed from one
+    log-softmax that also yields the NLL (``F.cross_entropy`` would need a second pass over the vocabulary for it).
+    """
+    lprobs = F.log_softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
     target = target.reshape(-1)
-    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=smoothing)
-    with torch.no_grad():
-        nll = F.cross_entropy(logits, target, ignore_index=ignore_index) if smoothing else loss.detach()
-    return loss, nll
+    keep = target.ne(ignore_index)
+    count = keep.sum().clamp_min(1)
+    nll = -lprobs.gather(1, target.clamp_min(0)[:, None]).squeeze(1)
+    per_token = nll if not smoothing else (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1)
+    loss = per_token.masked_fill(~keep, 0.0).sum() / count
+    return loss, nll.detach().masked_fill(~keep, 0.0).sum() / count
 
 
 def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, dict[str, float]]:
