@@ -78,6 +78,21 @@ def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, c
     return allowed
 
 
+def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Tensor], causal: bool
+                       ) -> Optional[Tensor]:
+    """Broadcastable mask of query rows that may attend no key (their output is set to zero), or None.
+
+    Cheap in the common cases: without padding a causal row always sees its first key, and without causality a
+    row is empty only when its whole sequence is padding.
+    """
+    if allowed is None or key_padding_mask is None:
+        return None
+    if not causal:
+        empty = key_padding_mask.all(-1)
+        return empty[:, None, None, None] if bool(empty.any()) else None
+    return ~allowed.any(-1, keepdim=True)
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads (Vaswani et al. 2017, Eq. 1-2 of Sec. 3.2).
 
@@ -145,8 +160,8 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 cache.k, cache.v = k, v
         t_k = k.shape[2]
-        q = q * self.scale
-        bias = self.relative(q, q_offset, t_k) if self.relative is not None else None
+        # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
+        bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None else None
         allowed = build_allowed_mask(key_padding_mask, t_q, t_k, causal, q_offset, x.device)
 
         eager = need_intermediates or self.logit_mixer is not None or self.force_eager
@@ -155,8 +170,9 @@ class MultiHeadAttention(nn.Module):
         else:
             out, inter = self._fused(q, k, v, bias, allowed, causal and key_padding_mask is None and q_offset == 0
                                      and t_q == t_k), None
-        if allowed is not None:
-            out = out.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+        empty = _rows_without_keys(allowed, key_padding_mask, causal)
+        if empty is not None:
+            out = out.masked_fill(empty, 0.0)
         out = out.transpose(1, 2).reshape(b, t_q, self.d_model)
         return self.out_proj(out), inter if need_intermediates else None
 
@@ -164,16 +180,16 @@ class MultiHeadAttention(nn.Module):
                plain_causal: bool) -> Tensor:
         dropout = self.dropout if self.training else 0.0
         if plain_causal and bias is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=1.0)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
         mask = allowed
         if bias is not None:
             mask = bias if allowed is None else bias.masked_fill(~allowed, torch.finfo(bias.dtype).min)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale)
 
     def _eager(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
                key_padding_mask: Optional[Tensor], prev_logits: Optional[Tensor]
                ) -> tuple[Tensor, AttentionIntermediates]:
-        logits = q @ k.transpose(-2, -1)
+        logits = (q @ k.transpose(-2, -1)) * self.scale
         if bias is not None:
             logits = logits + bias
         extras: dict[str, Tensor] = {}

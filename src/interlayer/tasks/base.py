@@ -51,5 +51,7 @@ class TaskSpec:
     options_from_args: Callable[[argparse.Namespace], tuple[dict[str, str], dict[str, Any]]] = _no_options
     # (saved model folder, parsed `interlayer evaluate` args) -> printed report; the folder's task.json names the task
     evaluate: Optional[Callable[[Path, argparse.Namespace], str]] = None
+    # (task) -> (model args, model kwargs, token labels) of one validation example, for attention-map pictures
+    sample_input: Optional[Callable[[Any], tuple[tuple, dict[str, Any], list[str]]]] = None
     resolve_model: Callable[[str, dict[str, Any], Any], Any] = resolve_transformer
     model_from_dict: Callable[[dict[str, Any]], nn.Module] = transformer_from_dict

@@ -257,7 +257,15 @@ def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
             f"signature: {result['bleu_signature']}\n           {result['chrf_signature']}")
 
 
+def sample_input(task: TranslationTask) -> tuple[tuple, dict, list[str]]:
+    """The first validation pair as model inputs, with the source subword pieces as labels (for attention maps)."""
+    src = task._valid_src[0]
+    batch = task.make_batch([src], [task._valid_tgt[0]])
+    pieces = [task.vocab.source.tokenizer.id_to_token(i) for i in src]
+    return (batch.src, batch.tgt_in), {}, pieces
+
+
 SPEC = TaskSpec(name="translation", description="machine translation (default: bundled Multi30k De-En)",
                 default_preset="transformer_multi30k", data_class=TranslationData, make_task=_make_task,
                 finish=finish, train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments,
-                options_from_args=_options, evaluate=evaluate_cli)
+                options_from_args=_options, evaluate=evaluate_cli, sample_input=sample_input)
