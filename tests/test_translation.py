@@ -184,6 +184,9 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     resumed = _tiny_model(task)
     final = Trainer(task, resumed, cfg, tmp_path / "b", resume=True, progress=False).fit()
     assert final.finished and final.step == 2 * steps_per_epoch
+    last = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=False)
+    assert {"model", "model_config", "train_config", "optimizer", "rng", "state"} <= set(last)
+    assert "vocab.json" in last["assets"] and last["optimizer"]["state"]
     a, b = canonical_state_dict(uninterrupted), canonical_state_dict(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
 

@@ -2,8 +2,8 @@
 
 What it guarantees:
 
-* **Resumable to the bit.** ``checkpoint_last.pt`` holds weights, optimiser, step, position inside the epoch and
-  every random generator; batch order depends only on ``(seed, epoch)``. A run stopped at any saved point and
+* **Resumable to the bit.** ``checkpoint_last.pt`` holds the model and training configs, weights, optimiser, step,
+  position inside the epoch, every random generator and the task's assets (e.g. the tokenizer); batch order depends only on ``(seed, epoch)``. A run stopped at any saved point and
   resumed with ``resume=True`` ends with the same weights as an uninterrupted run (tested).
 * **Nothing lost on Ctrl-C / SIGTERM.** The signal only sets a flag; the loop finishes the current step, writes
   ``checkpoint_last.pt`` and returns. A SIGKILL loses at most the steps since the last checkpoint (epoch end, or
@@ -22,6 +22,7 @@ import math
 import os
 import random
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -147,6 +148,7 @@ class Trainer:
         self.state = TrainState()
         self.logs = _Logs(self.run_dir)
         self._stop_requested = False
+        self._asset_cache: Optional[dict[str, bytes]] = None
         self._total_steps = cfg.max_steps
         if resume:
             self._resume()
@@ -162,7 +164,15 @@ class Trainer:
     def _checkpoint(self) -> dict[str, Any]:
         return {"model": canonical_state_dict(self.model), "model_config": self.model.config.to_dict(),
                 "train_config": dataclasses.asdict(self.cfg), "optimizer": self.optimizer.state_dict(),
-                "state": dataclasses.asdict(self.state), "rng": _rng_state()}
+                "state": dataclasses.asdict(self.state), "rng": _rng_state(), "assets": self._assets()}
+
+    def _assets(self) -> dict[str, bytes]:
+        """The task's files (vocabulary, data settings) by name, so the checkpoint alone can rebuild the run."""
+        if self._asset_cache is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.task.save_assets(Path(tmp))
+                self._asset_cache = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+        return self._asset_cache
 
     def save_last(self) -> None:
         atomic_save(self._checkpoint(), self.run_dir / LAST)
