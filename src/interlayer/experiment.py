@@ -13,12 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import yaml
+from torch import nn
 
 from .config import dataclass_from_dict
 from .core.config import ConfigError
 from .tasks import TaskSpec
-from .training import TrainConfig, Trainer
+from .training import TrainConfig, Trainer, distributed
 
 RUN_FILE = "run.json"
 
@@ -47,23 +49,16 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     """Train (or resume) one run of ``spec``'s task and return its results (also in ``results.json``).
 
     On resume every setting comes from the run's ``run.json`` (only ``max_minutes`` may be raised), so a resumed
-    run is the run that was started.
+    run is the run that was started. Under ``torchrun`` rank 0 prepares the run (vocabulary, ``run.json``) and the
+    other ranks load it; rank 0 alone scores the final model.
     """
     run_dir = Path(run_dir)
     options = options or {}
+    env = distributed.environment()
+    distributed.initialise(env)
     if resume:
-        if not (run_dir / RUN_FILE).is_file():
-            raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
-        stored = json.loads((run_dir / RUN_FILE).read_text())
-        if stored["task"] != spec.name:
-            raise ConfigError(f"{run_dir} holds a {stored['task']!r} run, not {spec.name!r}")
-        train_cfg = dataclass_from_dict(TrainConfig, stored["train"], "train.")
-        data_cfg = dataclass_from_dict(spec.data_class, stored["data"], "data.")
-        if max_minutes is not None:
-            train_cfg.max_minutes = max_minutes
-        task = spec.make_task(data_cfg, train_cfg, run_dir)
-        model = spec.model_from_dict(stored["model"])
-    else:
+        task, model, train_cfg = _load_run(spec, run_dir, max_minutes)
+    elif env.is_main:
         if (run_dir / RUN_FILE).exists():
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another "
                                   "--run-dir")
@@ -81,10 +76,17 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
         (run_dir / RUN_FILE).write_text(json.dumps({"task": spec.name, "preset": preset,
                                                     "model": model_cfg.to_dict(), "train": asdict(train_cfg),
                                                     "data": asdict(data_cfg)}, indent=2))
+        torch.manual_seed(train_cfg.seed)  # the initial weights depend on the seed alone
         model = spec.model_from_dict(model_cfg.to_dict())
+        distributed.barrier(env)  # the other ranks read what was just written
+    else:
+        distributed.barrier(env)
+        task, model, train_cfg = _load_run(spec, run_dir, max_minutes)
     trainer = Trainer(task, model, train_cfg, run_dir, resume=resume, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
+    if not env.is_main:
+        return {"status": "finished" if state.finished else "interrupted", "rank": env.rank}
     if not state.finished:
         return {"status": "interrupted", "stop_reason": state.stop_reason, "run_dir": str(run_dir),
                 "resume_with": "the same command plus --resume"}
@@ -94,6 +96,20 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
                "train_units_per_s": _mean_speed(run_dir), **spec.finish(task, run_dir, state, options)}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def _load_run(spec: TaskSpec, run_dir: Path, max_minutes: Optional[float]) -> tuple[Any, nn.Module, TrainConfig]:
+    """Task, model and training settings of the run stored in ``run_dir`` (for --resume, and for ranks > 0)."""
+    if not (run_dir / RUN_FILE).is_file():
+        raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
+    stored = json.loads((run_dir / RUN_FILE).read_text())
+    if stored["task"] != spec.name:
+        raise ConfigError(f"{run_dir} holds a {stored['task']!r} run, not {spec.name!r}")
+    train_cfg = dataclass_from_dict(TrainConfig, stored["train"], "train.")
+    if max_minutes is not None:
+        train_cfg.max_minutes = max_minutes
+    data_cfg = dataclass_from_dict(spec.data_class, stored["data"], "data.")
+    return spec.make_task(data_cfg, train_cfg, run_dir), spec.model_from_dict(stored["model"]), train_cfg
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

@@ -24,6 +24,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 disables clipping
     max_tokens: int = 4096  # padded tokens per batch
+    update_freq: int = 1  # batches accumulated per rank into one optimiser step (fairseq --update-freq)
     max_epochs: int = 50
     max_steps: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock training budget, summed over resumed runs; 0: no limit
@@ -39,7 +40,7 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule={self.schedule!r} is not valid; choose one of "
                               f"{', '.join(map(repr, SCHEDULES))}")
-        positive = ("lr", "max_tokens", "max_epochs", "log_interval")
+        positive = ("lr", "max_tokens", "max_epochs", "log_interval", "update_freq")
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be positive")

@@ -15,6 +15,7 @@ What it guarantees:
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -33,6 +34,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
+from . import distributed
 from .config import TrainConfig
 
 LAST = "checkpoint_last.pt"
@@ -105,11 +107,14 @@ def atomic_save(obj: Any, path: Path) -> None:
 class _Logs:
     """CSV files (one per split) plus TensorBoard scalars under ``tb/``."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.run_dir = run_dir
+        self.enabled = enabled  # only rank 0 writes
         self._writer = None
 
     def write(self, split: str, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         path = self.run_dir / f"{split}.csv"
         row = {"step": step, **values}
         fresh = not path.exists()
@@ -138,15 +143,22 @@ class Trainer:
                  progress: bool = True) -> None:
         cfg.validate()
         self.task, self.model, self.cfg = task, model, cfg
+        self.dist = distributed.environment()
+        distributed.initialise(self.dist)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.progress = progress
+        self.progress = progress and self.dist.is_main
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # DDP averages gradients over ranks and broadcasts rank 0's initial weights; tied parameters (Crossformer
+        # HG, LW sharing, MPT's reused layers) are single Parameters, which DDP handles like any other. Unused
+        # parameters are possible (an MPT random pass that stops early), hence find_unused_parameters.
+        self.train_model: nn.Module = (nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+                                       if self.dist.enabled else model)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
                                           weight_decay=cfg.weight_decay)
         self.state = TrainState()
-        self.logs = _Logs(self.run_dir)
+        self.logs = _Logs(self.run_dir, self.dist.is_main)
         self._stop_requested = False
         self._asset_cache: Optional[dict[str, bytes]] = None
         self._total_steps = cfg.max_steps
@@ -156,15 +168,17 @@ class Trainer:
             if (self.run_dir / LAST).exists():
                 raise FileExistsError(f"{self.run_dir} already holds a run ({LAST}); pass resume=True (--resume) to "
                                       "continue it, or choose another run directory")
-            torch.manual_seed(cfg.seed)
-            random.seed(cfg.seed)
-            np.random.seed(cfg.seed)
+            seed = cfg.seed + self.dist.rank  # ranks draw different dropout masks
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed)
 
     # -- checkpoints -------------------------------------------------------------------------------------
-    def _checkpoint(self) -> dict[str, Any]:
+    def _checkpoint(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
         return {"model": canonical_state_dict(self.model), "model_config": self.model.config.to_dict(),
                 "train_config": dataclasses.asdict(self.cfg), "optimizer": self.optimizer.state_dict(),
-                "state": dataclasses.asdict(self.state), "rng": _rng_state(), "assets": self._assets()}
+                "state": dataclasses.asdict(self.state), "rng": rng, "world_size": self.dist.world_size,
+                "assets": self._assets()}
 
     def _assets(self) -> dict[str, bytes]:
         """The task's files (vocabulary, data settings) by name, so the checkpoint alone can rebuild the run."""
@@ -175,7 +189,11 @@ class Trainer:
         return self._asset_cache
 
     def save_last(self) -> None:
-        atomic_save(self._checkpoint(), self.run_dir / LAST)
+        """Rank 0 writes the checkpoint, holding every rank's random generators (a collective call)."""
+        rng = distributed.gather(_rng_state(), self.dist)
+        if self.dist.is_main:
+            atomic_save(self._checkpoint(rng), self.run_dir / LAST)
+        distributed.barrier(self.dist)
 
     def _resume(self) -> None:
         path = self.run_dir / LAST
@@ -188,17 +206,24 @@ class Trainer:
             raise CheckpointError(f"{path} was written by a different model; differing fields (checkpoint, now): "
                                   f"{diff}")
         load_canonical_state_dict(self.model, ckpt["model"], source=str(path))
+        if ckpt.get("world_size", 1) != self.dist.world_size:
+            raise CheckpointError(f"{path} was written by a run of {ckpt.get('world_size', 1)} processes; resume it "
+                                  f"with the same number (now {self.dist.world_size}), or batches would change")
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.state = TrainState(**ckpt["state"])
-        _set_rng_state(ckpt["rng"])
+        _set_rng_state(ckpt["rng"][self.dist.rank])
 
     def _save_epoch(self, epoch: int) -> None:
+        if not self.dist.is_main:
+            return
         atomic_save(canonical_state_dict(self.model), self.run_dir / f"checkpoint{epoch}.pt")
         for old in sorted(self.run_dir.glob("checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[10:]))[
                    :-self.cfg.keep_last or None]:
             old.unlink()
 
     def save_model(self, directory: Path) -> None:
+        if not self.dist.is_main:
+            return
         save_pretrained(self.model, directory)
         self.task.save_assets(directory)
         (directory / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
@@ -232,21 +257,40 @@ class Trainer:
             self.logs.close()
         return self.state
 
+    def _step_batches(self, batches: list[Any]) -> list[list[Any]]:
+        """This rank's batches for each optimiser step of the epoch.
+
+        A step consumes ``world_size x update_freq`` consecutive batches; rank r takes ``update_freq`` of them. So
+        N processes with ``update_freq=1`` see exactly the batches of one process with ``update_freq=N``. The few
+        batches at the end of an epoch that cannot fill a whole step are skipped.
+        """
+        per_rank, ranks = self.cfg.update_freq, self.dist.world_size
+        per_step = per_rank * ranks
+        start = self.dist.rank * per_rank
+        return [batches[i + start : i + start + per_rank] for i in range(0, len(batches) - per_step + 1, per_step)]
+
     def _loop(self) -> None:
         cfg, state = self.cfg, self.state
         started = time.perf_counter()
         while state.epoch <= cfg.max_epochs:
-            batches = self.task.train_batches(state.epoch, cfg.seed)
-            self._total_steps = cfg.max_steps or cfg.max_epochs * len(batches)
-            bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
+            steps = self._step_batches(self.task.train_batches(state.epoch, cfg.seed))
+            if not steps:
+                raise ValueError(f"epoch {state.epoch} has fewer batches than one optimiser step needs "
+                                 f"(world_size x update_freq = {self.dist.world_size * cfg.update_freq}); lower "
+                                 "train.max_tokens or train.update_freq")
+            self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
+            bar = tqdm(total=len(steps), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
                        disable=not self.progress, dynamic_ncols=True, leave=False)
             window: dict[str, float] = {}
-            window_units, window_start = 0, time.perf_counter()
-            for batch in batches[state.batch_in_epoch:]:
+            window_units, window_start = 0.0, time.perf_counter()
+            for micro_batches in steps[state.batch_in_epoch:]:
                 reason = self._out_of_budget(started)
-                if reason or self._stop_requested:
-                    return self._stop(started, reason or "stopped by request (signal)", bar)
-                logs, units = self._step(batch)
+                budget, stop = distributed.sum_all([float(reason is not None), float(self._stop_requested)], self.dist)
+                if budget:
+                    return self._stop(started, reason or "budget used up on another rank", bar, resumable=False)
+                if stop:
+                    return self._stop(started, "stopped by request (signal)", bar, resumable=True)
+                logs, units = self._step(micro_batches)
                 state.batch_in_epoch += 1
                 window_units += units
                 for key, value in logs.items():
@@ -260,7 +304,7 @@ class Trainer:
                     self.logs.write("train", state.step, row)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                     tok_s=f"{row['units_per_s']:.0f}")
-                    window, window_units, window_start = {}, 0, time.perf_counter()
+                    window, window_units, window_start = {}, 0.0, time.perf_counter()
                 if cfg.save_interval_steps and state.step % cfg.save_interval_steps == 0:
                     self._bank_time(started)
                     started = time.perf_counter()
@@ -272,14 +316,37 @@ class Trainer:
         state.stop_reason = state.stop_reason or f"max_epochs={cfg.max_epochs} reached"
         self._finish()
 
-    def _step(self, batch: Any) -> tuple[dict[str, float], int]:
-        self.model.train()
+    def _step(self, micro_batches: list[Any]) -> tuple[dict[str, float], float]:
+        """One optimiser step over this rank's micro-batches; returns the logged terms and the global units.
+
+        Each micro-batch's mean loss is weighted by its units (tokens or examples) and the summed gradient is
+        divided by the units of the whole step over all ranks, so the update is the gradient of the mean loss over
+        the global batch whatever the split into processes and micro-batches (tested: 2 processes = 1 process with
+        ``update_freq=2``).
+        """
+        self.train_model.train()
         self.state.step += 1
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logs, units = self.task.loss(self.model, batch)
-        loss.backward()
+        local_units, sums = 0.0, {}
+        for i, batch in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
+            with sync:
+                loss, logs, units = self.task.loss(self.train_model, batch)
+                (loss * units).backward()
+            local_units += units
+            for key, value in logs.items():
+                sums[key] = sums.get(key, 0.0) + value * units
+        keys = sorted(sums)
+        totals = distributed.sum_all([local_units] + [sums[k] for k in keys], self.dist)
+        units = totals[0]
+        scale = self.dist.world_size / max(units, 1.0)  # DDP averaged over ranks: undo, then divide by all units
+        for param in self.model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale)
+        logs = {k: v / max(units, 1.0) for k, v in zip(keys, totals[1:])}
         if self.cfg.clip_norm:
             logs["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
         self.optimizer.step()
@@ -319,6 +386,8 @@ class Trainer:
         state.epoch += 1
         state.batch_in_epoch = 0
         stop = self._out_of_budget(time.perf_counter())
+        if distributed.any_rank(bool(stop), self.dist) and not stop:
+            stop = "another rank ran out of budget"
         if cfg.patience and state.bad_epochs >= cfg.patience:
             stop = f"early stopping: no better {self.task.metric} for {cfg.patience} epochs"
         if stop:
@@ -328,12 +397,12 @@ class Trainer:
         self.save_last()
         return False
 
-    def _stop(self, started: float, reason: str, bar: tqdm) -> None:
+    def _stop(self, started: float, reason: str, bar: tqdm, resumable: bool) -> None:
         bar.close()
         self._bank_time(started)
         self.state.stop_reason = reason
-        if reason.startswith("stopped by request"):
-            self.save_last()  # resumable: the run is not finished
+        if resumable:
+            self.save_last()  # the run is not finished: --resume continues it
         else:
             self._finish()
 
@@ -347,7 +416,7 @@ class Trainer:
                 self.save_model(self.run_dir / BEST_DIR)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
-        if self.cfg.average_last > 1:
+        if self.cfg.average_last > 1 and self.dist.is_main:
             self.average_checkpoints(self.cfg.average_last)
         self.state.finished = True
         self.save_last()
