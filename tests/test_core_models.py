@@ -119,7 +119,6 @@ def test_segments_and_inputs_embeds():
     tokens = torch.tensor([[2, 5, 3, 6]])
     seg_a, seg_b = torch.tensor([[0, 0, 0, 1]]), torch.tensor([[0, 0, 0, 0]])
     assert not torch.allclose(model(tokens, segments=seg_a).logits, model(tokens, segments=seg_b).logits)
-    with pytest.raises(ValueError, match="segments"):
-        model(tokens)
+    torch.testing.assert_close(model(tokens).logits, model(tokens, segments=seg_b).logits)  # default: segment 0
     vectors = torch.randn(1, 4, 32)
     assert model(inputs_embeds=vectors, segments=seg_a).logits.shape == (1, 5)

@@ -49,9 +49,8 @@ class InputEmbedding(nn.Module):
         if self.positions is not None:
             x = x + self.positions(x.shape[1], offset)
         if self.segments is not None:
-            if segments is None:
-                raise ValueError("this model has segment embeddings (n_segments > 0): pass segments (B, T)")
-            x = x + self.segments(segments)
+            # Without segment ids every token is in segment 0, as BERT's token_type_ids default.
+            x = x + (self.segments(segments) if segments is not None else self.segments.weight[0])
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)
