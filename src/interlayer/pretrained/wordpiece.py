@@ -1,0 +1,264 @@
+"""BERT's WordPiece tokenizer, rebuilt from a checkpoint's vocabulary with Hugging Face ``tokenizers``.
+
+The pipeline is the one of Devlin et al. (2019, Sec. 3 "Input/Output Representations") as ``transformers``
+builds it (``BertTokenizer``): BERT normaliser (clean control characters, space out CJK characters, lower-case and
+strip accents per the checkpoint), BERT pre-tokeniser (whitespace and punctuation), greedy longest-match WordPiece
+with ``##`` continuations (at most 100 characters per word, longer words become ``[UNK]``), then
+``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with token types 0 for ``[CLS] a [SEP]`` and 1 for ``b [SEP]``.
+
+Choices, each matching what ``transformers`` does so that ids are identical:
+
+* **The pipeline is built from the vocabulary and ``tokenizer_config.json``, never taken whole from
+  ``tokenizer.json``.** ``transformers`` rebuilds the normaliser from ``do_lower_case``, ``strip_accents`` and
+  ``tokenize_chinese_chars`` even when a ``tokenizer.json`` exists, and a shipped ``tokenizer.json`` often carries
+  padding/truncation settings of its exporter (all-MiniLM-L6-v2's pads every input to 128). ``tokenizer.json`` is
+  used for the vocabulary only when ``vocab.txt`` is absent, and for its added tokens.
+* **Special tokens are never split** (``[MASK]`` in raw text is the mask token), as in ``transformers``.
+* **Truncation** is "longest first" over the pair, to ``max_length`` tokens including the special tokens. The
+  default length is the checkpoint's ``model_max_length`` (capped at the model's position table by
+  :func:`interlayer.pretrained.import_bert`); ``transformers`` truncates to the same length with
+  ``truncation=True``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+from torch import Tensor
+
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+SPECIAL_DEFAULTS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                    "mask_token": "[MASK]"}
+# transformers writes model_max_length = int(1e30) when a tokenizer has no limit.
+_NO_LIMIT = 10**12
+
+
+class TokenizerError(ValueError):
+    """A vocabulary or tokenizer configuration that cannot give BERT's tokenisation; the message says why."""
+
+
+@dataclass
+class EncodedBatch:
+    """Padded model inputs: ``tokens`` and ``segments`` (token types) ``(B, T)``, ``padding_mask`` True at pads."""
+
+    tokens: Tensor
+    segments: Tensor
+    padding_mask: Tensor
+
+    def model_inputs(self) -> dict[str, Tensor]:
+        """Keyword arguments of :class:`interlayer.core.models.EncoderClassifier.forward`."""
+        return {"tokens": self.tokens, "segments": self.segments, "key_padding_mask": self.padding_mask}
+
+
+@dataclass(frozen=True)
+class AddedTokenSpec:
+    """A token added on top of the WordPiece vocabulary (specials first); ``id`` is its id in the checkpoint."""
+
+    content: str
+    id: int
+    special: bool = True
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+    normalized: bool = False
+
+
+class WordPieceTokenizer:
+    """Encode single sentences and pairs exactly as a BERT checkpoint's ``transformers`` tokenizer does."""
+
+    def __init__(self, tokens: Sequence[str], *, do_lower_case: bool = True, strip_accents: Optional[bool] = None,
+                 tokenize_chinese_chars: bool = True, max_length: Optional[int] = None,
+                 special_tokens: Optional[dict[str, str]] = None, added_tokens: Sequence[AddedTokenSpec] = ()
+                 ) -> None:
+        """``tokens``: the vocabulary in id order (``vocab.txt``'s lines); ``special_tokens``: role -> token, roles
+        as in :data:`SPECIAL_DEFAULTS`. ``strip_accents=None`` follows ``do_lower_case``, as in BERT."""
+        self.tokens = list(tokens)
+        self.vocab = {token: index for index, token in enumerate(self.tokens)}  # a repeated line: the last id wins
+        self.do_lower_case = do_lower_case
+        self.strip_accents = strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.max_length = max_length
+        self.special_tokens = dict(SPECIAL_DEFAULTS, **(special_tokens or {}))
+        for role, token in self.special_tokens.items():
+            if token not in self.vocab:
+                raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(self.tokens)} tokens; "
+                                     f"set {role} in {TOKENIZER_CONFIG_FILE} to a token of {VOCAB_FILE}")
+        self.added_tokens = self._all_added(added_tokens)
+        self._backend = self._build()
+
+    def _all_added(self, extra: Sequence[AddedTokenSpec]) -> list[AddedTokenSpec]:
+        specials = [AddedTokenSpec(token, self.vocab[token]) for token in self.special_tokens.values()]
+        seen = {spec.content for spec in specials}
+        return specials + [spec for spec in extra if spec.content not in seen]
+
+    def _build(self) -> Tokenizer:
+        backend = Tokenizer(WordPiece(self.vocab, unk_token=self.special_tokens["unk_token"],
+                                      max_input_chars_per_word=100))
+        backend.normalizer = normalizers.BertNormalizer(clean_text=True,
+                                                        handle_chinese_chars=self.tokenize_chinese_chars,
+                                                        strip_accents=self.strip_accents,
+                                                        lowercase=self.do_lower_case)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        cls, sep = self.special_tokens["cls_token"], self.special_tokens["sep_token"]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, self.vocab[cls]), (sep, self.vocab[sep])])
+        for spec in sorted(self.added_tokens, key=lambda s: s.id):
+            token = AddedToken(spec.content, single_word=spec.single_word, lstrip=spec.lstrip, rstrip=spec.rstrip,
+                               normalized=spec.normalized, special=spec.special)
+            if spec.special:
+                backend.add_special_tokens([token])
+            else:
+                backend.add_tokens([token])
+            if backend.token_to_id(spec.content) != spec.id:
+                raise TokenizerError(f"added token {spec.content!r} has id {spec.id} in the checkpoint but would get "
+                                     f"id {backend.token_to_id(spec.content)}: added tokens outside {VOCAB_FILE} "
+                                     "must follow it with consecutive ids")
+        return backend
+
+    @classmethod
+    def from_pretrained(cls, directory: Union[str, Path], *, max_length: Optional[int] = None
+                        ) -> "WordPieceTokenizer":
+        """Read ``vocab.txt`` (or the vocabulary inside ``tokenizer.json``) and ``tokenizer_config.json``.
+
+        ``max_length`` caps the checkpoint's ``model_max_length`` (the importer passes the position table size).
+        """
+        directory = Path(directory)
+        settings = _read_json(directory / TOKENIZER_CONFIG_FILE)
+        special_map = _read_json(directory / SPECIAL_TOKENS_FILE)
+        backend_file = _read_json(directory / TOKENIZER_FILE)
+        tokens = _read_vocab(directory, backend_file)
+        specials = {role: _content(settings.get(role, special_map.get(role, default)))
+                    for role, default in SPECIAL_DEFAULTS.items()}
+        limit = settings.get("model_max_length")
+        limit = limit if isinstance(limit, int) and limit < _NO_LIMIT else None
+        if max_length is not None:
+            limit = max_length if limit is None else min(limit, max_length)
+        return cls(tokens, do_lower_case=bool(settings.get("do_lower_case", True)),
+                   strip_accents=settings.get("strip_accents"),
+                   tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)), max_length=limit,
+                   special_tokens=specials, added_tokens=_read_added(settings, backend_file))
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids in use: the WordPiece vocabulary plus added tokens beyond it."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, role: str) -> int:
+        """The id of a special token by role (``"pad_token"``, ``"cls_token"``, ...)."""
+        return self.vocab[self.special_tokens[role]]
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_id("pad_token")
+
+    def encode(self, text: str, pair: Optional[str] = None, *, max_length: Optional[int] = None
+               ) -> tuple[list[int], list[int]]:
+        """Ids and token types of ``[CLS] text [SEP]`` or ``[CLS] text [SEP] pair [SEP]``, truncated."""
+        encoding = self._encode_batch([text], None if pair is None else [pair], max_length)[0]
+        return list(encoding.ids), list(encoding.type_ids)
+
+    def __call__(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
+                 max_length: Optional[int] = None) -> EncodedBatch:
+        """Encode a batch (optionally of pairs) and right-pad it with ``[PAD]`` (token type 0) to its longest."""
+        encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
+        width = max(len(e.ids) for e in encodings)
+        tokens = torch.full((len(encodings), width), self.pad_id, dtype=torch.long)
+        segments = torch.zeros_like(tokens)
+        padding_mask = torch.ones_like(tokens, dtype=torch.bool)
+        for row, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            tokens[row, :n] = torch.tensor(encoding.ids)
+            segments[row, :n] = torch.tensor(encoding.type_ids)
+            padding_mask[row, :n] = False
+        return EncodedBatch(tokens=tokens, segments=segments, padding_mask=padding_mask)
+
+    def _encode_batch(self, texts: list[str], pairs: Optional[list[str]], max_length: Optional[int]) -> list[Any]:
+        if not texts:
+            raise ValueError("nothing to encode: texts is empty")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        limit = self.max_length if max_length is None else max_length
+        if limit is None:
+            self._backend.no_truncation()
+        else:
+            self._backend.enable_truncation(limit, strategy="longest_first")
+        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        return self._backend.encode_batch(inputs, add_special_tokens=True)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def save_pretrained(self, directory: Union[str, Path]) -> list[Path]:
+        """Write ``vocab.txt``, ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` in the
+        layout ``transformers.AutoTokenizer`` loads as a ``BertTokenizer``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        settings: dict[str, Any] = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
+                                    "strip_accents": self.strip_accents,
+                                    "tokenize_chinese_chars": self.tokenize_chinese_chars, **self.special_tokens}
+        if self.max_length is not None:
+            settings["model_max_length"] = self.max_length
+        self._backend.no_truncation()
+        files = {VOCAB_FILE: "".join(f"{token}\n" for token in self.tokens),
+                 TOKENIZER_FILE: self._backend.to_str(),
+                 TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
+                 SPECIAL_TOKENS_FILE: json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n"}
+        for name, text in files.items():
+            (directory / name).write_text(text, encoding="utf-8")
+        return [directory / name for name in files]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TokenizerError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
+    """``vocab.txt`` lines (as ``transformers``: only the newline stripped), else ``tokenizer.json``'s vocabulary."""
+    path = directory / VOCAB_FILE
+    if path.is_file():
+        return [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines(keepends=True)]
+    model = backend_file.get("model", {})
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither file"
+        raise TokenizerError(f"{directory} has no WordPiece vocabulary: expected {VOCAB_FILE} or a WordPiece "
+                             f"{TOKENIZER_FILE}, found {found}")
+    by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+    if [index for _, index in by_id] != list(range(len(by_id))):
+        raise TokenizerError(f"{directory / TOKENIZER_FILE}: the WordPiece vocabulary ids are not 0..{len(by_id) - 1}")
+    return [token for token, _ in by_id]
+
+
+def _read_added(settings: dict[str, Any], backend_file: dict[str, Any]) -> list[AddedTokenSpec]:
+    """Added tokens of ``tokenizer.json`` and of ``tokenizer_config.json``'s ``added_tokens_decoder``."""
+    entries = [dict(entry) for entry in backend_file.get("added_tokens", [])]
+    entries += [dict(entry, id=int(index)) for index, entry in settings.get("added_tokens_decoder", {}).items()]
+    specs: dict[str, AddedTokenSpec] = {}
+    for entry in entries:
+        specs.setdefault(entry["content"], AddedTokenSpec(
+            content=entry["content"], id=int(entry["id"]), special=bool(entry.get("special", False)),
+            lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
+            single_word=bool(entry.get("single_word", False)), normalized=bool(entry.get("normalized", True))))
+    return list(specs.values())
+
+
+def _content(token: Union[str, dict[str, Any]]) -> str:
+    """A special token given as a string or as a serialised ``AddedToken`` (``{"content": ...}``)."""
+    return token["content"] if isinstance(token, dict) else str(token)
