@@ -45,12 +45,14 @@ def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any
 
 def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None, seed: int = 1,
           max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False, progress: bool = True,
-          options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+          options: Optional[dict[str, Any]] = None, score_test: bool = True) -> dict[str, Any]:
     """Train (or resume) one run of ``spec``'s task and return its results (also in ``results.json``).
 
     On resume every setting comes from the run's ``run.json`` (only ``max_minutes`` may be raised), so a resumed
     run is the run that was started. Under ``torchrun`` rank 0 prepares the run (vocabulary, ``run.json``) and the
-    other ranks load it; rank 0 alone scores the final model.
+    other ranks load it; rank 0 alone scores the final model. ``score_test=False`` skips the test set (an
+    architecture search must select on validation only); ``results["best_valid"]`` always holds the best
+    validation metrics.
     """
     run_dir = Path(run_dir)
     options = options or {}
@@ -92,8 +94,10 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
                 "resume_with": "the same command plus --resume"}
     results = {"status": "finished", "task": spec.name, "stop_reason": state.stop_reason,
                "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
-               "best_epoch": state.best_epoch, "train_wall_seconds": time.perf_counter() - started,
-               "train_units_per_s": _mean_speed(run_dir), **spec.finish(task, run_dir, state, options)}
+               "best_epoch": state.best_epoch, "best_valid": state.best_metrics,
+               "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
+    if score_test:
+        results.update(spec.finish(task, run_dir, state, options))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
