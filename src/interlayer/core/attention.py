@@ -132,6 +132,26 @@ class MultiHeadAttention(nn.Module):
         """True when this module mixes in the previous layer's logits, so that layer must produce them."""
         return self.logit_mixer is not None
 
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of self-attention: one matrix product over the three weights stacked, when they are plain
+        ``nn.Linear`` layers (the parameters stay separate, fairseq's layout; only the product is fused), else
+        three products."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
+            weight = torch.cat([p.weight for p in projections])
+            bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+            return F.linear(x, weight, bias).split([self.qk_dim, self.qk_dim, self.d_model], dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def _memory_kv(self, memory: Tensor, cache: Optional[KVCache]) -> tuple[Tensor, Tensor]:
+        """Keys and values of a cross-attention memory, projected once per sequence when a cache is given."""
+        if cache is not None and cache.k is not None:
+            return cache.k, cache.v
+        k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+        if cache is not None:
+            cache.k, cache.v = k, v
+        return k, v
+
     def _split(self, x: Tensor) -> Tensor:
         b, t, width = x.shape
         return x.view(b, t, self.n_heads, width // self.n_heads).transpose(1, 2)
@@ -146,19 +166,15 @@ class MultiHeadAttention(nn.Module):
         computed once and reused.
         """
         b, t_q, _ = x.shape
-        q = self._split(self.q_proj(x))
         q_offset = 0
         if memory is None:
-            k, v = self._split(self.k_proj(x)), self._split(self.v_proj(x))
+            q, k, v = (self._split(t) for t in self._project_self(x))
             if cache is not None:
                 q_offset = cache.length
                 k, v = cache.append(k, v)
-        elif cache is not None and cache.k is not None:
-            k, v = cache.k, cache.v
         else:
-            k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
-            if cache is not None:
-                cache.k, cache.v = k, v
+            q = self._split(self.q_proj(x))
+            k, v = self._memory_kv(memory, cache)
         t_k = k.shape[2]
         # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
         bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None else None
