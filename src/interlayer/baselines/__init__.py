@@ -1,0 +1,5 @@
+"""Non-Transformer baselines of the papers' tables. Importing this package registers their model types with
+:func:`interlayer.checkpoint.load_pretrained`."""
+from .cnn_text import CNNTextClassifier, CNNTextConfig
+
+__all__ = ["CNNTextClassifier", "CNNTextConfig"]
