@@ -18,8 +18,7 @@ from interlayer.data.classification import (CLS_ID, MRPC, SEP_ID, SICK, SST2, SS
 from interlayer.data.text import DataError
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
-from interlayer.tasks.text_classification import (PAPER_MODEL_FIELDS, TASKS, confusion_matrix, metrics,
-                                                  per_class_scores, report)
+from interlayer.tasks.text_classification import TASKS, confusion_matrix, metrics, per_class_scores, report
 from interlayer.training import TrainConfig
 
 SICK_HEAD = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"
@@ -232,17 +231,15 @@ def test_metrics_and_report():
 
 
 # -- model resolution ------------------------------------------------------------------------------------------
-def test_named_presets_get_the_paper_dropout_and_user_sets_win(sst_files, tmp_path, monkeypatch):
+def test_text_presets_carry_the_paper_dropouts_and_user_sets_win(sst_files, tmp_path):
     spec, task = _task("sst5", sst_files)
     cfg = spec.resolve_model("pa_transformer_text", {}, task)
-    assert cfg.dropout == PAPER_MODEL_FIELDS["dropout"] == 0.2  # App. B.2.1
-    monkeypatch.setitem(PAPER_MODEL_FIELDS, "dropout", 0.35)
-    assert spec.resolve_model("pa_transformer_text", {}, task).dropout == 0.35
+    assert (cfg.dropout, cfg.embed_dropout) == (0.2, 0.4)  # App. B.2.1
     assert cfg.src_vocab_size == len(task.vocab) and cfg.num_classes == 5 and cfg.n_segments == 0
     assert spec.resolve_model("transformer_text_cls", {"dropout": 0.3}, task).dropout == 0.3
     file = tmp_path / "model.json"
     get_config("transformer_text_cls", dropout=0.15).save(file)
-    assert spec.resolve_model(str(file), {}, task).dropout == 0.15  # a config file is taken as it is
+    assert spec.resolve_model(str(file), {}, task).dropout == 0.15
     crossformer = spec.resolve_model("transformer_text_cls", {"crossformer.hard": ["kq"]}, task)
     assert crossformer.crossformer.hard == ["kq"]
 

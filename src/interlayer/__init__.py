@@ -10,6 +10,8 @@ from .config import ModelConfig, apply_overrides, config_from_dict
 from .core.config import ConfigError
 from .registry import PRESETS, create_model, get_config, list_presets
 
+from . import baselines, vision  # noqa: E402,F401  (register the CNN, GAT and image model types with load_pretrained)
+
 __version__ = "0.1.0"
 
 __all__ = ["CheckpointError", "ConfigError", "ModelConfig", "PRESETS", "apply_overrides", "build_model",

@@ -1,6 +1,8 @@
 """Turn a :class:`ModelConfig` into a model: validate, let each method customise the factories, build, finalise."""
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from torch import nn
 
 from .config import ModelConfig
@@ -8,15 +10,24 @@ from .core.components import Components
 from .core.models import EncoderClassifier, EncoderDecoderModel
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
+def build_model(cfg: ModelConfig, *, with_tokens: bool = True,
+                base: Optional[Callable[[Components], None]] = None) -> nn.Module:
+    """Build the model ``cfg`` describes.
+
+    ``with_tokens=False`` builds a classifier without a token table (it reads ``inputs_embeds``: image patches,
+    feature maps); ``base`` may replace the core's factories before the methods customise them (a baseline that
+    swaps attention for convolution, say), so the methods still apply on top.
+    """
     cfg.validate()
     components = Components(cfg)
+    if base is not None:
+        base(components)
     for method, section in cfg.sections():
         method.customize(section, cfg, components)
     if cfg.arch == "encoder_decoder":
         model: nn.Module = EncoderDecoderModel(cfg, components)
     else:
-        model = EncoderClassifier(cfg, components)
+        model = EncoderClassifier(cfg, components, with_tokens=with_tokens)
     for method, section in cfg.sections():
         method.finalize(section, cfg, model)
     model.config = cfg

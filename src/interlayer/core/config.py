@@ -68,6 +68,7 @@ class TransformerConfig:
     pad_id: int = 0
 
     dropout: float = 0.1
+    embed_dropout: Optional[float] = None  # dropout on the summed input embeddings; None: ``dropout``
     attn_dropout: float = 0.0
     act_dropout: float = 0.0
 
@@ -108,8 +109,8 @@ class TransformerConfig:
                               f"valid n_heads divide d_model, e.g. {_divisors(self.d_model)}")
         if self.qk_width % self.n_heads:
             raise ConfigError(f"qk_dim={self.qk_dim} is not divisible by n_heads={self.n_heads}")
-        for key in ("dropout", "attn_dropout", "act_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
+        for key in ("dropout", "attn_dropout", "act_dropout", "embed_dropout"):
+            if getattr(self, key) is not None and not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key}={getattr(self, key)} must lie in [0, 1)")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.src_vocab_size):
             raise ConfigError(f"share_embeddings=True needs one vocabulary, but src_vocab_size={self.src_vocab_size}"

@@ -34,7 +34,7 @@ class InputEmbedding(nn.Module):
             self.positions = None  # relative positions live inside attention; "none" has no positions
         self.segments = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_layer_norm else None
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.embed_dropout is None else cfg.embed_dropout)
 
     def forward(self, tokens: Optional[Tensor] = None, *, inputs_embeds: Optional[Tensor] = None,
                 segments: Optional[Tensor] = None, offset: int = 0) -> Tensor:

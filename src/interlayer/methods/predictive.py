@@ -164,7 +164,7 @@ METHOD = _PredictiveMethod()
 # positions, a classifier; the same fields as the core preset ``transformer_text_cls``.
 _TEXT_CLS: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=16000, d_model=256, n_heads=8, d_ffn=1024,
                                  enc_layers=3, positions="relative", rel_max_distance=16, max_positions=256,
-                                 num_classes=5, pooling="mean", dropout=0.1)
+                                 num_classes=5, pooling="mean", dropout=0.2, embed_dropout=0.4)
 # IWSLT'14 De-En (Sec. 4.1.1, App. B.2.1): 6+6 blocks, hidden size 160 everywhere ("removes the bottleneck", after
 # Wu et al. 2020), 10K joint BPE (shared embeddings), dropout 0.2, absolute positions. The head count is not given;
 # 4 is fairseq's IWSLT setting.

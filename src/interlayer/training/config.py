@@ -9,13 +9,20 @@ from dataclasses import dataclass, field
 
 from ..core.config import ConfigError
 
-SCHEDULES = ("inverse_sqrt", "constant", "linear")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("inverse_sqrt", "constant", "linear", "cosine", "step")
 
 
 @dataclass
 class TrainConfig:
+    optimizer: str = "adam"  # "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)
     lr: float = 5e-4
-    schedule: str = "inverse_sqrt"  # "inverse_sqrt" (Vaswani), "constant" (GAT), "linear" decay to 0 (BERT fine-tuning)
+    # after warm-up: "inverse_sqrt" (Vaswani), "constant" (GAT), "linear" decay to 0 (BERT fine-tuning), "cosine"
+    # decay to min_lr (PA's SST recipe), "step": times step_gamma every step_epochs epochs (PA's SNLI recipe)
+    schedule: str = "inverse_sqrt"
+    min_lr: float = 0.0
+    step_epochs: int = 10
+    step_gamma: float = 0.1
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -37,6 +44,9 @@ class TrainConfig:
     threads: int = 0  # torch threads; 0 keeps torch's default
 
     def validate(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train.optimizer={self.optimizer!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, OPTIMIZERS))}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule={self.schedule!r} is not valid; choose one of "
                               f"{', '.join(map(repr, SCHEDULES))}")
@@ -48,7 +58,7 @@ class TrainConfig:
             raise ConfigError(f"train.betas={self.betas} must be two numbers in [0, 1)")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1)")
-        for key in ("warmup_steps", "max_steps", "patience", "save_interval_steps", "keep_last", "average_last",
+        for key in ("min_lr", "step_gamma", "step_epochs", "warmup_steps", "max_steps", "patience", "save_interval_steps", "keep_last", "average_last",
                     "threads", "clip_norm", "max_minutes", "weight_decay"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")

@@ -68,23 +68,27 @@ class TrainState:
     step: int = 0
     elapsed: float = 0.0
     best: Optional[float] = None
-    best_metrics: Optional[dict[str, float]] = None
+    best_metrics: Optional[dict[str, float]] = None  # the last improving validation (the patience reference)
+    saved_metrics: Optional[dict[str, float]] = None  # the validation of the model in best/
     best_epoch: int = 0
     bad_epochs: int = 0
     finished: bool = False
     stop_reason: str = ""
 
 
-def learning_rate(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule: ``lr * sqrt(warmup / step)``
-    (inverse_sqrt, Vaswani et al.), ``lr`` (constant), or a linear decay reaching 0 at ``total_steps`` (linear)."""
+def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int) -> float:
+    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule (see ``TrainConfig.schedule``)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(total_steps - cfg.warmup_steps, 1))
     if cfg.schedule == "constant":
         return cfg.lr
     if cfg.schedule == "linear":
-        span = max(total_steps - cfg.warmup_steps, 1)
-        return cfg.lr * max(0.0, 1.0 - (step - cfg.warmup_steps) / span)
+        return cfg.lr * (1.0 - progress)
+    if cfg.schedule == "cosine":
+        return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+    if cfg.schedule == "step":
+        return cfg.lr * cfg.step_gamma ** ((step - 1) // max(steps_per_epoch * cfg.step_epochs, 1))
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / max(step, 1))
 
 
@@ -155,13 +159,15 @@ class Trainer:
         # parameters are possible (an MPT random pass that stops early), hence find_unused_parameters.
         self.train_model: nn.Module = (nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
                                        if self.dist.enabled else model)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
-                                          weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = optimizer(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
+                                   weight_decay=cfg.weight_decay)
         self.state = TrainState()
         self.logs = _Logs(self.run_dir, self.dist.is_main)
         self._stop_requested = False
         self._asset_cache: Optional[dict[str, bytes]] = None
         self._total_steps = cfg.max_steps
+        self._steps_per_epoch = 1
         if resume:
             self._resume()
         else:
@@ -278,6 +284,7 @@ class Trainer:
                 raise ValueError(f"epoch {state.epoch} has fewer batches than one optimiser step needs "
                                  f"(world_size x update_freq = {self.dist.world_size * cfg.update_freq}); lower "
                                  "train.max_tokens or train.update_freq")
+            self._steps_per_epoch = len(steps)
             self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
             bar = tqdm(total=len(steps), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
                        disable=not self.progress, dynamic_ncols=True, leave=False)
@@ -327,7 +334,7 @@ class Trainer:
         self.train_model.train()
         self.state.step += 1
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps)
+            group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps, self._steps_per_epoch)
         self.optimizer.zero_grad(set_to_none=True)
         local_units, sums = 0.0, {}
         for i, batch in enumerate(micro_batches):
@@ -352,16 +359,38 @@ class Trainer:
         self.optimizer.step()
         return logs, units
 
-    def _is_improvement(self, metrics: dict[str, float]) -> bool:
-        """The task's own rule if it has one (GAT: loss *or* accuracy), else its one metric got better."""
+    def _judge(self, metrics: dict[str, float]) -> tuple[bool, bool]:
+        """``(improved, best)``: whether the epoch resets the patience, and whether it becomes ``best/``.
+
+        By default both mean "the task's metric got better". A task may define ``is_improvement`` and ``is_best``
+        (each ``(metrics, best_metrics) -> bool``, ``best_metrics`` being the last improving epoch's): GAT's
+        official rule resets the patience when the loss *or* the accuracy improves but saves only when both do.
+        """
         best = self.state.best_metrics
         if best is None:
-            return True
+            return True, True
+        saving_rule = getattr(self.task, "is_best", None)
+        saves = bool(saving_rule(metrics, best)) if saving_rule is not None else None
         rule = getattr(self.task, "is_improvement", None)
         if rule is not None:
-            return bool(rule(metrics, best))
-        value, previous = metrics[self.task.metric], best[self.task.metric]
-        return value > previous if self.task.higher_is_better else value < previous
+            improved = bool(rule(metrics, best))
+        else:
+            value, previous = metrics[self.task.metric], best[self.task.metric]
+            improved = value > previous if self.task.higher_is_better else value < previous
+        return improved, improved if saves is None else saves
+
+    def _record(self, metrics: dict[str, float]) -> bool:
+        """Judge a validation, keep ``best/`` and the patience count; True when it was an improvement."""
+        state = self.state
+        improved, best = self._judge(metrics)
+        if improved:
+            state.best_metrics, state.bad_epochs = metrics, 0
+        else:
+            state.bad_epochs += 1
+        if best:
+            state.best, state.saved_metrics, state.best_epoch = metrics[self.task.metric], metrics, state.epoch
+            self.save_model(self.run_dir / BEST_DIR)
+        return improved
 
     def _bank_time(self, started: float) -> None:
         self.state.elapsed += time.perf_counter() - started
@@ -371,13 +400,7 @@ class Trainer:
         state, cfg = self.state, self.cfg
         self._bank_time(started)
         metrics = self.task.validate(self.model)
-        improved = self._is_improvement(metrics)
-        if improved:
-            state.best, state.best_metrics = metrics[self.task.metric], metrics
-            state.best_epoch, state.bad_epochs = state.epoch, 0
-            self.save_model(self.run_dir / BEST_DIR)
-        else:
-            state.bad_epochs += 1
+        improved = self._record(metrics)
         self.logs.write("valid", state.step, {"epoch": state.epoch, **metrics, "elapsed_min": state.elapsed / 60})
         if self.progress:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
@@ -410,10 +433,7 @@ class Trainer:
         """Budget reached or training converged: optionally average, mark finished, save."""
         if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
             metrics = self.task.validate(self.model)
-            if self._is_improvement(metrics):
-                self.state.best, self.state.best_metrics = metrics[self.task.metric], metrics
-                self.state.best_epoch = self.state.epoch
-                self.save_model(self.run_dir / BEST_DIR)
+            self._record(metrics)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
         if self.cfg.average_last > 1 and self.dist.is_main:

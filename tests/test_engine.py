@@ -1,0 +1,74 @@
+"""The engine's model selection and early stopping, driven by a task whose validation metrics are scripted."""
+import torch
+
+from interlayer import create_model
+from interlayer.training import TrainConfig, Trainer
+
+
+class ScriptedTask:
+    """One tiny batch per epoch; validation returns the next scripted metrics."""
+
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, script, rules: bool) -> None:
+        self.script = list(script)
+        if rules:  # GAT's: patience on accuracy OR loss, saving on accuracy AND loss
+            self.is_improvement = lambda m, b: m["accuracy"] >= b["accuracy"] or m["nll"] <= b["nll"]
+            self.is_best = lambda m, b: m["accuracy"] >= b["accuracy"] and m["nll"] <= b["nll"]
+
+    def train_batches(self, epoch, seed):
+        return [torch.tensor([[5, 6, 7]])]
+
+    def loss(self, model, batch):
+        out = model(batch)
+        return out.logits.square().mean(), {"loss": 0.0}, 1
+
+    def validate(self, model):
+        return dict(self.script.pop(0))
+
+    def model_fields(self):
+        return {}
+
+    def save_assets(self, directory):
+        (directory / "task.json").write_text('{"task": "scripted"}')
+
+
+def _fit(tmp_path, script, rules, patience):
+    model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
+                         num_classes=2)
+    cfg = TrainConfig(max_epochs=len(script), patience=patience, warmup_steps=0, log_interval=1, keep_last=1)
+    return Trainer(ScriptedTask(script, rules), model, cfg, tmp_path, progress=False).fit()
+
+
+def test_default_rule_saves_the_best_metric_and_stops_after_patience(tmp_path):
+    script = [{"accuracy": 50, "nll": 1.0}, {"accuracy": 60, "nll": 0.9}, {"accuracy": 55, "nll": 0.8},
+              {"accuracy": 58, "nll": 0.7}, {"accuracy": 99, "nll": 0.1}]
+    state = _fit(tmp_path, script, rules=False, patience=2)
+    assert (state.best_epoch, state.best, state.epoch - 1) == (2, 60, 4)  # epoch 5 never ran
+    assert "early stopping" in state.stop_reason
+
+
+def test_task_rules_separate_patience_from_saving(tmp_path):
+    script = [{"accuracy": 50, "nll": 1.0}, {"accuracy": 60, "nll": 1.2},  # accuracy only: resets, not saved
+              {"accuracy": 55, "nll": 0.8},  # loss only (vs the last improving epoch): resets, not saved
+              {"accuracy": 61, "nll": 0.7},  # both: saved
+              {"accuracy": 40, "nll": 2.0}, {"accuracy": 41, "nll": 2.0}]
+    state = _fit(tmp_path, script, rules=True, patience=2)
+    assert state.best_epoch == 4 and state.saved_metrics["accuracy"] == 61
+    assert state.bad_epochs == 2 and "early stopping" in state.stop_reason
+
+
+def test_learning_rate_schedules():
+    from interlayer.training.engine import learning_rate
+
+    def lr(schedule, step, **kw):
+        return learning_rate(step, TrainConfig(lr=1.0, warmup_steps=10, warmup_init_lr=0.0, schedule=schedule, **kw),
+                             total_steps=110, steps_per_epoch=5)
+
+    assert lr("constant", 5) == 0.5 and lr("constant", 100) == 1.0  # linear warm-up, then flat
+    assert lr("inverse_sqrt", 40) == 0.5
+    assert lr("linear", 60) == 0.5 and lr("linear", 110) == 0.0
+    assert abs(lr("cosine", 60, min_lr=0.2) - 0.6) < 1e-12 and abs(lr("cosine", 110, min_lr=0.2) - 0.2) < 1e-12
+    # step: x0.1 every 2 epochs of 5 steps
+    assert lr("step", 10, step_epochs=2) == 1.0 and abs(lr("step", 11, step_epochs=2) - 0.1) < 1e-12
