@@ -94,7 +94,7 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
                 "resume_with": "the same command plus --resume"}
     results = {"status": "finished", "task": spec.name, "stop_reason": state.stop_reason,
                "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
-               "best_epoch": state.best_epoch, "best_valid": state.best_metrics,
+               "best_epoch": state.best_epoch, "best_valid": state.saved_metrics,
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
     if score_test:
         results.update(spec.finish(task, run_dir, state, options))
