@@ -49,6 +49,7 @@ def test_overrides_parse_strings_like_the_cli():
     cfg = apply_overrides(get_config("transformer_small"), {"d_model": "128", "norm_first": "true",
                                                             "dropout": "0.2"})
     assert (cfg.d_model, cfg.norm_first, cfg.dropout) == (128, True, 0.2)
+    assert apply_overrides(cfg, {"dropout": "1e-1"}).dropout == 0.1  # YAML 1.1 reads 1e-1 as a string
 
 
 def test_unknown_preset_suggests_close_names():

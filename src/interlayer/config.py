@@ -85,7 +85,7 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """
     data = cfg.to_dict()
     for dotted, raw in overrides.items():
-        value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        value = parse_value(raw) if isinstance(raw, str) else raw
         head, _, rest = dotted.partition(".")
         if rest:
             section = data.get(head)
@@ -100,6 +100,18 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
                 _unknown(head, list(data), "")
             data[head] = {} if value is True and _is_section(head) else value
     return config_from_dict(data, source="overrides")
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: YAML (``3``, ``0.1``, ``true``, ``[0,2,1]``, ``null``), and numbers YAML 1.1 leaves as
+    strings (``1e-3``, ``5E4``) as floats."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _is_section(name: str) -> bool:

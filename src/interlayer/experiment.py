@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import yaml
 from torch import nn
 
-from .config import dataclass_from_dict
+from .config import dataclass_from_dict, parse_value
 from .core.config import ConfigError
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
@@ -32,7 +31,7 @@ def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any
     """
     model, train, data = {}, {}, {}
     for key, value in sets.items():
-        value = yaml.safe_load(value) if isinstance(value, str) else value
+        value = parse_value(value) if isinstance(value, str) else value
         head, _, rest = key.partition(".")
         if head == "train" and rest:
             train[rest] = value

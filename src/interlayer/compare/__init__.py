@@ -1,0 +1,85 @@
+"""``interlayer compare``: train variants side by side under one budget and seeds, and report them as the papers do.
+
+``run_compare`` is the whole command: resolve every variant against the task (:mod:`.plan`; errors before any
+training), prepare or continue the output directory (``compare.json``), train the missing runs one subprocess
+each (:mod:`.runner`, :mod:`.child`), and write the report (:mod:`.report`, :mod:`.plots`). See ``docs/compare.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from ..core.config import ConfigError
+from .plan import Plan, Settings, build_plan, get_spec
+from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
+
+if TYPE_CHECKING:
+    from .report import Report
+    from .runner import RunOutcome
+
+# The README's comparison: PA Table 1's SST-5 (bundled), the three methods with a picture of their own, two seeds,
+# 1.25 training minutes per run: 8 runs, about 12 minutes on 2 CPU cores (docs/compare.md has the estimate).
+DEFAULT = {"task": "sst5", "variants": ["baseline,pa,mpt_soft,crossformer_sg"], "seeds": 2, "budget_minutes": 1.25}
+DEFAULT_OUTPUT = "runs/compare/{task}"
+
+
+def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
+                  preset: Optional[str] = None, baseline: Optional[str] = None,
+                  sets: Optional[dict[str, str]] = None) -> Settings:
+    """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`."""
+    spec = get_spec(task)
+    if seeds < 1:
+        raise ConfigError(f"--seeds={seeds} must be at least 1")
+    if budget_minutes is not None and budget_minutes <= 0:
+        raise ConfigError(f"--budget-minutes={budget_minutes} must be positive (leave it out for the task's epoch "
+                          "limits)")
+    sets = dict(sets or {})
+    check_global_sets(sets)
+    preset = preset or spec.default_preset
+    parsed, baseline_name = parse_variants(list(variants), preset, baseline)
+    return Settings(task=task, preset=preset, variants=[v.spec for v in parsed], baseline=baseline_name,
+                    seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets)
+
+
+@dataclass
+class CompareResult:
+    plan: Plan
+    report: "Report"
+    outcomes: list["RunOutcome"]
+    interrupted: bool
+
+    @property
+    def failed(self) -> list[str]:
+        return [o.name for o in self.outcomes if o.status == "failed"]
+
+
+def run_compare(settings: Settings, output: Path, *, command: Sequence[str],
+                echo: Callable[[str], None] = print) -> CompareResult:
+    """Plan, train what is missing, report; Ctrl-C stops after the current run saves and still reports.
+
+    The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
+    which import this package on their way to :mod:`.child`, load neither.
+    """
+    from .plan import prepare_directory
+    from .report import write_report
+    from .runner import Runner
+
+    output = Path(output)
+    echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
+    plan = build_plan(settings)
+    continued = prepare_directory(plan, output, list(command))
+    echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
+    outcomes, interrupted = Runner(plan, output, echo=echo).run_all()
+    report = write_report(plan, output, list(command))
+    echo("")
+    echo(report.table)
+    for note in report.notes:
+        echo(f"note: {note}")
+    state = "complete" if report.complete else "PARTIAL (run the same command again to continue)"
+    echo(f"\nreport ({state}): {report.markdown} and {report.html}")
+    return CompareResult(plan, report, outcomes, interrupted)
+
+
+__all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",
+           "describe_named", "hard_permutation", "make_settings", "run_compare"]

@@ -1,0 +1,95 @@
+"""One run of a comparison, in its own process: :func:`entry` is the target the runner starts.
+
+A process per run means a crash or an out-of-memory kill loses that run only, and the peak memory measured is
+the run's own: ``ru_maxrss`` of this process, taken when the run starts and again at the end; the growth between
+the two (the task's data, the model, optimiser state and activations) is recorded as ``peak_rss_growth_mb`` beside
+the absolute ``peak_rss_mb``. A resumed run records each segment in ``compare_memory.json`` and its results take
+the largest.
+
+Exit codes: 0 finished (``results.json`` written), 3 interrupted (Ctrl-C / SIGTERM: the engine saved
+``checkpoint_last.pt`` and the run can resume), 4 interrupted before training began or while scoring; anything
+else is a failure (the log holds the traceback).
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..experiment import train
+from ..tasks import task_specs
+
+FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
+MEMORY_FILE = "compare_memory.json"
+RESULTS_FILE = "results.json"
+
+
+class _Stopped(Exception):
+    """SIGINT/SIGTERM outside the engine's loop (which handles them itself by saving and returning)."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def max_rss_mb() -> float:
+    """This process's peak resident set size in MiB (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
+
+
+def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
+    """Append this segment's memory to ``compare_memory.json``; return the largest over all segments."""
+    path = run_dir / MEMORY_FILE
+    segments = json.loads(path.read_text()) if path.is_file() else []
+    segments.append(segment)
+    path.write_text(json.dumps(segments, indent=2))
+    return {key: max(s[key] for s in segments) for key in ("peak_rss_mb", "peak_rss_growth_mb")}
+
+
+def run_job(job: dict[str, Any]) -> int:
+    spec = task_specs()[job["task"]]
+    run_dir = Path(job["run_dir"])
+    started, rss_before = time.perf_counter(), max_rss_mb()
+    results = train(spec, preset=job["preset"], sets=job["sets"], seed=job["seed"], max_minutes=job["max_minutes"],
+                    run_dir=run_dir, resume=job["resume"], progress=False)
+    peak = max_rss_mb()
+    memory = _record_memory(run_dir, {"peak_rss_mb": peak, "peak_rss_growth_mb": peak - rss_before,
+                                      "resumed": job["resume"], "status": results["status"],
+                                      "wall_seconds": time.perf_counter() - started})
+    if results["status"] != "finished":
+        print(json.dumps(results, indent=2))
+        return INTERRUPTED
+    results.update(memory)
+    tmp = run_dir / (RESULTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(run_dir / RESULTS_FILE)
+    print(json.dumps(results, indent=2))
+    return FINISHED
+
+
+def entry(job: dict[str, Any], log: str) -> None:
+    """The run process: its output goes to ``log``; its exit code is the outcome (module docstring)."""
+    with open(log, "a") as handle:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop)
+    try:
+        code = run_job(job)
+    except _Stopped as stop:
+        print(f"stopped by {stop} outside the training loop; the run continues from its last checkpoint",
+              file=sys.stderr)
+        code = STOPPED_OUTSIDE_TRAINING
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    sys.exit(code)

@@ -1,0 +1,233 @@
+"""A comparison's plan: the settings, every variant resolved against the task, and the ``compare.json`` that
+lets the same command continue a directory (and refuses one made with other settings).
+
+Resolving builds the task once in this process (for the fields the data decides: vocabulary, classes, image
+geometry), resolves every variant's model config exactly as ``interlayer train`` would, builds the model and
+counts its parameters and MAdds. Any variant that cannot apply to the task therefore fails here, before anything
+trains, with the error naming the variant.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any, Optional
+
+import torch
+
+from .. import __version__
+from ..accounting import count_madds, count_parameters
+from ..config import dataclass_from_dict
+from ..core.config import ConfigError
+from ..experiment import split_overrides
+from ..tasks import TaskSpec, task_specs
+from ..training.config import TrainConfig
+from .variants import Context, Variant, VariantError, parse_variant, variant_overrides
+
+COMPARE_FILE = "compare.json"
+FORMAT = 1
+
+
+@dataclass
+class Settings:
+    """Everything that decides what a comparison trains; two invocations may share a directory only if equal."""
+
+    task: str
+    preset: str
+    variants: list[str]  # the entries as given (named, preset, file, or NAME=BASE+KEY=VALUE)
+    baseline: str
+    seeds: list[int]
+    budget_minutes: Optional[float]  # train.max_minutes of every run; None keeps the task's epoch limits
+    sets: dict[str, str] = field(default_factory=dict)  # global --set, for every variant
+
+    def parsed_variants(self) -> list[Variant]:
+        return [parse_variant(entry, self.preset) for entry in self.variants]
+
+
+@dataclass
+class PlannedVariant:
+    """A variant as it will train: the overrides the child receives and what they build."""
+
+    variant: Variant
+    own: dict[str, Any]  # the variant's own overrides (its named variant's, then its entry's)
+    sets: dict[str, Any]  # what the run receives: the global --set, then ``own``
+    model: dict[str, Any]  # the resolved model config
+    parameters: int
+    madds: int
+    lengths: list[int]  # the arguments of count_madds
+    length_label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant.to_dict(), "description": self.variant.description, "own": self.own,
+                "sets": self.sets,
+                "model": self.model, "parameters": self.parameters, "madds": self.madds, "lengths": self.lengths,
+                "length_label": self.length_label}
+
+
+@dataclass
+class TaskInfo:
+    metric: str
+    higher_is_better: bool
+    units: str  # what the engine's units_per_s counts
+
+
+@dataclass
+class Plan:
+    settings: Settings
+    spec: TaskSpec
+    task: TaskInfo
+    variants: list[PlannedVariant]
+
+    def variant(self, name: str) -> PlannedVariant:
+        return next(v for v in self.variants if v.variant.name == name)
+
+    def runs(self) -> list[tuple[PlannedVariant, int]]:
+        """(variant, seed) in training order: seed-major, so an interrupted comparison has every variant's first
+        seeds before any variant's later ones."""
+        return [(variant, seed) for seed in self.settings.seeds for variant in self.variants]
+
+
+def get_spec(name: str) -> TaskSpec:
+    specs = task_specs()
+    if name not in specs:
+        raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(specs)}")
+    return specs[name]
+
+
+def build_task(spec: TaskSpec, sets: dict[str, Any]) -> tuple[Any, TrainConfig]:
+    """The task as ``experiment.train`` builds it for a fresh run (fresh assets), with the global ``--set``."""
+    _, train_sets, data_sets = split_overrides(sets)
+    train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, **train_sets}, "train.")
+    train_cfg.validate()
+    data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
+    return spec.make_task(data_cfg, train_cfg, None), train_cfg
+
+
+def typical_lengths(task: Any, model: Any) -> tuple[list[int], str]:
+    """The lengths the MAdds column is counted at, by what the task holds (first match):
+
+    * a graph (``task.graph``): the whole graph, ``(nodes, edges)``, GAT's ``madds`` arguments;
+    * an image model (``model.config.tokens``): the tokens the encoder reads per image;
+    * parallel text (``task.train_src``/``train_tgt``): the mean training source length and target length + 1
+      (the target is read with BOS), rounded;
+    * labelled text (``task.train_set.inputs``): the mean training input length (with [CLS]/[SEP]), rounded;
+    * otherwise 64 tokens.
+    """
+    graph = getattr(task, "graph", None)
+    if graph is not None:
+        return [graph.num_nodes, graph.num_edges], f"whole graph ({graph.num_nodes} nodes, {graph.num_edges} edges)"
+    tokens = getattr(getattr(model, "config", None), "tokens", None)
+    if isinstance(tokens, int):
+        return [tokens], f"{tokens} tokens per image"
+    if getattr(task, "train_src", None) and getattr(task, "train_tgt", None):
+        src = round(mean(len(s) for s in task.train_src))
+        tgt = round(mean(len(t) + 1 for t in task.train_tgt))
+        return [src, tgt], f"mean training lengths {src} (source) / {tgt} (target)"
+    inputs = getattr(getattr(task, "train_set", None), "inputs", None)
+    if inputs:
+        length = round(mean(len(item.ids) for item in inputs))
+        return [length], f"mean training length {length}"
+    return [64], "64 tokens (the task gives no lengths)"
+
+
+def units_of(model_cfg: dict[str, Any]) -> str:
+    if model_cfg.get("arch") == "encoder_decoder":
+        return "target tokens"
+    if model_cfg.get("model_type") == "gat":
+        return "labelled nodes"
+    return "examples"
+
+
+def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: dict[str, Any]) -> PlannedVariant:
+    """Resolve one variant as a child run will (``spec.resolve_model``), build it and count it."""
+    model_sets = split_overrides(global_sets)[0]
+    try:
+        ctx = None
+        if variant.named:
+            base = spec.resolve_model(variant.preset, model_sets, task).to_dict()
+            ctx = Context(spec.name, variant.preset, base)
+        own = variant_overrides(variant, ctx)
+        sets = {**global_sets, **own}
+        own_model, own_train, _ = split_overrides(own)
+        if own_train:
+            dataclass_from_dict(TrainConfig, {**spec.train_defaults, **split_overrides(global_sets)[1], **own_train},
+                                "train.").validate()
+        config = spec.resolve_model(variant.preset, {**model_sets, **own_model}, task)
+        model = spec.model_from_dict(config.to_dict())
+    except (ConfigError, ValueError, TypeError) as err:
+        raise VariantError(f"variant {variant.name!r} ({variant.spec}) cannot apply to task {spec.name!r}: "
+                           f"{err}") from None
+    lengths, label = typical_lengths(task, model)
+    return PlannedVariant(variant, own, sets, config.to_dict(), count_parameters(model), count_madds(model, *lengths),
+                          lengths, label)
+
+
+def build_plan(settings: Settings) -> Plan:
+    """Check every variant against the task and count it; nothing is trained or written."""
+    spec = get_spec(settings.task)
+    variants = settings.parsed_variants()
+    task, _ = build_task(spec, settings.sets)
+    planned = [resolve_variant(spec, task, variant, settings.sets) for variant in variants]
+    info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model))
+    return Plan(settings, spec, info, planned)
+
+
+# -- compare.json -------------------------------------------------------------------------------------------
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: was X, now Y`` for every leaf that differs (dotted keys)."""
+    a, b = _flatten(old), _flatten(new)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            lines.append(f"{key}: was {json.dumps(a.get(key, '<absent>'))}, now {json.dumps(b.get(key, '<absent>'))}")
+    return lines
+
+
+def _identity(plan: Plan) -> dict[str, Any]:
+    """What must match for a directory to be continued: the settings and every variant's resolved model."""
+    return {"settings": asdict(plan.settings),
+            "models": {v.variant.name: {"model": v.model, "sets": v.sets} for v in plan.variants}}
+
+
+def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
+    """Create ``output/compare.json``, or check that the existing one has the same settings (raising
+    :class:`ConfigError` with the differences if not) and record this invocation. True if it existed."""
+    path = output / COMPARE_FILE
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    invocation = {"command": command, "cwd": str(Path.cwd()), "started": now}
+    identity = _identity(plan)
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        diff = differences({k: stored.get(k) for k in identity}, identity)
+        if diff:
+            raise ConfigError(f"{output} holds a comparison with different settings; use another --output, or "
+                              "repeat the original command (" + " ".join(stored["invocations"][0]["command"])
+                              + "). Differences:\n  " + "\n  ".join(diff))
+        stored["invocations"].append(invocation)
+        _write_json(path, stored)
+        return True
+    output.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
+                       "variants": [v.to_dict() for v in plan.variants],
+                       "environment": {"interlayer": __version__, "torch": torch.__version__,
+                                       "python": platform.python_version(), "machine": platform.machine()},
+                       "invocations": [invocation]})
+    return False
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,194 @@
+"""Train every (variant, seed) of a plan, one process each, and survive Ctrl-C.
+
+Directory layout (``DIR`` is ``--output``)::
+
+    DIR/compare.json              settings, resolved models, every invocation's command
+    DIR/status.json               the last outcome of every run (finished, interrupted, failed + exit code)
+    DIR/runs/<variant>-s<seed>/   an ordinary run directory (run.json, best/, train.csv, valid.csv, results.json)
+    DIR/logs/<variant>-s<seed>.log   the run's output, appended over attempts
+    DIR/report.md, report.html, summary.json, figures/
+
+A run with ``results.json`` is finished and skipped; one with ``checkpoint_last.pt`` is resumed (``--resume``);
+one with only ``run.json`` never reached its first checkpoint and is started over; the rest are started.
+Ctrl-C (or SIGTERM) is passed to the running process, whose engine finishes its step, saves and exits; no further
+run is started and the caller writes a partial report. Running the same command again continues.
+
+Processes come from a multiprocessing *forkserver* that has imported torch and interlayer once, so a run starts
+in milliseconds instead of paying the imports (several seconds) again; each run is still its own process, forked
+from a server that never trained anything, so a crash, a kill or memory growth stays with that run. Where there is
+no forkserver (Windows) runs are spawned as fresh interpreters.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from . import child
+from .child import FINISHED, INTERRUPTED, RESULTS_FILE, STOPPED_OUTSIDE_TRAINING
+from .plan import Plan, PlannedVariant
+
+RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"
+RUN_FILE, LAST_CHECKPOINT = "run.json", "checkpoint_last.pt"
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant}-s{seed}"
+
+
+@dataclass
+class RunOutcome:
+    name: str
+    status: str  # finished | skipped | interrupted | failed
+    seconds: float = 0.0
+    detail: str = ""
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM set a flag and are passed on to the running run process (whose engine saves and stops).
+
+    The run usually gets a terminal's Ctrl-C itself too (same process group); a second delivery only sets its
+    stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.process: Optional[multiprocessing.process.BaseProcess] = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if self.process is not None and self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGINT)
+
+    def __enter__(self) -> "_Interrupts":
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:
+            self._previous = {}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_state(run_dir: Path) -> str:
+    """finished | resumable | stale (a run.json but no checkpoint: nothing to resume) | new."""
+    if (run_dir / RESULTS_FILE).is_file():
+        return "finished"
+    if (run_dir / LAST_CHECKPOINT).is_file() and (run_dir / RUN_FILE).is_file():
+        return "resumable"
+    if (run_dir / RUN_FILE).is_file():
+        return "stale"
+    return "new"
+
+
+def process_context() -> BaseContext:
+    """The forkserver (module docstring), its server preloaded with the run's imports; else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["interlayer.compare.child", "torch._dynamo"])
+    return context
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    text = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+class Runner:
+    def __init__(self, plan: Plan, output: Path, *, echo: Callable[[str], None] = print) -> None:
+        self.plan, self.output, self.echo = plan, Path(output), echo
+        self.context = process_context()
+        self.status_path = self.output / STATUS_FILE
+        self.status: dict[str, Any] = (json.loads(self.status_path.read_text())
+                                       if self.status_path.is_file() else {})
+
+    def run_dir(self, variant: str, seed: int) -> Path:
+        return self.output / RUNS / run_name(variant, seed)
+
+    def run_all(self) -> tuple[list[RunOutcome], bool]:
+        """Train what is missing; returns the outcomes and whether the comparison was interrupted."""
+        runs = self.plan.runs()
+        outcomes: list[RunOutcome] = []
+        with _Interrupts() as interrupts:
+            for index, (variant, seed) in enumerate(runs, 1):
+                if interrupts.requested:
+                    break
+                label = f"[{index}/{len(runs)}] {variant.variant.name} seed {seed}"
+                outcome = self._run(variant, seed, label, interrupts)
+                outcomes.append(outcome)
+                self._save_status(outcome)
+        return outcomes, interrupts.requested
+
+    def _run(self, variant: PlannedVariant, seed: int, label: str, interrupts: _Interrupts) -> RunOutcome:
+        name = run_name(variant.variant.name, seed)
+        run_dir = self.run_dir(variant.variant.name, seed)
+        state = run_state(run_dir)
+        if state == "finished":
+            self.echo(f"{label}: finished earlier, skipped")
+            return RunOutcome(name, "skipped")
+        if state == "stale":
+            self.echo(f"{label}: {run_dir} stopped before its first checkpoint; starting it over")
+            shutil.rmtree(run_dir)
+        budget = self.plan.settings.budget_minutes
+        job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets, "seed": seed,
+               "max_minutes": budget, "run_dir": str(run_dir), "resume": state == "resumable"}
+        log = self.output / LOGS / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        verb = "resuming" if job["resume"] else "training"
+        self.echo(f"{label}: {verb}" + (f" (budget {budget:g} min)" if budget else "") + f"; log {log}")
+        if interrupts.requested:  # Ctrl-C between two runs: start nothing new
+            return RunOutcome(name, "interrupted")
+        with log.open("a") as handle:
+            handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {verb} {name}\n")
+        started = time.perf_counter()
+        process = self.context.Process(target=child.entry, args=(job, str(log)), name=name)
+        process.start()
+        interrupts.process = process
+        process.join()
+        interrupts.process = None
+        seconds = time.perf_counter() - started
+        return self._outcome(name, process.exitcode, seconds, run_dir, log, label, interrupts.requested)
+
+    def _outcome(self, name: str, code: int, seconds: float, run_dir: Path, log: Path, label: str,
+                 stop_requested: bool) -> RunOutcome:
+        if code == FINISHED:
+            results = json.loads((run_dir / RESULTS_FILE).read_text())
+            metric = f"test_{self.plan.task.metric}"
+            score = f"{metric} {results[metric]:.4g}" if isinstance(results.get(metric), (int, float)) else ""
+            self.echo(f"{label}: finished in {seconds:.0f} s ({results.get('stop_reason', '')}) {score}".rstrip())
+            return RunOutcome(name, "finished", seconds)
+        if stop_requested or code in (INTERRUPTED, STOPPED_OUTSIDE_TRAINING):  # saved, or stopped before training
+            self.echo(f"{label}: interrupted after {seconds:.0f} s; the same command resumes it")
+            return RunOutcome(name, "interrupted", seconds)
+        detail = f"{_describe_exit(code)}: {_tail(log)}"
+        self.echo(f"{label}: FAILED ({detail}); see {log}. The other runs go on.")
+        return RunOutcome(name, "failed", seconds, detail)
+
+    def _save_status(self, outcome: RunOutcome) -> None:
+        if outcome.status == "skipped":
+            return
+        self.status[outcome.name] = {"status": outcome.status, "seconds": outcome.seconds, "detail": outcome.detail,
+                                     "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+        tmp = self.status_path.with_name(STATUS_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.status, indent=2))
+        tmp.replace(self.status_path)

@@ -1,0 +1,380 @@
+"""`interlayer compare`: variant parsing and errors, the seed statistics, a real 2 x 2 comparison in subprocesses
+that is interrupted and continued, refusing a changed directory, and every figure rendered as a real PNG."""
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import signal
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from interlayer import get_config, save_pretrained
+from interlayer.cli import main
+from interlayer.config import dataclass_from_dict
+from interlayer.experiment import split_overrides
+from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_settings
+from interlayer.compare.plan import Plan, build_task, prepare_directory
+from interlayer.compare.report import write_report
+from interlayer.compare.runner import run_state
+from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
+from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
+from interlayer.registry import PRESETS
+
+LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
+           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees"}
+TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=2", "dec_layers=2"]
+TRAIN = ["train.max_tokens=256", "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0",
+         "train.keep_last=1", "train.save_interval_steps=1", "train.patience=0"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    for split, n, seed in (("train", 120, 1), ("valid", 6, 2), ("test", 6, 3)):
+        rng = random.Random(seed)
+        pairs = []
+        for _ in range(n):
+            words = rng.choices(list(LEXICON), k=rng.randint(2, 5))
+            pairs.append((" ".join(words), " ".join(LEXICON[w] for w in words)))
+        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
+        (root / f"{split}.en").write_text("\n".join(p[1] for p in pairs) + "\n")
+    return root
+
+
+def _data_sets(corpus):
+    sets = {f"data.{split}_{side}": str(corpus / f"{split}.{lang}") for split in ("train", "valid", "test")
+            for side, lang in (("src", "de"), ("tgt", "en"))}
+    return {**sets, "data.vocab_size": "60"}
+
+
+def _sets(corpus, extra=()):
+    pairs = [*TINY, *TRAIN, *extra]
+    return {**_data_sets(corpus), **dict(p.split("=", 1) for p in pairs)}
+
+
+def _cli_sets(corpus, extra=()):
+    return [arg for key, value in _sets(corpus, extra).items() for arg in ("--set", f"{key}={value}")]
+
+
+# -- variants ------------------------------------------------------------------------------------------------
+def test_entries_split_on_top_level_commas_and_adhoc_variants_parse():
+    assert split_entries("baseline, pa,x=crossformer_sg+crossformer.soft=[kq,ffn]") == [
+        "baseline", "pa", "x=crossformer_sg+crossformer.soft=[kq,ffn]"]
+    variants, baseline = parse_variants(["baseline,pa", "sg=crossformer_sg+crossformer.alpha=0.1+train.lr=1e-3",
+                                         "big=transformer_small+d_model=64"], "transformer_multi30k", "pa")
+    assert baseline == "pa"
+    sg, big = variants[2], variants[3]
+    assert (sg.named, sg.preset, sg.sets) == ("crossformer_sg", "transformer_multi30k",
+                                              {"crossformer.alpha": 0.1, "train.lr": 0.001})
+    assert (big.named, big.preset, big.sets) == (None, "transformer_small", {"d_model": 64})
+    assert set(NAMED_VARIANTS).isdisjoint(PRESETS)  # a name means one thing
+
+
+@pytest.mark.parametrize("entries, baseline, message", [
+    (["pa,pa"], None, r"appear more than once"),
+    (["pa+predictive.alpha=0.5"], None, r"need a name, as in NAME=pa\+"),
+    (["x/y=pa"], None, r"must be letters, digits"),
+    (["x=pa+data.vocab_size=10"], None, r"same data"),
+    (["x=pa+train.seed=3"], None, r"seeds and the time budget are shared"),
+    (["missing.yaml"], None, r"config file not found"),
+    (["baseline,pa"], "mpt", r"--baseline 'mpt' is not one of"),
+    ([""], None, r"--variants is empty"),
+])
+def test_bad_variant_entries_are_refused_with_the_reason(entries, baseline, message):
+    with pytest.raises(VariantError, match=message):
+        parse_variants(entries, "transformer_multi30k", baseline)
+
+
+def test_global_set_of_a_method_section_is_refused():
+    with pytest.raises(VariantError, match=r"--set predictive.alpha=\.\.\. would turn the predictive method on in "
+                                           r"every variant.*mine=baseline\+predictive.alpha=0.5"):
+        make_settings("translation", ["baseline,pa"], sets={"predictive.alpha": "0.5"})
+
+
+def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
+    assert hard_permutation(6) == [0, 4, 1, 5, 2, 3]  # MPT Fig. 3
+    assert hard_permutation(3) == [0, 2, 1]
+    for n in range(3, 13):
+        perm = hard_permutation(n)
+        assert sorted(perm) == list(range(n)) and perm[0] == 0 and perm != list(range(n))
+    assert hard_permutation(2) == [0, 1]
+
+
+def test_named_variants_are_computed_against_the_task_model(corpus):
+    settings = make_settings("translation", ["baseline,mpt_hard,pa,crossformer_kq,lw_1x"],
+                             sets=_sets(corpus, ["enc_layers=3"]))
+    plan = build_plan(settings)
+    models = {v.variant.name: v.model for v in plan.variants}
+    assert models["baseline"]["multipass"] is None and models["baseline"]["predictive"] is None
+    assert models["mpt_hard"]["multipass"]["permutation"] == [0, 2, 1]
+    assert models["pa"]["predictive"]["alpha"] == 0.1 and models["pa"]["predictive"]["conv_layers"] == 1
+    assert models["crossformer_kq"]["crossformer"]["hard"] == ["kq"]
+    params = {v.variant.name: v.parameters for v in plan.variants}
+    assert params["crossformer_kq"] < params["baseline"] < params["pa"] and params["lw_1x"] < params["baseline"]
+    assert plan.variant("mpt_hard").madds > plan.variant("baseline").madds  # two encoder passes
+    assert plan.variant("baseline").lengths[0] > 2  # mean training lengths, not a constant
+    base = get_config("transformer_text_cls").to_dict()
+    assert NAMED_VARIANTS["pa"].overrides(Context("sick", "transformer_text_cls", base))["predictive.alpha"] == 0.5
+    gat = {"model_type": "gat", "crossformer": None}
+    assert NAMED_VARIANTS["crossformer_kq"].overrides(Context("cora", "gat_cora", gat)) == {"crossformer": "kq"}
+    with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
+                                           "trains a gat model"):
+        NAMED_VARIANTS["pa"].overrides(Context("cora", "gat_cora", gat))
+
+
+def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, capsys):
+    code = main(["compare", "--task", "translation", "--variants", "baseline,pa,nonsense_preset", "--output",
+                 str(tmp_path / "c"), *_cli_sets(corpus)])
+    assert code == 2
+    assert "variant 'nonsense_preset' (nonsense_preset) cannot apply to task 'translation': unknown preset" \
+           in capsys.readouterr().err
+    settings = make_settings("translation", ["baseline,pa"], sets=_sets(corpus, ["enc_layers=1"]))
+    with pytest.raises(VariantError, match="variant 'pa'.*predictive needs enc_layers >= 2"):
+        build_plan(settings)
+    settings = make_settings("translation", ["baseline,mpt_hard"], sets=_sets(corpus))
+    with pytest.raises(VariantError, match="mpt_hard at enc_layers=2 would be the default connection"):
+        build_plan(settings)
+    assert not (tmp_path / "c").exists()
+
+
+def test_preset_flag_is_the_base_of_the_named_variants(corpus):
+    plan = build_plan(make_settings("translation", ["baseline,pa"], preset="transformer_small", sets=_sets(corpus)))
+    assert [v.variant.preset for v in plan.variants] == ["transformer_small"] * 2
+    assert plan.variant("pa").model["dropout"] == 0.1  # transformer_small's; the task default has 0.3
+    assert build_plan(make_settings("translation", ["pa"], sets=_sets(corpus))).variants[0].model["dropout"] == 0.3
+
+
+def test_cli_default_and_list_variants(monkeypatch, capsys):
+    import interlayer.compare
+
+    seen = {}
+
+    def fake_run(settings, output, *, command):
+        seen.update(settings=settings, output=output, command=command)
+        return type("Result", (), {"interrupted": False, "failed": []})()
+
+    monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
+    assert main(["compare", "--default", "--seeds", "3"]) == 0
+    settings = seen["settings"]
+    assert (settings.task, settings.variants, settings.seeds, settings.budget_minutes) == (
+        "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.25)
+    assert seen["output"] == Path("runs/compare/sst5") and seen["command"][:2] == ["interlayer", "compare"]
+    assert main(["compare", "--task", "sst5"]) == 2
+    assert "compare needs --variants" in capsys.readouterr().err
+    assert main(["compare", "--list-variants"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"| {name} " in listing for name in NAMED_VARIANTS)
+
+
+def test_run_state_decides_skip_resume_or_restart(tmp_path):
+    run = tmp_path / "run"
+    assert run_state(run) == "new"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    assert run_state(run) == "stale"  # stopped before its first checkpoint: nothing to resume
+    (run / "checkpoint_last.pt").write_bytes(b"")
+    assert run_state(run) == "resumable"
+    (run / "results.json").write_text("{}")
+    assert run_state(run) == "finished"
+
+
+def test_default_comparison_applies_to_its_bundled_task():
+    settings = make_settings(DEFAULT["task"], DEFAULT["variants"], seeds=DEFAULT["seeds"],
+                             budget_minutes=DEFAULT["budget_minutes"])
+    plan = build_plan(settings)
+    assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "mpt_soft", "crossformer_sg"]
+    assert plan.task.metric == "accuracy" and len(plan.runs()) == 8
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+def test_t_distribution_and_welch_match_closed_forms():
+    for t in (0.3, 1.0, 2.5, 10.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-10)
+        assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-10)
+    assert t_two_sided_p(2.228, 10) == pytest.approx(0.05, abs=2e-4)  # the 97.5% quantile of t_10
+    # Welch: t = -3.4126, df = 3.805 (computed by hand from the means and variances)
+    assert welch_p([1, 2, 3], [4, 5, 6.5]) == pytest.approx(0.0291, abs=5e-4)
+    assert mean_std([1.0]) == (1.0, None) and mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
+
+
+def test_difference_rule_by_number_of_seeds():
+    assert difference([1.0], [0.0]).verdict == "n/a (1 seed)"
+    two = difference([3.0, 3.2], [1.0, 1.2])
+    assert two.exceeds and two.delta == pytest.approx(2.0) and two.verdict.startswith("yes (spread")
+    assert not difference([1.0, 3.0], [0.0, 2.0]).exceeds  # |1| < sqrt(2 + 2)
+    three = difference([4, 5, 6.5], [1, 2, 3])
+    assert three.exceeds and "Welch p=0.029" in three.verdict
+    assert not difference([1, 2, 3], [1.5, 2.5, 2.0]).exceeds
+
+
+# -- a real comparison: 2 variants x 2 seeds, interrupted in the last run, then continued --------------------
+def _run_processes():
+    """This process's grandchildren: the runs, forked by the multiprocessing forkserver (our child)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    return [g for c in children.get(os.getpid(), []) for g in children.get(c, [])]
+
+
+def _interrupt_when(path, events):
+    """Freeze the run process once ``path`` exists (it is then inside the training loop), queue a SIGINT for it
+    and for this process (as a terminal's Ctrl-C does), and let it go on: deterministic, whatever the load."""
+    deadline = time.time() + 120
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    runs = _run_processes()
+    if len(runs) != 1:
+        events.append(f"{len(runs)} run processes")
+        return
+    child = runs[0]
+    os.kill(child, signal.SIGSTOP)
+    os.kill(child, signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    os.kill(child, signal.SIGCONT)
+    events.append("interrupted")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run process through /proc")
+def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    # max_steps ends each run after a few steps; the budget is the comparison's, too large to matter here
+    args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--seeds", "2", "--budget-minutes",
+            "1", "--output", str(out), *_cli_sets(corpus, ["train.max_steps=6"])]
+    events = []
+    watcher = threading.Thread(target=_interrupt_when, args=(out / "runs/pa-s2/checkpoint_last.pt", events))
+    watcher.start()
+    assert main(args) == 130  # interrupted
+    watcher.join()
+    assert events == ["interrupted"]
+    first = capsys.readouterr().out
+    finished = ["baseline-s1", "pa-s1", "baseline-s2"]
+    for name in finished:
+        assert (out / "runs" / name / "results.json").is_file()
+    assert (out / "runs/pa-s2/checkpoint_last.pt").is_file() and not (out / "runs/pa-s2/results.json").exists()
+    assert "pa seed 2: interrupted" in first and "PARTIAL" in first
+    assert "**Partial report**: 1 run(s) not finished (pa-s2)" in (out / "report.md").read_text()
+    stamps = {name: (out / "runs" / name / "results.json").stat().st_mtime_ns for name in finished}
+
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    assert second.count("finished earlier, skipped") == 3 and "pa seed 2: resuming" in second
+    assert {name: (out / "runs" / name / "results.json").stat().st_mtime_ns for name in finished} == stamps
+    assert json.loads((out / "runs/pa-s2/run.json").read_text())["train"]["max_minutes"] == 1.0  # the budget
+    results = json.loads((out / "runs/pa-s2/results.json").read_text())
+    assert results["status"] == "finished" and results["peak_rss_growth_mb"] > 0
+    memory = json.loads((out / "runs/pa-s2/compare_memory.json").read_text())
+    assert [m["status"] for m in memory] == ["interrupted", "finished"]
+    compare = json.loads((out / "compare.json").read_text())
+    assert len(compare["invocations"]) == 2 and compare["settings"]["seeds"] == [1, 2]
+    table = second[second.index("| variant"):]
+    assert re.search(r"\| pa +\| [\d.]+k +\| .* \| 2/2 +\|", table) and "(n=2)" in table
+    assert "PARTIAL" not in second and "Partial" not in (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"]["pa"]["finished_runs"] == 2 and len(summary["variants"]["pa"]["test"]) == 2
+
+
+def test_a_directory_made_with_other_settings_is_refused(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    settings = make_settings("translation", ["baseline,pa"], seeds=2, budget_minutes=0.5, sets=_sets(corpus))
+    prepare_directory(build_plan(settings), out, ["interlayer", "compare", "original"])
+    code = main(["compare", "--task", "translation", "--variants", "baseline,pa_res", "--seeds", "3",
+                 "--budget-minutes", "0.5", "--output", str(out), *_cli_sets(corpus)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "holds a comparison with different settings" in err and "interlayer compare original" in err
+    assert "settings.seeds: was [1, 2], now [1, 2, 3]" in err
+    assert 'settings.variants: was ["baseline", "pa"], now ["baseline", "pa_res"]' in err
+    assert "models.pa_res.model" in err
+    assert not (out / "runs").exists()
+
+
+# -- the figures -------------------------------------------------------------------------------------------------
+def _fake_runs(plan: Plan, out: Path, corpus) -> None:
+    """Finished runs without training: each variant's model (initial weights) as best/, plus the logs the report
+    reads, with 2 seeds each; the MPT soft weights are perturbed so the heatmap is not the initial pattern."""
+    task, train_cfg = build_task(plan.spec, plan.settings.sets)
+    data = dataclass_from_dict(plan.spec.data_class, split_overrides(plan.settings.sets)[2], "data.")
+    rng = np.random.default_rng(0)
+    for planned in plan.variants:
+        for seed in plan.settings.seeds:
+            run_dir = out / "runs" / f"{planned.variant.name}-s{seed}"
+            run_dir.mkdir(parents=True)
+            model = plan.spec.model_from_dict(planned.model)
+            if getattr(model.encoder, "connection_logits", None) is not None:
+                model.encoder.connection_logits.data += 2 * torch.randn_like(model.encoder.connection_logits)
+            save_pretrained(model, run_dir / "best")
+            task.save_assets(run_dir / "best")
+            task.save_assets(run_dir)
+            (run_dir / "run.json").write_text(json.dumps({"task": plan.spec.name, "preset": planned.variant.preset,
+                                                          "model": planned.model, "train": asdict(train_cfg),
+                                                          "data": asdict(data)}))
+            lines = ["step,epoch,bleu,nll,elapsed_min"] + [
+                f"{10 * e},{e},{5 * e + rng.normal()},{3 - 0.2 * e},{0.1 * e + 0.01 * seed}" for e in range(1, 6)]
+            (run_dir / "valid.csv").write_text("\n".join(lines) + "\n")
+            sg = "crossformer_sg" in planned.variant.name
+            train = [f"step,loss,units_per_s{',crossformer_sg' if sg else ''}"] + [
+                f"{s},{4 - 0.05 * s},{1000 + 50 * seed}" + (f",{3.0 * math.exp(-s / 10)}" if sg else "")
+                for s in range(1, 41)]
+            (run_dir / "train.csv").write_text("\n".join(train) + "\n")
+            (run_dir / "compare_memory.json").write_text(json.dumps([{"peak_rss_mb": 300.0,
+                                                                      "peak_rss_growth_mb": 50.0 + seed}]))
+            (run_dir / "results.json").write_text(json.dumps({
+                "status": "finished", "epochs": 5, "steps": 50, "train_minutes": 0.5, "stop_reason": "budget",
+                "test_bleu": 20 + seed + rng.normal(), "peak_rss_growth_mb": 50.0 + seed}))
+
+
+def _check_png(picture):
+    image = Image.open(picture.path)
+    image.load()
+    assert image.format == "PNG" and image.size == picture.size
+    pixels = np.asarray(image.convert("RGB"), dtype=np.int64)
+    assert pixels.std() > 10, f"{picture.path.name} looks blank"
+    colours = np.unique(pixels[..., 0] << 16 | pixels[..., 1] << 8 | pixels[..., 2])
+    assert len(colours) > 50, f"{picture.path.name} has almost no content"
+
+
+def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    settings = make_settings("translation", ["baseline,pa,mpt_soft,crossformer_sg"], seeds=2,
+                             budget_minutes=1.0, sets=_sets(corpus))
+    plan = build_plan(settings)
+    _fake_runs(plan, out, corpus)
+    report = write_report(plan, out, ["interlayer", "compare", "..."])
+    names = sorted(p.path.name for p in report.pictures)
+    assert names == ["cost.png", "crossformer_sg.png", "learning_curves.png", "mpt_soft_mpt_soft.png",
+                     "pa_attention_pa.png"], report.notes
+    assert report.notes == [] and report.complete
+    sizes = {p.path.name: p.size for p in report.pictures}
+    assert sizes["learning_curves.png"] == (800, 450) and sizes["cost.png"] == (1100, 650)
+    assert sizes["pa_attention_pa.png"] == (4 * 320, 300 + 40)  # baseline + 3 PA columns; layer 2 (the only PA one)
+    assert sizes["mpt_soft_mpt_soft.png"] == (2 * 380, 340)  # one panel per seed
+    for picture in report.pictures:
+        _check_png(picture)
+    page = report.html.read_text()
+    assert page.count("src=\"data:image/png;base64,") == len(report.pictures)
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page), "external resource in the HTML"
+    assert "<link" not in page and "<script" not in page
+    assert "| baseline " in report.table and "(spread" in report.table
+    markdown = report.markdown.read_text()
+    assert all(f"figures/{name}" in markdown for name in names)
+
+    no_sample = Plan(plan.settings, dataclasses.replace(plan.spec, sample_input=None), plan.task, plan.variants)
+    report = write_report(no_sample, out, ["interlayer", "compare", "..."])
+    assert "pa_attention_pa.png" not in [p.path.name for p in report.pictures]
+    assert report.notes == ["PA attention maps of pa: skipped, task 'translation' offers no sample input "
+                            "(TaskSpec.sample_input)."]
