@@ -127,20 +127,21 @@ def worker(name: str, steps: int) -> None:
 
 
 def part_two(names: list[str], steps: int) -> None:
-    rows = []
+    """One row per preset, printed as soon as it is measured (a long run shows its progress)."""
+    print(f"\n## Part 2: every preset, training batch {BATCH} x {LENGTH} tokens (image presets: their grid), "
+          f"{steps} timed steps\n")
+    headers = ["preset", "parameters", f"MAdds/seq @{LENGTH}", "tokens/s", "peak MiB (RSS growth)"]
+    print(format_table(headers, []), flush=True)
     for name in names:
         proc = subprocess.run([sys.executable, __file__, "--worker", name, "--steps", str(steps)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            rows.append([name, "error", "", "", proc.stderr.strip().splitlines()[-1][:60]])
-            continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append([name, f"{r['params']:,}", human(r["madds"]), f"{r['tokens_per_s']:,.0f}",
-                     f"{r['peak_mib']:,.0f}"])
-    print(f"\n## Part 2: every preset, training batch {BATCH} x {LENGTH} tokens (image presets: their grid), "
-          f"{steps} timed steps\n")
-    print(format_table(["preset", "parameters", f"MAdds/seq @{LENGTH}", "tokens/s", "peak MiB (RSS growth)"],
-                       rows))
+            row = [name, "error", "", "", proc.stderr.strip().splitlines()[-1][:60]]
+        else:
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = [name, f"{r['params']:,}", human(r["madds"]), f"{r['tokens_per_s']:,.0f}",
+                   f"{r['peak_mib']:,.0f}"]
+        print("| " + " | ".join(map(str, row)) + " |", flush=True)
 
 
 def main() -> None:

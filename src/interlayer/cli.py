@@ -115,7 +115,66 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ref", help="translation: reference file (default: the run's test target)")
     evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split)")
     add_decode_arguments(evaluate)
+
+    compare = sub.add_parser(
+        "compare", help="train variants side by side (same budget and seeds) and report them as the papers do",
+        description="Train every variant for every seed, one process per run, under the same time budget, then "
+                    "write DIR/report.md and a self-contained DIR/report.html (table with mean ± std over seeds and "
+                    "the difference to the baseline, learning curves, size/cost bars, and each method's own "
+                    "picture). Ctrl-C stops cleanly; the same command continues. See docs/compare.md.")
+    compare.add_argument("--task", help="task name (interlayer train --help lists them)")
+    compare.add_argument("--variants", action="append", default=[], metavar="V1,V2,...",
+                         help="named variants (--list-variants), presets, .json/.yaml configs, or "
+                              "NAME=BASE+KEY=VALUE+...; the first is the baseline unless --baseline")
+    compare.add_argument("--seeds", type=int, help="seeds 1..N for every variant (default 1)")
+    compare.add_argument("--budget-minutes", type=float,
+                         help="training minutes per run (train.max_minutes; validation excluded)")
+    compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
+    compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
+    compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
+    compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                         help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
+    compare.add_argument("--default", action="store_true",
+                         help="the README's comparison: sst5, baseline,pa,mpt_soft,crossformer_sg, 2 seeds, "
+                              "1.25 minutes each (any flag given overrides its part)")
+    compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
+    _add_search_parser(sub)
     return parser
+
+
+def _add_search_parser(sub: argparse._SubParsersAction) -> None:
+    search = sub.add_parser("search", help="architecture search on Optuna (Multi-Pass hard connections)",
+                            description="Search an architecture space with many short trainings scored on the "
+                                        "validation set. See docs/search.md.")
+    spaces = search.add_subparsers(dest="space", required=True, metavar="SPACE")
+    mpt = spaces.add_parser(
+        "mpt", help="permutations of the Multi-Pass hard connections (MPT Sec. 3.4)",
+        description="Train the task's model with multipass.connection=hard for permutations of its N encoder layers "
+                    "(the identity first, then a coarse random phase, then single swaps around the best patterns, "
+                    "skipping neighbours of poor ones), each with the same seed and budget, scored on the "
+                    "validation set; write DIR/report.md and DIR/best_pattern.png. The same command resumes the "
+                    "study; run it on several machines with one --storage/--study to share the work.")
+    mpt.add_argument("--task", help="task name (interlayer train --help lists them)")
+    mpt.add_argument("--preset", help="preset or .json/.yaml model config (default: the task's)")
+    mpt.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="for every trial: a model field, train.KEY or data.KEY (repeatable)")
+    mpt.add_argument("--trials", type=int, help="complete trials wanted in total, over all workers and runs")
+    mpt.add_argument("--coarse", type=int, help="random patterns before refinement (default (trials-1)//2)")
+    mpt.add_argument("--top-k", type=int, default=3, help="refine around the K best patterns (default 3)")
+    mpt.add_argument("--poor-fraction", type=float, default=0.5,
+                     help="the worst share of completed trials whose neighbours are skipped (default 0.5)")
+    mpt.add_argument("--budget-minutes", type=float, help="training minutes per trial (validation excluded)")
+    mpt.add_argument("--storage", metavar="URL", help="Optuna database URL (default sqlite:///DIR/study.db; "
+                                                      "postgresql://USER:PASSWORD@HOST/DB for many machines)")
+    mpt.add_argument("--study", default="mpt-search", help="study name in the storage (default mpt-search)")
+    mpt.add_argument("--output", metavar="DIR", help="search directory (default runs/search/mpt-TASK)")
+    mpt.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    mpt.add_argument("--seed", type=int, default=1, help="seed of every trial's training and of the sampler")
+    mpt.add_argument("--retry-lost", type=int, default=0, metavar="R",
+                     help="re-run a lost trial (worker killed, machine down) up to R times (default 0)")
+    mpt.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
+                     help="heartbeat interval; a trial silent for twice this is lost (default 60)")
+    mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -152,6 +211,51 @@ def _evaluate(args: argparse.Namespace) -> None:
     print(spec.evaluate(directory, args))
 
 
+def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, run_compare
+
+    if args.list_variants:
+        print(format_table(["variant", "what it is"], describe_named()))
+        return 0
+    chosen = {"task": args.task, "variants": args.variants, "seeds": args.seeds,
+              "budget_minutes": args.budget_minutes}
+    if args.default:
+        chosen = {key: value if value not in (None, []) else DEFAULT[key] for key, value in chosen.items()}
+    missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
+    if missing:
+        raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
+    settings = make_settings(chosen["task"], chosen["variants"], seeds=chosen["seeds"] or 1,
+                             budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
+                             sets=_parse_sets(args.sets))
+    output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
+    result = run_compare(settings, output, command=["interlayer", *argv])
+    if result.interrupted:
+        return 130
+    return 1 if result.failed else 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from .search.mpt import DEFAULT_OUTPUT, SearchSettings, run_search, write_report
+
+    needed = [("--output or --task", args.output or args.task)] if args.report_only else [
+        ("--task", args.task), ("--trials", args.trials)]
+    missing = [flag for flag, value in needed if value is None]
+    if missing:
+        raise ConfigError(f"search mpt needs {' and '.join(missing)}")
+    output = Path(args.output or DEFAULT_OUTPUT.format(task=args.task))
+    settings = SearchSettings(
+        task=args.task or "", trials=args.trials or 1, output=output, preset=args.preset, sets=_parse_sets(args.sets),
+        coarse=args.coarse, top_k=args.top_k, poor_fraction=args.poor_fraction, budget_minutes=args.budget_minutes,
+        storage=args.storage, study=args.study, seed=args.seed, workers=args.workers, retry_lost=args.retry_lost,
+        heartbeat_seconds=args.heartbeat)
+    if args.report_only:
+        print(write_report(settings))
+        return 0
+    outcome = run_search(settings)
+    print(outcome.report)
+    return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -174,6 +278,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _translate(args)
         elif args.command == "evaluate":
             _evaluate(args)
+        elif args.command == "compare":
+            return _compare(args, sys.argv[1:] if argv is None else argv)
+        elif args.command == "search":
+            return _search(args)
     except (ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError) as err:
         print(f"interlayer: error: {err}", file=sys.stderr)
         return 2
