@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test bench clean
+.PHONY: setup run models test bench clean
 
 setup: $(VENV)/.installed
 
@@ -15,6 +15,9 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/models.txt
 	touch $@
 
 run: setup
+	$(VENV)/bin/interlayer compare --default
+
+models: setup
 	$(VENV)/bin/interlayer models
 
 test: setup

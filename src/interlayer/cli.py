@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
                          help="the README's comparison: sst5, baseline,pa,mpt_soft,crossformer_sg, 2 seeds, "
-                              "1.25 minutes each (any flag given overrides its part)")
+                              "1.25 minutes each, d_model=128, d_ffn=512 (any flag given overrides its part)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_search_parser(sub)
     return parser
@@ -218,7 +218,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(format_table(["variant", "what it is"], describe_named()))
         return 0
     chosen = {"task": args.task, "variants": args.variants, "seeds": args.seeds,
-              "budget_minutes": args.budget_minutes}
+              "budget_minutes": args.budget_minutes, "sets": args.sets}
     if args.default:
         chosen = {key: value if value not in (None, []) else DEFAULT[key] for key, value in chosen.items()}
     missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
@@ -226,7 +226,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
     settings = make_settings(chosen["task"], chosen["variants"], seeds=chosen["seeds"] or 1,
                              budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
-                             sets=_parse_sets(args.sets))
+                             sets=_parse_sets(chosen["sets"]))
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
     result = run_compare(settings, output, command=["interlayer", *argv])
     if result.interrupted:
