@@ -27,7 +27,7 @@ from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.tasks.graph import NodeClassificationTask
 
-SHARED_RAW = Path("/work/shared/data/planetoid")
+SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"  # beside the checkout
 OPTIONS = list(SHARING)
 
 
