@@ -166,7 +166,8 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     assert main(["compare", "--default", "--seeds", "3"]) == 0
     settings = seen["settings"]
     assert (settings.task, settings.variants, settings.seeds, settings.budget_minutes) == (
-        "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.25)
+        "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.0)
+    assert settings.sets == {"d_model": "128", "d_ffn": "512"}  # the default's half-width classifier
     assert seen["output"] == Path("runs/compare/sst5") and seen["command"][:2] == ["interlayer", "compare"]
     assert main(["compare", "--task", "sst5"]) == 2
     assert "compare needs --variants" in capsys.readouterr().err

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
                          help="the README's comparison: sst5, baseline,pa,mpt_soft,crossformer_sg, 2 seeds, "
-                              "1.25 minutes each, d_model=128, d_ffn=512 (any flag given overrides its part)")
+                              "1 minute each, d_model=128, d_ffn=512 (any flag given overrides its part)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_search_parser(sub)
     return parser

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from .runner import RunOutcome
 
 # The README's comparison: PA Table 1's SST-5 (bundled), the three methods with a picture of their own, two seeds,
-# 1.25 training minutes per run: 8 runs, about 13 minutes on 2 CPU cores. The PA text classifier at half width
-# (d=128, FFN 512) trains about 6 epochs in that budget (test accuracy near 40%); at full width it would see less
-# than one epoch and every variant would sit at chance.
-DEFAULT = {"task": "sst5", "variants": ["baseline,pa,mpt_soft,crossformer_sg"], "seeds": 2, "budget_minutes": 1.25,
+# one training minute per run: 8 runs, about 9 minutes on 2 CPU cores, so set-up and all stay within 15. The PA
+# text classifier at half width (d=128, FFN 512) trains about 5 epochs in that budget (test accuracy near 40%); at
+# full width it would see less than one epoch and every variant would sit at chance.
+DEFAULT = {"task": "sst5", "variants": ["baseline,pa,mpt_soft,crossformer_sg"], "seeds": 2, "budget_minutes": 1.0,
            "sets": ["d_model=128", "d_ffn=512"]}
 DEFAULT_OUTPUT = "runs/compare/{task}"
 
