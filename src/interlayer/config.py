@@ -104,14 +104,27 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
 
 def parse_value(text: str) -> Any:
     """A ``--set`` value: YAML (``3``, ``0.1``, ``true``, ``[0,2,1]``, ``null``), and numbers YAML 1.1 leaves as
-    strings (``1e-3``, ``5E4``) as floats."""
-    value = yaml.safe_load(text)
+    strings (``1e-3``, ``5E4``) as floats; an empty value is the empty string."""
+    value = yaml.safe_load(text) if text.strip() else ""
     if isinstance(value, str):
         try:
             return float(value)
         except ValueError:
             return value
     return value
+
+
+def flatten_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Python-style overrides to dotted keys: ``crossformer__hard=[...]`` or ``crossformer={"hard": [...]}``
+    become ``{"crossformer.hard": [...]}``; an empty dict turns a section on with its defaults."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        key = key.replace("__", ".")
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()} if value else {key: True})
+        else:
+            flat[key] = value
+    return flat
 
 
 def _is_section(name: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Union
 from torch import nn
 
 from .build import build_model
-from .config import ModelConfig, apply_overrides, config_from_dict
+from .config import ModelConfig, apply_overrides, config_from_dict, flatten_overrides
 from .core.config import ConfigError
 from .methods import conv_branch, crossformer, lightweight, multipass, predictive
 
@@ -92,14 +92,7 @@ def get_config(name_or_config: Union[str, Path, ModelConfig, dict], **overrides:
                           + " (list them with `interlayer models`, or pass a .json/.yaml config file)")
     if not overrides:
         return cfg
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        key = key.replace("__", ".")
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()} if value else {key: True})
-        else:
-            flat[key] = value
-    return apply_overrides(cfg, flat)
+    return apply_overrides(cfg, flatten_overrides(overrides))
 
 
 def create_model(name_or_config: Union[str, Path, ModelConfig, dict], **overrides: Any) -> nn.Module:

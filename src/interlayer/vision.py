@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from .build import build_model
 from .checkpoint import register_model_type
-from .config import ModelConfig, apply_overrides, dataclass_from_dict
+from .config import ModelConfig, apply_overrides, dataclass_from_dict, flatten_overrides
 from .core.components import Components
 from .core.config import ConfigError
 from .core.feedforward import FeedForward
@@ -279,14 +279,7 @@ def get_vision_config(name_or_config: Union[str, Path, VisionConfig, dict], **ov
         raise ConfigError(f"unknown image model preset {name_or_config!r}"
                           + (f"; did you mean {close}?" if close else "")
                           + f" (presets: {', '.join(VISION_PRESETS)}; or a .json/.yaml config file)")
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        key = key.replace("__", ".")
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()} if value else {key: True})
-        else:
-            flat[key] = value
-    return _apply(data, flat)
+    return _apply(data, flatten_overrides(overrides))
 
 
 def _load_file(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from ..config import parse_value
 from ..core.config import ConfigError
 
 # Method sections of a Transformer config. A global --set on one of them would switch the method on in every
@@ -265,17 +266,6 @@ def _parse_adhoc(entry: str) -> tuple[str, str, dict[str, Any]]:
         except yaml.YAMLError as err:
             raise VariantError(f"variant {entry!r}: the value of {key!r} is not valid YAML: {err}") from None
     return name.strip(), base, sets
-
-
-def parse_value(text: str) -> Any:
-    """A YAML value, except that ``1e-3`` is the number YAML 1.1 would leave a string (it wants ``1.0e-3``)."""
-    value = yaml.safe_load(text) if text.strip() else ""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _check_variant_sets(entry: str, sets: dict[str, Any]) -> None:
