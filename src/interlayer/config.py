@@ -26,8 +26,21 @@ from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
 
 
+class ConfigFile:
+    """``to_dict`` and ``save`` for a config dataclass: JSON, or YAML when the path ends in .yaml/.yml."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Union[str, Path]) -> None:
+        path = Path(path)
+        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
+                else json.dumps(self.to_dict(), indent=2))
+        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
+
+
 @dataclass
-class ModelConfig(TransformerConfig):
+class ModelConfig(ConfigFile, TransformerConfig):
     """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off)."""
 
     crossformer: Optional[CrossformerConfig] = None
@@ -44,15 +57,6 @@ class ModelConfig(TransformerConfig):
         super().validate()
         for method, section in self.sections():
             method.validate(section, self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def save(self, path: Union[str, Path]) -> None:
-        path = Path(path)
-        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
-                else json.dumps(self.to_dict(), indent=2))
-        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "ModelConfig":

@@ -43,7 +43,6 @@ in by the task), so a saved model scores raw images without any other asset. Inp
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import json
 from dataclasses import dataclass, field, fields
@@ -57,7 +56,7 @@ from torch import Tensor, nn
 
 from .build import build_model
 from .checkpoint import register_model_type
-from .config import ModelConfig, apply_overrides, dataclass_from_dict, flatten_overrides
+from .config import ConfigFile, ModelConfig, apply_overrides, dataclass_from_dict, flatten_overrides
 from .core.components import Components
 from .core.config import ConfigError
 from .core.feedforward import FeedForward
@@ -75,7 +74,7 @@ def _default_encoder() -> ModelConfig:
 
 
 @dataclass
-class VisionConfig:
+class VisionConfig(ConfigFile):
     """An image model: the input geometry, the backbone's own settings, and the encoder's ``ModelConfig``.
 
     The field names are disjoint from :class:`ModelConfig`'s, so a flat override such as ``d_model=64`` or
@@ -180,14 +179,6 @@ class VisionConfig:
                               "the encoder reads")
         enc.validate()
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def save(self, path: Union[str, Path]) -> None:
-        path = Path(path)
-        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
-                else json.dumps(self.to_dict(), indent=2) + "\n")
-        path.write_text(text)
 
 
 VISION_FIELDS = tuple(f.name for f in fields(VisionConfig) if f.name != "encoder")

@@ -25,18 +25,16 @@ connections of Sec. 4.1.1, which the paper does not specify further.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
-from ..config import dataclass_from_dict
+from ..config import ConfigFile, dataclass_from_dict
 from ..core.config import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
@@ -46,7 +44,7 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 @dataclass
-class CNNTextConfig:
+class CNNTextConfig(ConfigFile):
     """Field names follow :class:`~interlayer.core.config.TransformerConfig`, so ``--set d_model=128`` and the
     task's data-decided fields (``src_vocab_size``, ``num_classes``, ``n_segments``, ``pad_id``) mean the same."""
 
@@ -83,12 +81,6 @@ class CNNTextConfig:
                 raise ConfigError(f"{key}={getattr(self, key)} must lie in [0, 1)")
         if not 0 <= self.pad_id < self.src_vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} must be a token id below src_vocab_size={self.src_vocab_size}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def save(self, path: Union[str, Path]) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "cnn_text config") -> "CNNTextConfig":

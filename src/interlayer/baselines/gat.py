@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +84,7 @@ import yaml
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
-from ..config import dataclass_from_dict
+from ..config import ConfigFile, dataclass_from_dict
 from ..core.config import ConfigError
 
 MODEL_TYPE = "gat"
@@ -102,7 +101,7 @@ SHARING: dict[str, dict[str, str]] = {
 
 
 @dataclass
-class GATConfig:
+class GATConfig(ConfigFile):
     """The two-layer transductive GAT (Sec. 3.3 of the GAT paper); defaults are its Cora model."""
 
     model_type: Literal["gat"] = MODEL_TYPE
@@ -138,15 +137,6 @@ class GATConfig:
         if self.attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"attn_impl={self.attn_impl!r} is not valid; choose one of "
                               f"{', '.join(map(repr, ATTN_IMPLS))}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def save(self, path: Union[str, Path]) -> None:
-        path = Path(path)
-        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
-                else json.dumps(self.to_dict(), indent=2) + "\n")
-        path.write_text(text)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "gat config") -> "GATConfig":

@@ -48,6 +48,11 @@ class Encoder(nn.Module):
         if key_padding_mask is None and tokens is not None:
             key_padding_mask = tokens.eq(self.pad_id)
         x = self.embed(tokens, inputs_embeds=inputs_embeds, segments=segments)
+        return self.process(x, key_padding_mask, need_intermediates=need_intermediates)
+
+    def process(self, x: Tensor, key_padding_mask: Optional[Tensor], *, need_intermediates: bool = False
+                ) -> EncoderOutput:
+        """The stack over the embedded input; an encoder that runs it differently (Multi-Pass) overrides this."""
         return self.run_layers(x, key_padding_mask, need_intermediates=need_intermediates)
 
     def run_layers(self, x: Tensor, key_padding_mask: Optional[Tensor], *, injector: Optional[Injector] = None,

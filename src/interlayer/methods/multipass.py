@@ -199,12 +199,9 @@ class MultiPassEncoder(Encoder):
             raise ConfigError(f"multipass.exit_pass={value!r} must be an integer in 1..{self.passes}")
         self._exit_pass = value
 
-    def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
-                inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
-                need_intermediates: bool = False) -> EncoderOutput:
-        if key_padding_mask is None and tokens is not None:
-            key_padding_mask = tokens.eq(self.pad_id)
-        x = self.embed(tokens, inputs_embeds=inputs_embeds, segments=segments)
+    def process(self, x: Tensor, key_padding_mask: Optional[Tensor], *, need_intermediates: bool = False
+                ) -> EncoderOutput:
+        """The embedded input through the passes (the plain encoder runs the stack once)."""
         return self.run_passes(x, key_padding_mask, need_intermediates=need_intermediates)
 
     def passes_to_run(self) -> int:
