@@ -72,3 +72,24 @@ def test_learning_rate_schedules():
     assert abs(lr("cosine", 60, min_lr=0.2) - 0.6) < 1e-12 and abs(lr("cosine", 110, min_lr=0.2) - 0.2) < 1e-12
     # step: x0.1 every 2 epochs of 5 steps
     assert lr("step", 10, step_epochs=2) == 1.0 and abs(lr("step", 11, step_epochs=2) - 0.1) < 1e-12
+
+
+def test_logged_loss_is_the_mean_of_the_steps_in_its_window(tmp_path):
+    """A log window that starts at an epoch boundary holds fewer steps than log_interval: the mean must use them."""
+
+    class ConstantLoss(ScriptedTask):
+        def train_batches(self, epoch, seed):
+            return [torch.tensor([[5, 6, 7]])] * 3
+
+        def loss(self, model, batch):
+            out = model(batch)
+            return out.logits.square().mean(), {"loss": 2.0}, 1
+
+    model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
+                         num_classes=2)
+    cfg = TrainConfig(max_epochs=2, warmup_steps=0, log_interval=2, keep_last=1)
+    script = [{"accuracy": 1, "nll": 1.0}, {"accuracy": 2, "nll": 1.0}]
+    Trainer(ConstantLoss(script, False), model, cfg, tmp_path, progress=False).fit()
+    rows = (tmp_path / "train.csv").read_text().splitlines()
+    col = rows[0].split(",").index("loss")
+    assert [float(r.split(",")[col]) for r in rows[1:]] == [2.0, 2.0, 2.0]  # steps 2, 4 (window of 1), 6

@@ -289,7 +289,7 @@ class Trainer:
             bar = tqdm(total=len(steps), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
                        disable=not self.progress, dynamic_ncols=True, leave=False)
             window: dict[str, float] = {}
-            window_units, window_start = 0.0, time.perf_counter()
+            window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
             for micro_batches in steps[state.batch_in_epoch:]:
                 reason = self._out_of_budget(started)
                 budget, stop = distributed.sum_all([float(reason is not None), float(self._stop_requested)], self.dist)
@@ -299,19 +299,20 @@ class Trainer:
                     return self._stop(started, "stopped by request (signal)", bar, resumable=True)
                 logs, units = self._step(micro_batches)
                 state.batch_in_epoch += 1
+                window_steps += 1
                 window_units += units
                 for key, value in logs.items():
                     window[key] = window.get(key, 0.0) + value
                 bar.update(1)
                 if state.step % cfg.log_interval == 0:
                     seconds = time.perf_counter() - window_start
-                    row = {k: v / cfg.log_interval for k, v in window.items()}
+                    row = {k: v / window_steps for k, v in window.items()}  # a window may start mid-interval
                     row.update(epoch=state.epoch, lr=self.optimizer.param_groups[0]["lr"],
                                units_per_s=window_units / max(seconds, 1e-9))
                     self.logs.write("train", state.step, row)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                     tok_s=f"{row['units_per_s']:.0f}")
-                    window, window_units, window_start = {}, 0.0, time.perf_counter()
+                    window, window_steps, window_units, window_start = {}, 0, 0.0, time.perf_counter()
                 if cfg.save_interval_steps and state.step % cfg.save_interval_steps == 0:
                     self._bank_time(started)
                     started = time.perf_counter()
