@@ -60,25 +60,35 @@ class ModelConfig(ConfigFile, TransformerConfig):
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "ModelConfig":
-        path = Path(path)
-        try:
-            text = path.read_text()
-            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-        except (OSError, json.JSONDecodeError, yaml.YAMLError) as err:
-            raise ConfigError(f"cannot read config file {path}: {err}") from err
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
-        return config_from_dict(data, source=str(path))
+        return config_from_dict(read_config_file(path), source=str(path))
+
+
+def read_config_file(path: Union[str, Path]) -> dict[str, Any]:
+    """The mapping in a .json or .yaml config file; unreadable files and non-mappings raise naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (OSError, json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
+    """``cls`` built from ``data`` and validated; any error is prefixed with ``source`` (file, preset, ...)."""
+    try:
+        cfg = dataclass_from_dict(cls, data)
+        cfg.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return cfg
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
     """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key."""
-    try:
-        cfg = dataclass_from_dict(ModelConfig, data, prefix="")
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    cfg.validate()
-    return cfg
+    return checked_config(ModelConfig, data, source)
 
 
 def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
@@ -56,7 +55,8 @@ from torch import Tensor, nn
 
 from .build import build_model
 from .checkpoint import register_model_type
-from .config import ConfigFile, ModelConfig, apply_overrides, dataclass_from_dict, flatten_overrides
+from .config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, flatten_overrides,
+                     read_config_file)
 from .core.components import Components
 from .core.config import ConfigError
 from .core.feedforward import FeedForward
@@ -186,12 +186,7 @@ VISION_FIELDS = tuple(f.name for f in fields(VisionConfig) if f.name != "encoder
 
 def vision_config_from_dict(data: dict[str, Any], source: str = "config") -> VisionConfig:
     """Build and validate a :class:`VisionConfig`; errors name ``source`` and the dotted key."""
-    try:
-        cfg = dataclass_from_dict(VisionConfig, data)
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    cfg.validate()
-    return cfg
+    return checked_config(VisionConfig, data, source)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -264,24 +259,13 @@ def get_vision_config(name_or_config: Union[str, Path, VisionConfig, dict], **ov
     elif isinstance(name_or_config, str) and name_or_config in VISION_PRESETS:
         data = copy.deepcopy(VISION_PRESETS[name_or_config][1])
     elif Path(name_or_config).suffix in (".json", ".yaml", ".yml"):
-        data = _load_file(Path(name_or_config))
+        data = read_config_file(name_or_config)
     else:
         close = difflib.get_close_matches(str(name_or_config), list(VISION_PRESETS), n=3)
         raise ConfigError(f"unknown image model preset {name_or_config!r}"
                           + (f"; did you mean {close}?" if close else "")
                           + f" (presets: {', '.join(VISION_PRESETS)}; or a .json/.yaml config file)")
     return _apply(data, flatten_overrides(overrides))
-
-
-def _load_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (OSError, json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
-    return data
 
 
 def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
-from ..config import ConfigFile, dataclass_from_dict
+from ..config import ConfigFile, checked_config
 from ..core.config import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
@@ -85,12 +85,7 @@ class CNNTextConfig(ConfigFile):
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "cnn_text config") -> "CNNTextConfig":
         """Checked like every interlayer config: unknown keys and wrong types raise, naming the key."""
-        try:
-            cfg = dataclass_from_dict(cls, data)
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
-        cfg.validate()
-        return cfg
+        return checked_config(cls, data, source)
 
 
 @dataclass

@@ -84,7 +84,7 @@ import yaml
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
-from ..config import ConfigFile, dataclass_from_dict
+from ..config import ConfigFile, checked_config
 from ..core.config import ConfigError
 
 MODEL_TYPE = "gat"
@@ -141,12 +141,7 @@ class GATConfig(ConfigFile):
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "gat config") -> "GATConfig":
         """Checked like every interlayer config: unknown keys and wrong types raise, naming the key."""
-        try:
-            cfg = dataclass_from_dict(cls, data)
-            cfg.validate()
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
-        return cfg
+        return checked_config(cls, data, source)
 
 
 _CORA = dict(in_features=1433, num_classes=7)
