@@ -24,7 +24,7 @@ from interlayer.experiment import split_overrides
 from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_settings
 from interlayer.compare.plan import Plan, build_task, prepare_directory
 from interlayer.compare.report import write_report
-from interlayer.compare.runner import run_state
+from interlayer.compare.runner import available_cores, run_state
 from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
 from interlayer.registry import PRESETS
@@ -158,8 +158,8 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command):
-        seen.update(settings=settings, output=output, command=command)
+    def fake_run(settings, output, *, command, jobs):
+        seen.update(settings=settings, output=output, command=command, jobs=jobs)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -169,6 +169,7 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
         "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.0)
     assert settings.sets == {"d_model": "128", "d_ffn": "512"}  # the default's half-width classifier
     assert seen["output"] == Path("runs/compare/sst5") and seen["command"][:2] == ["interlayer", "compare"]
+    assert seen["jobs"] == 1
     assert main(["compare", "--task", "sst5"]) == 2
     assert "compare needs --variants" in capsys.readouterr().err
     assert main(["compare", "--list-variants"]) == 0
@@ -234,7 +235,7 @@ def _run_processes():
 def _interrupt_when(path, events):
     """Freeze the run process once ``path`` exists (it is then inside the training loop), queue a SIGINT for it
     and for this process (as a terminal's Ctrl-C does), and let it go on: deterministic, whatever the load."""
-    deadline = time.time() + 120
+    deadline = time.time() + 600  # generous: on a loaded machine each tiny run can take a minute
     while not path.exists() and time.time() < deadline:
         time.sleep(0.02)
     runs = _run_processes()
@@ -287,6 +288,27 @@ def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, ca
     assert "PARTIAL" not in second and "Partial" not in (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["variants"]["pa"]["finished_runs"] == 2 and len(summary["variants"]["pa"]["test"]) == 2
+
+
+def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--jobs", "2", "--output", str(out),
+            *_cli_sets(corpus, ["train.max_steps=4"])]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| variant"))
+    assert "| test bleu " in header and "| test chrf " in header  # the task's secondary metric beside BLEU
+    summary = json.loads((out / "summary.json").read_text())["variants"]["pa"]
+    assert len(summary["test_chrf"]) == 1 and 0 <= summary["test_chrf"][0] <= 100
+    started = [i for i, line in enumerate(lines) if ": training" in line]
+    ended = [i for i, line in enumerate(lines) if ": finished in" in line]
+    assert len(started) == len(ended) == 2 and max(started) < min(ended)  # the second began before the first ended
+    threads = max(1, available_cores() // 2)
+    assert all(f"{threads} thread(s)" in lines[i] for i in started)
+    for name in ("baseline-s1", "pa-s1"):
+        assert json.loads((out / "runs" / name / "results.json").read_text())["status"] == "finished"
+    assert main([*args[:5], "--jobs", "0", *args[7:]]) == 2
+    assert "--jobs=0 must be at least 1" in capsys.readouterr().err
 
 
 def test_a_directory_made_with_other_settings_is_refused(corpus, tmp_path, capsys):

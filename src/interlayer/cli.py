@@ -13,6 +13,7 @@ from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines
 from .decoding import DecodeOptions
+from .pretrained import TokenizerError
 from .experiment import train
 from .tasks import task_specs
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="override a model field, or train.KEY / data.KEY (repeatable)")
         task.add_argument("--seed", type=int, default=1, help="random seed (data order, init, dropout)")
         task.add_argument("--max-minutes", type=float, help="training budget in minutes (validation excluded)")
-        task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED)")
+        task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
+                                            "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
         task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
         spec.add_arguments(task)
@@ -137,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--default", action="store_true",
                          help="the README's comparison: sst5, baseline,pa,mpt_soft,crossformer_sg, 2 seeds, "
                               "1 minute each, d_model=128, d_ffn=512 (any flag given overrides its part)")
+    compare.add_argument("--jobs", type=int, default=1,
+                         help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
+                              "(default 1); keep it the same for every run of one comparison")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_search_parser(sub)
     return parser
@@ -181,7 +186,8 @@ def _train(args: argparse.Namespace) -> None:
     spec = task_specs()[args.task]
     data_sets, options = spec.options_from_args(args)
     sets = {**_parse_sets(args.sets), **data_sets}
-    run_dir = Path(args.run_dir or f"runs/{args.task}/{Path(args.preset).stem}-s{args.seed}")
+    model_name = Path(getattr(args, "pretrained", None) or args.preset).stem  # a fine-tuning run: the checkpoint
+    run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{args.seed}")
     results = train(spec, preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
                     run_dir=run_dir, resume=args.resume, progress=not args.no_progress, options=options)
     print(json.dumps(results, indent=2))
@@ -228,7 +234,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
                              sets=_parse_sets(chosen["sets"]))
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
-    result = run_compare(settings, output, command=["interlayer", *argv])
+    result = run_compare(settings, output, command=["interlayer", *argv], jobs=args.jobs)
     if result.interrupted:
         return 130
     return 1 if result.failed else 0
@@ -282,7 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _compare(args, sys.argv[1:] if argv is None else argv)
         elif args.command == "search":
             return _search(args)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, DataError, CheckpointError, TokenizerError, FileNotFoundError, FileExistsError) as err:
         print(f"interlayer: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -42,6 +42,22 @@ def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any
     return model, train, data
 
 
+def with_defaults(spec: TaskSpec, sets: dict[str, Any]) -> dict[str, Any]:
+    """``sets`` over the task's defaults that depend on them (``TaskSpec.defaults_for``, e.g. a fine-tuning
+    recipe when ``data.pretrained`` is given): the user's keys win."""
+    return {**spec.defaults_for(sets), **sets}
+
+
+def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: int) -> nn.Module:
+    """A fresh run's model: built after ``torch.manual_seed(seed)``, so the initial weights depend on the seed
+    alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one)."""
+    torch.manual_seed(seed)
+    model = spec.model_from_dict(model_cfg)
+    if spec.initialise is not None:
+        spec.initialise(model, task)
+    return model
+
+
 def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None, seed: int = 1,
           max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False, progress: bool = True,
           options: Optional[dict[str, Any]] = None, score_test: bool = True) -> dict[str, Any]:
@@ -63,7 +79,7 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
         if (run_dir / RUN_FILE).exists():
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another "
                                   "--run-dir")
-        model_sets, train_sets, data_sets = split_overrides(sets or {})
+        model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets or {}))
         train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, "seed": seed, **train_sets}, "train.")
         if max_minutes is not None:
             train_cfg.max_minutes = max_minutes
@@ -72,13 +88,12 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
         task = spec.make_task(data_cfg, train_cfg, None)
         preset = preset or spec.default_preset
         model_cfg = spec.resolve_model(preset, model_sets, task)
+        model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
         run_dir.mkdir(parents=True, exist_ok=True)
         task.save_assets(run_dir)
         (run_dir / RUN_FILE).write_text(json.dumps({"task": spec.name, "preset": preset,
                                                     "model": model_cfg.to_dict(), "train": asdict(train_cfg),
                                                     "data": asdict(data_cfg)}, indent=2))
-        torch.manual_seed(train_cfg.seed)  # the initial weights depend on the seed alone
-        model = spec.model_from_dict(model_cfg.to_dict())
         distributed.barrier(env)  # the other ranks read what was just written
     else:
         distributed.barrier(env)

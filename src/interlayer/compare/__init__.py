@@ -57,9 +57,10 @@ class CompareResult:
         return [o.name for o in self.outcomes if o.status == "failed"]
 
 
-def run_compare(settings: Settings, output: Path, *, command: Sequence[str],
+def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
                 echo: Callable[[str], None] = print) -> CompareResult:
-    """Plan, train what is missing, report; Ctrl-C stops after the current run saves and still reports.
+    """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
+    and still reports.
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither.
@@ -68,12 +69,14 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str],
     from .report import write_report
     from .runner import Runner
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs={jobs} must be at least 1 (the number of runs trained at once)")
     output = Path(output)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
     continued = prepare_directory(plan, output, list(command))
     echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
-    outcomes, interrupted = Runner(plan, output, echo=echo).run_all()
+    outcomes, interrupted = Runner(plan, output, jobs=jobs, echo=echo).run_all()
     report = write_report(plan, output, list(command))
     echo("")
     echo(report.table)

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..experiment import train
 from ..tasks import task_specs
 
@@ -54,6 +56,8 @@ def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
 
 def run_job(job: dict[str, Any]) -> int:
     spec = task_specs()[job["task"]]
+    if job.get("threads"):  # the runner's share of the cores; a config's train.threads still wins in the engine
+        torch.set_num_threads(job["threads"])
     run_dir = Path(job["run_dir"])
     started, rss_before = time.perf_counter(), max_rss_mb()
     results = train(spec, preset=job["preset"], sets=job["sets"], seed=job["seed"], max_minutes=job["max_minutes"],

@@ -22,7 +22,7 @@ from .. import __version__
 from ..accounting import count_madds, count_parameters
 from ..config import dataclass_from_dict
 from ..core.config import ConfigError
-from ..experiment import split_overrides
+from ..experiment import split_overrides, with_defaults
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
 from .variants import Context, Variant, VariantError, parse_variant, variant_overrides
@@ -72,6 +72,7 @@ class TaskInfo:
     metric: str
     higher_is_better: bool
     units: str  # what the engine's units_per_s counts
+    extra_metrics: tuple[str, ...] = ()  # secondary test metrics reported beside ``metric`` (MRPC's F1, chrF)
 
 
 @dataclass
@@ -99,7 +100,7 @@ def get_spec(name: str) -> TaskSpec:
 
 def build_task(spec: TaskSpec, sets: dict[str, Any]) -> tuple[Any, TrainConfig]:
     """The task as ``experiment.train`` builds it for a fresh run (fresh assets), with the global ``--set``."""
-    _, train_sets, data_sets = split_overrides(sets)
+    _, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
     train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, **train_sets}, "train.")
     train_cfg.validate()
     data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
@@ -143,7 +144,7 @@ def units_of(model_cfg: dict[str, Any]) -> str:
 
 def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: dict[str, Any]) -> PlannedVariant:
     """Resolve one variant as a child run will (``spec.resolve_model``), build it and count it."""
-    model_sets = split_overrides(global_sets)[0]
+    model_sets, global_train, _ = split_overrides(with_defaults(spec, global_sets))
     try:
         ctx = None
         if variant.named:
@@ -153,8 +154,7 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)
         if own_train:
-            dataclass_from_dict(TrainConfig, {**spec.train_defaults, **split_overrides(global_sets)[1], **own_train},
-                                "train.").validate()
+            dataclass_from_dict(TrainConfig, {**spec.train_defaults, **global_train, **own_train}, "train.").validate()
         config = spec.resolve_model(variant.preset, {**model_sets, **own_model}, task)
         model = spec.model_from_dict(config.to_dict())
     except (ConfigError, ValueError, TypeError) as err:
@@ -171,7 +171,8 @@ def build_plan(settings: Settings) -> Plan:
     variants = settings.parsed_variants()
     task, _ = build_task(spec, settings.sets)
     planned = [resolve_variant(spec, task, variant, settings.sets) for variant in variants]
-    info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model))
+    info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model),
+                    extra_metrics=tuple(getattr(task, "extra_metrics", ())))
     return Plan(settings, spec, info, planned)
 
 

@@ -66,6 +66,7 @@ class VariantSummary:
     speed: Optional[float]
     memory: Optional[float]
     difference: Optional[Difference] = None
+    extra: dict[str, list[float]] = field(default_factory=dict)  # secondary test metrics (MRPC's F1, chrF)
 
     @property
     def name(self) -> str:
@@ -120,20 +121,30 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
     return record
 
 
+def extra_metrics(plan: Plan) -> tuple[str, ...]:
+    """The task's secondary test metrics, reported beside its main one (e.g. MRPC's F1, translation's chrF)."""
+    return plan.task.extra_metrics
+
+
+def _test_values(runs: list[RunRecord], metric: str) -> list[float]:
+    return [float(r.results[f"test_{metric}"]) for r in runs
+            if isinstance(r.results.get(f"test_{metric}"), (int, float))]
+
+
 def summarize(plan: Plan, output: Path) -> list[VariantSummary]:
     status_path = output / STATUS_FILE
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-    metric = f"test_{plan.task.metric}"
     summaries = []
     for planned in plan.variants:
         runs = [read_run(plan, output, planned.variant.name, seed, status) for seed in plan.settings.seeds]
         done = [r for r in runs if r.state == "finished"]
-        test = [float(r.results[metric]) for r in done if isinstance(r.results.get(metric), (int, float))]
+        test = _test_values(done, plan.task.metric)
         valid = [r.best_valid for r in done if r.best_valid is not None]
         speeds = [r.speed for r in runs if r.speed is not None]
         memories = [r.memory for r in runs if r.memory is not None]
         summaries.append(VariantSummary(planned, runs, test, valid, sum(speeds) / len(speeds) if speeds else None,
-                                        max(memories) if memories else None))
+                                        max(memories) if memories else None,
+                                        extra={m: _test_values(done, m) for m in extra_metrics(plan)}))
     base = next(s for s in summaries if s.name == plan.settings.baseline)
     for summary in summaries:
         if summary is not base:
@@ -166,7 +177,8 @@ def headers(plan: Plan) -> list[str]:
     metric = plan.task.metric
     base = plan.variant(plan.settings.baseline)
     return ["variant", "parameters", f"MAdds @ {'/'.join(map(str, base.lengths))}", f"{plan.task.units}/s",
-            "peak MiB", "runs", f"valid {metric}", f"test {metric}", "Δ test", "beyond seed spread"]
+            "peak MiB", "runs", f"valid {metric}", f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)),
+            "Δ test", "beyond seed spread"]
 
 
 def table_rows(plan: Plan, summaries: list[VariantSummary]) -> list[list[str]]:
@@ -182,7 +194,8 @@ def table_rows(plan: Plan, summaries: list[VariantSummary]) -> list[list[str]]:
         rows.append([s.name + (" (baseline)" if marked else ""), human(p.parameters),
                      madds, "–" if s.speed is None else f"{s.speed:,.0f}",
                      "–" if s.memory is None else f"{s.memory:,.0f}", f"{len(s.finished())}/{len(s.runs)}",
-                     mean_pm(s.valid), mean_pm(s.test), "–" if delta is None else f"{delta:+.{places}f}",
+                     mean_pm(s.valid), mean_pm(s.test), *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
+                     "–" if delta is None else f"{delta:+.{places}f}",
                      s.difference.verdict if s.difference else "–"])
     return rows
 
@@ -463,7 +476,7 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary]) -> dict[str, Any]
             "parameters": s.planned.parameters, "madds": s.planned.madds, "madds_lengths": s.planned.lengths,
             "units_per_s": s.speed, "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()),
             "runs": len(s.runs), "test": s.test, "test_mean": test_mean, "test_std": test_std, "valid": s.valid,
-            "valid_mean": valid_mean, "valid_std": valid_std,
+            "valid_mean": valid_mean, "valid_std": valid_std, **{f"test_{m}": v for m, v in s.extra.items()},
             "delta": s.difference.delta if s.difference else None,
             "beyond_spread": s.difference.exceeds if s.difference else None,
             "verdict": s.difference.verdict if s.difference else None}

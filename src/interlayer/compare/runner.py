@@ -10,8 +10,13 @@ Directory layout (``DIR`` is ``--output``)::
 
 A run with ``results.json`` is finished and skipped; one with ``checkpoint_last.pt`` is resumed (``--resume``);
 one with only ``run.json`` never reached its first checkpoint and is started over; the rest are started.
-Ctrl-C (or SIGTERM) is passed to the running process, whose engine finishes its step, saves and exits; no further
+Ctrl-C (or SIGTERM) is passed to the running processes, whose engines finish their step, save and exit; no further
 run is started and the caller writes a partial report. Running the same command again continues.
+
+``jobs`` runs train at once (``--jobs``). Each then gets ``cores // jobs`` torch threads (at least one) unless its
+config sets ``train.threads``: on a small machine two one-thread runs finish a comparison sooner than two two-thread
+runs one after the other, because a small model uses a second thread poorly. Under a time budget the thread count
+changes how far a run gets, so every run of one comparison should be made with the same ``--jobs``.
 
 Processes come from a multiprocessing *forkserver* that has imported torch and interlayer once, so a run starts
 in milliseconds instead of paying the imports (several seconds) again; each run is still its own process, forked
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -51,22 +57,35 @@ class RunOutcome:
     detail: str = ""
 
 
-class _Interrupts:
-    """SIGINT/SIGTERM set a flag and are passed on to the running run process (whose engine saves and stops).
+@dataclass
+class _Active:
+    """A run process that has been started and not yet joined."""
 
-    The run usually gets a terminal's Ctrl-C itself too (same process group); a second delivery only sets its
-    stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
+    name: str
+    label: str
+    run_dir: Path
+    log: Path
+    process: multiprocessing.process.BaseProcess
+    started: float
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM set a flag and are passed on to the running run processes (whose engines save and stop).
+
+    The runs usually get a terminal's Ctrl-C themselves too (same process group); a second delivery only sets
+    their stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
     """
 
     def __init__(self) -> None:
         self.requested = False
-        self.process: Optional[multiprocessing.process.BaseProcess] = None
+        self.processes: list[multiprocessing.process.BaseProcess] = []
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
-        if self.process is not None and self.process.is_alive():
-            os.kill(self.process.pid, signal.SIGINT)
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
 
     def __enter__(self) -> "_Interrupts":
         try:
@@ -114,9 +133,17 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in text[-lines:])
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one, which containers narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class Runner:
-    def __init__(self, plan: Plan, output: Path, *, echo: Callable[[str], None] = print) -> None:
-        self.plan, self.output, self.echo = plan, Path(output), echo
+    def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
+        self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
+        self.threads = max(1, available_cores() // jobs) if jobs > 1 else None
         self.context = process_context()
         self.status_path = self.output / STATUS_FILE
         self.status: dict[str, Any] = (json.loads(self.status_path.read_text())
@@ -126,20 +153,33 @@ class Runner:
         return self.output / RUNS / run_name(variant, seed)
 
     def run_all(self) -> tuple[list[RunOutcome], bool]:
-        """Train what is missing; returns the outcomes and whether the comparison was interrupted."""
+        """Train what is missing, ``jobs`` at a time; returns the outcomes and whether the comparison was
+        interrupted. Outcomes are in the order the runs ended."""
         runs = self.plan.runs()
+        pending = [(f"[{index}/{len(runs)}] {variant.variant.name} seed {seed}", variant, seed)
+                   for index, (variant, seed) in enumerate(runs, 1)]
         outcomes: list[RunOutcome] = []
+        active: dict[int, _Active] = {}
         with _Interrupts() as interrupts:
-            for index, (variant, seed) in enumerate(runs, 1):
-                if interrupts.requested:
+            while pending or active:
+                while pending and len(active) < self.jobs and not interrupts.requested:
+                    started = self._start(*pending.pop(0))
+                    if isinstance(started, RunOutcome):
+                        outcomes.append(started)
+                        self._save_status(started)
+                    else:
+                        active[started.process.sentinel] = started
+                interrupts.processes = [run.process for run in active.values()]
+                if not active:
                     break
-                label = f"[{index}/{len(runs)}] {variant.variant.name} seed {seed}"
-                outcome = self._run(variant, seed, label, interrupts)
-                outcomes.append(outcome)
-                self._save_status(outcome)
+                for sentinel in multiprocessing.connection.wait(list(active)):
+                    outcome = self._finish(active.pop(sentinel), interrupts.requested)
+                    outcomes.append(outcome)
+                    self._save_status(outcome)
         return outcomes, interrupts.requested
 
-    def _run(self, variant: PlannedVariant, seed: int, label: str, interrupts: _Interrupts) -> RunOutcome:
+    def _start(self, label: str, variant: PlannedVariant, seed: int) -> "RunOutcome | _Active":
+        """Start the run's process, or say why it needs none (finished earlier)."""
         name = run_name(variant.variant.name, seed)
         run_dir = self.run_dir(variant.variant.name, seed)
         state = run_state(run_dir)
@@ -151,23 +191,23 @@ class Runner:
             shutil.rmtree(run_dir)
         budget = self.plan.settings.budget_minutes
         job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets, "seed": seed,
-               "max_minutes": budget, "run_dir": str(run_dir), "resume": state == "resumable"}
+               "max_minutes": budget, "run_dir": str(run_dir), "resume": state == "resumable",
+               "threads": self.threads}
         log = self.output / LOGS / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         verb = "resuming" if job["resume"] else "training"
-        self.echo(f"{label}: {verb}" + (f" (budget {budget:g} min)" if budget else "") + f"; log {log}")
-        if interrupts.requested:  # Ctrl-C between two runs: start nothing new
-            return RunOutcome(name, "interrupted")
+        notes = ([f"budget {budget:g} min"] if budget else []) + ([f"{self.threads} thread(s)"] if self.threads else [])
+        self.echo(f"{label}: {verb}" + (f" ({', '.join(notes)})" if notes else "") + f"; log {log}")
         with log.open("a") as handle:
             handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {verb} {name}\n")
-        started = time.perf_counter()
         process = self.context.Process(target=child.entry, args=(job, str(log)), name=name)
         process.start()
-        interrupts.process = process
-        process.join()
-        interrupts.process = None
-        seconds = time.perf_counter() - started
-        return self._outcome(name, process.exitcode, seconds, run_dir, log, label, interrupts.requested)
+        return _Active(name, label, run_dir, log, process, time.perf_counter())
+
+    def _finish(self, run: _Active, stop_requested: bool) -> RunOutcome:
+        run.process.join()
+        seconds = time.perf_counter() - run.started
+        return self._outcome(run.name, run.process.exitcode, seconds, run.run_dir, run.log, run.label, stop_requested)
 
     def _outcome(self, name: str, code: int, seconds: float, run_dir: Path, log: Path, label: str,
                  stop_requested: bool) -> RunOutcome:

@@ -103,6 +103,12 @@ class ImportReport:
     ignored: list[str] = field(default_factory=list)  # checkpoint tensors with no place in the model
     notes: list[str] = field(default_factory=list)
 
+    def summary(self) -> dict[str, Any]:
+        """What a run records (task.json): the counts, and by name what is new and what was left out."""
+        return {"source": self.source, "counts": {"loaded": len(self.loaded), "initialised": len(self.initialised),
+                                                  "ignored": len(self.ignored)},
+                "initialised": list(self.initialised), "ignored": list(self.ignored), "notes": list(self.notes)}
+
 
 def encoder_parameter_map(n_layers: int) -> dict[str, str]:
     """HF BERT tensor name (without the ``bert.`` prefix) -> core parameter name, for the encoder proper."""
@@ -244,17 +250,46 @@ def import_bert(directory: Union[str, Path], *, num_classes: Optional[int] = Non
     pooling, pooler = _pooling_plan(directory, pooling, pooler)
     ckpt_classes = _checkpoint_classes(hf, state)
     num_classes = num_classes if num_classes is not None else (ckpt_classes or _num_labels(hf))
-    load_head = ckpt_classes == num_classes and pooler and pooling == "cls"
     cfg = bert_config(hf, tokenizer.pad_id, num_classes=num_classes, pooling=pooling, pooler=pooler,
                       extra_sections=extra_sections, overrides=overrides, source=str(directory))
     model = build_model(cfg)
+    model.import_report = _load_checkpoint_state(model, directory, hf, tokenizer, state)
+    return model.eval(), tokenizer
+
+
+def load_checkpoint(model: nn.Module, directory: Union[str, Path]) -> ImportReport:
+    """Copy checkpoint ``directory``'s tensors into ``model``, built from a config :func:`import_bert` made for it.
+
+    Why: a fine-tuning run builds its model itself, after seeding, so that what the checkpoint lacks (PA's
+    convolutions, a new head) gets the run's seeded initialisation; this is the loading half of
+    :func:`import_bert` (the same head policy, report and notes). ``torch.manual_seed(s)`` then
+    ``build_model(cfg)`` and ``load_checkpoint`` give exactly the model of ``torch.manual_seed(s)`` then
+    ``import_bert`` with that config's options. The model is left in its current mode.
+    """
+    directory = Path(directory)
+    hf = read_hf_config(directory)
+    state = normalise_names(read_weights(directory), hf["model_type"])
+    return _load_checkpoint_state(model, directory, hf, _tokenizer_for(directory, hf), state)
+
+
+def checkpoint_tokenizer(directory: Union[str, Path]) -> WordPieceTokenizer:
+    """The checkpoint's tokenizer as :func:`import_bert` returns it (truncating to the position table at most)."""
+    directory = Path(directory)
+    return _tokenizer_for(directory, read_hf_config(directory))
+
+
+def _load_checkpoint_state(model: nn.Module, directory: Path, hf: dict[str, Any], tokenizer: WordPieceTokenizer,
+                           state: dict[str, Tensor]) -> ImportReport:
+    """Load ``state`` with the head policy of :func:`import_bert`; the report is logged at INFO level."""
+    cfg: ModelConfig = model.config
+    ckpt_classes = _checkpoint_classes(hf, state)
+    load_head = ckpt_classes == cfg.num_classes and bool(cfg.classifier_hidden) and cfg.pooling == "cls"
     report = load_bert_state(model, state, load_head=load_head, source=str(directory),
                              init_std=float(hf.get("initializer_range", 0.02)))
     report.notes += _notes(hf, tokenizer, cfg, ckpt_classes if not load_head else None)
-    model.import_report = report
     log.info("imported %s: %d tensors loaded, initialised %s, ignored %s; %s", directory, len(report.loaded),
              report.initialised, report.ignored, " ".join(report.notes))
-    return model.eval(), tokenizer
+    return report
 
 
 def _tokenizer_for(directory: Path, hf: dict[str, Any]) -> WordPieceTokenizer:

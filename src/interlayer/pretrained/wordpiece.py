@@ -167,6 +167,13 @@ class WordPieceTokenizer:
         encoding = self._encode_batch([text], None if pair is None else [pair], max_length)[0]
         return list(encoding.ids), list(encoding.type_ids)
 
+    def encode_many(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
+                    max_length: Optional[int] = None) -> list[tuple[list[int], list[int], bool]]:
+        """Ids, token types and whether truncation cut anything, per text (or pair): a whole data set in one call,
+        unpadded, so that a task can count truncated inputs and batch by length itself."""
+        encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
+        return [(list(e.ids), list(e.type_ids), bool(e.overflowing)) for e in encodings]
+
     def __call__(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
                  max_length: Optional[int] = None) -> EncodedBatch:
         """Encode a batch (optionally of pairs) and right-pad it with ``[PAD]`` (token type 0) to its longest."""

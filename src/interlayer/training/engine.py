@@ -77,10 +77,14 @@ class TrainState:
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int) -> float:
-    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule (see ``TrainConfig.schedule``)."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(total_steps - cfg.warmup_steps, 1))
+    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule (see ``TrainConfig.schedule``).
+
+    The warm-up lasts ``warmup_steps``, or ``ceil(warmup_fraction x total_steps)`` (as ``transformers``' warmup_ratio).
+    """
+    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_fraction * total_steps)
+    if warmup and step < warmup:
+        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / warmup
+    progress = min(1.0, (step - warmup) / max(total_steps - warmup, 1))
     if cfg.schedule == "constant":
         return cfg.lr
     if cfg.schedule == "linear":
@@ -89,7 +93,7 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch
         return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
     if cfg.schedule == "step":
         return cfg.lr * cfg.step_gamma ** ((step - 1) // max(steps_per_epoch * cfg.step_epochs, 1))
-    return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / max(step, 1))
+    return cfg.lr * math.sqrt(max(warmup, 1) / max(step, 1))
 
 
 def _rng_state() -> dict[str, Any]:
