@@ -19,9 +19,11 @@ import pytest
 from matplotlib.image import imread
 
 from interlayer.core.config import ConfigError
-from interlayer.search.mpt import (PARAM, PHASE_ATTR, Definition, MPTSearchSampler, Record, SearchSettings, Strategy,
-                                   TrialResult, _run_trial, all_patterns, decode, draw_pattern, encode, good_and_poor,
-                                   open_study, propose, rank_completed, run_search, swap_neighbours, within_one_swap)
+from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_study, run_search
+from interlayer.search.policy import (Record, Strategy, all_patterns, decode, encode, good_and_poor, propose,
+                                      rank_completed, swap_neighbours, within_one_swap)
+from interlayer.search.report import draw_pattern
+from interlayer.search.sampler import PARAM, PHASE_ATTR, Definition, MPTSearchSampler
 
 TrialState = optuna.trial.TrialState
 N = 4

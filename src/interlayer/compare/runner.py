@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from . import child
 from .child import FINISHED, INTERRUPTED, RESULTS_FILE, STOPPED_OUTSIDE_TRAINING

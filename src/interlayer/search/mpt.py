@@ -6,7 +6,8 @@ by default, the paper's choice, Table 1). N! patterns: 720 for the paper's N=6.
 
 The strategy (Sec. 3.4): "there is only one connection swap between neighbouring structures ... we perform a
 coarse random search, and forgo search on neighbours of structures with bad results. We instead perform
-fine-grained search around models with good performance." The paper gives no numbers; :func:`propose` reads it as
+fine-grained search around models with good performance." The paper gives no numbers; :func:`.policy.propose`
+reads it as
 
 1. **reference**: the identity ``[0..N-1]`` (the default MPT, Table 1 "[0,1,2,3,4,5]") is enqueued as trial 0,
    the score every other pattern is compared with;
@@ -31,219 +32,33 @@ storage (SQLite by default, PostgreSQL for many machines) with heartbeats, so th
 """
 from __future__ import annotations
 
-import datetime
-import itertools
 import json
 import math
 import multiprocessing
 import os
-import random
 import socket
 import sys
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import optuna
 import sqlalchemy
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import FancyBboxPatch
-from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.study import MaxTrialsCallback, StudyDirection
+from optuna.samplers import BaseSampler
+from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..core.config import ConfigError
-from ..tables import format_table
+from .policy import Strategy, decode, encode
+from .report import draw_pattern, report_text
+from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PARAM, PHASE_ATTR, STRATEGY_ATTR, Definition, MPTSearchSampler,
+                      trial_pattern)
 
-PARAM = "permutation"  # the categorical parameter: "0,4,1,5,2,3"
-PATTERN_ATTR = "mpt_search:permutation"  # system attr: the sampler's draw, visible to other workers at once
-PHASE_ATTR = "phase"  # user attr: reference | coarse | refine | random | exhausted
-CONDITIONS_ATTR = "conditions"  # study user attr: what every trial of the study must share
-DEFINITION_ATTR = "definition"  # study user attr: N, metric and its direction
-STRATEGY_ATTR = "strategy"  # study user attr: the last command's --trials and search knobs (for the report)
-MAX_LAYERS = 7  # Optuna stores every categorical choice with every trial: 8! = 40,320 choices is 0.75 MB a trial
 DEFAULT_STUDY = "mpt-search"
 DEFAULT_OUTPUT = "runs/search/mpt-{task}"
 HEARTBEAT_SECONDS = 60
-DPI = 100
-
-
-# -- patterns ------------------------------------------------------------------------------------------------------
-def encode(permutation: Sequence[int]) -> str:
-    """``[0, 4, 1, 5, 2, 3]`` -> ``"0,4,1,5,2,3"`` (the categorical value)."""
-    return ",".join(str(int(v)) for v in permutation)
-
-
-def decode(value: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in value.split(","))
-
-
-def all_patterns(n_layers: int) -> list[str]:
-    """Every permutation of ``0..N-1``, encoded, in lexicographic order (the identity first)."""
-    return [encode(p) for p in itertools.permutations(range(n_layers))]
-
-
-def swap_neighbours(pattern: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The N(N-1)/2 patterns one connection swap away: outer layers i and j exchange their inner sources."""
-    out = []
-    for i, j in itertools.combinations(range(len(pattern)), 2):
-        swapped = list(pattern)
-        swapped[i], swapped[j] = swapped[j], swapped[i]
-        out.append(tuple(swapped))
-    return out
-
-
-def within_one_swap(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Equal, or one swap apart (two permutations that differ in exactly two places differ by that swap)."""
-    return sum(x != y for x, y in zip(a, b)) in (0, 2)
-
-
-# -- the search policy (pure: history in, pattern out) --------------------------------------------------------------
-@dataclass(frozen=True)
-class Record:
-    """What the policy needs to know of one trial."""
-
-    number: int
-    pattern: tuple[int, ...]
-    phase: str
-    state: TrialState
-    value: Optional[float] = None
-
-
-@dataclass(frozen=True)
-class Proposal:
-    pattern: Optional[tuple[int, ...]]  # None: every pattern is taken
-    phase: str
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """The knobs of Sec. 3.4's search (the paper gives none; defaults documented in docs/search.md)."""
-
-    n_layers: int
-    coarse: int
-    top_k: int = 3
-    poor_fraction: float = 0.5
-    seed: int = 1
-
-    def validate(self) -> None:
-        if not 2 <= self.n_layers <= MAX_LAYERS:
-            raise ConfigError(f"the encoder has {self.n_layers} layers; the search needs 2..{MAX_LAYERS} "
-                              f"({MAX_LAYERS}! = {math.factorial(MAX_LAYERS):,} patterns; Optuna stores every "
-                              "choice of the categorical parameter with each trial, so larger spaces bloat the "
-                              "storage). Set enc_layers (the paper searches N=6)")
-        if self.coarse < 0:
-            raise ConfigError(f"--coarse={self.coarse} must not be negative")
-        if self.top_k < 1:
-            raise ConfigError(f"--top-k={self.top_k} must be at least 1")
-        if not 0.0 <= self.poor_fraction < 1.0:
-            raise ConfigError(f"--poor-fraction={self.poor_fraction} must lie in [0, 1): the share of completed "
-                              "trials whose neighbours are skipped")
-
-
-def rank_completed(records: Sequence[Record], higher_is_better: bool) -> list[Record]:
-    """Completed trials, best first (ties: the earlier trial first; a diverged trial's infinite score last)."""
-    done = [r for r in records if r.state == TrialState.COMPLETE and r.value is not None]
-    sign = -1.0 if higher_is_better else 1.0
-    return sorted(done, key=lambda r: (sign * r.value, r.number))
-
-
-def good_and_poor(ranked: Sequence[Record], top_k: int, poor_fraction: float) -> tuple[list[Record], list[Record]]:
-    """The ``top_k`` best and the worst ``floor(poor_fraction x completed)``, never overlapping; a trial tied with
-    the last one kept out of the poor part is not poor either (a tie is no evidence against a pattern)."""
-    cut = len(ranked) - int(len(ranked) * poor_fraction)
-    if cut == 0:
-        return [], []
-    return list(ranked[: min(top_k, cut)]), [r for r in ranked[cut:] if r.value != ranked[cut - 1].value]
-
-
-def propose(strategy: Strategy, records: Sequence[Record], *, number: int, higher_is_better: bool) -> Proposal:
-    """The pattern for trial ``number`` given every other trial of the study (module docstring, steps 2-4)."""
-    rng = random.Random(f"mpt-search:{strategy.seed}:{number}")
-    live = [r for r in records if r.state != TrialState.FAIL]  # a failed (lost) trial frees its pattern
-    taken = {r.pattern for r in live}
-    untaken = [p for p in map(decode, all_patterns(strategy.n_layers)) if p not in taken]
-    if not untaken:
-        return Proposal(None, "exhausted")
-    if sum(r.phase == "coarse" and r.state != TrialState.PRUNED for r in live) < strategy.coarse:
-        return Proposal(rng.choice(untaken), "coarse")
-    good, poor = good_and_poor(rank_completed(records, higher_is_better), strategy.top_k, strategy.poor_fraction)
-
-    def near_poor(pattern: tuple[int, ...]) -> bool:
-        return any(within_one_swap(pattern, p.pattern) for p in poor)
-
-    candidates = {c for g in good for c in swap_neighbours(g.pattern) if c not in taken and not near_poor(c)}
-    if candidates:
-        return Proposal(rng.choice(sorted(candidates)), "refine")
-    away = [p for p in untaken if not near_poor(p)]
-    return Proposal(rng.choice(away or untaken), "random")
-
-
-# -- the Optuna sampler --------------------------------------------------------------------------------------------
-def trial_pattern(trial: FrozenTrial) -> Optional[str]:
-    """The pattern of a trial in any state: suggested, drawn by the sampler, or enqueued."""
-    if PARAM in trial.params:
-        return trial.params[PARAM]
-    return trial.system_attrs.get(PATTERN_ATTR) or trial.system_attrs.get("fixed_params", {}).get(PARAM)
-
-
-def study_records(trials: Sequence[FrozenTrial], *, exclude: Optional[int] = None) -> list[Record]:
-    records = []
-    for t in trials:
-        pattern = trial_pattern(t)
-        if t.number == exclude or not pattern:
-            continue
-        value = t.value if t.state == TrialState.COMPLETE else None
-        records.append(Record(t.number, decode(pattern), t.user_attrs.get(PHASE_ATTR, ""), t.state, value))
-    return records
-
-
-class MPTSearchSampler(BaseSampler):
-    """Sec. 3.4's coarse-then-refine random search as an Optuna sampler of the ``permutation`` parameter.
-
-    As Optuna's own ``GridSampler`` does, the draw happens in :meth:`before_trial` and is written to the trial's
-    system attributes at once, so a worker drawing next sees it (RUNNING trials count as taken); the phase is a
-    user attribute. Enqueued and retried trials keep their pattern (and the phase they were given). Any other
-    parameter an objective may suggest is drawn by a seeded :class:`~optuna.samplers.RandomSampler`.
-    """
-
-    def __init__(self, strategy: Strategy) -> None:
-        strategy.validate()
-        self.strategy = strategy
-        self.choices = all_patterns(strategy.n_layers)
-        self._fallback = RandomSampler(seed=strategy.seed)
-
-    def reseed_rng(self) -> None:
-        self._fallback.reseed_rng()
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return {}
-
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        return {}
-
-    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if trial_pattern(trial) is not None:
-            if PHASE_ATTR not in trial.user_attrs:
-                study._storage.set_trial_user_attr(trial._trial_id, PHASE_ATTR, "enqueued")
-            return
-        records = study_records(study.get_trials(deepcopy=False), exclude=trial.number)
-        proposal = propose(self.strategy, records, number=trial.number,
-                           higher_is_better=study.direction == StudyDirection.MAXIMIZE)
-        drawn = encode(proposal.pattern) if proposal.pattern is not None else self.choices[0]
-        study._storage.set_trial_system_attr(trial._trial_id, PATTERN_ATTR, drawn)
-        study._storage.set_trial_user_attr(trial._trial_id, PHASE_ATTR, proposal.phase)
-
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        if param_name != PARAM:
-            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
-        return trial.system_attrs[PATTERN_ATTR]
 
 
 # -- settings and the study ----------------------------------------------------------------------------------------
@@ -294,15 +109,6 @@ class SearchSettings:
         """What every trial of one study shares (a worker with other conditions is refused)."""
         return {"task": self.task, "preset": self.preset, "sets": {k: str(v) for k, v in sorted(self.sets.items())},
                 "seed": self.seed, "budget_minutes": self.budget_minutes}
-
-
-@dataclass(frozen=True)
-class Definition:
-    """What the data and the model decide: the encoder depth N and the validation metric with its direction."""
-
-    n_layers: int
-    metric: str
-    higher_is_better: bool
 
 
 def task_spec(name: str) -> Any:
@@ -637,149 +443,6 @@ def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str,
     if interrupted or 130 in codes:
         return "interrupted", codes
     return ("failed" if any(codes) else "done"), codes
-
-
-# -- report --------------------------------------------------------------------------------------------------------
-def _minutes(trial: FrozenTrial) -> Optional[float]:
-    if trial.datetime_start is None:
-        return None
-    end = trial.datetime_complete or datetime.datetime.now()
-    return (end - trial.datetime_start).total_seconds() / 60
-
-
-def _note(trial: FrozenTrial) -> str:
-    notes = []
-    if "failed_trial" in trial.system_attrs:
-        notes.append(f"retry of trial {trial.system_attrs['failed_trial']}")
-    if trial.state == TrialState.FAIL:
-        if "error" in trial.user_attrs:
-            notes.append(f"error: {trial.user_attrs['error']}")
-        elif trial.user_attrs.get("interrupted"):
-            notes.append("interrupted (Ctrl-C/SIGTERM)")
-        else:
-            notes.append("lost: no heartbeat (worker killed or machine down)")
-    elif trial.state == TrialState.RUNNING:
-        notes.append(f"running on {trial.user_attrs.get('host', '?')}")
-    elif trial.state == TrialState.COMPLETE:
-        notes.append(trial.user_attrs.get("stop_reason", ""))
-    return "; ".join(n for n in notes if n).replace("|", "/")
-
-
-def _fmt(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:.4g}"
-
-
-def report_text(study: optuna.Study, storage_label: str) -> tuple[str, Optional[Record]]:
-    """The Markdown report of a search study and its best completed trial (None before any completed)."""
-    definition = Definition(**study.user_attrs[DEFINITION_ATTR])
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING and trial_pattern(t)]
-    shown = [t for t in trials if t.state != TrialState.PRUNED]
-    ranked = rank_completed(study_records(shown), definition.higher_is_better)
-    order = {r.number: i for i, r in enumerate(ranked)}
-    shown.sort(key=lambda t: (order.get(t.number, len(order)), t.number))
-    rows = [[str(order[t.number] + 1) if t.number in order else "", str(t.number), f"[{trial_pattern(t)}]",
-             t.user_attrs.get(PHASE_ATTR, ""), _fmt(t.value if t.state == TrialState.COMPLETE else None),
-             t.state.name, "" if _minutes(t) is None else f"{_minutes(t):.2f}", _note(t)] for t in shown]
-    table = format_table(["rank", "trial", "permutation", "phase", f"valid {definition.metric}", "state", "minutes",
-                          "note"], rows)
-    strategy = study.user_attrs.get(STRATEGY_ATTR, {})
-    lines = [f"# Multi-Pass hard-connection search: study `{study.study_name}`", "",
-             _describe(study.user_attrs[CONDITIONS_ATTR], definition, strategy, storage_label), "",
-             _counts(trials, strategy.get("trials")), ""]
-    lines += _headline(ranked, tuple(range(definition.n_layers)), definition)
-    lines += ["", "![best pattern](best_pattern.png)" if ranked else "", "", table, ""]
-    return "\n".join(lines), (ranked[0] if ranked else None)
-
-
-def _describe(conditions: dict[str, Any], definition: Definition, strategy: dict[str, Any], storage: str) -> str:
-    sets = " ".join(f"--set {k}={v}" for k, v in conditions["sets"].items()) or "no --set"
-    budget = conditions["budget_minutes"]
-    knobs = (f"coarse {strategy['coarse']}, top-k {strategy['top_k']}, poor = the worst "
-             f"{strategy['poor_fraction']:g} of the completed trials" if strategy else "not recorded")
-    return (f"Task `{conditions['task']}`, preset `{conditions['preset']}` ({sets}); N = {definition.n_layers} "
-            f"encoder layers, {math.factorial(definition.n_layers):,} hard patterns (`multipass.connection=hard`). "
-            f"Every trial: seed {conditions['seed']}, "
-            + (f"{budget:g} training minutes" if budget else "the task's training limits (no time budget)")
-            + f"; score: the best epoch's validation {definition.metric} "
-            f"({'higher' if definition.higher_is_better else 'lower'} is better); the test set is never used. "
-            f"Strategy (MPT Sec. 3.4): {knobs}. Storage `{storage}`.")
-
-
-def _counts(trials: Sequence[FrozenTrial], requested: Optional[int]) -> str:
-    count = {s: sum(t.state == s for t in trials) for s in TrialState}
-    phases: dict[str, int] = {}
-    for t in trials:
-        if t.state == TrialState.COMPLETE:
-            phase = t.user_attrs.get(PHASE_ATTR, "?")
-            phases[phase] = phases.get(phase, 0) + 1
-    by_phase = ", ".join(f"{k} {v}" for k, v in phases.items()) or "none"
-    return (f"Trials: {count[TrialState.COMPLETE]} complete of {requested or '?'} requested ({by_phase}), "
-            f"{count[TrialState.RUNNING]} running, {count[TrialState.FAIL]} failed or lost, "
-            f"{count[TrialState.PRUNED]} draws skipped untrained (a concurrent duplicate, or every pattern taken).")
-
-
-def _headline(ranked: Sequence[Record], identity: tuple[int, ...], definition: Definition) -> list[str]:
-    """Best, identity, and the best pattern other than the identity against it (the search's question)."""
-    if not ranked:
-        return ["No trial has completed yet."]
-    metric, best = definition.metric, ranked[0]
-    lines = [f"- best: [{encode(best.pattern)}] (trial {best.number}, {best.phase}): {metric} {best.value:.4g}"]
-    reference = next((r for r in ranked if r.pattern == identity), None)
-    if reference is None:
-        return lines + [f"- identity [{encode(identity)}]: not complete yet"]
-    lines.append(f"- identity [{encode(identity)}] (trial {reference.number}): {metric} {reference.value:.4g}")
-    other = next((r for r in ranked if r.pattern != identity), None)
-    if other is not None:
-        gain = (other.value - reference.value) * (1 if definition.higher_is_better else -1)
-        lines.append(f"- best other than the identity: [{encode(other.pattern)}] (trial {other.number}): {metric} "
-                     f"{other.value:.4g}, {gain:+.4g} {'better' if gain > 0 else 'worse' if gain < 0 else 'equal'} "
-                     f"({'at least' if gain >= 0 else 'below'} the identity's score). One seed per pattern: confirm "
-                     "a small gap with several seeds (the maximum of many noisy scores is biased upwards).")
-    return lines
-
-
-def draw_pattern(permutation: Sequence[int], path: Path, title: str) -> None:
-    """MPT Fig. 3 style: the inner (first-pass) stack left, the outer (second-pass) stack right, layer 0 at the
-    bottom, the embedding feeding both; an arrow from inner ``tau_k`` to outer k, coloured by the path it makes
-    (Sec. 4.2: deep inner -> shallow outer lengthens the longest path, shallow inner -> deep outer adds a short
-    one)."""
-    n = len(permutation)
-    fig = Figure(figsize=(7.0, 2.2 + 0.8 * (n + 1)), dpi=DPI)
-    ax = fig.add_axes((0.02, 0.8 / (2.2 + 0.8 * (n + 1)), 0.96, 1 - 1.4 / (2.2 + 0.8 * (n + 1))))
-    ax.set_xlim(-1.6, 7.6)
-    ax.set_ylim(-1.6, n + 0.3)
-    ax.axis("off")
-    width, height, inner_x, outer_x = 2.0, 0.56, 0.0, 5.0
-    colours = {"long": "#c0392b", "short": "#2471a3", "same": "#7f8c8d"}
-
-    def box(x: float, y: float, text: str, colour: str) -> None:
-        ax.add_patch(FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.04",
-                                    facecolor=colour, edgecolor="black", linewidth=1.0))
-        ax.text(x, y, text, ha="center", va="center", fontsize=9)
-
-    def arrow(start: tuple[float, float], end: tuple[float, float], colour: str = "black", lw: float = 1.0) -> None:
-        ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=colour, lw=lw,
-                                                              shrinkA=0, shrinkB=0))
-
-    box((inner_x + outer_x) / 2, -1.0, "embedding", "#eeeeee")
-    for x, name, colour in ((inner_x, "inner", "#fdebd0"), (outer_x, "outer", "#d6eaf8")):
-        arrow(((inner_x + outer_x) / 2 + (x - 2.5) * 0.2, -1.0 + height / 2), (x, -height / 2))
-        for k in range(n):
-            label = f"{name} {k}" if name == "inner" else f"outer {k} \u2190 inner {permutation[k]}"
-            box(x, k, label, colour)
-            if k + 1 < n:
-                arrow((x, k + height / 2), (x, k + 1 - height / 2))
-    for k, j in enumerate(permutation):
-        kind = "long" if j > k else "short" if j < k else "same"
-        arrow((inner_x + width / 2, j), (outer_x - width / 2, k), colours[kind], lw=1.8)
-    ax.text(inner_x, n - 0.2, "pass 1 (inner)", ha="center", fontsize=10, weight="bold")
-    ax.text(outer_x, n - 0.2, "pass 2 (outer)", ha="center", fontsize=10, weight="bold")
-    handles = [Line2D([], [], color=colours["long"], lw=2, label="deeper inner \u2192 shallower outer (long path)"),
-               Line2D([], [], color=colours["short"], lw=2, label="shallower inner \u2192 deeper outer (short path)"),
-               Line2D([], [], color=colours["same"], lw=2, label="same depth (default MPT)")]
-    fig.legend(handles=handles, loc="lower center", fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=DPI)
 
 
 def write_report(settings: SearchSettings) -> str:

@@ -67,8 +67,9 @@ class TrainConfig:
                               f"{self.warmup_fraction} are both set; warm-up is given one way: set the other to 0")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1)")
-        for key in ("min_lr", "step_gamma", "step_epochs", "warmup_steps", "max_steps", "patience", "save_interval_steps", "keep_last", "average_last",
-                    "threads", "clip_norm", "max_minutes", "weight_decay"):
+        for key in ("min_lr", "step_gamma", "step_epochs", "warmup_steps", "max_steps", "patience",
+                    "save_interval_steps", "keep_last", "average_last", "threads", "clip_norm", "max_minutes",
+                    "weight_decay"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")
         if self.average_last > self.keep_last:

@@ -3,8 +3,9 @@
 What it guarantees:
 
 * **Resumable to the bit.** ``checkpoint_last.pt`` holds the model and training configs, weights, optimiser, step,
-  position inside the epoch, every random generator and the task's assets (e.g. the tokenizer); batch order depends only on ``(seed, epoch)``. A run stopped at any saved point and
-  resumed with ``resume=True`` ends with the same weights as an uninterrupted run (tested).
+  position inside the epoch, every random generator and the task's assets (e.g. the tokenizer); batch order depends
+  only on ``(seed, epoch)``. A run stopped at any saved point and resumed with ``resume=True`` ends with the same
+  weights as an uninterrupted run (tested).
 * **Nothing lost on Ctrl-C / SIGTERM.** The signal only sets a flag; the loop finishes the current step, writes
   ``checkpoint_last.pt`` and returns. A SIGKILL loses at most the steps since the last checkpoint (epoch end, or
   every ``save_interval_steps``).
