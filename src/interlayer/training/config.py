@@ -31,6 +31,9 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
+    # False: biases and normalisation weights are spared weight decay (BERT's AdamW parameter groups, used for
+    # fine-tuning); True: every parameter decays alike (the papers' L2 through Adam)
+    decay_bias_norm: bool = True
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 disables clipping
     max_tokens: int = 4096  # padded tokens per batch

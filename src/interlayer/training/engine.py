@@ -97,6 +97,25 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch
     return cfg.lr * math.sqrt(max(warmup, 1) / max(step, 1))
 
 
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
+
+
+def parameter_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """The optimiser's parameter groups: one, unless ``cfg.decay_bias_norm`` is off and there is weight decay to
+    spare, then a second group without decay for biases and the weights of normalisation layers (BERT's grouping,
+    which fine-tuning recipes expect; a LayerNorm gain decayed towards 0 would shrink the pretrained features)."""
+    if cfg.decay_bias_norm or not cfg.weight_decay:
+        return [{"params": list(model.parameters())}]
+    spared: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if name == "bias" or isinstance(module, _NORMS):
+                spared.add(id(param))
+    params = list(model.parameters())
+    return [{"params": [p for p in params if id(p) not in spared]},
+            {"params": [p for p in params if id(p) in spared], "weight_decay": 0.0}]
+
+
 def _rng_state() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
 
@@ -165,8 +184,8 @@ class Trainer:
         self.train_model: nn.Module = (nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
                                        if self.dist.enabled else model)
         optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = optimizer(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
-                                   weight_decay=cfg.weight_decay)
+        self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
+                                   eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.state = TrainState()
         self.logs = _Logs(self.run_dir, self.dist.is_main)
         self._stop_requested = False
