@@ -24,10 +24,11 @@ from interlayer.experiment import split_overrides
 from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_settings
 from interlayer.compare.plan import Plan, build_task, prepare_directory
 from interlayer.compare.report import write_report
-from interlayer.compare.runner import available_cores, run_state
+from interlayer.compare.runner import run_state
 from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
 from interlayer.registry import PRESETS
+from interlayer.training.concurrency import threads_per_run
 
 LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
            "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees"}
@@ -303,7 +304,7 @@ def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_pa
     started = [i for i, line in enumerate(lines) if ": training" in line]
     ended = [i for i, line in enumerate(lines) if ": finished in" in line]
     assert len(started) == len(ended) == 2 and max(started) < min(ended)  # the second began before the first ended
-    threads = max(1, available_cores() // 2)
+    threads = threads_per_run(2)
     assert all(f"{threads} thread(s)" in lines[i] for i in started)
     for name in ("baseline-s1", "pa-s1"):
         assert json.loads((out / "runs" / name / "results.json").read_text())["status"] == "finished"

@@ -121,3 +121,13 @@ def test_decay_bias_norm_off_spares_biases_and_norm_weights_only():
             moved = not torch.equal(p.detach(), before[n])
             assert moved == (n not in spared and bool(before[n].abs().sum())), n
     assert len(parameter_groups(model, TrainConfig(weight_decay=0.0, decay_bias_norm=False))) == 1
+
+
+def test_concurrent_runs_share_the_cores_of_the_affinity_mask(monkeypatch):
+    """compare --jobs and search --workers divide the cores this process may use, not the machine's count."""
+    from interlayer.training import concurrency as cores
+
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 64)
+    assert cores.available_cores() == 6
+    assert [cores.threads_per_run(n) for n in (1, 2, 4, 12)] == [None, 3, 1, 1]

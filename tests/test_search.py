@@ -268,6 +268,35 @@ def test_two_worker_processes_share_one_study_and_a_killed_one_loses_only_its_tr
     assert f"retry of trial {lost.number}" in outcome.report and "lost: no heartbeat" in outcome.report
 
 
+def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
+    """``kill PID`` (SIGTERM to the parent only, not its process group) must not leave the workers training on."""
+    settings = _settings(tmp_path, trials=8, workers=2)
+    pids, sent = tmp_path / "search" / "pids", []
+
+    def terminate_when_both_workers_hold_a_trial() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if pids.is_dir() and len(list(pids.iterdir())) >= 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+                sent.append(time.time())
+                return
+            time.sleep(0.02)
+
+    guard = signal.signal(signal.SIGTERM, lambda *_: sent.append("reached the test, not the search"))
+    try:
+        watcher = threading.Thread(target=terminate_when_both_workers_hold_a_trial)
+        watcher.start()
+        outcome = run_search(settings, Scored(seconds=30, barrier=2), DEFINITION)
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGTERM, guard)
+    assert len(sent) == 1 and isinstance(sent[0], float), sent  # delivered once, and handled by the search
+    assert (outcome.status, outcome.worker_exit_codes) == ("interrupted", [130, 130]), outcome.report
+    trials = open_study(settings)[0].get_trials()
+    assert [t.state for t in trials if t.state != TrialState.WAITING] == [TrialState.FAIL] * 2  # 30 s trials cut
+    assert all("interrupted" in t.user_attrs for t in trials if t.state == TrialState.FAIL)
+
+
 # -- one real trial ------------------------------------------------------------------------------------------------
 LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
            "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees", "große": "big", "kleine": "small"}

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import multiprocessing.connection
-import os
 import shutil
 import signal
 import time
@@ -37,6 +36,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, Callable
 
+from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from . import child
 from .child import FINISHED, INTERRUPTED, RESULTS_FILE, STOPPED_OUTSIDE_TRAINING
 from .plan import Plan, PlannedVariant
@@ -67,37 +67,6 @@ class _Active:
     log: Path
     process: multiprocessing.process.BaseProcess
     started: float
-
-
-class _Interrupts:
-    """SIGINT/SIGTERM set a flag and are passed on to the running run processes (whose engines save and stop).
-
-    The runs usually get a terminal's Ctrl-C themselves too (same process group); a second delivery only sets
-    their stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.processes: list[multiprocessing.process.BaseProcess] = []
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        for process in self.processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGINT)
-
-    def __enter__(self) -> "_Interrupts":
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        except ValueError:
-            self._previous = {}
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def run_state(run_dir: Path) -> str:
@@ -133,17 +102,10 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in text[-lines:])
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one, which containers narrow)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 class Runner:
     def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
-        self.threads = max(1, available_cores() // jobs) if jobs > 1 else None
+        self.threads = threads_per_run(jobs)
         self.context = process_context()
         self.status_path = self.output / STATUS_FILE
         self.status: dict[str, Any] = (json.loads(self.status_path.read_text())
@@ -160,7 +122,7 @@ class Runner:
                    for index, (variant, seed) in enumerate(runs, 1)]
         outcomes: list[RunOutcome] = []
         active: dict[int, _Active] = {}
-        with _Interrupts() as interrupts:
+        with ForwardedInterrupts() as interrupts:
             while pending or active:
                 while pending and len(active) < self.jobs and not interrupts.requested:
                     started = self._start(*pending.pop(0))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import os
 import socket
 import sys
 import warnings
@@ -51,6 +50,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..core.config import ConfigError
+from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
 from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PARAM, PHASE_ATTR, STRATEGY_ATTR, Definition, MPTSearchSampler,
@@ -409,8 +409,9 @@ def run_search(settings: SearchSettings, objective: Objective = train_trial,
     own process when more than one), then write ``report.md`` and ``best_pattern.png`` from the storage.
 
     ``definition`` skips reading the data to learn N and the metric (tests, or a caller that knows them). With
-    several workers each gets ``cpu_count // workers`` torch threads unless ``train.threads`` is set, so that they
-    do not oversubscribe the cores (the time budget is wall-clock: oversubscription changes the scores).
+    several workers each gets ``cores // workers`` torch threads
+    (:func:`~interlayer.training.concurrency.threads_per_run`) unless ``train.threads`` is set, so that they do
+    not oversubscribe the cores (the time budget is wall-clock: oversubscription changes the scores).
     """
     settings = with_preset(settings)  # resolved once: the workers need not import the tasks to learn it
     settings.validate()
@@ -425,20 +426,19 @@ def run_search(settings: SearchSettings, objective: Objective = train_trial,
 
 
 def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str, list[int]]:
-    threads = None if "train.threads" in settings.sets else max(1, (os.cpu_count() or 1) // settings.workers)
+    threads = None if "train.threads" in settings.sets else threads_per_run(settings.workers)
     context = multiprocessing.get_context("spawn")  # no forked copies of torch/sqlalchemy state
     workers = [context.Process(target=_worker_process, args=(settings, objective, threads),
                                name=f"search-worker-{i}") for i in range(settings.workers)]
-    for worker in workers:
-        worker.start()
-    interrupted = False
-    while True:  # Ctrl-C reaches the workers too; they finish their step, and we wait for them
-        try:
-            for worker in workers:
-                worker.join()
-            break
-        except KeyboardInterrupt:
-            interrupted = True
+    # Ctrl-C, or a SIGINT/SIGTERM to this process alone, reaches the workers: they stop their trial (FAIL, its
+    # pattern free again) after the current step, and we wait for them
+    with ForwardedInterrupts() as interrupts:
+        for worker in workers:
+            worker.start()
+        interrupts.processes = workers
+        for worker in workers:
+            worker.join()
+    interrupted = interrupts.requested
     codes = [w.exitcode for w in workers]
     if interrupted or 130 in codes:
         return "interrupted", codes
