@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 
 from pathlib import Path
 
-from . import count_madds, count_parameters, create_model, get_config, list_presets
+from . import get_config
+from .catalog import model_catalog
 from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines
@@ -17,21 +18,7 @@ from .pretrained import TokenizerError
 from .experiment import train
 from .tasks import task_specs
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
-from .registry import PRESETS
-from .tables import format_table, human
-
-
-def model_table(length: int, names: Optional[Sequence[str]] = None) -> str:
-    """Every preset (or ``names``) with its parameters and the MAdds of one forward pass at ``length`` tokens."""
-    rows = []
-    for name in names or list_presets():
-        model = create_model(name)
-        cfg = model.config
-        grid = cfg.grid_height * cfg.grid_width if cfg.positions == "relative_2d" else 0
-        tokens = grid or length
-        rows.append([name, cfg.arch, f"{count_parameters(model):,}", human(count_parameters(model)),
-                     human(count_madds(model, tokens)) + ("" if not grid else f" (grid {tokens})")])
-    return format_table(["preset", "arch", "parameters", "params", f"MAdds @ {length}"], rows)
+from .tables import format_table
 
 
 def paper_tables() -> str:
@@ -61,9 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    models = sub.add_parser("models", help="list the presets with parameters and MAdds",
-                            description="Build every preset (or the named ones) and print parameters and the "
-                                        "multiply-adds of one forward pass at --length tokens.")
+    models = sub.add_parser("models", help="list every model preset with parameters and MAdds",
+                            description="Build every preset (or the named ones) of the four model families "
+                                        "(Transformer, text CNN, image, GAT) and print parameters and the "
+                                        "multiply-adds of one forward pass: at --length tokens for text, one "
+                                        "image for the image models, the bundled graph for GAT.")
     models.add_argument("names", nargs="*", help="presets to show (default: all)")
     models.add_argument("--length", type=int, default=64, help="sequence length for MAdds (default 64)")
 
@@ -266,10 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "models":
-            unknown = [n for n in args.names if n not in PRESETS]
-            if unknown:
-                raise ConfigError(f"unknown preset(s) {unknown}; known: {', '.join(list_presets())}")
-            print(model_table(args.length, args.names))
+            print(model_catalog(args.length, args.names))
         elif args.command == "tables":
             print(paper_tables())
         elif args.command == "config":
