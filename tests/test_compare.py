@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,11 +21,13 @@ from PIL import Image
 from interlayer import get_config, save_pretrained
 from interlayer.cli import main
 from interlayer.config import dataclass_from_dict
+from interlayer.core.config import ConfigError
 from interlayer.experiment import split_overrides
 from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_settings
 from interlayer.compare.plan import Plan, build_task, prepare_directory
 from interlayer.compare.report import write_report
 from interlayer.compare.runner import run_state
+from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
 from interlayer.registry import PRESETS
@@ -402,3 +405,64 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert "pa_attention_pa.png" not in [p.path.name for p in report.pictures]
     assert report.notes == ["PA attention maps of pa: skipped, task 'translation' offers no sample input "
                             "(TaskSpec.sample_input)."]
+
+
+# -- choosing on validation (--select) ------------------------------------------------------------------------
+def _summary(name, valid, states=("finished", "finished")):
+    runs = [SimpleNamespace(name=f"{name}-s{i + 1}", state=state) for i, state in enumerate(states)]
+    return SimpleNamespace(name=name, valid=list(valid), runs=runs)
+
+
+def test_a_group_is_decided_on_the_validation_mean_once_all_its_runs_finished():
+    group = parse_selections(["pa=pa,pa_a0.3"])[0]
+    summaries = [_summary("pa", [30.0, 32.0]), _summary("pa_a0.3", [31.5, 31.0])]
+    assert choose(group, summaries, higher_is_better=True).chosen == "pa_a0.3"  # 31.25 > 31.0
+    assert choose(group, summaries, higher_is_better=False).chosen == "pa"  # a loss: lower wins
+    tied = [_summary("pa", [31.0]), _summary("pa_a0.3", [31.0])]
+    assert choose(group, tied, higher_is_better=True).chosen == "pa"  # ties go to the first listed
+    waiting = [_summary("pa", [30.0, 32.0]), _summary("pa_a0.3", [40.0], ("finished", "interrupted"))]
+    choice = choose(group, waiting, higher_is_better=True)
+    assert choice.chosen is None and choice.missing == ("pa_a0.3-s2",)
+    assert "not decided yet" in choice_lines([choice], "bleu")[0]
+
+
+@pytest.mark.parametrize("entries, message", [
+    (["pa"], "expects GROUP=VARIANT"),
+    (["pa=pa"], "at least two variants"),
+    (["pa=pa,pa"], "lists a variant twice"),
+    (["pa=pa,pa_a0.3", "pa=pa,lw_1x"], "more than once"),
+])
+def test_bad_select_entries_are_refused_with_the_reason(entries, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_selections(entries)
+
+
+def test_select_names_are_checked_before_training(corpus, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="candidate of both 'a' and 'b'"):
+        check_selections(parse_selections(["a=pa,baseline", "b=pa,lw_1x"]), ["baseline", "pa", "lw_1x"])
+    code = main(["compare", "--task", "translation", "--variants", "baseline,pa", "--select", "pa=pa,pa_a0.3",
+                 "--output", str(tmp_path / "c"), *_cli_sets(corpus)])
+    assert code == 2
+    assert "--select pa: ['pa_a0.3'] not among the variants of this comparison" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    settings = make_settings("translation", ["baseline,pa,pa_a0.3=pa+predictive.alpha=0.3"], seeds=2,
+                             budget_minutes=1.0, sets=_sets(corpus))
+    plan = build_plan(settings)
+    _fake_runs(plan, out, corpus)
+    for seed in (1, 2):  # pa_a0.3 ahead on validation, behind on test: the choice must follow validation
+        run = out / "runs" / f"pa_a0.3-s{seed}"
+        (run / "valid.csv").write_text("step,epoch,bleu,nll,elapsed_min\n10,1,99.0,1.0,0.1\n")
+        results = json.loads((run / "results.json").read_text())
+        (run / "results.json").write_text(json.dumps({**results, "test_bleu": 0.5}))
+    report = write_report(plan, out, ["interlayer", "compare", "..."], parse_selections(["pa=pa,pa_a0.3"]))
+    assert "| pa_a0.3 (chosen for pa) " in report.table and "| pa " in report.table
+    assert report.chosen[0].startswith("**pa**: **pa_a0.3**, the best mean validation bleu (pa ")
+    assert "## Chosen on validation" in report.markdown.read_text()
+    assert "<h2>Chosen on validation</h2>" in report.html.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["selections"]["pa"]["chosen"] == "pa_a0.3"
+    assert summary["selections"]["pa"]["valid_means"]["pa_a0.3"] == pytest.approx(99.0)

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
+    compare.add_argument("--select", action="append", default=[], metavar="GROUP=V1,V2,...",
+                         help="variants that are candidate values of one hyper-parameter (e.g. pa=pa,pa_a0.3): the "
+                              "report names the one with the best validation mean and marks its row (repeatable; "
+                              "report only, so it may be added to a comparison under way)")
     compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
@@ -207,7 +211,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, run_compare
+    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections, run_compare
 
     if args.list_variants:
         print(format_table(["variant", "what it is"], describe_named()))
@@ -223,7 +227,8 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
                              sets=_parse_sets(chosen["sets"]))
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
-    result = run_compare(settings, output, command=["interlayer", *argv], jobs=args.jobs)
+    result = run_compare(settings, output, command=["interlayer", *argv], jobs=args.jobs,
+                         selections=parse_selections(args.select))
     if result.interrupted:
         return 130
     return 1 if result.failed else 0

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..core.config import ConfigError
 from .plan import Plan, Settings, build_plan, get_spec
+from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
 
 if TYPE_CHECKING:
@@ -58,9 +59,10 @@ class CompareResult:
 
 
 def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
-                echo: Callable[[str], None] = print) -> CompareResult:
+                selections: Sequence[Selection] = (), echo: Callable[[str], None] = print) -> CompareResult:
     """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
-    and still reports.
+    and still reports. ``selections`` (``--select``, :mod:`.selection`) are checked against the variants before
+    any training and decided in the report.
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither.
@@ -74,12 +76,15 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     output = Path(output)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
+    check_selections(selections, [v.variant.name for v in plan.variants])
     continued = prepare_directory(plan, output, list(command))
     echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
     outcomes, interrupted = Runner(plan, output, jobs=jobs, echo=echo).run_all()
-    report = write_report(plan, output, list(command))
+    report = write_report(plan, output, list(command), selections)
     echo("")
     echo(report.table)
+    for line in report.chosen:
+        echo(f"chosen on validation: {line}")
     for note in report.notes:
         echo(f"note: {note}")
     state = "complete" if report.complete else "PARTIAL (run the same command again to continue)"
@@ -88,4 +93,4 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
 
 
 __all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",
-           "describe_named", "hard_permutation", "make_settings", "run_compare"]
+           "describe_named", "hard_permutation", "make_settings", "parse_selections", "run_compare"]

@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from . import plots
 from .child import MEMORY_FILE, RESULTS_FILE
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
+from .selection import Choice, Selection, choice_lines, choose
 from .stats import RULE, Difference, difference, mean_std
 
 FIGURES = "figures"
@@ -181,7 +182,8 @@ def headers(plan: Plan) -> list[str]:
             "Δ test", "beyond seed spread"]
 
 
-def table_rows(plan: Plan, summaries: list[VariantSummary]) -> list[list[str]]:
+def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
+    chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
     base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
     places = decimals(base_test) if base_test is not None else 2
@@ -191,7 +193,9 @@ def table_rows(plan: Plan, summaries: list[VariantSummary]) -> list[list[str]]:
         madds = human(p.madds) + ("" if p.lengths == base_lengths else f" @ {'/'.join(map(str, p.lengths))}")
         delta = s.difference.delta if s.difference else None
         marked = s.name == plan.settings.baseline and s.name != "baseline"
-        rows.append([s.name + (" (baseline)" if marked else ""), human(p.parameters),
+        label = s.name + (" (baseline)" if marked else "") + (f" (chosen for {chosen[s.name]})"
+                                                              if s.name in chosen else "")
+        rows.append([label, human(p.parameters),
                      madds, "–" if s.speed is None else f"{s.speed:,.0f}",
                      "–" if s.memory is None else f"{s.memory:,.0f}", f"{len(s.finished())}/{len(s.runs)}",
                      mean_pm(s.valid), mean_pm(s.test), *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
@@ -372,6 +376,7 @@ class Report:
     pictures: list[plots.Picture]
     notes: list[str]
     complete: bool
+    chosen: list[str] = field(default_factory=list)  # one line per --select group
 
 
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
@@ -411,10 +416,12 @@ def _variant_lines(plan: Plan) -> list[str]:
 
 
 def _markdown(plan: Plan, table: str, runs: str, lines: list[str], pictures: list[plots.Picture],
-              notes: list[str], directory: Path) -> str:
+              notes: list[str], directory: Path, chosen: list[str]) -> str:
     parts = [f"# Comparison on {plan.settings.task}", "\n\n".join(lines), "## Results", table,
-             "\n".join(f"- {e}" for e in _explanations(plan)), "## Variants",
-             "\n".join(f"- {line}" for line in _variant_lines(plan)), "## Figures"]
+             "\n".join(f"- {e}" for e in _explanations(plan))]
+    if chosen:
+        parts += ["## Chosen on validation", "\n".join(f"- {line}" for line in chosen)]
+    parts += ["## Variants", "\n".join(f"- {line}" for line in _variant_lines(plan)), "## Figures"]
     for picture in pictures:
         parts.append(f"### {picture.title}\n\n![{picture.title}]({picture.path.relative_to(directory).as_posix()})"
                      f"\n\n{picture.caption}")
@@ -444,7 +451,7 @@ def _inline_markdown(text: str) -> str:
 
 
 def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], pictures: list[plots.Picture],
-          notes: list[str]) -> str:
+          notes: list[str], choices: Sequence[Choice]) -> str:
     figures_html = []
     for picture in pictures:
         data = base64.b64encode(picture.path.read_bytes()).decode("ascii")
@@ -454,9 +461,12 @@ def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], picture
                             "</figcaption></figure>")
     body = [f"<h1>Comparison on {html.escape(plan.settings.task)}</h1>",
             *(f"<p>{_inline_markdown(line)}</p>" for line in lines), "<h2>Results</h2>",
-            _html_table(headers(plan), table_rows(plan, summaries)),
-            "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in _explanations(plan)) + "</ul>",
-            "<h2>Variants</h2><ul>" + "".join(f"<li>{_inline_markdown(v)}</li>" for v in _variant_lines(plan))
+            _html_table(headers(plan), table_rows(plan, summaries, choices)),
+            "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in _explanations(plan)) + "</ul>"]
+    if choices:
+        body.append("<h2>Chosen on validation</h2><ul>" + "".join(
+            f"<li>{_inline_markdown(line)}</li>" for line in choice_lines(choices, plan.task.metric)) + "</ul>")
+    body += ["<h2>Variants</h2><ul>" + "".join(f"<li>{_inline_markdown(v)}</li>" for v in _variant_lines(plan))
             + "</ul>", "<h2>Figures</h2>", *figures_html]
     if notes:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
@@ -466,9 +476,12 @@ def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], picture
             "</body></html>\n")
 
 
-def _summary_json(plan: Plan, summaries: list[VariantSummary]) -> dict[str, Any]:
+def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice]) -> dict[str, Any]:
     out = {"task": plan.settings.task, "metric": plan.task.metric, "baseline": plan.settings.baseline,
-           "rule": RULE, "variants": {}}
+           "rule": RULE, "variants": {},
+           "selections": {c.selection.group: {"candidates": list(c.selection.candidates), "valid_means": c.valid,
+                                              "chosen": c.chosen, "missing_runs": list(c.missing)}
+                          for c in choices}}
     for s in summaries:
         test_mean, test_std = mean_std(s.test)
         valid_mean, valid_std = mean_std(s.valid)
@@ -483,18 +496,21 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary]) -> dict[str, Any]
     return out
 
 
-def write_report(plan: Plan, output: Path, command: list[str]) -> Report:
-    """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json`` and ``figures/`` into ``output``."""
+def write_report(plan: Plan, output: Path, command: list[str], selections: Sequence[Selection] = ()) -> Report:
+    """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json`` and ``figures/`` into ``output``;
+    ``selections`` are the ``--select`` groups, decided on validation (:mod:`.selection`)."""
     output = Path(output)
     summaries = summarize(plan, output)
     complete = all(r.state == "finished" for s in summaries for r in s.runs)
+    choices = [choose(selection, summaries, plan.task.higher_is_better) for selection in selections]
     pictures, notes = figures(plan, summaries, output / FIGURES)
-    table = format_table(headers(plan), table_rows(plan, summaries))
+    table = format_table(headers(plan), table_rows(plan, summaries, choices))
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
-    markdown.write_text(_markdown(plan, table, runs, lines, pictures, notes, output))
+    markdown.write_text(_markdown(plan, table, runs, lines, pictures, notes, output,
+                                  choice_lines(choices, plan.task.metric)))
     page = output / "report.html"
-    page.write_text(_html(plan, summaries, lines, pictures, notes))
-    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries), indent=2) + "\n")
-    return Report(table, markdown, page, pictures, notes, complete)
+    page.write_text(_html(plan, summaries, lines, pictures, notes, choices))
+    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices), indent=2) + "\n")
+    return Report(table, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric))
