@@ -9,6 +9,7 @@ MAdds are counted at: ``length`` tokens for sequences, one image for the image m
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -45,12 +46,18 @@ def _image_madds(name: str, model: nn.Module, length: int) -> str:
     return human(count_madds(model, model.config.tokens))
 
 
-def _graph_madds(name: str, model: nn.Module, length: int) -> str:
-    """Over the bundled graph the preset is made for (``gat_cora...`` -> Cora, ``gat_citeseer...`` -> Citeseer)."""
+@functools.lru_cache(maxsize=None)
+def _graph_size(dataset: str) -> tuple[int, int]:
+    """Nodes and directed edges of a bundled Planetoid graph, read once per listing."""
     from .data.planetoid import load_planetoid
 
-    graph = load_planetoid("bundled:planetoid/" + ("cora" if name.startswith("gat_cora") else "citeseer") + ".npz")
-    return human(count_madds(model, graph.num_nodes, graph.num_edges))
+    graph = load_planetoid(f"bundled:planetoid/{dataset}.npz")
+    return graph.num_nodes, graph.num_edges
+
+
+def _graph_madds(name: str, model: nn.Module, length: int) -> str:
+    """Over the bundled graph the preset is made for (``gat_cora...`` -> Cora, ``gat_citeseer...`` -> Citeseer)."""
+    return human(count_madds(model, *_graph_size("cora" if name.startswith("gat_cora") else "citeseer")))
 
 
 def _families(length: int) -> list[Family]:
