@@ -1,8 +1,12 @@
 """The engine's model selection and early stopping, driven by a task whose validation metrics are scripted."""
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from interlayer import create_model
-from interlayer.training import TrainConfig, Trainer
+from interlayer.core.config import ConfigError
+from interlayer.training import TrainConfig, Trainer, engine
 
 
 class ScriptedTask:
@@ -72,6 +76,56 @@ def test_learning_rate_schedules():
     assert abs(lr("cosine", 60, min_lr=0.2) - 0.6) < 1e-12 and abs(lr("cosine", 110, min_lr=0.2) - 0.2) < 1e-12
     # step: x0.1 every 2 epochs of 5 steps
     assert lr("step", 10, step_epochs=2) == 1.0 and abs(lr("step", 11, step_epochs=2) - 0.1) < 1e-12
+
+
+def test_anneal_to_budget_decays_by_whichever_limit_comes_first():
+    from interlayer.training.engine import learning_rate
+
+    def lr(step, used, anneal=True, schedule="linear"):
+        cfg = TrainConfig(lr=1.0, warmup_steps=10, warmup_init_lr=0.0, schedule=schedule, max_minutes=1.0,
+                          anneal_to_budget=anneal)
+        return learning_rate(step, cfg, total_steps=110, steps_per_epoch=5, budget_used=used)
+
+    assert lr(60, 0.75) == 0.25 and lr(60, 0.75, anneal=False) == 0.5  # the budget is ahead of the steps
+    assert lr(60, 0.1) == 0.5  # the steps are ahead of the budget
+    assert lr(30, 1.5) == 0.0 and abs(lr(30, 0.5, schedule="cosine") - 0.5) < 1e-12
+    assert lr(5, 0.9) == 0.5  # warm-up is counted in steps either way
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(anneal_to_budget=True, schedule="linear"), "train.max_minutes is 0"),
+    (dict(anneal_to_budget=True, schedule="inverse_sqrt", max_minutes=5.0), "not train.schedule='inverse_sqrt'"),
+])
+def test_anneal_to_budget_refuses_a_config_it_cannot_apply_to(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**fields).validate()
+
+
+def test_a_run_stopped_by_its_budget_has_annealed(tmp_path, monkeypatch):
+    """Each training step takes 10 s of a fake clock and the budget is 1 minute: six steps, whose learning rates
+    follow the share of the budget used, not the 300 steps of max_epochs."""
+    clock = [0.0]
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class TenSecondSteps(ScriptedTask):
+        def train_batches(self, epoch, seed):
+            return [torch.tensor([[5, 6, 7]])] * 3
+
+        def loss(self, model, batch):
+            clock[0] += 10.0
+            return super().loss(model, batch)
+
+    model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
+                         num_classes=2)
+    cfg = TrainConfig(lr=1.0, schedule="linear", warmup_steps=0, max_epochs=100, max_minutes=1.0,
+                      anneal_to_budget=True, log_interval=1, keep_last=1)
+    state = Trainer(TenSecondSteps([{"accuracy": 1, "nll": 1.0}] * 2, False), model, cfg, tmp_path,
+                    progress=False).fit()
+    assert state.step == 6 and "time budget" in state.stop_reason
+    rows = (tmp_path / "train.csv").read_text().splitlines()
+    col = rows[0].split(",").index("lr")
+    expected = [1 - max(k / 6, (k + 1) / 300) for k in range(6)]  # step k+1 starts after 10k of the 60 seconds
+    assert [round(float(r.split(",")[col]), 6) for r in rows[1:]] == [round(x, 6) for x in expected]
 
 
 def test_logged_loss_is_the_mean_of_the_steps_in_its_window(tmp_path):

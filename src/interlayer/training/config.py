@@ -41,6 +41,9 @@ class TrainConfig:
     max_epochs: int = 50
     max_steps: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock training budget, summed over resumed runs; 0: no limit
+    # True: the linear and cosine decays run to their end value by the time budget (max_minutes) or the step limit,
+    # whichever comes first, instead of by the step limit alone (see engine.learning_rate)
+    anneal_to_budget: bool = False
     patience: int = 0  # epochs without a better validation metric before stopping; 0: never stop early
     save_interval_steps: int = 0  # extra mid-epoch checkpoints (0: only at the end of each epoch)
     keep_last: int = 5  # epoch checkpoints kept on disk (what averaging can use)
@@ -75,6 +78,12 @@ class TrainConfig:
                     "weight_decay"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")
+        if self.anneal_to_budget and not self.max_minutes:
+            raise ConfigError("train.anneal_to_budget=true decays the learning rate over the time budget, but "
+                              "train.max_minutes is 0 (no budget); set train.max_minutes (compare: --budget-minutes)")
+        if self.anneal_to_budget and self.schedule not in ("linear", "cosine"):
+            raise ConfigError(f"train.anneal_to_budget=true applies to the decaying schedules 'linear' and 'cosine', "
+                              f"not train.schedule={self.schedule!r}")
         if self.average_last > self.keep_last:
             raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
                               f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")

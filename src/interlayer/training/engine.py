@@ -77,15 +77,23 @@ class TrainState:
     stop_reason: str = ""
 
 
-def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int) -> float:
+def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int,
+                  budget_used: float = 0.0) -> float:
     """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule (see ``TrainConfig.schedule``).
 
     The warm-up lasts ``warmup_steps``, or ``ceil(warmup_fraction x total_steps)`` (as ``transformers``' warmup_ratio).
+    The linear and cosine decays measure progress in steps; with ``cfg.anneal_to_budget`` the progress is the larger
+    of that and ``budget_used``, the share of the time budget spent, so a run stopped by its budget has annealed.
+    Without it, a model too slow to reach ``max_epochs`` in a comparison's budget stops at a high learning rate
+    while a faster one gets the whole decay, which penalises the slow one twice (budgeted training, Li et al.
+    2020, "Budgeted Training: Rethinking Deep Neural Network Training Under Resource Constraints").
     """
     warmup = cfg.warmup_steps or math.ceil(cfg.warmup_fraction * total_steps)
     if warmup and step < warmup:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / warmup
     progress = min(1.0, (step - warmup) / max(total_steps - warmup, 1))
+    if cfg.anneal_to_budget:
+        progress = max(progress, min(1.0, budget_used))
     if cfg.schedule == "constant":
         return cfg.lr
     if cfg.schedule == "linear":
@@ -263,10 +271,11 @@ class Trainer:
         """Finish the current step, save, and return from :meth:`fit` (what SIGINT/SIGTERM do)."""
         self._stop_requested = True
 
-    def _out_of_budget(self, started: float) -> Optional[str]:
+    def _out_of_budget(self, elapsed: float) -> Optional[str]:
+        """Why training must stop after ``elapsed`` seconds of training (all segments), or None."""
         if self.cfg.max_steps and self.state.step >= self.cfg.max_steps:
             return f"max_steps={self.cfg.max_steps} reached"
-        if self.cfg.max_minutes and self.state.elapsed + time.perf_counter() - started >= self.cfg.max_minutes * 60:
+        if self.cfg.max_minutes and elapsed >= self.cfg.max_minutes * 60:
             return f"time budget of {self.cfg.max_minutes} minutes used"
         return None
 
@@ -315,13 +324,17 @@ class Trainer:
             window: dict[str, float] = {}
             window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
             for micro_batches in steps[state.batch_in_epoch:]:
-                reason = self._out_of_budget(started)
-                budget, stop = distributed.sum_all([float(reason is not None), float(self._stop_requested)], self.dist)
+                elapsed = state.elapsed + time.perf_counter() - started
+                reason = self._out_of_budget(elapsed)
+                # the ranks' mean elapsed time: one budget share, hence one learning rate, on every rank
+                budget, stop, elapsed = distributed.sum_all(
+                    [float(reason is not None), float(self._stop_requested), elapsed], self.dist)
                 if budget:
                     return self._stop(started, reason or "budget used up on another rank", bar, resumable=False)
                 if stop:
                     return self._stop(started, "stopped by request (signal)", bar, resumable=True)
-                logs, units = self._step(micro_batches)
+                used = elapsed / self.dist.world_size / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+                logs, units = self._step(micro_batches, used)
                 state.batch_in_epoch += 1
                 window_steps += 1
                 window_units += units
@@ -348,8 +361,9 @@ class Trainer:
         state.stop_reason = state.stop_reason or f"max_epochs={cfg.max_epochs} reached"
         self._finish()
 
-    def _step(self, micro_batches: list[Any]) -> tuple[dict[str, float], float]:
-        """One optimiser step over this rank's micro-batches; returns the logged terms and the global units.
+    def _step(self, micro_batches: list[Any], budget_used: float = 0.0) -> tuple[dict[str, float], float]:
+        """One optimiser step over this rank's micro-batches (``budget_used``: the share of the time budget spent,
+        for ``anneal_to_budget``); returns the logged terms and the global units.
 
         Each micro-batch's mean loss is weighted by its units (tokens or examples) and the summed gradient is
         divided by the units of the whole step over all ranks, so the update is the gradient of the mean loss over
@@ -359,7 +373,8 @@ class Trainer:
         self.train_model.train()
         self.state.step += 1
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps, self._steps_per_epoch)
+            group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps, self._steps_per_epoch,
+                                        budget_used)
         self.optimizer.zero_grad(set_to_none=True)
         local_units, sums = 0.0, {}
         for i, batch in enumerate(micro_batches):
@@ -433,7 +448,7 @@ class Trainer:
         self._save_epoch(state.epoch)
         state.epoch += 1
         state.batch_in_epoch = 0
-        stop = self._out_of_budget(time.perf_counter())
+        stop = self._out_of_budget(self.state.elapsed)
         if distributed.any_rank(bool(stop), self.dist) and not stop:
             stop = "another rank ran out of budget"
         if cfg.patience and state.bad_epochs >= cfg.patience:
