@@ -162,8 +162,8 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs):
-        seen.update(settings=settings, output=output, command=command, jobs=jobs)
+    def fake_run(settings, output, *, command, jobs, selections):
+        seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -173,7 +173,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
         "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.0)
     assert settings.sets == {"d_model": "128", "d_ffn": "512"}  # the default's half-width classifier
     assert seen["output"] == Path("runs/compare/sst5") and seen["command"][:2] == ["interlayer", "compare"]
-    assert seen["jobs"] == 1
+    assert seen["jobs"] == 1 and seen["selections"] == []
+    assert main(["compare", "--default", "--select", "pa=pa,mpt_soft"]) == 0
+    assert [(s.group, s.candidates) for s in seen["selections"]] == [("pa", ("pa", "mpt_soft"))]
     assert main(["compare", "--task", "sst5"]) == 2
     assert "compare needs --variants" in capsys.readouterr().err
     assert main(["compare", "--list-variants"]) == 0
