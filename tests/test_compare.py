@@ -377,12 +377,16 @@ def _check_png(picture):
     assert len(colours) > 50, f"{picture.path.name} has almost no content"
 
 
+def _faked_comparison(corpus, out: Path, variants: str) -> Plan:
+    """A 2-seed translation comparison of ``variants`` whose runs are all faked as finished (:func:`_fake_runs`)."""
+    plan = build_plan(make_settings("translation", [variants], seeds=2, budget_minutes=1.0, sets=_sets(corpus)))
+    _fake_runs(plan, out, corpus)
+    return plan
+
+
 def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path):
     out = tmp_path / "cmp"
-    settings = make_settings("translation", ["baseline,pa,mpt_soft,crossformer_sg"], seeds=2,
-                             budget_minutes=1.0, sets=_sets(corpus))
-    plan = build_plan(settings)
-    _fake_runs(plan, out, corpus)
+    plan = _faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
     report = write_report(plan, out, ["interlayer", "compare", "..."])
     names = sorted(p.path.name for p in report.pictures)
     assert names == ["cost.png", "crossformer_sg.png", "learning_curves.png", "mpt_soft_mpt_soft.png",
@@ -451,10 +455,7 @@ def test_select_names_are_checked_before_training(corpus, tmp_path, capsys):
 
 def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     out = tmp_path / "cmp"
-    settings = make_settings("translation", ["baseline,pa,pa_a0.3=pa+predictive.alpha=0.3"], seeds=2,
-                             budget_minutes=1.0, sets=_sets(corpus))
-    plan = build_plan(settings)
-    _fake_runs(plan, out, corpus)
+    plan = _faked_comparison(corpus, out, "baseline,pa,pa_a0.3=pa+predictive.alpha=0.3")
     for seed in (1, 2):  # pa_a0.3 ahead on validation, behind on test: the choice must follow validation
         run = out / "runs" / f"pa_a0.3-s{seed}"
         (run / "valid.csv").write_text("step,epoch,bleu,nll,elapsed_min\n10,1,99.0,1.0,0.1\n")
