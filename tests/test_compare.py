@@ -321,15 +321,36 @@ def test_a_directory_made_with_other_settings_is_refused(corpus, tmp_path, capsy
     out = tmp_path / "cmp"
     settings = make_settings("translation", ["baseline,pa"], seeds=2, budget_minutes=0.5, sets=_sets(corpus))
     prepare_directory(build_plan(settings), out, ["interlayer", "compare", "original"])
-    code = main(["compare", "--task", "translation", "--variants", "baseline,pa_res", "--seeds", "3",
-                 "--budget-minutes", "0.5", "--output", str(out), *_cli_sets(corpus)])
+    code = main(["compare", "--task", "translation", "--variants", "baseline,pa=pa+predictive.alpha=0.3,pa_res",
+                 "--seeds", "1", "--budget-minutes", "1", "--output", str(out), *_cli_sets(corpus)])
     assert code == 2
     err = capsys.readouterr().err
     assert "holds a comparison with different settings" in err and "interlayer compare original" in err
-    assert "settings.seeds: was [1, 2], now [1, 2, 3]" in err
-    assert 'settings.variants: was ["baseline", "pa"], now ["baseline", "pa_res"]' in err
-    assert "models.pa_res.model" in err
+    assert "settings.budget_minutes: was 0.5, now 1.0" in err
+    assert "settings.seeds: was [1, 2], now [1] (seeds [2] would be dropped" in err
+    assert "(pa would be dropped; a comparison may gain variants but not lose them)" in err
+    assert "models.pa.model.predictive.alpha: was 0.1, now 0.3" in err  # a kept name whose model changed
+    assert "models.pa_res" not in err  # a new variant is growth, not a difference
     assert not (out / "runs").exists()
+
+
+def test_a_comparison_may_grow_by_seeds_and_variants(corpus, tmp_path):
+    """More seeds or more variants continue the directory (finished runs stay valid); the growth is recorded."""
+    out = tmp_path / "cmp"
+    small = make_settings("translation", ["baseline,pa"], seeds=1, budget_minutes=0.5, sets=_sets(corpus))
+    assert prepare_directory(build_plan(small), out, ["interlayer", "compare", "small"]) is False
+    grown = make_settings("translation", ["baseline,pa,pa_res"], seeds=3, budget_minutes=0.5, sets=_sets(corpus))
+    assert prepare_directory(build_plan(grown), out, ["interlayer", "compare", "grown"]) is True
+    stored = json.loads((out / "compare.json").read_text())
+    assert stored["settings"]["seeds"] == [1, 2, 3]
+    assert stored["settings"]["variants"] == ["baseline", "pa", "pa_res"]
+    assert set(stored["models"]) == {"baseline", "pa", "pa_res"}
+    assert [v["variant"]["name"] for v in stored["variants"]] == ["baseline", "pa", "pa_res"]
+    first, second = stored["invocations"]
+    assert "grew" not in first and "settings.seeds: was [1], now [1, 2, 3]" in second["grew"]
+    assert any(line.startswith("models.pa_res") for line in second["grew"])
+    assert prepare_directory(build_plan(grown), out, ["interlayer", "compare", "again"]) is True
+    assert "grew" not in json.loads((out / "compare.json").read_text())["invocations"][-1]
 
 
 # -- the figures -------------------------------------------------------------------------------------------------

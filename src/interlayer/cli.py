@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--variants", action="append", default=[], metavar="V1,V2,...",
                          help="named variants (--list-variants), presets, .json/.yaml configs, or "
                               "NAME=BASE+KEY=VALUE+...; the first is the baseline unless --baseline")
-    compare.add_argument("--seeds", type=int, help="seeds 1..N for every variant (default 1)")
+    compare.add_argument("--seeds", type=int,
+                         help="seeds 1..N for every variant (default 1); a finished comparison may be given more")
     compare.add_argument("--budget-minutes", type=float,
                          help="training minutes per run (train.max_minutes; validation excluded)")
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")

@@ -1,5 +1,6 @@
 """A comparison's plan: the settings, every variant resolved against the task, and the ``compare.json`` that
-lets the same command continue a directory (and refuses one made with other settings).
+lets the same command continue a directory, or a grown one (more seeds, more variants), and refuses one made with
+other settings.
 
 Resolving builds the task once in this process (for the fields the data decides: vocabulary, classes, image
 geometry), resolves every variant's model config exactly as ``interlayer train`` would, builds the model and
@@ -202,20 +203,49 @@ def _identity(plan: Plan) -> dict[str, Any]:
             "models": {v.variant.name: {"model": v.model, "sets": v.sets} for v in plan.variants}}
 
 
+def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """Why ``identity`` cannot continue the directory of ``stored`` (empty if it can).
+
+    A comparison may *grow*: more seeds, or more variants, because the finished runs stay valid (a researcher who
+    ran 3 seeds and wants 5 should not have to train the first 3 again). Everything else must be equal: the other
+    settings and the resolved model of every variant already there. Losing seeds or variants is refused, since
+    the report would silently drop finished runs.
+    """
+    old, new = stored["settings"], identity["settings"]
+    fixed = [k for k in new if k not in ("seeds", "variants")]
+    problems = differences({"settings": {k: old.get(k) for k in fixed}}, {"settings": {k: new[k] for k in fixed}})
+    lost_seeds = [seed for seed in old["seeds"] if seed not in new["seeds"]]
+    if lost_seeds:
+        problems.append(f"settings.seeds: was {old['seeds']}, now {new['seeds']} (seeds {lost_seeds} would be "
+                        "dropped; a comparison may gain seeds but not lose them)")
+    lost = [entry for entry in old["variants"] if entry not in new["variants"]]
+    if lost:
+        problems.append(f"settings.variants: was {json.dumps(old['variants'])}, now {json.dumps(new['variants'])} "
+                        f"({', '.join(lost)} would be dropped; a comparison may gain variants but not lose them)")
+    kept = {name: model for name, model in stored["models"].items() if name in identity["models"]}
+    problems += differences({"models": kept}, {"models": {name: identity["models"][name] for name in kept}})
+    return problems
+
+
 def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
-    """Create ``output/compare.json``, or check that the existing one has the same settings (raising
-    :class:`ConfigError` with the differences if not) and record this invocation. True if it existed."""
+    """Create ``output/compare.json``, or check that the existing one can be continued (the same settings, or a
+    grown version of them: :func:`growth_problems`; otherwise :class:`ConfigError` lists the differences) and
+    record this invocation. True if it existed."""
     path = output / COMPARE_FILE
     now = datetime.datetime.now().isoformat(timespec="seconds")
-    invocation = {"command": command, "cwd": str(Path.cwd()), "started": now}
+    invocation: dict[str, Any] = {"command": command, "cwd": str(Path.cwd()), "started": now}
     identity = _identity(plan)
     if path.is_file():
         stored = json.loads(path.read_text())
-        diff = differences({k: stored.get(k) for k in identity}, identity)
-        if diff:
+        problems = growth_problems(stored, identity)
+        if problems:
             raise ConfigError(f"{output} holds a comparison with different settings; use another --output, or "
                               "repeat the original command (" + " ".join(stored["invocations"][0]["command"])
-                              + "). Differences:\n  " + "\n  ".join(diff))
+                              + "). Differences:\n  " + "\n  ".join(problems))
+        grown = differences({k: stored[k] for k in identity}, identity)
+        if grown:
+            invocation["grew"] = grown
+            stored.update(identity, variants=[v.to_dict() for v in plan.variants])
         stored["invocations"].append(invocation)
         _write_json(path, stored)
         return True
