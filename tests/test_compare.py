@@ -240,7 +240,8 @@ def _run_processes():
 
 def _interrupt_when(path, events):
     """Freeze the run process once ``path`` exists (it is then inside the training loop), queue a SIGINT for it
-    and for this process (as a terminal's Ctrl-C does), and let it go on: deterministic, whatever the load."""
+    and for this process (as a terminal's Ctrl-C does), and let it go on. The run must have steps left after its
+    first save for this to land mid-training; the caller gives it enough to outlast a slow poll on a loaded machine."""
     deadline = time.time() + 600  # generous: on a loaded machine each tiny run can take a minute
     while not path.exists() and time.time() < deadline:
         time.sleep(0.02)
@@ -260,9 +261,10 @@ def _interrupt_when(path, events):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run process through /proc")
 def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
-    # max_steps ends each run after a few steps; the budget is the comparison's, too large to matter here
-    args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--seeds", "2", "--budget-minutes",
-            "1", "--output", str(out), *_cli_sets(corpus, ["train.max_steps=6"])]
+    # max_steps ends each run after a few steps; the budget is the comparison's, too large to matter here. pa runs
+    # 40 steps, so that on a loaded machine it is still training when the watcher stops it after its first save
+    args = ["compare", "--task", "translation", "--variants", "baseline,pa=pa+train.max_steps=40", "--seeds", "2",
+            "--budget-minutes", "1", "--output", str(out), *_cli_sets(corpus, ["train.max_steps=6"])]
     events = []
     watcher = threading.Thread(target=_interrupt_when, args=(out / "runs/pa-s2/checkpoint_last.pt", events))
     watcher.start()
