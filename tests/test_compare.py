@@ -150,6 +150,20 @@ def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, cap
     assert not (tmp_path / "c").exists()
 
 
+def test_settings_that_need_the_budget_are_checked_with_it(corpus):
+    """``train.anneal_to_budget`` is valid only beside a time budget, which the comparison gives every run: the plan
+    checks the settings with ``--budget-minutes`` in place, as the runs will have it."""
+    annealed = ["train.schedule=linear", "train.anneal_to_budget=true"]
+    plan = build_plan(make_settings("translation", ["baseline,pa"], budget_minutes=1.0, sets=_sets(corpus, annealed)))
+    assert "train.max_minutes" not in plan.variant("pa").sets  # the budget reaches the runs as their max_minutes
+    variant = "pa=pa+train.schedule=linear+train.anneal_to_budget=true"
+    assert build_plan(make_settings("translation", ["baseline", variant], budget_minutes=1.0, sets=_sets(corpus)))
+    with pytest.raises(ConfigError, match="train.max_minutes is 0"):
+        build_plan(make_settings("translation", ["baseline,pa"], sets=_sets(corpus, annealed)))
+    with pytest.raises(VariantError, match="variant 'pa'.*train.max_minutes is 0"):
+        build_plan(make_settings("translation", ["baseline", variant], sets=_sets(corpus)))
+
+
 def test_preset_flag_is_the_base_of_the_named_variants(corpus):
     plan = build_plan(make_settings("translation", ["baseline,pa"], preset="transformer_small", sets=_sets(corpus)))
     assert [v.variant.preset for v in plan.variants] == ["transformer_small"] * 2

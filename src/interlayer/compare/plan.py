@@ -99,11 +99,21 @@ def get_spec(name: str) -> TaskSpec:
     return specs[name]
 
 
-def build_task(spec: TaskSpec, sets: dict[str, Any]) -> tuple[Any, TrainConfig]:
-    """The task as ``experiment.train`` builds it for a fresh run (fresh assets), with the global ``--set``."""
-    _, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
+def _train_config(spec: TaskSpec, train_sets: dict[str, Any], max_minutes: Optional[float]) -> TrainConfig:
+    """The runs' training settings, checked as ``experiment.train`` checks them: with the budget in place (a
+    setting such as ``train.anneal_to_budget`` is only valid beside one)."""
     train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, **train_sets}, "train.")
+    if max_minutes is not None:
+        train_cfg.max_minutes = max_minutes
     train_cfg.validate()
+    return train_cfg
+
+
+def build_task(spec: TaskSpec, sets: dict[str, Any], max_minutes: Optional[float] = None) -> tuple[Any, TrainConfig]:
+    """The task as ``experiment.train`` builds it for a fresh run (fresh assets), with the global ``--set`` and the
+    comparison's time budget (``max_minutes``, None for the task's epoch limits)."""
+    _, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
+    train_cfg = _train_config(spec, train_sets, max_minutes)
     data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
     return spec.make_task(data_cfg, train_cfg, None), train_cfg
 
@@ -143,8 +153,10 @@ def units_of(model_cfg: dict[str, Any]) -> str:
     return "examples"
 
 
-def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: dict[str, Any]) -> PlannedVariant:
-    """Resolve one variant as a child run will (``spec.resolve_model``), build it and count it."""
+def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: dict[str, Any],
+                    max_minutes: Optional[float] = None) -> PlannedVariant:
+    """Resolve one variant as a child run will (``spec.resolve_model``, the budget ``max_minutes``), build it and
+    count it."""
     model_sets, global_train, _ = split_overrides(with_defaults(spec, global_sets))
     try:
         ctx = None
@@ -155,7 +167,7 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)
         if own_train:
-            dataclass_from_dict(TrainConfig, {**spec.train_defaults, **global_train, **own_train}, "train.").validate()
+            _train_config(spec, {**global_train, **own_train}, max_minutes)
         config = spec.resolve_model(variant.preset, {**model_sets, **own_model}, task)
         model = spec.model_from_dict(config.to_dict())
     except (ConfigError, ValueError, TypeError) as err:
@@ -170,8 +182,8 @@ def build_plan(settings: Settings) -> Plan:
     """Check every variant against the task and count it; nothing is trained or written."""
     spec = get_spec(settings.task)
     variants = settings.parsed_variants()
-    task, _ = build_task(spec, settings.sets)
-    planned = [resolve_variant(spec, task, variant, settings.sets) for variant in variants]
+    task, _ = build_task(spec, settings.sets, settings.budget_minutes)
+    planned = [resolve_variant(spec, task, variant, settings.sets, settings.budget_minutes) for variant in variants]
     info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model),
                     extra_metrics=tuple(getattr(task, "extra_metrics", ())))
     return Plan(settings, spec, info, planned)
