@@ -408,7 +408,7 @@ def test_experiment_train_smoke(idx_dir, tmp_path):
     spec = task_specs()["fashion_mnist"]
     results = train(spec, sets=_sets(TINY_TRAIN + [f"data.dir={idx_dir}"]), run_dir=tmp_path / "run", progress=False)
     assert results["status"] == "finished" and results["epochs"] == 1 and results["steps"] == 8
-    assert 0.0 <= results["test_accuracy"] <= 1.0 and set(results["test_per_class"]) == set(FASHION_MNIST_CLASSES)
+    assert 0.0 <= results["test_accuracy"] <= 100.0 and set(results["test_per_class"]) == set(FASHION_MNIST_CLASSES)
     assert results["parameters"] > 0 and results["madds_per_image"] > 0
     assert (tmp_path / "run" / "test_report.txt").is_file() and (tmp_path / "run" / "best" / "config.json").is_file()
     stored = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -483,7 +483,7 @@ def test_class_metrics_and_confusion():
     confusion = confusion_matrix(predictions, labels, 3)
     assert confusion.tolist() == [[1, 0, 1], [0, 1, 0], [0, 1, 2]]
     metrics = class_metrics(confusion, ["a", "b", "c"])
-    assert metrics["accuracy"] == pytest.approx(4 / 6)
-    assert metrics["per_class"]["c"] == {"precision": pytest.approx(2 / 3), "recall": pytest.approx(2 / 3),
+    assert metrics["accuracy"] == pytest.approx(100 * 4 / 6)  # percent, as in every task
+    assert metrics["per_class"]["c"] == {"precision": pytest.approx(200 / 3), "recall": pytest.approx(200 / 3),
                                          "support": 3}
-    assert metrics["per_class"]["b"]["precision"] == pytest.approx(0.5)
+    assert metrics["per_class"]["b"]["precision"] == pytest.approx(50.0)

@@ -174,25 +174,27 @@ def confusion_matrix(predictions: Tensor, labels: Tensor, num_classes: int) -> T
 
 
 def class_metrics(confusion: Tensor, names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy and per-class precision / recall (0 where a class is never predicted / never present)."""
+    """Accuracy and per-class precision / recall in percent, as every task reports them (0 where a class is never
+    predicted / never present)."""
     m = confusion.double()
     hits = m.diag()
     predicted, present = m.sum(0), m.sum(1)
-    per_class = {name: {"precision": float(hits[i] / predicted[i]) if predicted[i] else 0.0,
-                        "recall": float(hits[i] / present[i]) if present[i] else 0.0, "support": int(present[i])}
+    per_class = {name: {"precision": float(100 * hits[i] / predicted[i]) if predicted[i] else 0.0,
+                        "recall": float(100 * hits[i] / present[i]) if present[i] else 0.0,
+                        "support": int(present[i])}
                  for i, name in enumerate(names)}
-    return {"accuracy": float(hits.sum() / m.sum()), "correct": int(hits.sum()), "total": int(m.sum()),
+    return {"accuracy": float(100 * hits.sum() / m.sum()), "correct": int(hits.sum()), "total": int(m.sum()),
             "per_class": per_class, "confusion": confusion.tolist()}
 
 
 def format_report(metrics: dict[str, Any], names: Sequence[str], source: str) -> str:
     """Accuracy, a per-class precision/recall table and the confusion matrix (rows true, columns predicted)."""
-    rows = [[name, f"{v['precision'] * 100:.2f}", f"{v['recall'] * 100:.2f}", v["support"]]
+    rows = [[name, f"{v['precision']:.2f}", f"{v['recall']:.2f}", v["support"]]
             for name, v in metrics["per_class"].items()]
     short = [str(i) for i in range(len(names))]
     confusion = [[f"{i} {name}"] + counts for i, (name, counts) in enumerate(zip(names, metrics["confusion"]))]
     return "\n\n".join([
-        f"accuracy {metrics['accuracy'] * 100:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}",
+        f"accuracy {metrics['accuracy']:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}",
         format_table(["class", "precision %", "recall %", "support"], rows),
         "confusion matrix (rows: true class, columns: predicted class index)\n"
         + format_table(["true \\ predicted"] + short, confusion)])
@@ -244,12 +246,12 @@ class ImageTask:
         output = model(images)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, labels, smoothing))
-        logs["accuracy"] = float((output.logits.argmax(-1) == labels).float().mean())
+        logs["accuracy"] = 100 * float((output.logits.argmax(-1) == labels).float().mean())
         return loss, logs, len(labels)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         logits = predict(model, self.valid_images)
-        return {"accuracy": float((logits.argmax(-1) == self.valid_labels).float().mean()),
+        return {"accuracy": 100 * float((logits.argmax(-1) == self.valid_labels).float().mean()),
                 "nll": float(F.cross_entropy(logits, self.valid_labels))}
 
     def save_assets(self, directory: Path) -> None:
