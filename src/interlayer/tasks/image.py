@@ -187,6 +187,11 @@ def class_metrics(confusion: Tensor, names: Sequence[str]) -> dict[str, Any]:
             "per_class": per_class, "confusion": confusion.tolist()}
 
 
+def percent_correct(logits: Tensor, labels: Tensor) -> float:
+    """Accuracy in percent from the integer count, so 161/200 reads 80.5 and not float32's 80.50000071525574."""
+    return 100.0 * int((logits.argmax(-1) == labels).sum()) / len(labels)
+
+
 def format_report(metrics: dict[str, Any], names: Sequence[str], source: str) -> str:
     """Accuracy, a per-class precision/recall table and the confusion matrix (rows true, columns predicted)."""
     rows = [[name, f"{v['precision']:.2f}", f"{v['recall']:.2f}", v["support"]]
@@ -246,12 +251,12 @@ class ImageTask:
         output = model(images)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, labels, smoothing))
-        logs["accuracy"] = 100 * float((output.logits.argmax(-1) == labels).float().mean())
+        logs["accuracy"] = percent_correct(output.logits, labels)
         return loss, logs, len(labels)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         logits = predict(model, self.valid_images)
-        return {"accuracy": 100 * float((logits.argmax(-1) == self.valid_labels).float().mean()),
+        return {"accuracy": percent_correct(logits, self.valid_labels),
                 "nll": float(F.cross_entropy(logits, self.valid_labels))}
 
     def save_assets(self, directory: Path) -> None:
