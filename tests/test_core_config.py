@@ -18,7 +18,9 @@ def test_unknown_key_inside_a_section_is_named_with_its_section():
 @pytest.mark.parametrize("fields, message", [
     ({"d_model": "big"}, "d_model must be an integer"),
     ({"norm_first": "yes"}, "norm_first must be true or false"),
-    ({"positions": "rotary"}, "positions='rotary' is not valid"),
+    ({"positions": "alibi"}, "positions='alibi' is not valid"),
+    ({"positions": "rotary", "d_model": 36, "n_heads": 4}, "per-head query width must be even"),
+    ({"positions": "relative_2d", "arch": "causal_lm", "grid_height": 2, "grid_width": 2}, "image grids"),
     ({"d_model": 100, "n_heads": 8}, "not divisible by n_heads"),
     ({"share_embeddings": True, "tgt_vocab_size": 7}, "share_embeddings=True needs one vocabulary"),
     ({"positions": "relative_2d", "arch": "encoder_classifier", "num_classes": 3}, "grid_height"),
@@ -66,6 +68,8 @@ def test_every_preset_builds_and_runs(name):
     tokens = torch.randint(4, 64, (2, 6))
     if cfg.arch == "encoder_decoder":
         assert model(tokens, tokens).logits.shape == (2, 6, cfg.target_vocab)
+    elif cfg.arch == "causal_lm":
+        assert model(tokens).logits.shape == (2, 6, 64)
     elif cfg.positions == "relative_2d":
         cells = cfg.grid_height * cfg.grid_width
         assert model(inputs_embeds=torch.randn(2, cells, cfg.d_model)).logits.shape == (2, cfg.num_classes)

@@ -7,6 +7,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .core.components import Components
+from .core.lm import CausalLM
 from .core.models import EncoderClassifier, EncoderDecoderModel
 
 
@@ -26,6 +27,8 @@ def build_model(cfg: ModelConfig, *, with_tokens: bool = True,
         method.customize(section, cfg, components)
     if cfg.arch == "encoder_decoder":
         model: nn.Module = EncoderDecoderModel(cfg, components)
+    elif cfg.arch == "causal_lm":
+        model = CausalLM(cfg, components)
     else:
         model = EncoderClassifier(cfg, components, with_tokens=with_tokens)
     for method, section in cfg.sections():

@@ -35,7 +35,27 @@ _TEXT_CLS = dict(arch="encoder_classifier", src_vocab_size=16000, d_model=256, n
                  enc_layers=3, positions="relative", rel_max_distance=16, max_positions=256, num_classes=5,
                  pooling="mean", dropout=0.2, embed_dropout=0.4)  # PA App. B.2.1 dropouts
 
+# Decoder-only language models (arch="causal_lm"): pre-LN, learned absolute positions, GELU, tied output, unscaled
+# N(0, 0.02) token table (GPT-2). nanoGPT's config/train_shakespeare_char.py: 6 layers, 6 heads, d=384, block 256,
+# dropout 0.2 on embeddings, attention probabilities and residual branches, no biases (its bias=False also drops the
+# LayerNorm biases); 65 characters is tiny-shakespeare's vocabulary, a task sets its own. GPT-2 small (Radford et
+# al. 2019, the 124M model): 12 layers, 12 heads, d=768, 1,024 positions, 50,257 BPE tokens, biases, dropout 0.1,
+# GELU in its tanh form (the released model's).
+_GPT = dict(arch="causal_lm", norm_first=True, positions="learned", activation="gelu", embed_scale=False,
+            tie_output=True, embed_dropout=None, act_dropout=0.0)
+_GPT_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt_shakespeare_char": ("nanoGPT's shakespeare_char model: decoder-only, 6 layers, 6 heads, d=384, 256 "
+                             "positions, dropout 0.2, no biases (10.65M parameters without the position table)",
+                             dict(_GPT, src_vocab_size=65, d_model=384, n_heads=6, d_ffn=1536, enc_layers=6,
+                                  max_positions=256, dropout=0.2, attn_dropout=0.2, bias=False)),
+    "gpt2_small": ("GPT-2 small's shape: decoder-only, 12 layers, 12 heads, d=768, 1,024 positions, 50,257 tokens, "
+                   "tanh GELU (124.44M parameters, output tied to the token table)",
+                   dict(_GPT, src_vocab_size=50257, d_model=768, n_heads=12, d_ffn=3072, enc_layers=12,
+                        max_positions=1024, dropout=0.1, attn_dropout=0.1, bias=True, activation="gelu_tanh")),
+}
+
 _CORE_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    **_GPT_PRESETS,
     "transformer_iwslt_de_en": ("fairseq's IWSLT'14 De-En Transformer: 6+6 layers, d=512, 4 heads, FFN 1024, "
                                 "shared embeddings", _IWSLT),
     "transformer_base": ("Transformer-Base (Vaswani et al. 2017, Table 3): 6+6 layers, d=512, 8 heads, FFN 2048",

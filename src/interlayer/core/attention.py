@@ -10,7 +10,8 @@ query row with no allowed key (an all-padding sequence) outputs zeros on both pa
 the two paths agree exactly on every row.
 
 Extension points used by the method modules, all optional and generic:
-``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias), ``logit_mixer`` (a module mapping the current and
+``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias, or, when it ``rotates``, rotating queries and keys
+before the cache: rotary positions), ``logit_mixer' (a module mapping the current and
 the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``).
 """
 from __future__ import annotations
@@ -43,10 +44,16 @@ class AttentionIntermediates:
 
 @dataclass
 class KVCache:
-    """Keys and values kept between decoding steps: appended for self-attention, computed once for cross."""
+    """Keys and values kept between decoding steps: appended for self-attention, computed once for cross.
+
+    ``state`` holds whatever else a module of the layer must carry from one step to the next, by name (a causal
+    logit mixer keeps the last rows of its convolution inputs there); every tensor in it has the batch first, so
+    :meth:`reorder` can select its rows too.
+    """
 
     k: Optional[Tensor] = None
     v: Optional[Tensor] = None
+    state: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -62,6 +69,7 @@ class KVCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+        self.state = {name: value.index_select(0, index) for name, value in self.state.items()}
 
 
 def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool, q_offset: int,
@@ -167,17 +175,21 @@ class MultiHeadAttention(nn.Module):
         """
         b, t_q, _ = x.shape
         q_offset = 0
+        rotary = getattr(self.relative, "rotates", False)
         if memory is None:
             q, k, v = (self._split(t) for t in self._project_self(x))
             if cache is not None:
                 q_offset = cache.length
+            if rotary:  # keys enter the cache rotated to their own positions
+                q, k = self.relative(q, q_offset), self.relative(k, q_offset)
+            if cache is not None:
                 k, v = cache.append(k, v)
         else:
             q = self._split(self.q_proj(x))
             k, v = self._memory_kv(memory, cache)
         t_k = k.shape[2]
         # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
-        bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None else None
+        bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None and not rotary else None
         allowed = build_allowed_mask(key_padding_mask, t_q, t_k, causal, q_offset, x.device)
 
         eager = need_intermediates or self.logit_mixer is not None or self.force_eager

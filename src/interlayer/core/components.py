@@ -14,7 +14,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .config import TransformerConfig
 from .feedforward import FeedForward
-from .positions import RelativePositionBias, RelativePositionBias2D
+from .positions import RelativePositionBias, RelativePositionBias2D, RotaryEmbedding
 
 Side = str  # "encoder" or "decoder"
 
@@ -38,6 +38,8 @@ class Components:
             return RelativePositionBias(head_dim, cfg.rel_max_distance)
         if cfg.positions == "relative_2d" and side == "encoder":
             return RelativePositionBias2D(head_dim, cfg.grid_height, cfg.grid_width)
+        if cfg.positions == "rotary":
+            return RotaryEmbedding(head_dim, cfg.max_positions)
         return None
 
     def default_self_attention(self, side: Side, index: int) -> nn.Module:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal, Optional
 
-Arch = Literal["encoder_decoder", "encoder_classifier"]
-Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "none"]
+Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
+Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
 
-ARCHES = ("encoder_decoder", "encoder_classifier")
-POSITIONS = ("sinusoidal", "learned", "relative", "relative_2d", "none")
-ACTIVATIONS = ("relu", "gelu")
+ARCHES = ("encoder_decoder", "encoder_classifier", "causal_lm")
+POSITIONS = ("sinusoidal", "learned", "relative", "relative_2d", "rotary", "none")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POOLINGS = ("cls", "mean")
 ATTN_IMPLS = ("auto", "eager")
 
@@ -39,6 +39,11 @@ class TransformerConfig:
     Field groups: architecture (``arch``, sizes), embeddings and positions, regularisation, heads for
     classification. ``qk_dim`` lets the query/key projection be wider or narrower than ``d_model``
     (LW-Transformer's Table I expands it); ``None`` means ``d_model``.
+
+    ``arch="causal_lm"`` is a decoder-only language model (GPT): the encoder's layer stack run with a causal mask,
+    ``enc_layers`` deep, its token table tied to the output when ``tie_output``; ``dec_layers`` is unused.
+    ``bias`` switches the biases of every linear layer *and* LayerNorm (nanoGPT's ``bias`` flag).
+    ``positions="rotary"`` rotates queries and keys (RoPE, Su et al. 2021) in every self-attention.
     """
 
     arch: Arch = "encoder_decoder"
@@ -119,9 +124,13 @@ class TransformerConfig:
         if self.positions == "relative_2d" and (self.grid_height <= 0 or self.grid_width <= 0):
             raise ConfigError("positions='relative_2d' needs grid_height and grid_width (the token grid), "
                               f"got {self.grid_height}x{self.grid_width}")
-        if self.positions == "relative_2d" and self.arch == "encoder_decoder":
-            raise ConfigError("positions='relative_2d' is for image grids; an encoder_decoder decodes 1-D text. "
+        if self.positions == "relative_2d" and self.arch != "encoder_classifier":
+            raise ConfigError(f"positions='relative_2d' is for image grids; arch={self.arch!r} models 1-D text. "
                               "Use arch='encoder_classifier' or positions='relative'")
+        if self.positions == "rotary" and (self.qk_width // self.n_heads) % 2:
+            raise ConfigError(f"positions='rotary' rotates pairs of query/key features, so the per-head query "
+                              f"width must be even; got qk_dim={self.qk_width} / n_heads={self.n_heads} = "
+                              f"{self.qk_width // self.n_heads}")
         if self.positions in ("relative", "relative_2d") and self.rel_max_distance < 1:
             raise ConfigError(f"rel_max_distance={self.rel_max_distance} must be at least 1")
         if self.arch == "encoder_classifier" and self.num_classes < 2:

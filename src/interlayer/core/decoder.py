@@ -47,9 +47,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(components.self_attention("decoder", i), components.cross_attention(i),
                          components.ffn("decoder", i), cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
-                         eps=cfg.layer_norm_eps)
+                         eps=cfg.layer_norm_eps, bias=cfg.bias)
             for i in range(cfg.dec_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
+                           else None)
         self.output_projection = nn.Linear(cfg.d_model, tokens.num_embeddings, bias=False)
         if cfg.tie_output:
             self.output_projection.weight = tokens.weight

@@ -33,11 +33,14 @@ class InputEmbedding(nn.Module):
         else:
             self.positions = None  # relative positions live inside attention; "none" has no positions
         self.segments = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embed_layer_norm else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.embed_layer_norm else None
         self.dropout = nn.Dropout(cfg.dropout if cfg.embed_dropout is None else cfg.embed_dropout)
 
     def forward(self, tokens: Optional[Tensor] = None, *, inputs_embeds: Optional[Tensor] = None,
-                segments: Optional[Tensor] = None, offset: int = 0) -> Tensor:
+                segments: Optional[Tensor] = None, offset: int = 0, position_ids: Optional[Tensor] = None
+                ) -> Tensor:
+        """``offset``: position of the first token (incremental decoding); ``position_ids`` (B, T) instead gives
+        each token its own absolute position (left-padded batches, where a row's first real token is position 0)."""
         if (tokens is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of tokens (B, T) or inputs_embeds (B, T, d_model)")
         if tokens is not None:
@@ -47,7 +50,8 @@ class InputEmbedding(nn.Module):
         else:
             x = inputs_embeds
         if self.positions is not None:
-            x = x + self.positions(x.shape[1], offset)
+            x = x + (self.positions(x.shape[1], offset) if position_ids is None
+                     else self.positions.lookup(position_ids))
         if self.segments is not None:
             # Without segment ids every token is in segment 0, as BERT's token_type_ids default.
             x = x + (self.segments(segments) if segments is not None else self.segments.weight[0])

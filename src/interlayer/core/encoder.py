@@ -1,4 +1,11 @@
-"""The Transformer encoder: embedding, a stack of :class:`EncoderLayer`, and (pre-LN) a final LayerNorm."""
+"""The Transformer encoder: embedding, a stack of :class:`EncoderLayer`, and (pre-LN) a final LayerNorm.
+
+The same stack is the body of the decoder-only language model (``arch="causal_lm"``): there every layer's
+self-attention is causal and may keep a :class:`~interlayer.core.attention.KVCache`. Causality is a property of
+the encoder (``self.causal``, from the config), not an argument of :meth:`Encoder.process`, so an encoder that
+runs the stack its own way (Multi-Pass runs it once per pass through :meth:`Encoder.run_layers`) is causal in
+every pass without knowing about it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +13,7 @@ from typing import Callable, Optional
 
 from torch import Tensor, nn
 
-from .attention import AttentionIntermediates
+from .attention import AttentionIntermediates, KVCache
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
@@ -32,12 +39,14 @@ class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, components: Components, tokens: Optional[nn.Embedding]) -> None:
         super().__init__()
         self.pad_id = cfg.pad_id
+        self.causal = cfg.arch == "causal_lm"
         self.embed = InputEmbedding(cfg, tokens)
         self.layers = nn.ModuleList(
             EncoderLayer(components.self_attention("encoder", i), components.ffn("encoder", i), cfg.d_model,
-                         dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps)
+                         dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps, bias=cfg.bias)
             for i in range(cfg.enc_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+        self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
+                           else None)
         # Layer i must return its logits when layer i+1 mixes them in (predictive attention).
         self._logits_needed = [getattr(layer.self_attn, "wants_prev_logits", False)
                                for layer in list(self.layers)[1:]] + [False]
@@ -56,8 +65,12 @@ class Encoder(nn.Module):
         return self.run_layers(x, key_padding_mask, need_intermediates=need_intermediates)
 
     def run_layers(self, x: Tensor, key_padding_mask: Optional[Tensor], *, injector: Optional[Injector] = None,
-                   need_intermediates: bool = False) -> EncoderOutput:
-        """Run the stack once over embedded input ``x``; ``injector`` adds cross-pass inputs (Multi-Pass)."""
+                   need_intermediates: bool = False, cache: Optional[list[KVCache]] = None) -> EncoderOutput:
+        """Run the stack once over embedded input ``x``; ``injector`` adds cross-pass inputs (Multi-Pass).
+
+        ``cache`` (one :class:`KVCache` per layer, causal stacks only) makes ``x`` the new positions of a sequence
+        whose earlier positions the caches hold; ``key_padding_mask`` then covers every position, cached and new.
+        """
         states: list[Tensor] = []
         mids: list[Tensor] = []
         attentions: list[Optional[AttentionIntermediates]] = []
@@ -67,7 +80,8 @@ class Encoder(nn.Module):
             if input_add is not None:
                 x = x + input_add
             out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
-                        need_intermediates=need_intermediates or self._logits_needed[i])
+                        need_intermediates=need_intermediates or self._logits_needed[i], causal=self.causal,
+                        cache=cache[i] if cache is not None else None)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
             states.append(x)

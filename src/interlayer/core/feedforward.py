@@ -1,10 +1,13 @@
 """Position-wise feed-forward block: ``W2 act(W1 x)`` (Vaswani et al. 2017, Eq. 2); fairseq names fc1/fc2."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+# "gelu" is the exact erf form (BERT, nanoGPT's nn.GELU); "gelu_tanh" the tanh approximation of GPT-2's weights.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
 
 class FeedForward(nn.Module):

@@ -26,9 +26,9 @@ class LayerOutput:
 class _Sublayer(nn.Module):
     """Residual wrapper: ``x + drop(f(LN(x)))`` (pre-LN) or ``LN(x + drop(f(x)))`` (post-LN)."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -41,19 +41,25 @@ class _Sublayer(nn.Module):
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward; ``causal=True`` with an optional ``cache`` makes it a decoder-only layer
+    (the causal language model's), so one layer class carries every self-attention method to both uses."""
+
     def __init__(self, self_attn: nn.Module, ffn: nn.Module, d_model: int, *, dropout: float, norm_first: bool,
-                 eps: float) -> None:
+                 eps: float, bias: bool = True) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.ffn = ffn
-        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps)
-        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps)
+        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
+        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
 
     def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
-                branch_add: Optional[Tensor] = None, need_intermediates: bool = False) -> LayerOutput:
+                branch_add: Optional[Tensor] = None, need_intermediates: bool = False, causal: bool = False,
+                cache: Optional[KVCache] = None) -> LayerOutput:
+        """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions."""
         branch = x if branch_add is None else x + branch_add
         attn_out, inter = self.self_attn(self.attn_block.branch_input(branch), key_padding_mask=key_padding_mask,
-                                         prev_logits=prev_logits, need_intermediates=need_intermediates)
+                                         prev_logits=prev_logits, need_intermediates=need_intermediates,
+                                         causal=causal, cache=cache)
         mid = self.attn_block.combine(x, attn_out)
         hidden = self.ffn_block.combine(mid, self.ffn(self.ffn_block.branch_input(mid)))
         return LayerOutput(hidden=hidden, mid=mid, attention=inter)
@@ -70,14 +76,14 @@ class DecoderLayerCache:
 
 class DecoderLayer(nn.Module):
     def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: nn.Module, d_model: int, *,
-                 dropout: float, norm_first: bool, eps: float) -> None:
+                 dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.cross_attn = cross_attn
         self.ffn = ffn
-        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps)
-        self.cross_block = _Sublayer(d_model, dropout, norm_first, eps)
-        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps)
+        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
+        self.cross_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
+        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
 
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,

@@ -1,9 +1,14 @@
-"""Position information: absolute tables added to the input, relative biases added to attention logits.
+"""Position information: absolute tables added to the input, relative biases added to attention logits, and
+rotary positions applied to queries and keys.
 
 Relative positions follow Shaw et al. (2018) on the key side only, which is the form the Predictive Attention
 paper writes (PA Eq. 2: ``r_ij = q_i^T e_{i-j}``); the image form is PA Eq. 3, one table for height offsets and
 one for width offsets (Bello et al. 2019). Both produce a bias of shape ``(B, H, Tq, Tk)`` that the attention
 module adds to its logits, so they work with the fused and the eager attention path alike.
+
+Rotary positions (RoPE, Su et al. 2021, "RoFormer", Sec. 3.4) are the third kind of attention-side position: a
+module the ``relative`` factory hands to attention that, instead of a bias, *rotates* queries and keys
+(``rotates = True``), so the logit ``q_i . k_j`` depends on ``i - j`` only.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ class SinusoidalPositions(nn.Module):
         _check_length(length + offset, self.table.shape[0])
         return self.table[offset : offset + length]
 
+    def lookup(self, position_ids: Tensor) -> Tensor:
+        """Rows of the table for per-token positions (B, T) -> (B, T, d); the caller keeps them in range."""
+        return nn.functional.embedding(position_ids, self.table)
+
 
 class LearnedPositions(nn.Module):
     """A trained table of absolute positions (BERT, fairseq ``learned_pos``)."""
@@ -41,6 +50,10 @@ class LearnedPositions(nn.Module):
     def forward(self, length: int, offset: int = 0) -> Tensor:
         _check_length(length + offset, self.weight.shape[0])
         return self.weight[offset : offset + length]
+
+    def lookup(self, position_ids: Tensor) -> Tensor:
+        """Rows of the table for per-token positions (B, T) -> (B, T, d); the caller keeps them in range."""
+        return nn.functional.embedding(position_ids, self.weight)
 
 
 class RelativePositionBias(nn.Module):
@@ -108,6 +121,43 @@ class RelativePositionBias2D(nn.Module):
     def madds(self, t_q: int, t_k: int, n_heads: int) -> int:
         cells = self.height * self.width
         return n_heads * cells * (self.e_h.shape[0] + self.e_w.shape[0]) * self.e_h.shape[1]
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021, Eq. 34): feature pair ``(x_2i, x_2i+1)`` of a query or key at position ``m`` is
+    rotated by the angle ``m theta_i``, ``theta_i = base^(-2i/d)`` (``d``: the per-head query/key width).
+
+    Pairs are adjacent features as in the paper's Eq. 34 (GPT-NeoX and Hugging Face's LLaMA pair feature ``i`` with
+    ``i + d/2`` instead; the two differ by a fixed permutation of the q/k projection rows). Because
+    ``R(m)^T R(n) = R(n - m)``, the logit between positions ``m`` and ``n`` depends only on ``n - m``: a shifted
+    sequence (left padding, a cache offset) gets the same logits. No parameters; the angle tables are buffers
+    that are not saved. Element-wise, so it adds no multiply-adds to the MAdds convention (``madds`` is 0).
+    """
+
+    rotates = True  # read by the attention module: rotate q and k instead of adding a logit bias
+
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions rotate feature pairs, so the per-head query/key width must be even, "
+                             f"got {head_dim}")
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_len, dtype=torch.float64).unsqueeze(1) * inv_freq  # (max_len, d/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x`` (B, H, T, d) at positions ``offset .. offset + T - 1`` -> the rotated (B, H, T, d)."""
+        length = x.shape[-2]
+        _check_length(length + offset, self.cos.shape[0])
+        cos = self.cos[offset : offset + length].to(x.dtype)
+        sin = self.sin[offset : offset + length].to(x.dtype)
+        pairs = x.unflatten(-1, (-1, 2))
+        even, odd = pairs[..., 0], pairs[..., 1]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+    def madds(self, t_q: int, t_k: int, n_heads: int) -> int:
+        return 0
 
 
 def _check_length(needed: int, available: int) -> None:

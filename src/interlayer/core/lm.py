@@ -1,0 +1,115 @@
+"""A decoder-only causal language model (GPT; Radford et al. 2018/2019) on the core's encoder stack.
+
+Design (why it is built this way):
+
+* **The body is the core :class:`Encoder`, run causally.** A decoder-only layer is an encoder layer with a causal
+  mask: self-attention and feed-forward, no cross-attention. Reusing :class:`Encoder` (with ``causal`` set from
+  ``arch="causal_lm"``) means every method reaches the language model through the factories and hooks it already
+  uses: Crossformer ties and regularises ``encoder.layers``, LW replaces the self-attention and FFN factories,
+  Predictive Attention receives ``prev_logits`` and Multi-Pass wraps the stack (``encoder_class``). The stack
+  therefore keeps the name ``encoder``: parameter names are ``encoder.embed.tokens.weight`` (GPT-2's ``wte``),
+  ``encoder.embed.positions.weight`` (``wpe``, learned positions), ``encoder.layers.N.self_attn.{q,k,v,out}_proj``,
+  ``encoder.layers.N.ffn.{fc1,fc2}``, ``encoder.layers.N.{attn_block,ffn_block}.norm``, ``encoder.final_norm`` and
+  ``lm_head.weight`` (the token table itself when tied, stored once in checkpoints).
+* **Token table** without a padding row (a language model has no padding *token*: padding in a batch of prompts is
+  a mask), initialised N(0, 0.02) as GPT-2 and nanoGPT do; the presets read it unscaled (``embed_scale=False``).
+* **Causal and incremental.** :meth:`CausalLM.forward` reads a whole sequence (training, scoring) or, with a cache
+  from :meth:`new_cache` (one :class:`KVCache` per layer), only the new positions; the logits are the same
+  (tested). Padding is a mask over keys (``padding_mask``, True at padding); with left padding, ``position_ids``
+  give each row's real tokens the positions 0, 1, ... (see :mod:`interlayer.core.generation`).
+* **MAdds** count the full ``T x T`` attention products, as the encoder does (the causal mask makes about half of
+  them unnecessary, but the eager path and most kernels compute them), plus the output projection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .attention import KVCache
+from .components import Components
+from .config import TransformerConfig
+from .encoder import Encoder, EncoderOutput
+from .generation import Generation, SamplingOptions, generate
+
+
+@dataclass
+class CausalLMOutput:
+    logits: Tensor  # (B, T, V): next-token logits at every position given
+    encoder: EncoderOutput  # the stack's output (hidden states, per-layer attentions on request)
+    exit_logits: Optional[list[Tensor]] = None  # one per stack exit when the stack has several (Multi-Pass)
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+
+
+class CausalLM(nn.Module):
+    """Token embedding (+ absolute positions, if configured), ``enc_layers`` causal layers, final LayerNorm
+    (pre-LN), and a linear head onto the vocabulary, tied to the token table when ``cfg.tie_output``."""
+
+    def __init__(self, cfg: TransformerConfig, components: Components) -> None:
+        super().__init__()
+        tokens = nn.Embedding(cfg.src_vocab_size, cfg.d_model)
+        nn.init.normal_(tokens.weight, std=0.02)
+        encoder_class = components.encoder_class or Encoder
+        self.encoder = encoder_class(cfg, components, tokens)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.src_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.lm_head.weight = tokens.weight
+        else:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+        self.max_positions = cfg.max_positions
+        self.aux_loss_fns: dict = {}
+
+    @property
+    def supports_cache(self) -> bool:
+        """Whether incremental decoding applies: the cached path runs the stack once (``run_layers``), which is
+        what the plain encoder's ``process`` does; an encoder that runs it otherwise (Multi-Pass: one run per pass,
+        each needing its own keys and values) is read without a cache."""
+        return type(self.encoder).process is Encoder.process
+
+    def new_cache(self) -> list[KVCache]:
+        if not self.supports_cache:
+            raise ValueError(f"{type(self.encoder).__name__} runs the layer stack more than once per forward pass "
+                             "(Multi-Pass), so one key/value cache per layer cannot hold its state; generate with "
+                             "use_cache=False")
+        return [KVCache() for _ in self.encoder.layers]
+
+    def compute_aux_losses(self) -> dict[str, Tensor]:
+        return {name: fn(self) for name, fn in self.aux_loss_fns.items()}
+
+    def forward(self, tokens: Tensor, *, padding_mask: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None, cache: Optional[list[KVCache]] = None,
+                need_intermediates: bool = False) -> CausalLMOutput:
+        """``tokens`` (B, T): the sequence, or with ``cache`` only the positions not yet seen.
+
+        ``padding_mask`` (B, cached + T), True at padding, hides those keys; ``position_ids`` (B, T) replace the
+        absolute positions ``offset .. offset + T - 1`` (left-padded rows). Without a cache and with padding, a
+        padded query row attends to nothing and outputs zeros (its logits are meaningless and must be ignored).
+        """
+        offset = cache[0].length if cache else 0
+        x = self.encoder.embed(tokens, offset=offset, position_ids=position_ids)
+        if cache is None:
+            enc = self.encoder.process(x, padding_mask, need_intermediates=need_intermediates)
+        else:
+            if len(cache) != len(self.encoder.layers) or not self.supports_cache:
+                self.new_cache()  # raises the reason for a stack that cannot be cached
+                raise ValueError(f"cache has {len(cache)} entries; the model has {len(self.encoder.layers)} layers "
+                                 "(make it with model.new_cache())")
+            enc = self.encoder.run_layers(x, padding_mask, cache=cache, need_intermediates=need_intermediates)
+        logits = self.lm_head(enc.hidden)
+        exit_logits = None
+        if enc.exits is not None:
+            exit_logits = [logits if e is enc.hidden else self.lm_head(e) for e in enc.exits]
+        return CausalLMOutput(logits=logits, encoder=enc, exit_logits=exit_logits,
+                              aux_losses=self.compute_aux_losses())
+
+    def generate(self, prompts: Tensor, options: SamplingOptions = SamplingOptions(), *,
+                 padding_mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Generation:
+        """Continue every prompt (nanoGPT's ``model.generate``); see :func:`interlayer.core.generation.generate`."""
+        return generate(self, prompts, options, padding_mask=padding_mask, generator=generator)
+
+    def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
+        """Multiply-adds of one forward pass over ``src_len`` tokens: the stack and the output projection."""
+        return self.encoder.madds(src_len) + src_len * self.lm_head.in_features * self.lm_head.out_features
+
