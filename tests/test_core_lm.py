@@ -197,6 +197,7 @@ def test_sampling_filters_keep_the_right_tokens():
     gen = torch.Generator().manual_seed(0)
     draws = lambda **kw: {int(choose_tokens(logits, SamplingOptions(**kw), gen)) for _ in range(300)}
     assert draws(top_k=2) == {0, 1}
+    assert draws(top_k=200) == {0, 1, 2, 3}  # more than the vocabulary: every token (nanoGPT's top_k=200)
     assert draws(top_p=0.75) == {0, 1}  # 0.5 < 0.75 <= 0.8: the two most likely tokens
     assert draws(top_p=0.5) == {0}
     assert draws(temperature=1.0) == {0, 1, 2, 3}
@@ -216,7 +217,7 @@ def test_seeded_sampling_is_reproducible():
 
 
 @pytest.mark.parametrize("options, message", [
-    (SamplingOptions(top_p=0.0), "top_p"), (SamplingOptions(top_k=51), "top_k"),
+    (SamplingOptions(top_p=0.0), "top_p"), (SamplingOptions(top_k=-1), "top_k"),
     (SamplingOptions(temperature=-1), "temperature"), (SamplingOptions(eos_id=50), "eos_id")])
 def test_bad_sampling_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):

@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--output", help="file to write; default stdout")
     add_decode_arguments(translate)
 
+    _add_generate_parser(sub)
+
     evaluate = sub.add_parser("evaluate", help="score a trained model on a task's test data (or given files)",
                               description="Score a saved model folder (RUN_DIR/best, RUN_DIR/averaged) with its "
                                           "task's metrics. Translation: sacreBLEU and chrF on detokenized text "
@@ -104,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/best or RUN_DIR/averaged)")
     evaluate.add_argument("--src", help="translation: source file (default: the run's test source)")
     evaluate.add_argument("--ref", help="translation: reference file (default: the run's test target)")
-    evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split)")
+    evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split); "
+                                         "language model: a UTF-8 text file (default: the run's valid and test)")
     add_decode_arguments(evaluate)
 
     compare = sub.add_parser(
@@ -139,6 +142,38 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_search_parser(sub)
     return parser
+
+
+def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
+    generate = sub.add_parser("generate", help="continue a prompt with a trained language model",
+                              description="Sample continuations of --prompt from a model trained with `interlayer "
+                                          "train lm` (greedy with --temperature 0; the KV cache unless --no-cache).")
+    generate.add_argument("--checkpoint", required=True, help="language-model folder (RUN_DIR/best)")
+    generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline, as nanoGPT)")
+    generate.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default 500)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8, nanoGPT's)")
+    generate.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all "
+                                                                 "(default 200, nanoGPT's)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default)")
+    generate.add_argument("--num-samples", type=int, default=1, help="continuations to print (default 1)")
+    generate.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
+    generate.add_argument("--no-cache", action="store_true", help="re-read the whole context every step")
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from .core.generation import SamplingOptions
+    from .tasks.language_modeling import generate_text
+
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples={args.num_samples} must be at least 1")
+    options = SamplingOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, use_cache=False if args.no_cache else None)
+    try:
+        options.validate(vocab_size=1 << 62)  # the token ids are checked against the model when it is loaded
+    except ValueError as err:
+        raise ConfigError(f"generate: {err}") from None
+    samples = generate_text(Path(args.checkpoint), args.prompt, options, seed=args.seed, samples=args.num_samples)
+    print("\n---------------\n".join(samples))
 
 
 def _add_search_parser(sub: argparse._SubParsersAction) -> None:
@@ -276,6 +311,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _translate(args)
         elif args.command == "evaluate":
             _evaluate(args)
+        elif args.command == "generate":
+            _generate(args)
         elif args.command == "compare":
             return _compare(args, sys.argv[1:] if argv is None else argv)
         elif args.command == "search":

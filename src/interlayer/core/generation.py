@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class SamplingOptions:
     max_new_tokens: int = 100
     temperature: float = 1.0  # 0: greedy decoding
-    top_k: int = 0  # > 0: sample among the k most likely tokens only
+    top_k: int = 0  # > 0: sample among the k most likely tokens only (all of them when k exceeds the vocabulary)
     top_p: float = 1.0  # < 1: sample among the smallest set of tokens whose probability reaches top_p
     eos_id: Optional[int] = None  # a row stops once it has produced this token
     use_cache: Optional[bool] = None  # None: the KV cache whenever the model supports it
@@ -43,8 +43,9 @@ class SamplingOptions:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must not be negative")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} must be >= 0 (0 is greedy decoding)")
-        if not 0 <= self.top_k <= vocab_size:
-            raise ValueError(f"top_k={self.top_k} must lie in 0..{vocab_size} (the vocabulary; 0 switches it off)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 switches it off; above the vocabulary of "
+                             f"{vocab_size} it keeps every token)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (1 switches it off)")
         if self.eos_id is not None and not 0 <= self.eos_id < vocab_size:
@@ -75,7 +76,7 @@ def choose_tokens(logits: Tensor, options: SamplingOptions, generator: Optional[
     logits = logits.float() / options.temperature
     lowest = torch.finfo(logits.dtype).min
     if options.top_k:
-        kth = torch.topk(logits, options.top_k, dim=-1).values[:, -1:]
+        kth = torch.topk(logits, min(options.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, lowest)
     if options.top_p < 1:
         ordered, order = torch.sort(logits, dim=-1, descending=True)

@@ -1,0 +1,161 @@
+"""Tokenizers of the language-modelling task: characters, or byte-level BPE trained with ``tokenizers``.
+
+Both are lossless (decoding the ids of a text gives the text back) and both know how many UTF-8 bytes and
+characters of the text each token stands for, which is what makes bits per character and bits per byte honest:
+the total negative log-likelihood of the predicted tokens divided by the characters (bytes) those tokens spell.
+
+* **char** (nanoGPT's ``shakespeare_char``): one id per character; the vocabulary is every character of the corpus
+  (all splits, as nanoGPT builds it), sorted. A character outside it (in a prompt) raises naming it.
+* **bpe**: GPT-2's byte-level BPE (Radford et al. 2019): text is split by GPT-2's pre-tokenizer pattern, each
+  piece is read as bytes (a 256-symbol alphabet, so nothing is ever unknown) and merged by BPE, trained on the
+  training split only with ``tokenizers`` (offline). No normaliser and no special tokens, so the ids spell the
+  text's bytes exactly (checked when a split is encoded).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Literal, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .text import DataError
+
+TOKENIZER_FILE = "tokenizer.json"
+Kind = Literal["char", "bpe"]
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        self.chars = sorted(chars)  # by code point, which encode's lookup relies on
+
+    @classmethod
+    def train(cls, texts: Sequence[str]) -> "CharTokenizer":
+        return cls(sorted(set().union(*map(set, texts))))
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text).tolist()
+
+    def _encode(self, text: str) -> np.ndarray:
+        """Ids of ``text``'s characters (vectorised: the code points looked up in the sorted vocabulary)."""
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        known = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+        ids = np.searchsorted(known, codes).clip(max=len(known) - 1)
+        unknown = np.flatnonzero(known[ids] != codes)
+        if len(unknown):
+            position = int(unknown[0])
+            raise DataError(f"character {text[position]!r} (at position {position}) is not in the model's "
+                            f"vocabulary of {len(self)} characters: {''.join(self.chars)!r}")
+        return ids
+
+    def encode_tensor(self, text: str) -> Tensor:
+        return torch.from_numpy(self._encode(text).astype(np.int64))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def byte_lengths(self) -> Tensor:
+        return torch.tensor([len(c.encode("utf-8")) for c in self.chars], dtype=torch.long)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "chars": "".join(self.chars)}
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's map from the 256 printable stand-in characters of byte-level BPE back to byte values."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes)}
+
+
+# A split between a non-space character and a newline is always a boundary of GPT-2's pre-tokenizer (no piece holds
+# both), and each side is pre-tokenized as in the whole text (a whitespace run is split by what follows it, which
+# stays in its chunk), so encoding the pieces in parallel gives exactly the ids of the whole text at once (tested).
+_CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
+
+
+class ByteBPETokenizer:
+    kind = "bpe"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        alphabet = _byte_alphabet()
+        vocab = tokenizer.get_vocab()
+        self._bytes = [b""] * len(vocab)
+        for token, index in vocab.items():
+            self._bytes[index] = bytes(alphabet[c] for c in token)
+
+    @classmethod
+    def train(cls, texts: Sequence[str], vocab_size: int) -> "ByteBPETokenizer":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(tokenizer)
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        chunks = _CHUNK_BOUNDARY.split(text)
+        ids = [i for encoding in self.tokenizer.encode_batch(chunks) for i in encoding.ids]
+        spelled = sum(len(self._bytes[i]) for i in ids)
+        if spelled != len(text.encode("utf-8")):
+            raise DataError(f"byte-level BPE spelled {spelled} bytes for a text of {len(text.encode('utf-8'))}; "
+                            "the tokenizer is not lossless (was it trained by interlayer?)")
+        return ids
+
+    def encode_tensor(self, text: str) -> Tensor:
+        return torch.tensor(self.encode(text), dtype=torch.long)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def byte_lengths(self) -> Tensor:
+        return torch.tensor([len(b) for b in self._bytes], dtype=torch.long)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "tokenizer": self.tokenizer.to_str()}
+
+
+LMTokenizer = Union[CharTokenizer, ByteBPETokenizer]
+
+
+def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size: int) -> LMTokenizer:
+    """``char``: the characters of ``all_text`` (every split); ``bpe``: BPE of ``vocab_size`` on ``train`` alone."""
+    if kind == "char":
+        return CharTokenizer.train(all_text)
+    return ByteBPETokenizer.train(_CHUNK_BOUNDARY.split(train), vocab_size)
+
+
+def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:
+    (directory / TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_json()))
+
+
+def load_tokenizer(directory: Path) -> LMTokenizer:
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: pass a language-model folder written by `interlayer train lm` "
+                                "(RUN_DIR/best)")
+    data = json.loads(path.read_text())
+    if data["kind"] == "char":
+        return CharTokenizer(list(data["chars"]))
+    return ByteBPETokenizer(Tokenizer.from_str(data["tokenizer"]))

@@ -1,0 +1,296 @@
+"""Language modelling: any UTF-8 text -> characters or byte-level BPE -> a decoder-only model -> loss, perplexity
+and bits per character (byte).
+
+``interlayer train lm`` trains a causal language model (``arch="causal_lm"``; default preset
+``gpt_shakespeare_char``, nanoGPT's ``shakespeare_char`` model) on a corpus (:mod:`interlayer.data.corpus`; default
+the bundled complete works of Shakespeare, split by play) with the shared engine (budgets, resume, logs, DDP).
+
+* **Batches** are ``train.max_tokens // data.block_size`` blocks of ``block_size + 1`` consecutive training tokens
+  at random offsets (nanoGPT's ``get_batch``): inputs are the first ``block_size``, targets the last. The offsets
+  of an epoch come from a generator seeded with ``(seed, epoch)``, so a run is reproducible and a resumed run
+  draws exactly the batches an uninterrupted one would.
+* **An epoch is ``data.eval_interval`` optimiser steps** (nanoGPT's ``eval_interval``): text has no natural epoch,
+  and the engine validates at the end of each, so this is how often the learning curve gets a point; whatever the
+  number of processes and ``train.update_freq``, an epoch is that many optimiser steps. Budgets are
+  ``train.max_steps`` (deterministic) or ``train.max_minutes``.
+* **Validation and test** read their split once, in consecutive non-overlapping blocks (each token is predicted
+  once, from the tokens before it in its block; the split's first token is never predicted), and report
+  ``loss`` (mean NLL per token, nats; the metric that picks ``best/``), ``ppl`` = exp(loss), and
+  ``bits_per_char`` (char tokenizer) or ``bits_per_byte`` (BPE): total NLL / ln 2 / the characters (UTF-8
+  bytes) the predicted tokens spell. During training ``data.valid_blocks`` > 0 reads only that many blocks, spread
+  evenly over the split (a cheaper estimate, nanoGPT's ``eval_iters``); the final scores of ``best/`` always read
+  all of valid and test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..accounting import count_madds, count_parameters
+from ..checkpoint import load_pretrained
+from ..config import ModelConfig
+from ..core.config import ConfigError
+from ..core.generation import SamplingOptions
+from ..data.corpus import Corpus, load_corpus, read_text
+from ..data.lm_tokenizers import LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from ..data.text import DataError
+from ..training import distributed
+from ..training.config import TrainConfig
+from ..training.losses import label_smoothed_nll, total_loss
+from .base import TaskSpec, resolve_transformer
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class LMData:
+    """The corpus and how it becomes training blocks (``--set data.KEY=VALUE``)."""
+
+    path: str = "bundled:shakespeare"  # a UTF-8 file, a folder of .txt files, or a folder with train/valid(/test).txt
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: int = 4096  # BPE only: the size of the trained vocabulary (>= 257: 256 bytes + merges)
+    block_size: int = 256  # tokens of context per training example (nanoGPT's block_size); the model's max_positions
+    eval_interval: int = 250  # optimiser steps per epoch, i.e. between validations (nanoGPT's eval_interval)
+    valid_blocks: int = 0  # >0: validate during training on this many blocks spread over the split (0: all of it)
+    valid_fraction: float = 0.05  # a path without split files: the share of the text held out for validation
+    test_fraction: float = 0.05  # ... and for test (after the validation part)
+    strip_gutenberg: bool = True  # cut Project Gutenberg licence headers/footers off each file
+
+    def validate(self) -> None:
+        if self.tokenizer not in ("char", "bpe"):
+            raise ConfigError(f"data.tokenizer={self.tokenizer!r} is not valid; choose 'char' or 'bpe'")
+        if self.tokenizer == "bpe" and self.vocab_size < 257:
+            raise ConfigError(f"data.vocab_size={self.vocab_size} must be at least 257 for byte-level BPE (256 "
+                              "bytes plus at least one merge)")
+        for key in ("block_size", "eval_interval"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive integer")
+        if self.valid_blocks < 0:
+            raise ConfigError(f"data.valid_blocks={self.valid_blocks} must be >= 0 (0 reads the whole split)")
+        if not (0 < self.valid_fraction < 1 and 0 <= self.test_fraction < 1
+                and self.valid_fraction + self.test_fraction < 1):
+            raise ConfigError(f"data.valid_fraction={self.valid_fraction} and data.test_fraction="
+                              f"{self.test_fraction} must be shares of the text with valid > 0 and a sum below 1")
+
+
+def blocks(ids: Tensor, block_size: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of consecutive non-overlapping blocks: block ``i`` reads ``ids[start:start+length]`` and
+    predicts ``ids[start+1:start+length+1]``; together they predict every token but the first exactly once."""
+    predicted = len(ids) - 1
+    return [(start, min(block_size, predicted - start)) for start in range(0, predicted, block_size)]
+
+
+class LanguageModelingTask:
+    metric = "loss"
+    higher_is_better = False
+
+    def __init__(self, data: LMData, train: TrainConfig, *, tokenizer: Optional[LMTokenizer] = None) -> None:
+        data.validate()
+        self.data, self.train_cfg = data, train
+        self.rows = train.max_tokens // data.block_size
+        if self.rows < 1:
+            raise ConfigError(f"train.max_tokens={train.max_tokens} holds no block of data.block_size="
+                              f"{data.block_size} tokens; a batch is max_tokens // block_size blocks")
+        corpus = load_corpus(data.path, valid_fraction=data.valid_fraction, test_fraction=data.test_fraction,
+                             gutenberg=data.strip_gutenberg)
+        self.corpus_description = corpus.description
+        self.tokenizer = tokenizer or train_tokenizer(data.tokenizer, corpus.train,
+                                                      [corpus.split(s) for s in SPLITS], data.vocab_size)
+        self.ids = {split: self._encode(corpus, split) for split in SPLITS}
+        if len(self.ids["train"]) < data.block_size + 1:
+            raise DataError(f"{corpus.description}: the training text has {len(self.ids['train'])} tokens, fewer "
+                            f"than data.block_size + 1 = {data.block_size + 1}; lower data.block_size or give more "
+                            "text")
+        if len(self.ids["valid"]) < 2:
+            raise DataError(f"{corpus.description}: the validation text has {len(self.ids['valid'])} token(s); it "
+                            "needs at least 2 (one to read, one to predict)")
+        self.byte_lengths = self.tokenizer.byte_lengths()
+        self.unit = "char" if self.tokenizer.kind == "char" else "byte"
+
+    def _encode(self, corpus: Corpus, split: str) -> Tensor:
+        return self.tokenizer.encode_tensor(corpus.split(split))
+
+    # -- model shape ---------------------------------------------------------------------------------------
+    def model_fields(self) -> dict[str, Any]:
+        return {"arch": "causal_lm", "src_vocab_size": len(self.tokenizer), "max_positions": self.data.block_size}
+
+    # -- training --------------------------------------------------------------------------------------------
+    def train_batches(self, epoch: int, seed: int) -> list[Tensor]:
+        """``eval_interval`` optimiser steps of ``(rows, block_size + 1)`` token blocks at random offsets drawn
+        from a generator seeded by ``(seed, epoch)`` alone (as many micro-batches per step as the engine takes:
+        ``update_freq`` per process)."""
+        per_step = self.train_cfg.update_freq * distributed.environment().world_size
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        train, block = self.ids["train"], self.data.block_size
+        starts = torch.randint(0, len(train) - block, (self.data.eval_interval * per_step, self.rows),
+                               generator=generator)
+        span = torch.arange(block + 1)
+        return [train[row[:, None] + span] for row in starts]
+
+    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, float], int]:
+        batch = batch.to(next(model.parameters()).device)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        output = model(inputs)
+        smoothing = self.train_cfg.label_smoothing
+        loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, targets, smoothing))
+        return loss, logs, targets.numel()
+
+    def score(self, model: nn.Module, split: str, max_blocks: int = 0) -> dict[str, float]:
+        return self.score_tokens(model, self.ids[split], max_blocks)
+
+    @torch.no_grad()
+    def score_tokens(self, model: nn.Module, ids: Tensor, max_blocks: int = 0) -> dict[str, float]:
+        """Loss, perplexity and bits per char/byte of the token sequence ``ids`` (all of it, or ``max_blocks``
+        blocks spread evenly over it); sums in float64 so that a long text's total is exact."""
+        model.eval()
+        device = next(model.parameters()).device
+        chosen = blocks(ids, self.data.block_size)
+        if max_blocks and max_blocks < len(chosen):
+            step = (len(chosen) - 1) / max(max_blocks - 1, 1)
+            chosen = [chosen[round(i * step)] for i in range(max_blocks)]
+        by_length: dict[int, list[int]] = {}
+        for start, length in chosen:
+            by_length.setdefault(length, []).append(start)
+        nll, tokens, units = torch.zeros((), dtype=torch.float64), 0, 0
+        for length, starts in by_length.items():
+            span = torch.arange(length + 1)
+            for i in range(0, len(starts), self.rows):
+                batch = ids[torch.tensor(starts[i:i + self.rows])[:, None] + span]
+                targets = batch[:, 1:]
+                logits = model(batch[:, :-1].to(device)).logits
+                nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                       targets.reshape(-1).to(device), reduction="sum").double().cpu()
+                tokens += targets.numel()
+                units += int(self.byte_lengths[targets].sum()) if self.unit == "byte" else targets.numel()
+        total = float(nll)
+        return {"loss": total / tokens, "ppl": math.exp(total / tokens),
+                f"bits_per_{self.unit}": total / math.log(2) / units, "tokens": tokens}
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        scores = self.score(model, "valid", self.data.valid_blocks)
+        scores.pop("tokens")
+        return scores
+
+    def save_assets(self, directory: Path) -> None:
+        save_tokenizer(self.tokenizer, directory)
+        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
+        (directory / "task.json").write_text(json.dumps({"task": "lm", "corpus": self.corpus_description,
+                                                         "tokens": {s: len(v) for s, v in self.ids.items()}}))
+
+
+# -- the saved model: scoring and generating --------------------------------------------------------------
+def load_language_model(directory: Path) -> tuple[nn.Module, LMTokenizer]:
+    """A saved language model (``RUN_DIR/best``) with its tokenizer."""
+    directory = Path(directory)
+    tokenizer = load_tokenizer(directory)
+    model = load_pretrained(directory).eval()
+    if getattr(model.config, "arch", None) != "causal_lm":
+        raise ConfigError(f"{directory} holds a {getattr(model.config, 'arch', type(model).__name__)!r} model, not "
+                          "a language model (arch='causal_lm')")
+    return model, tokenizer
+
+
+def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, seed: int = 1,
+                  samples: int = 1) -> list[str]:
+    """``samples`` continuations of ``prompt`` from the model in ``directory`` (prompt included), seeded."""
+    model, tokenizer = load_language_model(directory)
+    if not prompt:
+        raise DataError("the prompt is empty; give at least one character (nanoGPT starts from a newline: '\\n')")
+    ids = torch.tensor([tokenizer.encode(prompt)] * samples)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(ids.to(device), options, generator=generator)
+    return [prompt + tokenizer.decode(row[:length].tolist()) for row, length in zip(out.tokens.cpu(),
+                                                                                      out.lengths.tolist())]
+
+
+def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Score ``best/`` on all of valid and test, time generation with and without the cache, keep a sample."""
+    model, _ = load_language_model(run_dir / "best")
+    results: dict[str, Any] = {}
+    for split in ("valid", "test"):
+        if len(task.ids[split]) >= 2:
+            results.update({f"{split}_{k}": v for k, v in task.score(model, split).items()})
+    block = task.data.block_size
+    results.update(parameters=count_parameters(model), madds_per_block=count_madds(model, block),
+                   corpus=task.corpus_description)
+    prompt = task.tokenizer.decode(task.ids["valid"][:min(16, block)].tolist())
+    sample_options = SamplingOptions(max_new_tokens=min(200, block), temperature=0.8, top_k=200)
+    started = time.perf_counter()
+    sample = generate_text(run_dir / "best", prompt, sample_options, seed=1)[0]
+    results["sample_seconds"] = time.perf_counter() - started
+    (run_dir / "sample.txt").write_text(sample + "\n")
+    return results
+
+
+def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
+    """``interlayer evaluate`` for a language model: loss, perplexity and bits of the run's valid and test splits,
+    or of the whole text of ``--data FILE``."""
+    model, tokenizer = load_language_model(directory)
+    data = LMData(**json.loads((directory / "data.json").read_text()))
+    task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
+    if args.data:
+        texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}
+    else:
+        texts = {split: task.ids[split] for split in ("valid", "test")}
+    lines = [f"{name}: " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in task.score_tokens(model, ids).items())
+             for name, ids in texts.items() if len(ids) >= 2]
+    return "\n".join(lines) or "nothing to score: the text has fewer than 2 tokens"
+
+
+def resolve_model(preset: str, model_sets: dict[str, Any], task: LanguageModelingTask) -> ModelConfig:
+    """The preset as a causal language model of the corpus's vocabulary; its context must hold a block."""
+    cfg = resolve_transformer(preset, model_sets, task)
+    if cfg.max_positions < task.data.block_size:
+        raise ConfigError(f"max_positions={cfg.max_positions} is shorter than data.block_size="
+                          f"{task.data.block_size}; the model must read a whole block (raise max_positions or lower "
+                          "data.block_size)")
+    return cfg
+
+
+def sample_input(task: LanguageModelingTask) -> tuple[tuple, dict[str, Any], list[str]]:
+    """The first 32 validation tokens (for attention-map pictures), labelled with the text they spell."""
+    ids = task.ids["valid"][:min(32, task.data.block_size)]
+    return (ids[None],), {}, [task.tokenizer.decode([i]) for i in ids.tolist()]
+
+
+def _make_task(data: LMData, train: TrainConfig, run_dir: Optional[Path]) -> LanguageModelingTask:
+    return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir) if run_dir is not None else None)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder (default: the bundled "
+                                                       "complete works of Shakespeare, split by play)")
+    parser.add_argument("--tokenizer", choices=("char", "bpe"), help="characters (default) or byte-level BPE")
+
+
+def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+    sets = {}
+    if args.data:
+        sets["data.path"] = args.data
+    if args.tokenizer:
+        sets["data.tokenizer"] = args.tokenizer
+    return sets, {}
+
+
+# nanoGPT's config/train_shakespeare_char.py: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a cosine to 1e-4
+# over 5,000 iterations, weight decay 0.1 on matrices and embeddings (not biases or LayerNorms), clipping at 1.0,
+# 64 blocks of 256 characters per step, validation every 250 steps; no label smoothing.
+TRAIN_DEFAULTS = dict(optimizer="adamw", lr=1e-3, betas=[0.9, 0.99], weight_decay=0.1, decay_bias_norm=False,
+                      schedule="cosine", min_lr=1e-4, warmup_steps=100, label_smoothing=0.0, clip_norm=1.0,
+                      max_tokens=64 * 256, max_steps=5000, max_epochs=1_000_000, keep_last=1, log_interval=10)
+
+SPEC = TaskSpec(name="lm", description="language modelling on any UTF-8 text (default: bundled Shakespeare)",
+                default_preset="gpt_shakespeare_char", data_class=LMData, make_task=_make_task, finish=finish,
+                train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
+                evaluate=evaluate_cli, sample_input=sample_input, resolve_model=resolve_model)
