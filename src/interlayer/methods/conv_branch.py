@@ -26,9 +26,9 @@ Wiring (Fig. 4 is an image; the text fixes only the split, the head count and th
   runs over the grid in raster order; leading prefix tokens (CLS) have no grid cell, so their convolution output
   is zero (they get context from the attention half only, matching how 2-D relative positions treat them).
 * Padding: padded positions are zeroed before the convolution, so no padded token reaches a real one.
-* Decoder: not supported (``sides`` may only be ``["encoder"]``). A centred kernel reads future tokens, and a
-  causal one would need its own state in incremental decoding, which the core's ``KVCache`` does not carry; the
-  paper applies the block to encoders and classifiers only.
+* Decoder: not supported (``sides`` may only be ``["encoder"]``, and the causal language model, whose stack is
+  the encoder's, is refused). A centred kernel reads future tokens, and a causal one is not the paper's block;
+  the paper applies the block to encoders and classifiers only.
 
 The block implements the core attention protocol and delegates ``wants_prev_logits`` and the intermediates to its
 attention half, so the ``predictive`` method's logit mixer (installed through ``components.logit_mixer``) sits in
@@ -79,6 +79,10 @@ class ConvBranchConfig:
         check_sides("conv_branch", self.sides, "a centred convolution reads future target tokens and a causal "
                      "one would need a convolution state in incremental decoding, which the decoder's KVCache "
                      "does not carry (the PA paper uses the block in encoders only)")
+        if cfg.arch == "causal_lm":
+            raise ConfigError("conv_branch cannot be used in a causal language model (arch='causal_lm'): its "
+                              "centred convolution reads the next token, so a position would see the future (the "
+                              "PA paper uses the block in encoders only); remove the conv_branch section")
         if self.heads < 1:
             raise ConfigError(f"conv_branch.heads={self.heads} must be at least 1")
         if self.attn_dim is None and cfg.d_model % 2:

@@ -1,0 +1,109 @@
+"""The four methods on the decoder-only language model: each is applied (ties, replaced modules, mixers) and none
+lets a position see a later token: changing token t+1 leaves every output at positions <= t exactly unchanged, with
+and without the KV cache, and cached decoding equals the full forward pass."""
+import pytest
+import torch
+
+from interlayer import ConfigError, create_model
+from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
+from interlayer.methods.multipass import MultiPassEncoder
+
+TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=4, max_positions=32, dropout=0.0,
+            attn_dropout=0.0)
+T, CHANGED = 12, 6
+
+
+def lm(**overrides):
+    torch.manual_seed(0)
+    return create_model("gpt_shakespeare_char", **{**TINY, **overrides}).eval()
+
+
+def assert_causal(model) -> None:
+    """Token CHANGED altered: positions < CHANGED unchanged bit for bit, later ones changed."""
+    tokens = torch.randint(0, 40, (2, T))
+    later = tokens.clone()
+    later[:, CHANGED] = (later[:, CHANGED] + 1) % 40
+    a, b = model(tokens).logits, model(later).logits
+    assert torch.equal(a[:, :CHANGED], b[:, :CHANGED])
+    assert not torch.allclose(a[:, CHANGED:], b[:, CHANGED:])
+
+
+def assert_cache_matches(model) -> None:
+    """Prompt, then token by token with the cache: the logits of the full forward, and causal in the cache too."""
+    tokens = torch.randint(0, 40, (2, T))
+    full = model(tokens).logits
+    cache = model.new_cache()
+    steps = [model(tokens[:, :3], cache=cache).logits] + [model(tokens[:, i:i + 1], cache=cache).logits
+                                                           for i in range(3, T)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+CROSSFORMER = {
+    **{f"hard_{pair}": {"hard": [pair]} for pair in ("kq", "qk", "qq", "kk", "vf", "ffn")},
+    "hard_all": {"hard": ["kq", "vf", "ffn"]},
+    "hard_ffn_w1_w2": {"hard": ["ffn"], "ffn_order": "w1_w2"},
+    "soft_all": {"soft": ["kq", "vf", "ffn"]},
+}
+
+
+@pytest.mark.parametrize("name", list(CROSSFORMER))
+def test_crossformer_on_the_decoder_is_applied_and_causal(name):
+    model = lm(crossformer=CROSSFORMER[name])
+    layers = model.encoder.layers
+    section = model.config.crossformer
+    if "kq" in section.hard:
+        assert layers[0].self_attn.k_proj.weight is layers[1].self_attn.q_proj.weight  # Eq. 3 on the LM's stack
+    if "ffn" in section.hard:
+        first = "fc2" if section.ffn_order == "w2_w1" else "fc1"
+        assert getattr(layers[0].ffn, first).weight is getattr(layers[1].ffn, first).weight
+    if section.soft:
+        model.train()
+        assert float(model(torch.randint(0, 40, (1, 5))).aux_losses["crossformer_sg"].detach()) > 0
+        model.eval()
+    assert_causal(model)
+    assert_cache_matches(model)
+
+
+LIGHTWEIGHT = {"lw_1x": {"groups": 2}, "lw_1x_nows": {"groups": 2, "share_weights": False},
+               "lw_2x": {"groups": 2, "qk_expansion": 2}, "lw_mini_glml": {"groups": 4, "group_merge": True,
+                                                                           "group_intermediate": True}}
+
+
+@pytest.mark.parametrize("name", list(LIGHTWEIGHT))
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_lightweight_on_the_decoder_is_applied_and_causal(name, positions):
+    model = lm(lightweight=LIGHTWEIGHT[name], positions=positions)
+    layer = model.encoder.layers[0]
+    assert isinstance(layer.self_attn, GroupedMultiHeadAttention) and isinstance(layer.ffn, GroupedFeedForward)
+    assert layer.self_attn.qk_dim == LIGHTWEIGHT[name].get("qk_expansion", 1) * 32
+    assert_causal(model)
+    assert_cache_matches(model)
+
+
+@pytest.mark.parametrize("connection", ["default", "soft", "hard", "tied_stack"])
+def test_multipass_on_the_decoder_is_causal_in_every_pass(connection):
+    section = {"passes": 2, "connection": connection}
+    if connection == "hard":
+        section["permutation"] = [0, 3, 1, 2]
+    model = lm(multipass=section)
+    assert isinstance(model.encoder, MultiPassEncoder)
+    out = model(torch.randint(0, 40, (1, T)), need_intermediates=True)
+    assert len(out.encoder.attentions) == 8  # both passes ran
+    assert_causal(model)
+
+
+def test_multipass_generation_reads_without_a_cache():
+    model = lm(multipass={"passes": 2, "connection": "soft"})
+    assert not model.supports_cache
+    with pytest.raises(ValueError, match="Multi-Pass"):
+        model.new_cache()
+    from interlayer.core.generation import SamplingOptions
+
+    prompt = torch.randint(0, 40, (1, 4))
+    out = model.generate(prompt, SamplingOptions(max_new_tokens=3, temperature=0))
+    assert out.tokens[0, 0] == model(prompt).logits[0, -1].argmax()
+
+
+def test_conv_branch_is_refused_in_a_causal_model():
+    with pytest.raises(ConfigError, match="conv_branch cannot be used in a causal language model"):
+        lm(conv_branch={})
