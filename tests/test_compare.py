@@ -181,13 +181,22 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
-    assert main(["compare", "--default", "--seeds", "3"]) == 0
+    assert main(["compare", "--default", "--seeds", "2"]) == 0
     settings = seen["settings"]
     assert (settings.task, settings.variants, settings.seeds, settings.budget_minutes) == (
-        "sst5", ["baseline", "pa", "mpt_soft", "crossformer_sg"], [1, 2, 3], 1.0)
-    assert settings.sets == {"d_model": "128", "d_ffn": "512"}  # the default's half-width classifier
-    assert seen["output"] == Path("runs/compare/sst5") and seen["command"][:2] == ["interlayer", "compare"]
-    assert seen["jobs"] == 1 and seen["selections"] == []
+        "lm", ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"], [1, 2], None)
+    assert settings.sets["train.max_steps"] == "200" and settings.sets["data.eval_interval"] == "20"  # 10 points
+    assert settings.sets["train.threads"] == "1"  # the same numbers whatever --jobs and the cores
+    assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
+    assert seen["jobs"] == 2 and seen["selections"] == []
+    assert main(["compare", "--default", "--budget-minutes", "2", "--jobs", "1"]) == 0
+    assert seen["settings"].budget_minutes == 2 and "train.max_steps" not in seen["settings"].sets
+    assert seen["jobs"] == 1
+    assert main(["compare", "--task", "sst5", "--variants", "baseline", "--budget-steps", "7"]) == 0
+    assert seen["settings"].sets == {"train.max_steps": "7"}
+    assert main(["compare", "--task", "sst5", "--variants", "baseline", "--budget-steps", "7", "--set",
+                 "train.max_steps=8"]) == 2
+    assert "disagree" in capsys.readouterr().err
     assert main(["compare", "--default", "--select", "pa=pa,mpt_soft"]) == 0
     assert [(s.group, s.candidates) for s in seen["selections"]] == [("pa", ("pa", "mpt_soft"))]
     assert main(["compare", "--task", "sst5"]) == 2
@@ -210,11 +219,21 @@ def test_run_state_decides_skip_resume_or_restart(tmp_path):
 
 
 def test_default_comparison_applies_to_its_bundled_task():
+    from interlayer.cli import _parse_sets
+
     settings = make_settings(DEFAULT["task"], DEFAULT["variants"], seeds=DEFAULT["seeds"],
-                             budget_minutes=DEFAULT["budget_minutes"])
+                             budget_minutes=DEFAULT["budget_minutes"], budget_steps=DEFAULT["budget_steps"],
+                             sets=_parse_sets(DEFAULT["sets"]))
     plan = build_plan(settings)
-    assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "mpt_soft", "crossformer_sg"]
-    assert plan.task.metric == "accuracy" and len(plan.runs()) == 8
+    assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"]
+    assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 15
+    assert plan.task.units == "tokens" and plan.variant("baseline").lengths == [64]
+    models = {v.variant.name: v.model for v in plan.variants}
+    assert all(m["arch"] == "causal_lm" and m["d_model"] == 64 and m["max_positions"] == 64 for m in models.values())
+    assert models["pa"]["predictive"]["conv_layers"] == 1
+    assert models["crossformer_sg"]["crossformer"]["soft"] == ["kq", "vf", "ffn"]
+    sizes = {v.variant.name: v.parameters for v in plan.variants}
+    assert sizes["lw_1x"] < sizes["crossformer_kq"] < sizes["baseline"] == sizes["crossformer_sg"]
 
 
 # -- statistics ----------------------------------------------------------------------------------------------

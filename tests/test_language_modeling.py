@@ -200,13 +200,13 @@ def test_bits_are_total_nll_over_the_characters_or_bytes_predicted(text_file, ki
         assert scores["bits_per_byte"] < math.log2(vocab)  # a BPE token spells more than one byte
 
 
-def test_valid_blocks_reads_an_even_subset_during_training(text_file):
-    task = make_task(text_file, valid_blocks=2, valid_fraction=0.3, test_fraction=0.0)
+def test_eval_blocks_reads_an_even_subset(text_file):
+    task = make_task(text_file, eval_blocks=2, valid_fraction=0.3, test_fraction=0.0)
     model = Uniform(len(task.tokenizer))
     every = blocks(task.ids["valid"], 16)
     assert len(every) > 2
-    assert task.score(model, "valid", 2)["tokens"] == every[0][1] + every[-1][1]  # the first and the last
-    assert task.score(model, "valid")["tokens"] == len(task.ids["valid"]) - 1
+    assert task.score(model, "valid")["tokens"] == every[0][1] + every[-1][1]  # the first and the last
+    assert task.score_tokens(model, task.ids["valid"])["tokens"] == len(task.ids["valid"]) - 1
     assert set(task.validate(model)) == {"loss", "ppl", "bits_per_char"}
 
 

@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="seeds 1..N for every variant (default 1); a finished comparison may be given more")
     compare.add_argument("--budget-minutes", type=float,
                          help="training minutes per run (train.max_minutes; validation excluded)")
+    compare.add_argument("--budget-steps", type=int,
+                         help="optimiser steps per run (train.max_steps): the same table on any load")
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
@@ -134,11 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
-                         help="the README's comparison: sst5, baseline,pa,mpt_soft,crossformer_sg, 2 seeds, "
-                              "1 minute each, d_model=128, d_ffn=512 (any flag given overrides its part)")
-    compare.add_argument("--jobs", type=int, default=1,
+                         help="the README's comparison: a character-level language model on the bundled "
+                              "Shakespeare, baseline,pa,crossformer_kq,crossformer_sg,lw_1x, 3 seeds, 200 steps each, "
+                              "2 jobs (docs/compare.md; any flag given overrides its part)")
+    compare.add_argument("--jobs", type=int,
                          help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
-                              "(default 1); keep it the same for every run of one comparison")
+                              "(default 1; 2 with --default); keep it the same for every run of one comparison")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_search_parser(sub)
     return parser
@@ -253,17 +256,21 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(format_table(["variant", "what it is"], describe_named()))
         return 0
     chosen = {"task": args.task, "variants": args.variants, "seeds": args.seeds,
-              "budget_minutes": args.budget_minutes, "sets": args.sets}
+              "budget_minutes": args.budget_minutes, "budget_steps": args.budget_steps, "sets": args.sets,
+              "jobs": args.jobs}
     if args.default:
         chosen = {key: value if value not in (None, []) else DEFAULT[key] for key, value in chosen.items()}
+        if args.budget_minutes is not None and args.budget_steps is None:
+            chosen["budget_steps"] = None  # minutes asked for instead of the default's steps
     missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
     if missing:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
     settings = make_settings(chosen["task"], chosen["variants"], seeds=chosen["seeds"] or 1,
                              budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
-                             sets=_parse_sets(chosen["sets"]))
+                             sets=_parse_sets(chosen["sets"]), budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
-    result = run_compare(settings, output, command=["interlayer", *argv], jobs=args.jobs,
+    result = run_compare(settings, output, command=["interlayer", *argv],
+                         jobs=1 if chosen["jobs"] is None else chosen["jobs"],
                          selections=parse_selections(args.select))
     if result.interrupted:
         return 130

@@ -19,19 +19,27 @@ if TYPE_CHECKING:
     from .report import Report
     from .runner import RunOutcome
 
-# The README's comparison: PA Table 1's SST-5 (bundled), the three methods with a picture of their own, two seeds,
-# one training minute per run: 8 runs, about 9 minutes on 2 CPU cores, so set-up and all stay within 15. The PA
-# text classifier at half width (d=128, FFN 512) trains about 5 epochs in that budget (test accuracy near 40%); at
-# full width it would see less than one epoch and every variant would sit at chance.
-DEFAULT = {"task": "sst5", "variants": ["baseline,pa,mpt_soft,crossformer_sg"], "seeds": 2, "budget_minutes": 1.0,
-           "sets": ["d_model=128", "d_ffn=512"]}
+# The README's comparison: a character-level language model on the bundled Shakespeare (validation and test on
+# held-out plays), the plain decoder against causal Predictive Attention, Crossformer key-query hard guidance,
+# Crossformer soft guidance and LW-1x, 3 seeds each under a budget of optimiser steps, so the same command gives
+# the same table on a loaded or an idle machine. The model is a quarter-width nanoGPT (d=64, 4 layers, 64-character
+# blocks, 16 per step) so that 15 runs, two at a time with one thread each, fit in 15 minutes with the set-up on 2
+# CPU cores; every run validates 10 times (every 20 of its 200 steps) on 128 blocks spread over the validation plays.
+DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg,lw_1x"], "seeds": 3,
+           "budget_minutes": None, "budget_steps": 200, "jobs": 2,
+           "sets": ["d_model=64", "n_heads=4", "d_ffn=256", "enc_layers=4", "dropout=0.0", "attn_dropout=0.0",
+                    "data.block_size=64", "data.eval_interval=20", "data.eval_blocks=128", "train.max_tokens=1024",
+                    "train.lr=3e-3", "train.min_lr=3e-4", "train.warmup_steps=20", "train.threads=1"]}
 DEFAULT_OUTPUT = "runs/compare/{task}"
 
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
                   preset: Optional[str] = None, baseline: Optional[str] = None,
-                  sets: Optional[dict[str, str]] = None) -> Settings:
-    """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`."""
+                  sets: Optional[dict[str, str]] = None, budget_steps: Optional[int] = None) -> Settings:
+    """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`.
+
+    ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:
+    a budget in optimiser steps, which unlike minutes does not depend on the machine or its load."""
     spec = get_spec(task)
     if seeds < 1:
         raise ConfigError(f"--seeds={seeds} must be at least 1")
@@ -39,6 +47,13 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
         raise ConfigError(f"--budget-minutes={budget_minutes} must be positive (leave it out for the task's epoch "
                           "limits)")
     sets = dict(sets or {})
+    if budget_steps is not None:
+        if budget_steps < 1:
+            raise ConfigError(f"--budget-steps={budget_steps} must be a positive number of optimiser steps")
+        if sets.get("train.max_steps", str(budget_steps)) != str(budget_steps):
+            raise ConfigError(f"--budget-steps={budget_steps} and --set train.max_steps={sets['train.max_steps']} "
+                              "disagree; give the step budget once")
+        sets["train.max_steps"] = str(budget_steps)
     check_global_sets(sets)
     preset = preset or spec.default_preset
     parsed, baseline_name = parse_variants(list(variants), preset, baseline)
@@ -83,6 +98,9 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     report = write_report(plan, output, list(command), selections)
     echo("")
     echo(report.table)
+    echo("")
+    echo("measured cost (depends on the machine and its load):")
+    echo(report.cost)
     for line in report.chosen:
         echo(f"chosen on validation: {line}")
     for note in report.notes:

@@ -126,6 +126,7 @@ def typical_lengths(task: Any, model: Any) -> tuple[list[int], str]:
     * parallel text (``task.train_src``/``train_tgt``): the mean training source length and target length + 1
       (the target is read with BOS), rounded;
     * labelled text (``task.train_set.inputs``): the mean training input length (with [CLS]/[SEP]), rounded;
+    * a language model (``task.data.block_size``): one training block;
     * otherwise 64 tokens.
     """
     graph = getattr(task, "graph", None)
@@ -142,12 +143,17 @@ def typical_lengths(task: Any, model: Any) -> tuple[list[int], str]:
     if inputs:
         length = round(mean(len(item.ids) for item in inputs))
         return [length], f"mean training length {length}"
+    block = getattr(getattr(task, "data", None), "block_size", None)
+    if isinstance(block, int):
+        return [block], f"one block of {block} tokens"
     return [64], "64 tokens (the task gives no lengths)"
 
 
 def units_of(model_cfg: dict[str, Any]) -> str:
     if model_cfg.get("arch") == "encoder_decoder":
         return "target tokens"
+    if model_cfg.get("arch") == "causal_lm":
+        return "tokens"
     if model_cfg.get("model_type") == "gat":
         return "labelled nodes"
     return "examples"

@@ -65,8 +65,9 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> Optional[tupl
 
 
 def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: str, baseline: str,
-                    path: Path) -> Optional[Picture]:
-    """``series``: variant -> one (training minutes, validation metric) curve per seed."""
+                    path: Path, x_label: str = "training minutes (validation excluded)") -> Optional[Picture]:
+    """``series``: variant -> one (x, validation metric) curve per seed; x is what ``x_label`` says (training
+    minutes, or optimiser steps)."""
     fig = _figure(*CURVE_SIZE)
     ax = fig.add_subplot()
     drawn = 0
@@ -82,14 +83,14 @@ def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: 
         drawn += 1
     if not drawn:
         return None
-    ax.set_xlabel("training minutes (validation excluded)")
+    ax.set_xlabel(x_label)
     ax.set_ylabel(f"validation {metric}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"Validation {metric} during training (mean over seeds; band: min-max)")
     return _save(fig, path, "Learning curves",
-                 f"Validation {metric} against training time: the i-th validation of every seed averaged (its "
-                 "time too), for the validations all seeds have; the band spans the seeds' minimum and maximum.")
+                 f"Validation {metric} against {x_label}: the i-th validation of every seed averaged (its x "
+                 "too), for the validations all seeds have; the band spans the seeds' minimum and maximum.")
 
 
 def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[Optional[float]]]], baseline: str,

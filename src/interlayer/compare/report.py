@@ -101,11 +101,19 @@ def csv_curve(path: Path, x_key: str, y_key: str) -> list[tuple[float, float]]:
     return points
 
 
+def curve_axis(plan: Plan) -> tuple[str, str]:
+    """The learning curves' x (a ``valid.csv`` column, an axis label): training minutes under a time budget,
+    optimiser steps otherwise, which do not depend on the machine's load."""
+    if plan.settings.budget_minutes:
+        return "elapsed_min", "training minutes (validation excluded)"
+    return "step", "optimiser steps"
+
+
 def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str, Any]) -> RunRecord:
     run_dir = output / RUNS / run_name(variant, seed)
     record = RunRecord(variant, seed, run_dir, "not started")
     metric, higher = plan.task.metric, plan.task.higher_is_better
-    record.curve = csv_curve(run_dir / "valid.csv", "elapsed_min", metric)
+    record.curve = csv_curve(run_dir / "valid.csv", curve_axis(plan)[0], metric)
     if record.curve:
         values = [y for _, y in record.curve]
         record.best_valid = max(values) if higher else min(values)
@@ -175,11 +183,22 @@ def mean_pm(values: list[float]) -> str:
 
 
 def headers(plan: Plan) -> list[str]:
+    """The results table: what the runs' settings and seeds decide (measured speed and memory are in
+    :func:`cost_rows`), so under a step budget the same command prints the same table on any load."""
     metric = plan.task.metric
     base = plan.variant(plan.settings.baseline)
-    return ["variant", "parameters", f"MAdds @ {'/'.join(map(str, base.lengths))}", f"{plan.task.units}/s",
-            "peak MiB", "runs", f"valid {metric}", f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)),
-            "Δ test", "beyond seed spread"]
+    return ["variant", "parameters", f"MAdds @ {'/'.join(map(str, base.lengths))}", "runs", f"valid {metric}",
+            f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)), "Δ test", "beyond seed spread"]
+
+
+def cost_headers(plan: Plan) -> list[str]:
+    return ["variant", f"training {plan.task.units}/s", "peak MiB"]
+
+
+def cost_rows(summaries: list[VariantSummary]) -> list[list[str]]:
+    """Throughput and memory as measured (they depend on the machine and its load)."""
+    return [[s.name, "–" if s.speed is None else f"{s.speed:,.0f}", "–" if s.memory is None else f"{s.memory:,.0f}"]
+            for s in summaries]
 
 
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
@@ -195,9 +214,7 @@ def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Ch
         marked = s.name == plan.settings.baseline and s.name != "baseline"
         label = s.name + (" (baseline)" if marked else "") + (f" (chosen for {chosen[s.name]})"
                                                               if s.name in chosen else "")
-        rows.append([label, human(p.parameters),
-                     madds, "–" if s.speed is None else f"{s.speed:,.0f}",
-                     "–" if s.memory is None else f"{s.memory:,.0f}", f"{len(s.finished())}/{len(s.runs)}",
+        rows.append([label, human(p.parameters), madds, f"{len(s.finished())}/{len(s.runs)}",
                      mean_pm(s.valid), mean_pm(s.test), *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
                      "–" if delta is None else f"{delta:+.{places}f}",
                      s.difference.verdict if s.difference else "–"])
@@ -327,7 +344,7 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
     pictures, notes = [], []
     baseline = next(s for s in summaries if s.name == plan.settings.baseline)
     curves = plots.learning_curves({s.name: [r.curve for r in s.runs] for s in summaries}, plan.task.metric,
-                                   baseline.name, directory / "learning_curves.png")
+                                   baseline.name, directory / "learning_curves.png", curve_axis(plan)[1])
     if curves is None:
         notes.append("Learning curves: skipped, no run has validated yet.")
     else:
@@ -371,6 +388,7 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
 @dataclass
 class Report:
     table: str  # the comparison table (Markdown pipe format, as printed)
+    cost: str  # measured throughput and memory per variant (Markdown, printed after the table)
     markdown: Path
     html: Path
     pictures: list[plots.Picture]
@@ -382,8 +400,12 @@ class Report:
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
     s = plan.settings
     missing = [r.name for v in summaries for r in v.runs if r.state != "finished"]
-    budget = (f"{s.budget_minutes:g} min of training per run (validation excluded)" if s.budget_minutes
-              else "the task's epoch limits (no time budget)")
+    if s.budget_minutes:
+        budget = f"{s.budget_minutes:g} min of training per run (validation excluded)"
+    elif "train.max_steps" in s.sets:
+        budget = f"{s.sets['train.max_steps']} optimiser steps per run"
+    else:
+        budget = "the task's epoch limits (no time budget)"
     lines = [f"Task **{s.task}**, {len(plan.variants)} variants x {len(s.seeds)} seed(s) (seeds "
              f"{', '.join(map(str, s.seeds))}), budget: {budget}. Baseline: **{s.baseline}**.",
              f"Command: `{' '.join(command)}`",
@@ -415,10 +437,10 @@ def _variant_lines(plan: Plan) -> list[str]:
     return out
 
 
-def _markdown(plan: Plan, table: str, runs: str, lines: list[str], pictures: list[plots.Picture],
+def _markdown(plan: Plan, table: str, cost: str, runs: str, lines: list[str], pictures: list[plots.Picture],
               notes: list[str], directory: Path, chosen: list[str]) -> str:
     parts = [f"# Comparison on {plan.settings.task}", "\n\n".join(lines), "## Results", table,
-             "\n".join(f"- {e}" for e in _explanations(plan))]
+             "## Measured cost", cost, "\n".join(f"- {e}" for e in _explanations(plan))]
     if chosen:
         parts += ["## Chosen on validation", "\n".join(f"- {line}" for line in chosen)]
     parts += ["## Variants", "\n".join(f"- {line}" for line in _variant_lines(plan)), "## Figures"]
@@ -461,7 +483,8 @@ def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], picture
                             "</figcaption></figure>")
     body = [f"<h1>Comparison on {html.escape(plan.settings.task)}</h1>",
             *(f"<p>{_inline_markdown(line)}</p>" for line in lines), "<h2>Results</h2>",
-            _html_table(headers(plan), table_rows(plan, summaries, choices)),
+            _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h2>Measured cost</h2>",
+            _html_table(cost_headers(plan), cost_rows(summaries)),
             "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in _explanations(plan)) + "</ul>"]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
@@ -505,12 +528,13 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     choices = [choose(selection, summaries, plan.task.higher_is_better) for selection in selections]
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
+    cost = format_table(cost_headers(plan), cost_rows(summaries))
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
-    markdown.write_text(_markdown(plan, table, runs, lines, pictures, notes, output,
+    markdown.write_text(_markdown(plan, table, cost, runs, lines, pictures, notes, output,
                                   choice_lines(choices, plan.task.metric)))
     page = output / "report.html"
     page.write_text(_html(plan, summaries, lines, pictures, notes, choices))
     (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices), indent=2) + "\n")
-    return Report(table, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric))
+    return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric))

@@ -17,9 +17,9 @@ the bundled complete works of Shakespeare, split by play) with the shared engine
   once, from the tokens before it in its block; the split's first token is never predicted), and report
   ``loss`` (mean NLL per token, nats; the metric that picks ``best/``), ``ppl`` = exp(loss), and
   ``bits_per_char`` (char tokenizer) or ``bits_per_byte`` (BPE): total NLL / ln 2 / the characters (UTF-8
-  bytes) the predicted tokens spell. During training ``data.valid_blocks`` > 0 reads only that many blocks, spread
-  evenly over the split (a cheaper estimate, nanoGPT's ``eval_iters``); the final scores of ``best/`` always read
-  all of valid and test.
+  bytes) the predicted tokens spell. ``data.eval_blocks`` > 0 reads only that many blocks, spread evenly over the
+  split, in every validation and in the final valid and test scores (a cheaper estimate, as nanoGPT's
+  ``eval_iters``; the results say how many tokens were scored); 0 reads all of it.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class LMData:
     vocab_size: int = 4096  # BPE only: the size of the trained vocabulary (>= 257: 256 bytes + merges)
     block_size: int = 256  # tokens of context per training example (nanoGPT's block_size); the model's max_positions
     eval_interval: int = 250  # optimiser steps per epoch, i.e. between validations (nanoGPT's eval_interval)
-    valid_blocks: int = 0  # >0: validate during training on this many blocks spread over the split (0: all of it)
+    eval_blocks: int = 0  # >0: validation and the final scores read this many blocks spread over a split (0: all)
     valid_fraction: float = 0.05  # a path without split files: the share of the text held out for validation
     test_fraction: float = 0.05  # ... and for test (after the validation part)
     strip_gutenberg: bool = True  # cut Project Gutenberg licence headers/footers off each file
@@ -74,8 +74,8 @@ class LMData:
         for key in ("block_size", "eval_interval"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive integer")
-        if self.valid_blocks < 0:
-            raise ConfigError(f"data.valid_blocks={self.valid_blocks} must be >= 0 (0 reads the whole split)")
+        if self.eval_blocks < 0:
+            raise ConfigError(f"data.eval_blocks={self.eval_blocks} must be >= 0 (0 reads the whole split)")
         if not (0 < self.valid_fraction < 1 and 0 <= self.test_fraction < 1
                 and self.valid_fraction + self.test_fraction < 1):
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} and data.test_fraction="
@@ -144,8 +144,9 @@ class LanguageModelingTask:
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, targets, smoothing))
         return loss, logs, targets.numel()
 
-    def score(self, model: nn.Module, split: str, max_blocks: int = 0) -> dict[str, float]:
-        return self.score_tokens(model, self.ids[split], max_blocks)
+    def score(self, model: nn.Module, split: str) -> dict[str, float]:
+        """:meth:`score_tokens` of a split, over ``data.eval_blocks`` blocks (0: all)."""
+        return self.score_tokens(model, self.ids[split], self.data.eval_blocks)
 
     @torch.no_grad()
     def score_tokens(self, model: nn.Module, ids: Tensor, max_blocks: int = 0) -> dict[str, float]:
@@ -176,7 +177,7 @@ class LanguageModelingTask:
                 f"bits_per_{self.unit}": total / math.log(2) / units, "tokens": tokens}
 
     def validate(self, model: nn.Module) -> dict[str, float]:
-        scores = self.score(model, "valid", self.data.valid_blocks)
+        scores = self.score(model, "valid")
         scores.pop("tokens")
         return scores
 
@@ -214,7 +215,7 @@ def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, see
 
 
 def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` on all of valid and test, time generation with and without the cache, keep a sample."""
+    """Score ``best/`` on valid and test (``data.eval_blocks`` of each, or all), and keep a sample of its text."""
     model, _ = load_language_model(run_dir / "best")
     results: dict[str, Any] = {}
     for split in ("valid", "test"):
