@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from interlayer.training.engine import LAST, read_checkpoint
 from safetensors.torch import load_file, save_file
 
 from interlayer import count_parameters, load_pretrained
@@ -253,7 +255,7 @@ def test_killed_and_resumed_run_reaches_the_same_weights(checkpoint, data, tmp_p
     torch.manual_seed(123)
     resumed = train(spec, sets={}, seed=9, run_dir=tmp_path / "b", resume=True, progress=False)
     assert resumed["steps"] == whole["steps"] == 6 and resumed["test_accuracy"] == whole["test_accuracy"]
-    a, b = (torch.load(tmp_path / run / "checkpoint_last.pt", weights_only=False)["model"] for run in "ab")
+    a, b = (read_checkpoint(tmp_path / run / LAST)["model"] for run in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "b" / "best" / "task.json").read_text())["pretrained"]["counts"]["initialised"] == 6
 

@@ -82,14 +82,15 @@ def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Ten
                        ) -> Optional[Tensor]:
     """Broadcastable mask of query rows that may attend no key (their output is set to zero), or None.
 
-    Cheap in the common cases: without padding a causal row always sees its first key, and without causality a
-    row is empty only when its whole sequence is padding.
+    Without padding no row is empty (a causal row always sees its first key). Without causality a row is empty
+    only when its whole sequence is padding; the mask is returned whether or not such a sequence is present,
+    because asking (``bool(empty.any())``) would synchronise the host with the device and break a compiled graph
+    on every attention call, while the fill it would save costs one pass over the output.
     """
     if allowed is None or key_padding_mask is None:
         return None
     if not causal:
-        empty = key_padding_mask.all(-1)
-        return empty[:, None, None, None] if bool(empty.any()) else None
+        return key_padding_mask.all(-1)[:, None, None, None]
     return ~allowed.any(-1, keepdim=True)
 
 

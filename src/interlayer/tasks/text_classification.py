@@ -60,6 +60,7 @@ from ..pretrained.wordpiece import VOCAB_FILE as PIECES_FILE
 from ..registry import get_config
 from ..tables import format_table
 from ..training.config import TrainConfig
+from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec, transformer_from_dict
 
@@ -213,12 +214,14 @@ def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 25
             ) -> tuple[list[int], float]:
     """Predicted classes in input order and the summed NLL; batches group inputs of similar length."""
     model.eval()
+    device = module_device(model)
     order = sorted(range(len(data.inputs)), key=lambda i: len(data.inputs[i].ids))
     predictions = [0] * len(order)
     nll = 0.0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        batch = make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair, pad_id)
+        batch = move(make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair, pad_id),
+                     device)
         logits = run_model(model, batch).logits.float()
         nll += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
         for index, value in zip(chunk, logits.argmax(-1).tolist()):
@@ -272,6 +275,7 @@ class TextTask:
 
 
 class TextClassificationTask:
+    device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True
 
@@ -361,6 +365,7 @@ class TextClassificationTask:
 
     def loss(self, model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float], int]:
         smoothing = self.train_cfg.label_smoothing
+        batch = move(batch, module_device(model))
         loss, logs = total_loss(run_model(model, batch),
                                 lambda logits: label_smoothed_nll(logits, batch.labels, smoothing))
         return loss, logs, len(batch.labels)
@@ -450,7 +455,7 @@ def embedding_parameters(model: nn.Module) -> int:
 # -- spec hooks --------------------------------------------------------------------------------------------------
 def _finish(task: TextClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Score ``best/`` (chosen on the development split) once on the test split."""
-    model = load_pretrained(run_dir / "best").eval()
+    model = load_pretrained(run_dir / "best", task.device).eval()
     test = task.encode_file(task.data.resolve(task.data.test))
     scores = task.score(model, test)
     parameters, embedding = count_parameters(model), embedding_parameters(model)
@@ -486,7 +491,7 @@ def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], l
 def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
     def evaluate(directory: Path, args: argparse.Namespace) -> str:
         """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
-        model = load_pretrained(directory).eval()
+        model = load_pretrained(directory, args.device).eval()
         data = kind.data_class(**json.loads((directory / "data.json").read_text()))
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)
