@@ -39,9 +39,11 @@ def mixers(model: torch.nn.Module) -> list:
 
 
 def manual_cnn(mixer: PredictiveMixer, prev: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    x = prev.masked_fill(pad[:, None, None, :] | pad[:, None, :, None], 0.0)
+    """The CNN of Eq. 4 with padded rows/columns zeroed before the first and after every convolution."""
+    cells = pad[:, None, None, :] | pad[:, None, :, None]
+    x = prev.masked_fill(cells, 0.0)
     for conv in mixer.convs:
-        x = F.relu(conv(x))
+        x = F.relu(conv(x)).masked_fill(cells, 0.0)
     return x
 
 
@@ -160,6 +162,25 @@ def test_padded_tokens_do_not_leak() -> None:
     second = model(other, key_padding_mask=pad).encoder.hidden
     assert not torch.equal(x, other)
     torch.testing.assert_close(first[~pad], second[~pad], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("conv_layers", [0, 1, 2, 3])
+@pytest.mark.parametrize("extra", [{}, {"conv_branch": {}}], ids=["pa", "pa_conv"])
+def test_a_sentence_alone_equals_the_sentence_padded_in_a_batch(conv_layers: int, extra: dict) -> None:
+    """The outputs for a sentence must not depend on how much padding its batch has (Table 5's 2- and 3-layer
+    rows): after the first convolution padded cells hold ReLU(bias + spill from real cells), and without the
+    mask after every convolution the next one carries them back into real positions. The batch puts the
+    sentence beside a longer one and a shorter one, padded to 12, three more than the longest needs."""
+    torch.manual_seed(1)
+    model = build(predictive={"alpha": 0.5, "conv_layers": conv_layers}, **extra)
+    sentence = torch.randint(1, 50, (5,))
+    batch = torch.zeros(3, 12, dtype=torch.long)
+    batch[0, :9] = torch.randint(1, 50, (9,))
+    batch[1, :5] = sentence
+    batch[2, :7] = torch.randint(1, 50, (7,))
+    alone, padded = model(sentence[None]), model(batch)
+    torch.testing.assert_close(padded.encoder.hidden[1, :5], alone.encoder.hidden[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded.logits[1], alone.logits[0], rtol=1e-5, atol=1e-5)
 
 
 def test_mixer_zeroes_padding_and_non_finite_values_before_the_conv() -> None:

@@ -27,8 +27,10 @@ Choices where the paper leaves room (each documented on its config field):
   the logits), so the CNN sees and predicts biased logits. ``qk_dim`` changes nothing here: the mixer only sees
   ``(B, heads, T, T)`` maps.
 * Padding: the core's logits are unmasked, so padded rows and columns of ``A_prev`` (and any non-finite value)
-  are zeroed before the convolution; otherwise a 3 x 3 kernel would carry padded keys' logits into real
-  positions. The core masks after the mixing. The mixer runs in fp32 (autocast off) and casts back, because
+  are zeroed before the first convolution, and the padded rows and columns again after every convolution
+  (``PredictiveMixer.hidden_cells``); otherwise a 3 x 3 kernel would carry padded keys' logits, or with two or
+  more layers the ReLU(bias) the previous convolution left in padded cells, into real positions. A sentence
+  then gets the same prediction alone as padded in any batch. The core masks after the mixing. The mixer runs in fp32 (autocast off) and casts back, because
   the convolution sums 9K logits and bf16 keeps only about 3 significant digits of each.
 * Decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a causal map mixes
   in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries into earlier rows;
@@ -99,17 +101,33 @@ class PredictiveMixer(nn.Module):
                 nn.init.dirac_(conv.weight)
                 nn.init.zeros_(conv.bias)
 
+    @staticmethod
+    def hidden_cells(maps: Tensor, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """Boolean ``(B, 1, T, T)`` mask of the map cells the CNN must see as zero, or None when there are none.
+
+        The one place that decides which cells are off limits: today the rows and columns of padded tokens. A
+        cell outside it must hold zero before *every* convolution, not just the first: after a convolution a
+        padded cell holds ``ReLU(bias + spill from real neighbours)``, and the next convolution would carry that
+        into real cells, so a sentence's outputs would depend on the padding of its batch (Table 5's 2- and
+        3-layer rows). Zeroed cells are what a 3 x 3 kernel reads beyond the edge of an unpadded map, so a
+        padded sentence gives the same prediction as the sentence alone.
+        """
+        if key_padding_mask is None:
+            return None
+        if maps.shape[-1] != maps.shape[-2]:
+            raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(maps.shape)}")
+        pad = key_padding_mask[:, None, :]
+        return pad.unsqueeze(-1) | pad.unsqueeze(-2)
+
     def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
-        """``CNN(A_prev)`` in fp32, with padded rows/columns and non-finite entries zeroed before the first conv."""
+        """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, :meth:`hidden_cells` zeroed before the first
+        convolution and after every one (so also in the returned prediction)."""
         x = prev_logits.float()
         x = x.masked_fill(~torch.isfinite(x), 0.0)
-        if key_padding_mask is not None:
-            if x.shape[-1] != x.shape[-2]:
-                raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(x.shape)}")
-            pad = key_padding_mask[:, None, :]
-            x = x.masked_fill(pad.unsqueeze(-1) | pad.unsqueeze(-2), 0.0)
+        hidden = self.hidden_cells(x, key_padding_mask)
+        x = _zero(x, hidden)
         for conv in self.convs:
-            x = F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding))
+            x = _zero(F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding)), hidden)
         return x
 
     def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None
@@ -124,6 +142,10 @@ class PredictiveMixer(nn.Module):
 
     def madds(self, t_q: int, t_k: int) -> int:
         return sum(t_q * t_k * conv.weight.numel() for conv in self.convs)
+
+
+def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
+    return maps if cells is None else maps.masked_fill(cells, 0.0)
 
 
 def make_mixer(section: PredictiveConfig, heads: int) -> PredictiveMixer:
