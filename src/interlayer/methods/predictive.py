@@ -30,8 +30,9 @@ Choices where the paper leaves room (each documented on its config field):
   are zeroed before the first convolution, and the padded rows and columns again after every convolution
   (``PredictiveMixer.hidden_cells``); otherwise a 3 x 3 kernel would carry padded keys' logits, or with two or
   more layers the ReLU(bias) the previous convolution left in padded cells, into real positions. A sentence
-  then gets the same prediction alone as padded in any batch. The core masks after the mixing. The mixer runs in fp32 (autocast off) and casts back, because
-  the convolution sums 9K logits and bf16 keeps only about 3 significant digits of each.
+  then gets the same prediction alone as padded in any batch. The core masks after the mixing. The mixer runs in
+  fp32 (autocast off) and casts back, because the convolution sums 9K logits and bf16 keeps only about 3
+  significant digits of each.
 * ``beta``: None by default, which is Eq. 4 above, exactly. A number in [0, 1] switches to the published
   successor of this paper, Evolving Attention (Wang et al., "Evolving Attention with Residual Convolutions",
   ICML 2021; its code's ``EAAugmentedConv1d``, where the two weights are called ``beta`` and ``alpha`` as here).
