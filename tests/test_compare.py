@@ -27,6 +27,7 @@ from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_setti
 from interlayer.compare.plan import Plan, build_task, prepare_directory
 from interlayer.compare.report import write_report
 from interlayer.compare.runner import run_state
+from interlayer.training.engine import LAST
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
@@ -212,7 +213,7 @@ def test_run_state_decides_skip_resume_or_restart(tmp_path):
     run.mkdir()
     (run / "run.json").write_text("{}")
     assert run_state(run) == "stale"  # stopped before its first checkpoint: nothing to resume
-    (run / "checkpoint_last.pt").write_bytes(b"")
+    (run / LAST).write_bytes(b"")
     assert run_state(run) == "resumable"
     (run / "results.json").write_text("{}")
     assert run_state(run) == "finished"
@@ -299,7 +300,7 @@ def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, ca
     args = ["compare", "--task", "translation", "--variants", "baseline,pa=pa+train.max_steps=40", "--seeds", "2",
             "--budget-minutes", "1", "--output", str(out), *_cli_sets(corpus, ["train.max_steps=6"])]
     events = []
-    watcher = threading.Thread(target=_interrupt_when, args=(out / "runs/pa-s2/checkpoint_last.pt", events))
+    watcher = threading.Thread(target=_interrupt_when, args=(out / "runs/pa-s2" / LAST, events))
     watcher.start()
     assert main(args) == 130  # interrupted
     watcher.join()
@@ -308,7 +309,7 @@ def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, ca
     finished = ["baseline-s1", "pa-s1", "baseline-s2"]
     for name in finished:
         assert (out / "runs" / name / "results.json").is_file()
-    assert (out / "runs/pa-s2/checkpoint_last.pt").is_file() and not (out / "runs/pa-s2/results.json").exists()
+    assert (out / "runs/pa-s2" / LAST).is_file() and not (out / "runs/pa-s2/results.json").exists()
     assert "pa seed 2: interrupted" in first and "PARTIAL" in first
     assert "**Partial report**: 1 run(s) not finished (pa-s2)" in (out / "report.md").read_text()
     stamps = {name: (out / "runs" / name / "results.json").stat().st_mtime_ns for name in finished}

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 import torch
+
+from interlayer.training.engine import LAST, read_checkpoint
 import torch.multiprocessing as mp
 
 from interlayer.experiment import train
@@ -61,7 +63,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(corpus, tmp_
     assert len(one) == len(two) == 5
     for a, b in zip(one[1:], two[1:]):
         assert float(a[col]) == pytest.approx(float(b[col]), rel=1e-5)
-    w1 = torch.load(single / "checkpoint_last.pt", weights_only=False)["model"]
-    w2 = torch.load(double / "checkpoint_last.pt", weights_only=False)["model"]
+    w1 = read_checkpoint(single / LAST)["model"]
+    w2 = read_checkpoint(double / LAST)["model"]
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-4, atol=1e-6)

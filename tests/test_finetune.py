@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from interlayer.training.engine import LAST, read_checkpoint
 from safetensors.torch import load_file, save_file
 
 from interlayer import count_parameters, load_pretrained
@@ -27,7 +29,7 @@ from interlayer.config import ConfigError, dataclass_from_dict
 from interlayer.experiment import initial_model, split_overrides, train, with_defaults
 from interlayer.pretrained import WordPieceTokenizer, import_bert
 from interlayer.pretrained.bert import bert_config, encoder_parameter_map
-from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, split_model_sets
+from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, PA_TABLE_6, split_model_sets
 from interlayer.tasks import task_specs
 from interlayer.tasks.text_classification import TextClassificationTask, make_batch
 from interlayer.training import TrainConfig, Trainer
@@ -253,9 +255,34 @@ def test_killed_and_resumed_run_reaches_the_same_weights(checkpoint, data, tmp_p
     torch.manual_seed(123)
     resumed = train(spec, sets={}, seed=9, run_dir=tmp_path / "b", resume=True, progress=False)
     assert resumed["steps"] == whole["steps"] == 6 and resumed["test_accuracy"] == whole["test_accuracy"]
-    a, b = (torch.load(tmp_path / run / "checkpoint_last.pt", weights_only=False)["model"] for run in "ab")
+    a, b = (read_checkpoint(tmp_path / run / LAST)["model"] for run in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "b" / "best" / "task.json").read_text())["pretrained"]["counts"]["initialised"] == 6
+
+
+@pytest.mark.parametrize("task, lr, batch, epochs", [
+    ("sst2", 1e-5, 8, 5),  # PA Table 6, row SST-2
+    ("mrpc", 2e-5, 8, 2),  # row MRPC
+    ("sick", 2e-5, 8, 3),  # no row: App. B.2.2's "best choice for most tasks"
+    ("sst5", 2e-5, 8, 3)])
+def test_fine_tuning_defaults_follow_pa_table_6(task, lr, batch, epochs):
+    """The paper's per-task learning rate, batch size and epochs, written out from Table 6 / App. B.2.2; BERT's
+    remaining recipe around them; only with a checkpoint; the user's --set wins."""
+    spec = task_specs()[task]
+    sets = with_defaults(spec, {"data.pretrained": "minilm"})
+    assert (sets["train.lr"], sets["data.batch_size"], sets["train.max_epochs"]) == (lr, batch, epochs)
+    assert (sets["train.optimizer"], sets["train.adam_eps"], sets["train.schedule"]) == ("adamw", 1e-8, "linear")
+    assert with_defaults(spec, {}) == {}
+    mine = with_defaults(spec, {"data.pretrained": "minilm", "train.lr": 3e-5, "data.batch_size": 32})
+    assert (mine["train.lr"], mine["data.batch_size"], mine["train.max_epochs"]) == (3e-5, 32, epochs)
+
+
+def test_pa_table_6_rows():
+    """Every row of PA Table 6 (epochs, batch size, learning rate), copied from the paper by hand."""
+    table = {"cola": (3, 8, 2e-5), "sst2": (5, 8, 1e-5), "mrpc": (2, 8, 2e-5), "stsb": (3, 8, 2e-5),
+             "qqp": (3, 16, 2e-5), "mnli": (3, 16, 2e-5), "qnli": (3, 16, 2e-5), "rte": (2, 8, 2e-5),
+             "wnli": (2, 8, 2e-5)}
+    assert {task: tuple(recipe) for task, recipe in PA_TABLE_6.items()} == table
 
 
 # ----------------------------------------------------------------------------------------------- (e) CLI

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from interlayer.training.engine import LAST, read_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer.accounting import count_madds, count_parameters
@@ -333,7 +335,7 @@ def test_smoke_training_and_evaluate(tmp_path: Path) -> None:
     assert results["status"] == "finished" and results["epochs"] == 3 and results["test_nodes"] == 1000
     assert results["parameters"] == 237_580 and 0.0 <= results["test_accuracy"] <= 100.0
     assert json.loads((tmp_path / "run" / "best" / "task.json").read_text())["task"] == "citeseer"
-    state = torch.load(tmp_path / "run" / "checkpoint_last.pt", weights_only=False)["state"]
+    state = read_checkpoint(tmp_path / "run" / LAST)["state"]
     assert state["best_epoch"] == 1 or "best_nll" in state["best_metrics"]
     text = spec.evaluate(tmp_path / "run" / "best", argparse.Namespace(data=None))
     assert "1000 test nodes, accuracy" in text and "| gold 5 |" in text and "recall" in text

@@ -1,7 +1,7 @@
 """Predictive Attention (PA Sec. 3.3, Eq. 4, Table 5): every option must visibly change the model."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -39,9 +39,11 @@ def mixers(model: torch.nn.Module) -> list:
 
 
 def manual_cnn(mixer: PredictiveMixer, prev: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    x = prev.masked_fill(pad[:, None, None, :] | pad[:, None, :, None], 0.0)
+    """The CNN of Eq. 4 with padded rows/columns zeroed before the first and after every convolution."""
+    cells = pad[:, None, None, :] | pad[:, None, :, None]
+    x = prev.masked_fill(cells, 0.0)
     for conv in mixer.convs:
-        x = F.relu(conv(x))
+        x = F.relu(conv(x)).masked_fill(cells, 0.0)
     return x
 
 
@@ -162,6 +164,110 @@ def test_padded_tokens_do_not_leak() -> None:
     torch.testing.assert_close(first[~pad], second[~pad], rtol=0, atol=0)
 
 
+def fixed_maps() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Current and previous logits (1 x 2 heads x 4 x 4) and a padding mask hiding the last token."""
+    cur = torch.arange(32, dtype=torch.float32).reshape(1, 2, 4, 4).sin() * 3
+    prev = torch.arange(32, dtype=torch.float32).reshape(1, 2, 4, 4).cos() * 2
+    return cur, prev, torch.tensor([[False, False, False, True]])
+
+
+def fixed_mixer(beta: Optional[float] = None) -> PredictiveMixer:
+    torch.manual_seed(0)
+    return PredictiveMixer(2, alpha=0.3, conv_layers=2, kernel_size=3, init="random", beta=beta)
+
+
+def test_beta_unset_is_eq4_bit_for_bit() -> None:
+    """Default (beta=None): Eq. 4 with A_prev as the CNN's input and the layer's own logits as the second term,
+    computed by hand in the same order as before beta existed; torch.equal, not allclose."""
+    cur, prev, pad = fixed_maps()
+    mixer = fixed_mixer()
+    cells = pad[:, None, None, :] | pad[:, None, :, None]
+    x = prev.masked_fill(cells, 0.0)
+    for conv in mixer.convs:
+        x = F.relu(F.conv2d(x, conv.weight, conv.bias, padding=1)).masked_fill(cells, 0.0)
+    out, extras = mixer(cur, prev, pad)
+    assert torch.equal(extras["predicted"], x)
+    assert torch.equal(out, 0.3 * x + (1.0 - 0.3) * cur)
+
+
+def test_beta_is_evolving_attention() -> None:
+    """beta=0.25: A_in = 0.75 A_cur + 0.25 A_prev is both the CNN's input and the second term (Evolving
+    Attention), written out cell by cell for one output cell and checked in full against the hand formula."""
+    cur, prev, pad = fixed_maps()
+    mixer = fixed_mixer(beta=0.25)
+    out, extras = mixer(cur, prev, pad)
+    a_in = 0.75 * cur + 0.25 * prev
+    keep = torch.ones(4, 4)
+    keep[3, :] = keep[:, 3] = 0.0
+    first, second = mixer.convs
+    hidden = torch.zeros(2, 4, 4)
+    for o in range(2):
+        for i in range(3):
+            for j in range(3):
+                acc = first.bias[o].item()
+                for c in range(2):
+                    for di in (-1, 0, 1):
+                        for dj in (-1, 0, 1):
+                            if 0 <= i + di < 4 and 0 <= j + dj < 4:
+                                acc += (first.weight[o, c, di + 1, dj + 1].item() * a_in[0, c, i + di, j + dj].item()
+                                        * keep[i + di, j + dj].item())
+                hidden[o, i, j] = max(acc, 0.0)
+    acc = second.bias[1].item() + sum(second.weight[1, c, di + 1, dj + 1].item() * hidden[c, 1 + di, 2 + dj].item()
+                                      for c in range(2) for di in (-1, 0, 1) for dj in (-1, 0, 1))
+    expected_cell = 0.3 * max(acc, 0.0) + 0.7 * a_in[0, 1, 1, 2].item()
+    assert out[0, 1, 1, 2].item() == pytest.approx(expected_cell, rel=1e-5, abs=1e-5)
+    predicted = hidden[None]  # layer 1 by hand, then layer 2:
+    predicted = F.relu(F.conv2d(predicted, second.weight, second.bias, padding=1)) * keep
+    torch.testing.assert_close(extras["predicted"], predicted)
+    torch.testing.assert_close(out, 0.3 * predicted + 0.7 * a_in)
+    plain, _ = fixed_mixer()(cur, prev, pad)
+    assert (out - plain).abs().max() > 0.1
+
+
+def test_beta_zero_is_evolving_attention_without_its_residual_not_eq4() -> None:
+    """beta=0 feeds the CNN the layer's own logits (Evolving Attention's no-residual ablation); Eq. 4 is beta=None."""
+    cur, prev, pad = fixed_maps()
+    out, extras = fixed_mixer(beta=0.0)(cur, prev, pad)
+    own, _ = fixed_mixer()(cur, cur, pad)
+    assert torch.equal(out, own)
+    assert (out - fixed_mixer()(cur, prev, pad)[0]).abs().max() > 0.1
+
+
+def test_beta_chains_through_the_encoder() -> None:
+    """In a model, A_prev is the previous layer's *mixed* logits (the chain of Fig. 1(b), and what
+    EAAugmentedConv1d returns to the next block)."""
+    beta, alpha = 0.4, 0.3
+    model = build(predictive={"alpha": alpha, "beta": beta, "conv_layers": 2})
+    x = tokens()
+    got = model(x, need_intermediates=True).encoder.attentions
+    for i in (1, 2):
+        a_in = (1 - beta) * got[i].extras["self"] + beta * got[i - 1].logits
+        expected = manual_cnn(mixers(model)[i], a_in, x.eq(0))
+        torch.testing.assert_close(got[i].extras["predicted"], expected)
+        torch.testing.assert_close(got[i].logits, alpha * expected + (1 - alpha) * a_in)
+    assert get_config("pa_transformer_text").predictive.beta is None
+    assert get_config("pa_transformer_text", predictive={"beta": 0.5}).predictive.beta == 0.5
+
+
+@pytest.mark.parametrize("conv_layers", [0, 1, 2, 3])
+@pytest.mark.parametrize("extra", [{}, {"conv_branch": {}}], ids=["pa", "pa_conv"])
+def test_a_sentence_alone_equals_the_sentence_padded_in_a_batch(conv_layers: int, extra: dict) -> None:
+    """The outputs for a sentence must not depend on how much padding its batch has (Table 5's 2- and 3-layer
+    rows): after the first convolution padded cells hold ReLU(bias + spill from real cells), and without the
+    mask after every convolution the next one carries them back into real positions. The batch puts the
+    sentence beside a longer one and a shorter one, padded to 12, three more than the longest needs."""
+    torch.manual_seed(1)
+    model = build(predictive={"alpha": 0.5, "conv_layers": conv_layers}, **extra)
+    sentence = torch.randint(1, 50, (5,))
+    batch = torch.zeros(3, 12, dtype=torch.long)
+    batch[0, :9] = torch.randint(1, 50, (9,))
+    batch[1, :5] = sentence
+    batch[2, :7] = torch.randint(1, 50, (7,))
+    alone, padded = model(sentence[None]), model(batch)
+    torch.testing.assert_close(padded.encoder.hidden[1, :5], alone.encoder.hidden[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded.logits[1], alone.logits[0], rtol=1e-5, atol=1e-5)
+
+
 def test_mixer_zeroes_padding_and_non_finite_values_before_the_conv() -> None:
     mixer = PredictiveMixer(2, alpha=0.5, conv_layers=1, kernel_size=3, init="random")
     cur, prev = torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)
@@ -217,7 +323,8 @@ def test_madds_match_the_flop_counter(section: dict) -> None:
     ({"conv_layers": -1}, "predictive.conv_layers"), ({"kernel_size": 4}, "predictive.kernel_size"),
     ({"kernel_size": 0}, "predictive.kernel_size"), ({"init": "zeros"}, "predictive.init"),
     ({"sides": ["decoder"]}, "predictive.sides"), ({"sides": ["encoder", "decoder"]}, "predictive.sides"),
-    ({"sides": []}, "predictive.sides"), ({"sides": ["encoderr"]}, "predictive.sides")])
+    ({"sides": []}, "predictive.sides"), ({"sides": ["encoderr"]}, "predictive.sides"),
+    ({"beta": -0.5}, "predictive.beta"), ({"beta": 1.01}, "predictive.beta"), ({"beta": "yes"}, "predictive.beta")])
 def test_invalid_settings_name_the_key(section: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build(predictive=section)

@@ -6,6 +6,8 @@ import random
 import pytest
 import torch
 
+from interlayer.training.engine import LAST, read_checkpoint
+
 from interlayer import create_model
 from interlayer.checkpoint import canonical_state_dict
 from interlayer.cli import main
@@ -122,7 +124,7 @@ def test_training_writes_logs_checkpoints_and_averages(trained):
     task, model, run, state = trained
     assert state.finished and state.epoch == 4
     assert (run / "best" / "vocab.json").is_file() and (run / "averaged" / "model.safetensors").is_file()
-    assert sorted(p.name for p in run.glob("checkpoint[0-9]*.pt")) == ["checkpoint2.pt", "checkpoint3.pt"]
+    assert sorted(p.name for p in run.glob("checkpoint[0-9]*.safetensors")) == ["checkpoint2.safetensors", "checkpoint3.safetensors"]
     header = (run / "train.csv").read_text().splitlines()[0].split(",")
     assert {"loss", "nll", "lr", "units_per_s", "grad_norm"} <= set(header)
     valid = (run / "valid.csv").read_text().splitlines()
@@ -184,7 +186,7 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     resumed = _tiny_model(task)
     final = Trainer(task, resumed, cfg, tmp_path / "b", resume=True, progress=False).fit()
     assert final.finished and final.step == 2 * steps_per_epoch
-    last = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=False)
+    last = read_checkpoint(tmp_path / "b" / LAST)
     assert {"model", "model_config", "train_config", "optimizer", "rng", "state"} <= set(last)
     assert "vocab.json" in last["assets"] and last["optimizer"]["state"]
     a, b = canonical_state_dict(uninterrupted), canonical_state_dict(resumed)

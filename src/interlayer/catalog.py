@@ -78,6 +78,14 @@ def all_model_names() -> list[str]:
     return sorted(name for family in _families(0) for name in family.presets)
 
 
+def build_named(name: str) -> nn.Module:
+    """The model of any name ``interlayer models`` lists, whatever its family."""
+    for family in _families(0):
+        if name in family.presets:
+            return family.build(name)
+    raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(all_model_names())}")
+
+
 def model_catalog(length: int = 64, names: Optional[Sequence[str]] = None) -> str:
     """A table per family of every model (or only ``names``): parameters and the MAdds of one forward pass.
 

@@ -93,8 +93,9 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     return directory
 
 
-def load_pretrained(directory: Union[str, Path]) -> nn.Module:
-    """Rebuild the model from ``config.json`` and load its weights, re-tying shared parameters."""
+def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
+    """Rebuild the model from ``config.json`` and load its weights, re-tying shared parameters; on ``device``
+    (a ``torch.device`` or ``"auto" | "cpu" | "cuda[:N]" | "mps"``; default the CPU) when given."""
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
@@ -116,4 +117,8 @@ def load_pretrained(directory: Union[str, Path]) -> nn.Module:
         raise CheckpointError(f"{weights_path} was saved with tied parameters {stored_ties}, but its config "
                               f"builds a model tied as {tie_map(model)}; the files come from different models")
     load_canonical_state_dict(model, load_file(str(weights_path)), source=str(weights_path))
+    if device is not None:
+        from .training.device import resolve_device  # the training package imports this module
+
+        model.to(device if isinstance(device, torch.device) else resolve_device(device))
     return model

@@ -42,6 +42,26 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> None:
+    """``--device`` (and, for commands that train, ``--precision`` and ``--compile``): shorthands for the
+    ``train.device`` / ``train.precision`` / ``train.compile`` settings (training/device.py)."""
+    parser.add_argument("--device", help="auto (default: CUDA if present, else MPS, else CPU), cpu, cuda, cuda:N, mps"
+                        + ("; compare --jobs N spreads runs over the GPUs when --device is auto or cuda"
+                           if training else ""))
+    if training:
+        parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                            help="auto (default: bf16 on GPUs that have it, else fp32), fp32, bf16, or fp16 with a "
+                                 "gradient scaler")
+        parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
+
+
+def _device_sets(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--set`` equivalents of the device flags that were given."""
+    sets = {"train.device": args.device, "train.precision": getattr(args, "precision", None),
+            "train.compile": "true" if getattr(args, "compile", False) else None}
+    return {key: value for key, value in sets.items() if value is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="interlayer",
@@ -85,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
         task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
+        _add_device_arguments(task, training=True)
         spec.add_arguments(task)
 
     translate = sub.add_parser("translate", help="translate text with a trained model",
@@ -93,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/best or RUN_DIR/averaged)")
     translate.add_argument("--input", help="file to translate (plain or .gz); default stdin")
     translate.add_argument("--output", help="file to write; default stdout")
+    _add_device_arguments(translate, training=False)
     add_decode_arguments(translate)
 
     _add_generate_parser(sub)
@@ -108,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ref", help="translation: reference file (default: the run's test target)")
     evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split); "
                                          "language model: a UTF-8 text file (default: the run's valid and test)")
+    _add_device_arguments(evaluate, training=False)
     add_decode_arguments(evaluate)
 
     compare = sub.add_parser(
@@ -143,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
                               "(default 1; 2 with --default); keep it the same for every run of one comparison")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
+    _add_device_arguments(compare, training=True)
     _add_search_parser(sub)
     return parser
 
@@ -212,12 +236,13 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     mpt.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
                      help="heartbeat interval; a trial silent for twice this is lost (default 60)")
     mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
+    _add_device_arguments(mpt, training=True)
 
 
 def _train(args: argparse.Namespace) -> None:
     spec = task_specs()[args.task]
     data_sets, options = spec.options_from_args(args)
-    sets = {**_parse_sets(args.sets), **data_sets}
+    sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
     model_name = Path(getattr(args, "pretrained", None) or args.preset).stem  # a fine-tuning run: the checkpoint
     run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{args.seed}")
     results = train(spec, preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
@@ -226,7 +251,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _translate(args: argparse.Namespace) -> None:
-    model, vocab = load_translator(Path(args.checkpoint))
+    model, vocab = load_translator(Path(args.checkpoint), args.device)
     lines = read_lines(args.input) if args.input else [line.rstrip("\n") for line in sys.stdin]
     out = translate(model, vocab, lines, DecodeOptions(**decode_options(args)))
     text = "\n".join(out) + ("\n" if out else "")
@@ -267,7 +292,8 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
     settings = make_settings(chosen["task"], chosen["variants"], seeds=chosen["seeds"] or 1,
                              budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
-                             sets=_parse_sets(chosen["sets"]), budget_steps=chosen["budget_steps"])
+                             sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
+                             budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
     result = run_compare(settings, output, command=["interlayer", *argv],
                          jobs=1 if chosen["jobs"] is None else chosen["jobs"],
@@ -287,7 +313,8 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError(f"search mpt needs {' and '.join(missing)}")
     output = Path(args.output or DEFAULT_OUTPUT.format(task=args.task))
     settings = SearchSettings(
-        task=args.task or "", trials=args.trials or 1, output=output, preset=args.preset, sets=_parse_sets(args.sets),
+        task=args.task or "", trials=args.trials or 1, output=output, preset=args.preset,
+        sets={**_parse_sets(args.sets), **_device_sets(args)},
         coarse=args.coarse, top_k=args.top_k, poor_fraction=args.poor_fraction, budget_minutes=args.budget_minutes,
         storage=args.storage, study=args.study, seed=args.seed, workers=args.workers, retry_lost=args.retry_lost,
         heartbeat_seconds=args.heartbeat)

@@ -77,12 +77,13 @@ def beam_search(model: nn.Module, src: Tensor, options: DecodeOptions = DecodeOp
     scores = torch.zeros(batch, k, device=src.device)
     scores[:, 1:] = -torch.inf  # all beams start identical: expand only the first
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)
+    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
     cache = model.decoder.new_cache() if options.use_cache else None
     for step in range(int(limits.max())):
         logprobs = _step_logprobs(model, tokens, memory, memory_mask, cache)
         at_limit = (step + 1 >= limits).repeat_interleave(k)
-        logprobs[at_limit] = torch.where(torch.arange(logprobs.shape[1]) == EOS_ID, logprobs[at_limit], -torch.inf)
+        logprobs[at_limit] = torch.where(torch.arange(logprobs.shape[1], device=src.device) == EOS_ID,
+                                         logprobs[at_limit], -torch.inf)
         vocab = logprobs.shape[1]
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)
@@ -93,7 +94,7 @@ def beam_search(model: nn.Module, src: Tensor, options: DecodeOptions = DecodeOp
                 source_row = b * k + int(beam_of[b, j])
                 hypothesis = tokens[source_row, 1:].tolist()
                 finished[b].append((float(top_scores[b, j]) / (step + 1) ** options.lenpen, hypothesis))
-        done |= torch.tensor([len(f) >= k for f in finished])
+        done |= torch.tensor([len(f) >= k for f in finished], device=src.device)
         if done.all():
             break
         # The best k non-EOS candidates continue (at most k of the 2k can be EOS, one per beam).

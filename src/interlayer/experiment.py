@@ -1,7 +1,7 @@
 """Whole runs of any task: resolve configs, train with the engine, score the final model.
 
 A run directory holds everything needed to resume or reproduce it: ``run.json`` (task, preset, and the model,
-training and data configs as resolved), the task's assets (e.g. the vocabulary), ``checkpoint_last.pt``, the
+training and data configs as resolved), the task's assets (e.g. the vocabulary), ``checkpoint_last.safetensors``, the
 ``best/`` (and ``averaged/``) model folders, CSV and TensorBoard logs, and ``results.json``.
 """
 from __future__ import annotations

@@ -342,10 +342,13 @@ class GAT(nn.Module):
                           **common)
         self.layers = nn.ModuleList([first, second])
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> GATOutput:
+    def forward(self, x: Tensor, edge_index: Tensor, *, self_loops: bool = False) -> GATOutput:
         """``x`` (N, in_features), dense or sparse COO; ``edge_index`` (2, E) long, ``source -> target`` (both
-        directions for an undirected graph). Self-loops are added here. Returns class scores of every node."""
-        edges = with_self_loops(edge_index, x.shape[0])
+        directions for an undirected graph). Self-loops are added here, unless ``self_loops`` says ``edge_index``
+        already went through :func:`with_self_loops`: a caller that runs one graph many times (the graph task)
+        does that once, because merging duplicates depends on the edges' values (a host synchronisation and a
+        graph break under ``torch.compile`` at every call). Returns class scores of every node."""
+        edges = edge_index if self_loops else with_self_loops(edge_index, x.shape[0])
         hidden = F.elu(self.layers[0](x, edges))
         return GATOutput(logits=self.layers[1](hidden, edges))
 

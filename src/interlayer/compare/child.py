@@ -7,7 +7,7 @@ the absolute ``peak_rss_mb``. A resumed run records each segment in ``compare_me
 the largest.
 
 Exit codes: 0 finished (``results.json`` written), 3 interrupted (Ctrl-C / SIGTERM: the engine saved
-``checkpoint_last.pt`` and the run can resume), 4 interrupted before training began or while scoring; anything
+``checkpoint_last.safetensors`` and the run can resume), 4 interrupted before training began or while scoring; anything
 else is a failure (the log holds the traceback).
 """
 from __future__ import annotations

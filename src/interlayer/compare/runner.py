@@ -8,7 +8,7 @@ Directory layout (``DIR`` is ``--output``)::
     DIR/logs/<variant>-s<seed>.log   the run's output, appended over attempts
     DIR/report.md, report.html, summary.json, figures/
 
-A run with ``results.json`` is finished and skipped; one with ``checkpoint_last.pt`` is resumed (``--resume``);
+A run with ``results.json`` is finished and skipped; one with ``checkpoint_last.safetensors`` is resumed (``--resume``);
 one with only ``run.json`` never reached its first checkpoint and is started over; the rest are started.
 Ctrl-C (or SIGTERM) is passed to the running processes, whose engines finish their step, save and exit; no further
 run is started and the caller writes a partial report. Running the same command again continues.
@@ -34,15 +34,16 @@ import time
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..training.concurrency import ForwardedInterrupts, threads_per_run
+from ..training.engine import LAST, LEGACY_LAST
 from . import child
 from .child import FINISHED, INTERRUPTED, RESULTS_FILE, STOPPED_OUTSIDE_TRAINING
 from .plan import Plan, PlannedVariant
 
 RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"
-RUN_FILE, LAST_CHECKPOINT = "run.json", "checkpoint_last.pt"
+RUN_FILE = "run.json"
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -67,17 +68,28 @@ class _Active:
     log: Path
     process: multiprocessing.process.BaseProcess
     started: float
+    gpu: Optional[int] = None
 
 
 def run_state(run_dir: Path) -> str:
     """finished | resumable | stale (a run.json but no checkpoint: nothing to resume) | new."""
     if (run_dir / RESULTS_FILE).is_file():
         return "finished"
-    if (run_dir / LAST_CHECKPOINT).is_file() and (run_dir / RUN_FILE).is_file():
+    # a legacy pickle checkpoint counts too, so that the engine refuses it with its reason instead of the run
+    # directory being silently deleted and trained again
+    if any((run_dir / name).is_file() for name in (LAST, LEGACY_LAST)) and (run_dir / RUN_FILE).is_file():
         return "resumable"
     if (run_dir / RUN_FILE).is_file():
         return "stale"
     return "new"
+
+
+def gpus_for_runs(device: Optional[str]) -> list[int]:
+    """The GPUs runs are spread over: every visible CUDA device when the runs' ``train.device`` is ``auto`` (the
+    default) or ``cuda``; none when it names one device (``cuda:1``, ``cpu``), which every run then uses."""
+    if (device or "auto").strip().lower() not in ("auto", "cuda") or not torch.cuda.is_available():
+        return []
+    return list(range(torch.cuda.device_count()))
 
 
 def process_context() -> BaseContext:
@@ -106,6 +118,7 @@ class Runner:
     def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
         self.threads = threads_per_run(jobs)
+        self.gpus = gpus_for_runs(str(plan.settings.sets.get("train.device", "auto")))
         self.context = process_context()
         self.status_path = self.output / STATUS_FILE
         self.status: dict[str, Any] = (json.loads(self.status_path.read_text())
@@ -125,7 +138,9 @@ class Runner:
         with ForwardedInterrupts() as interrupts:
             while pending or active:
                 while pending and len(active) < self.jobs and not interrupts.requested:
-                    started = self._start(*pending.pop(0))
+                    busy = [run.gpu for run in active.values()]
+                    gpu = min(self.gpus, key=busy.count) if self.gpus else None  # the least loaded GPU
+                    started = self._start(*pending.pop(0), gpu=gpu)
                     if isinstance(started, RunOutcome):
                         outcomes.append(started)
                         self._save_status(started)
@@ -140,8 +155,9 @@ class Runner:
                     self._save_status(outcome)
         return outcomes, interrupts.requested
 
-    def _start(self, label: str, variant: PlannedVariant, seed: int) -> "RunOutcome | _Active":
-        """Start the run's process, or say why it needs none (finished earlier)."""
+    def _start(self, label: str, variant: PlannedVariant, seed: int, gpu: Optional[int] = None
+               ) -> "RunOutcome | _Active":
+        """Start the run's process (on GPU ``gpu`` when given), or say why it needs none (finished earlier)."""
         name = run_name(variant.variant.name, seed)
         run_dir = self.run_dir(variant.variant.name, seed)
         state = run_state(run_dir)
@@ -152,19 +168,21 @@ class Runner:
             self.echo(f"{label}: {run_dir} stopped before its first checkpoint; starting it over")
             shutil.rmtree(run_dir)
         budget = self.plan.settings.budget_minutes
-        job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets, "seed": seed,
+        sets = variant.sets if gpu is None else {**variant.sets, "train.device": f"cuda:{gpu}"}
+        job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": sets, "seed": seed,
                "max_minutes": budget, "run_dir": str(run_dir), "resume": state == "resumable",
                "threads": self.threads}
         log = self.output / LOGS / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         verb = "resuming" if job["resume"] else "training"
         notes = ([f"budget {budget:g} min"] if budget else []) + ([f"{self.threads} thread(s)"] if self.threads else [])
+        notes += [f"GPU {gpu}"] if gpu is not None else []
         self.echo(f"{label}: {verb}" + (f" ({', '.join(notes)})" if notes else "") + f"; log {log}")
         with log.open("a") as handle:
             handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {verb} {name}\n")
         process = self.context.Process(target=child.entry, args=(job, str(log)), name=name)
         process.start()
-        return _Active(name, label, run_dir, log, process, time.perf_counter())
+        return _Active(name, label, run_dir, log, process, time.perf_counter(), gpu)
 
     def _finish(self, run: _Active, stop_requested: bool) -> RunOutcome:
         run.process.join()

@@ -11,7 +11,7 @@ the two paths agree exactly on every row.
 
 Extension points used by the method modules, all optional and generic:
 ``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias, or, when it ``rotates``, rotating queries and keys
-before the cache: rotary positions), ``logit_mixer' (a module mapping the current and
+before the cache: rotary positions), ``logit_mixer`` (a module mapping the current and
 the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``).
 """
 from __future__ import annotations
@@ -90,14 +90,15 @@ def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Ten
                        ) -> Optional[Tensor]:
     """Broadcastable mask of query rows that may attend no key (their output is set to zero), or None.
 
-    Cheap in the common cases: without padding a causal row always sees its first key, and without causality a
-    row is empty only when its whole sequence is padding.
+    Without padding no row is empty (a causal row always sees its first key). Without causality a row is empty
+    only when its whole sequence is padding; the mask is returned whether or not such a sequence is present,
+    because asking (``bool(empty.any())``) would synchronise the host with the device and break a compiled graph
+    on every attention call, while the fill it would save costs one pass over the output.
     """
     if allowed is None or key_padding_mask is None:
         return None
     if not causal:
-        empty = key_padding_mask.all(-1)
-        return empty[:, None, None, None] if bool(empty.any()) else None
+        return key_padding_mask.all(-1)[:, None, None, None]
     return ~allowed.any(-1, keepdim=True)
 
 

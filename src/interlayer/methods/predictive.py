@@ -27,9 +27,28 @@ Choices where the paper leaves room (each documented on its config field):
   the logits), so the CNN sees and predicts biased logits. ``qk_dim`` changes nothing here: the mixer only sees
   ``(B, heads, T, T)`` maps.
 * Padding: the core's logits are unmasked, so padded rows and columns of ``A_prev`` (and any non-finite value)
-  are zeroed before the convolution; otherwise a 3 x 3 kernel would carry padded keys' logits into real
-  positions. The core masks after the mixing. The mixer runs in fp32 (autocast off) and casts back, because
-  the convolution sums 9K logits and bf16 keeps only about 3 significant digits of each.
+  are zeroed before the first convolution, and the padded rows and columns again after every convolution
+  (``PredictiveMixer.hidden_cells``); otherwise a 3 x 3 kernel would carry padded keys' logits, or with two or
+  more layers the ReLU(bias) the previous convolution left in padded cells, into real positions. A sentence
+  then gets the same prediction alone as padded in any batch. The core masks after the mixing. The mixer runs in
+  fp32 (autocast off) and casts back, because the convolution sums 9K logits and bf16 keeps only about 3
+  significant digits of each.
+* ``beta``: None by default, which is Eq. 4 above, exactly. A number in [0, 1] switches to the published
+  successor of this paper, Evolving Attention (Wang et al., "Evolving Attention with Residual Convolutions",
+  ICML 2021; its code's ``EAAugmentedConv1d``, where the two weights are called ``beta`` and ``alpha`` as here).
+  It moves the previous layer's map from the CNN's input alone into a residual connection *before* the CNN,
+  and the CNN and the final mix both read that residual map::
+
+      A_in = (1 - beta) * Attention(X)_logits + beta * A_prev_logits
+      A    = softmax(alpha * CNN(A_in) + (1 - alpha) * A_in)
+
+  Read against Eq. 4: the CNN's argument ``A_pre_logits`` becomes ``A_in``, and so does the second term
+  ``Attention(X)_logits``. No value of ``beta`` gives Eq. 4 back (``beta = 0`` is Evolving Attention without
+  its residual, ``alpha * CNN(A_self) + (1 - alpha) * A_self``; ``beta = 1`` ignores the layer's own logits),
+  which is why "off" is None and not 0. ``A_prev`` is the previous layer's output logits, as in Eq. 4's chain
+  and in ``EAAugmentedConv1d``, which returns the mixed logits to the next block. Padding and non-finite
+  values are zeroed in the CNN's input exactly as for ``A_prev`` in Eq. 4; the residual term keeps ``A_in``
+  as it is, as Eq. 4 keeps ``Attention(X)_logits``.
 * Decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a causal map mixes
   in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries into earlier rows;
   the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer architecture to the encoder").
@@ -65,6 +84,7 @@ class PredictiveConfig:
     kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels
     share_conv: bool = False  # False: one prediction module per block (Fig. 1(b)); True: one for all layers
     init: Literal["random", "dirac"] = "random"  # Sec. 4.1.2: "initialized randomly"
+    beta: Optional[float] = None  # None: Eq. 4; a number: Evolving Attention's residual weight (module doc)
     sides: list[str] = field(default_factory=lambda: ["encoder"])
 
     def validate(self, cfg: "ModelConfig") -> None:
@@ -74,6 +94,9 @@ class PredictiveConfig:
         if self.conv_layers < 0:
             raise ConfigError(f"predictive.conv_layers={self.conv_layers} must be >= 0 (0 is the Res-Transformer "
                               "of PA Table 5, 1 the paper's default)")
+        if self.beta is not None and not 0.0 <= self.beta <= 1.0:
+            raise ConfigError(f"predictive.beta={self.beta} must lie in [0, 1] (Evolving Attention's weight of the "
+                              "previous layer's map in the CNN's input), or be null for PA's Eq. 4")
         check_kernel("predictive.kernel_size", self.kernel_size)
         if self.init not in INITS:
             raise ConfigError(f"predictive.init={self.init!r} is not valid; choose one of "
@@ -86,12 +109,18 @@ class PredictiveConfig:
 
 
 class PredictiveMixer(nn.Module):
-    """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels."""
+    """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels.
 
-    def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str) -> None:
+    With ``beta`` set, Evolving Attention's form instead: ``alpha * CNN(A_in) + (1 - alpha) * A_in`` with
+    ``A_in = (1 - beta) * A_cur + beta * A_prev`` (module doc).
+    """
+
+    def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
+                 beta: Optional[float] = None) -> None:
         super().__init__()
         self.heads = heads
         self.alpha = alpha
+        self.beta = beta
         self.convs = nn.ModuleList(nn.Conv2d(heads, heads, kernel_size, padding=kernel_size // 2)
                                    for _ in range(conv_layers))
         if init == "dirac":
@@ -99,17 +128,33 @@ class PredictiveMixer(nn.Module):
                 nn.init.dirac_(conv.weight)
                 nn.init.zeros_(conv.bias)
 
+    @staticmethod
+    def hidden_cells(maps: Tensor, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """Boolean ``(B, 1, T, T)`` mask of the map cells the CNN must see as zero, or None when there are none.
+
+        The one place that decides which cells are off limits: today the rows and columns of padded tokens. A
+        cell outside it must hold zero before *every* convolution, not just the first: after a convolution a
+        padded cell holds ``ReLU(bias + spill from real neighbours)``, and the next convolution would carry that
+        into real cells, so a sentence's outputs would depend on the padding of its batch (Table 5's 2- and
+        3-layer rows). Zeroed cells are what a 3 x 3 kernel reads beyond the edge of an unpadded map, so a
+        padded sentence gives the same prediction as the sentence alone.
+        """
+        if key_padding_mask is None:
+            return None
+        if maps.shape[-1] != maps.shape[-2]:
+            raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(maps.shape)}")
+        pad = key_padding_mask[:, None, :]
+        return pad.unsqueeze(-1) | pad.unsqueeze(-2)
+
     def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
-        """``CNN(A_prev)`` in fp32, with padded rows/columns and non-finite entries zeroed before the first conv."""
+        """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, :meth:`hidden_cells` zeroed before the first
+        convolution and after every one (so also in the returned prediction)."""
         x = prev_logits.float()
         x = x.masked_fill(~torch.isfinite(x), 0.0)
-        if key_padding_mask is not None:
-            if x.shape[-1] != x.shape[-2]:
-                raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(x.shape)}")
-            pad = key_padding_mask[:, None, :]
-            x = x.masked_fill(pad.unsqueeze(-1) | pad.unsqueeze(-2), 0.0)
+        hidden = self.hidden_cells(x, key_padding_mask)
+        x = _zero(x, hidden)
         for conv in self.convs:
-            x = F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding))
+            x = _zero(F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding)), hidden)
         return x
 
     def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None
@@ -118,17 +163,24 @@ class PredictiveMixer(nn.Module):
             raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
                              f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
         with torch.autocast(device_type=logits.device.type, enabled=False):
-            predicted = self.predict(prev_logits, key_padding_mask)
-            mixed = self.alpha * predicted + (1.0 - self.alpha) * logits.float()
+            source, residual = prev_logits, logits.float()
+            if self.beta is not None:  # a config constant, fixed at build time
+                source = residual = (1.0 - self.beta) * residual + self.beta * prev_logits.float()
+            predicted = self.predict(source, key_padding_mask)
+            mixed = self.alpha * predicted + (1.0 - self.alpha) * residual
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
 
     def madds(self, t_q: int, t_k: int) -> int:
         return sum(t_q * t_k * conv.weight.numel() for conv in self.convs)
 
 
+def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
+    return maps if cells is None else maps.masked_fill(cells, 0.0)
+
+
 def make_mixer(section: PredictiveConfig, heads: int) -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
-                           kernel_size=section.kernel_size, init=section.init)
+                           kernel_size=section.kernel_size, init=section.init, beta=section.beta)
 
 
 class _PredictiveMethod:

@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..baselines.gat import GATConfig, gat_config, gat_from_dict
+from ..baselines.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..tables import format_table
 from ..training.config import TrainConfig
+from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
 
@@ -73,6 +74,7 @@ class GraphBatch:
 
 
 class NodeClassificationTask:
+    device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True
 
@@ -90,10 +92,10 @@ class NodeClassificationTask:
         return [GraphBatch(self.inputs.split("train"))]
 
     def loss(self, model: nn.Module, batch: GraphBatch) -> tuple[Tensor, dict[str, float], int]:
-        labels = self.inputs.labels[batch.nodes]
+        nodes, labels = move((batch.nodes, self.inputs.labels[batch.nodes]), module_device(model))
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(self.inputs.run(model),
-                                lambda logits: label_smoothed_nll(logits[batch.nodes], labels, smoothing))
+                                lambda logits: label_smoothed_nll(logits[nodes], labels, smoothing))
         return loss, logs, len(batch.nodes)
 
     @torch.no_grad()
@@ -140,12 +142,18 @@ class GraphInputs:
         self.edges = torch.from_numpy(graph.edges)
         self.labels = torch.from_numpy(graph.labels)
         self._splits = {split: torch.from_numpy(getattr(graph, split)) for split in ("train", "valid", "test")}
+        self.edges = with_self_loops(self.edges, graph.num_nodes)  # once: the model is told (GAT.forward)
+        self._on: tuple[torch.device, Tensor, Tensor] = (self.features.device, self.features, self.edges)
 
     def split(self, name: str) -> Tensor:
         return self._splits[name]
 
     def run(self, model: nn.Module) -> Any:
-        return model(self.features, self.edges)
+        """The model over the whole graph, on the model's device (the graph is copied there once and kept)."""
+        device = module_device(model)
+        if self._on[0] != device:
+            self._on = (device, move(self.features, device), move(self.edges, device))
+        return model(self._on[1], self._on[2], self_loops=True)
 
     def check(self, model: nn.Module, source: str) -> None:
         cfg = model.config
@@ -158,7 +166,7 @@ class GraphInputs:
         """(class scores, gold labels) of the split's nodes, in evaluation mode (no dropout)."""
         model.eval()
         nodes = self.split(split)
-        return self.run(model).logits[nodes], self.labels[nodes]
+        return self.run(model).logits[move(nodes, module_device(model))].float().cpu(), self.labels[nodes]
 
     def score(self, model: nn.Module, split: str) -> dict[str, float]:
         """Accuracy in percent and mean cross-entropy (GAT's two early-stopping quantities)."""
@@ -176,7 +184,7 @@ def resolve_model(preset: str, model_sets: dict[str, Any], task: NodeClassificat
 # -- spec hooks --------------------------------------------------------------------------------------------------
 def _finish(task: NodeClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Score ``best/`` once on the test nodes."""
-    model = load_pretrained(run_dir / "best").eval()
+    model = load_pretrained(run_dir / "best", task.device).eval()
     test, valid = task.inputs.score(model, "test"), task.inputs.score(model, "valid")
     graph = task.graph
     return {"test_accuracy": test["accuracy"], "test_nll": test["nll"], "valid_accuracy": valid["accuracy"],
@@ -205,7 +213,7 @@ def report(source: str, logits: Tensor, gold: Tensor, num_classes: int) -> str:
 
 def _evaluate(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for a graph model: its test nodes of ``--data`` (default: the run's graph)."""
-    model = load_pretrained(directory).eval()
+    model = load_pretrained(directory, args.device).eval()
     data = GraphData(**json.loads((directory / "data.json").read_text()))
     source = args.data or data.source
     inputs = GraphInputs(load_planetoid(source), data.normalize_features)

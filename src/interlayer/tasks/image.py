@@ -44,6 +44,7 @@ from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
 from ..vision import VisionConfig, get_vision_config, vision_model_from_dict
+from ..training.device import module_device, move
 from .base import TaskSpec
 
 TASK_NAME = "fashion_mnist"
@@ -162,9 +163,11 @@ class ImageBatch:
 
 @torch.no_grad()
 def predict(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH) -> Tensor:
-    """Logits (N, classes) in eval mode, in chunks."""
+    """Logits (N, classes) in eval mode, in chunks on the model's device; returned on the CPU."""
     model.eval()
-    return torch.cat([model(images[i:i + batch_size]).logits.float() for i in range(0, len(images), batch_size)])
+    device = module_device(model)
+    return torch.cat([model(move(images[i:i + batch_size], device)).logits.float().cpu()
+                      for i in range(0, len(images), batch_size)])
 
 
 def confusion_matrix(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
@@ -208,6 +211,7 @@ def format_report(metrics: dict[str, Any], names: Sequence[str], source: str) ->
 class ImageTask:
     """Training and validation splits in memory as uint8 tensors; batches are index lists plus a seed."""
 
+    device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True
 
@@ -247,7 +251,7 @@ class ImageTask:
         return images, labels
 
     def loss(self, model: nn.Module, batch: ImageBatch) -> tuple[Tensor, dict[str, float], int]:
-        images, labels = self.batch_images(batch)
+        images, labels = move(self.batch_images(batch), module_device(model))  # augmented on the CPU
         output = model(images)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, labels, smoothing))
@@ -282,7 +286,7 @@ def score(model: nn.Module, images: Tensor, labels: Tensor, names: Sequence[str]
 
 def finish(task: ImageTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Score ``best/`` once on the test file; the report with the confusion matrix goes to ``test_report.txt``."""
-    model = load_pretrained(run_dir / "best")
+    model = load_pretrained(run_dir / "best", task.device)
     data = task.data
     images, labels = load_split(data.path(data.test_images), data.path(data.test_labels), len(data.class_names))
     start = time.perf_counter()
@@ -301,7 +305,7 @@ def evaluate(directory: Path, args: argparse.Namespace) -> str:
     directory = Path(directory)
     data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
     names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
-    model = load_pretrained(directory)
+    model = load_pretrained(directory, args.device)
     images_path, labels_path = _evaluation_files(data, args.data)
     images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)
     cfg = model.config

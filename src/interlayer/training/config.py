@@ -6,11 +6,13 @@ square-root schedule with warm-up, label smoothing 0.1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..core.config import ConfigError
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("inverse_sqrt", "constant", "linear", "cosine", "step")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -51,6 +53,13 @@ class TrainConfig:
     log_interval: int = 50
     seed: int = 1
     threads: int = 0  # torch threads; 0 keeps torch's default
+    # where and how the steps run (training/device.py): "auto" is CUDA if present (each torchrun rank on the GPU of
+    # its LOCAL_RANK), else Apple's MPS, else the CPU; also "cpu", "cuda", "cuda:N", "mps"
+    device: str = "auto"
+    # "auto": bf16 autocast on a GPU that supports it, fp32 elsewhere; "fp16" adds a gradient scaler
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False  # torch.compile the training model (zero graph breaks in every preset: tested)
+    tf32: bool = True  # TensorFloat-32 matrix products on GPUs that have them; false for IEEE fp32 products
 
     def validate(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -84,6 +93,11 @@ class TrainConfig:
         if self.anneal_to_budget and self.schedule not in ("linear", "cosine"):
             raise ConfigError(f"train.anneal_to_budget=true applies to the decaying schedules 'linear' and 'cosine', "
                               f"not train.schedule={self.schedule!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision={self.precision!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, PRECISIONS))}")
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise ConfigError(f"train.device={self.device!r} is not valid; choose auto, cpu, cuda, cuda:N or mps")
         if self.average_last > self.keep_last:
             raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
                               f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")

@@ -36,20 +36,26 @@ def environment() -> DistEnv:
                    local_rank=int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def initialise(env: DistEnv) -> None:
-    """Join the process group once (NCCL when this rank has a GPU, gloo otherwise)."""
+def initialise(env: DistEnv, device_type: str = "cpu") -> None:
+    """Join the process group once: NCCL when the ranks train on GPUs (each on the GPU of its ``LOCAL_RANK``),
+    gloo otherwise. A rank that trains on the CPU uses gloo even on a machine with GPUs."""
     if env.enabled and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device_type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank)
         dist.init_process_group(backend)
+
+
+def _collective_device() -> torch.device:
+    """NCCL reduces only GPU tensors; gloo CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def sum_all(values: list[float], env: DistEnv) -> list[float]:
     """Element-wise sum of ``values`` over all ranks (float64, so token counts stay exact)."""
     if not env.enabled:
         return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor)
     return tensor.tolist()
 

@@ -2,10 +2,19 @@
 
 What it guarantees:
 
-* **Resumable to the bit.** ``checkpoint_last.pt`` holds the model and training configs, weights, optimiser, step,
-  position inside the epoch, every random generator and the task's assets (e.g. the tokenizer); batch order depends
-  only on ``(seed, epoch)``. A run stopped at any saved point and resumed with ``resume=True`` ends with the same
-  weights as an uninterrupted run (tested).
+* **Resumable to the bit.** ``checkpoint_last.safetensors`` holds the model and training configs, weights,
+  optimiser, step, position inside the epoch, every random generator (CPU and CUDA) and the task's assets (e.g. the
+  tokenizer); batch order depends only on ``(seed, epoch)``. A run stopped at any saved point and resumed with
+  ``resume=True`` on the same device ends with the same weights as an uninterrupted run (tested). Nothing in it is a
+  pickle (:mod:`.state_file`), so a checkpoint someone hands you cannot run code; a run saved on a GPU resumes on a
+  CPU and the other way round.
+* **Any device, any precision.** ``train.device`` (CPU, CUDA, MPS), ``train.precision`` (fp32, bf16 autocast,
+  fp16 autocast with a gradient scaler whose state is checkpointed), ``train.compile`` (``torch.compile`` of the
+  training model), TF32 on GPUs (:mod:`.device`). The model moves to the device here; each task moves its batches
+  (``Task.loss``).
+* **No silent divergence.** A non-finite loss, or non-finite gradients (fp32/bf16; with fp16's scaler, more than
+  ``MAX_SKIPPED_STEPS`` skipped steps in a row), stops the run with :class:`DivergenceError` naming the step; the
+  last checkpoint, written before the divergence, is kept.
 * **Nothing lost on Ctrl-C / SIGTERM.** The signal only sets a flag; the loop finishes the current step, writes
   ``checkpoint_last.pt`` and returns. A SIGKILL loses at most the steps since the last checkpoint (epoch end, or
   every ``save_interval_steps``).
@@ -22,24 +31,32 @@ import dataclasses
 import json
 import math
 import os
-import random
 import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
-from . import distributed
+from . import distributed, state_file
 from .config import TrainConfig
+from .device import autocast, configure_tf32, make_scaler, resolve_device, resolve_precision
 
-LAST = "checkpoint_last.pt"
+LAST = "checkpoint_last.safetensors"
+LEGACY_LAST = "checkpoint_last.pt"  # the pickle format of interlayer <= 0.1.0: never read (it could run code)
 BEST_DIR = "best"
+# fp16: the scaler halves its scale at every overflow; this many overflows in a row (a scale 2^-25 of where it
+# was) means the gradients are not finite at any scale: the model itself has diverged.
+MAX_SKIPPED_STEPS = 25
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite loss or gradients; the message names the step and what was kept."""
 
 
 class Task(Protocol):
@@ -47,6 +64,7 @@ class Task(Protocol):
 
     metric: str  # validation metric that picks the best checkpoint and drives early stopping
     higher_is_better: bool
+    device: torch.device  # set by the engine: the training device, where the task scores the saved model
 
     def train_batches(self, epoch: int, seed: int) -> list[Any]: ...
 
@@ -54,7 +72,11 @@ class Task(Protocol):
         """Model config fields the data decides (vocabulary size, classes, ...)."""
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float], int]:
-        """(loss to minimise, named terms for the log, number of tokens or examples in the batch)"""
+        """(loss to minimise, named terms for the log, number of tokens or examples in the batch)
+
+        The batch comes as ``train_batches`` made it (on the CPU); the task moves what the model reads to the
+        model's device (``training.device.move`` / ``module_device``), because only the task knows which of its
+        fields are model inputs and which are indices into data it keeps (augmented images, a graph)."""
 
     def validate(self, model: nn.Module) -> dict[str, float]: ...
 
@@ -124,20 +146,14 @@ def parameter_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]
             {"params": [p for p in params if id(p) in spared], "weight_decay": 0.0}]
 
 
-def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+def _epoch_checkpoints(run_dir: Path) -> list[Path]:
+    """``checkpoint<epoch>.safetensors`` files, oldest first."""
+    return sorted(run_dir.glob("checkpoint[0-9]*.safetensors"), key=lambda p: int(p.stem[len("checkpoint"):]))
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A training checkpoint as a dict (``model``, ``optimizer``, ``state``, ``rng``, ``assets``, configs)."""
+    return state_file.read(path)
 
 
 class _Logs:
@@ -178,19 +194,31 @@ class Trainer:
     def __init__(self, task: Task, model: nn.Module, cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                  progress: bool = True) -> None:
         cfg.validate()
-        self.task, self.model, self.cfg = task, model, cfg
+        self.task, self.cfg = task, cfg
         self.dist = distributed.environment()
-        distributed.initialise(self.dist)
+        self.device = resolve_device(cfg.device, self.dist.local_rank, self.dist.world_size)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        distributed.initialise(self.dist, self.device.type)
+        configure_tf32(self.device, cfg.tf32)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress and self.dist.is_main
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        self.model = model.to(self.device)
+        task.device = self.device  # where the task's finish hook scores the saved model after training
         # DDP averages gradients over ranks and broadcasts rank 0's initial weights; tied parameters (Crossformer
         # HG, LW sharing, MPT's reused layers) are single Parameters, which DDP handles like any other. Unused
         # parameters are possible (an MPT random pass that stops early), hence find_unused_parameters.
-        self.train_model: nn.Module = (nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
-                                       if self.dist.enabled else model)
+        train_model: nn.Module = model
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+        # Compiled for training steps only; validation and decoding run the eager model (their shapes change every
+        # call, and a compiled graph per validation shape would cost more than it saves).
+        self.train_model = torch.compile(train_model) if cfg.compile else train_model
+        self.scaler = make_scaler(self.device, self.precision)
+        self._skipped_steps = 0
         optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
                                    eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
@@ -203,20 +231,20 @@ class Trainer:
         if resume:
             self._resume()
         else:
-            if (self.run_dir / LAST).exists():
+            if (self.run_dir / LAST).exists() or (self.run_dir / LEGACY_LAST).exists():
                 raise FileExistsError(f"{self.run_dir} already holds a run ({LAST}); pass resume=True (--resume) to "
                                       "continue it, or choose another run directory")
-            seed = cfg.seed + self.dist.rank  # ranks draw different dropout masks
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed)
+            state_file.seed_all(cfg.seed + self.dist.rank)  # ranks draw different dropout masks
 
     # -- checkpoints -------------------------------------------------------------------------------------
-    def _checkpoint(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"model": canonical_state_dict(self.model), "model_config": self.model.config.to_dict(),
-                "train_config": dataclasses.asdict(self.cfg), "optimizer": self.optimizer.state_dict(),
-                "state": dataclasses.asdict(self.state), "rng": rng, "world_size": self.dist.world_size,
-                "assets": self._assets()}
+    def _write_checkpoint(self, rng: list[dict[str, Any]]) -> None:
+        state_file.write(self.run_dir / LAST, model=canonical_state_dict(self.model),
+                         optimizer=self.optimizer.state_dict(), rng=rng, assets=self._assets(),
+                         metadata={"model_config": self.model.config.to_dict(),
+                                   "train_config": dataclasses.asdict(self.cfg),
+                                   "state": dataclasses.asdict(self.state), "world_size": self.dist.world_size,
+                                   "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                                   "device": str(self.device), "precision": self.precision})
 
     def _assets(self) -> dict[str, bytes]:
         """The task's files (vocabulary, data settings) by name, so the checkpoint alone can rebuild the run."""
@@ -228,16 +256,21 @@ class Trainer:
 
     def save_last(self) -> None:
         """Rank 0 writes the checkpoint, holding every rank's random generators (a collective call)."""
-        rng = distributed.gather(_rng_state(), self.dist)
+        rng = distributed.gather(state_file.rng_state(), self.dist)
         if self.dist.is_main:
-            atomic_save(self._checkpoint(rng), self.run_dir / LAST)
+            self._write_checkpoint(rng)
         distributed.barrier(self.dist)
 
     def _resume(self) -> None:
         path = self.run_dir / LAST
         if not path.exists():
+            legacy = self.run_dir / LEGACY_LAST
+            if legacy.exists():
+                raise CheckpointError(f"{legacy} is a pickle checkpoint (interlayer 0.1.0's format); it is not read, "
+                                      "because unpickling a file can run any code it names. Delete it to start "
+                                      "the run again, or re-create it with the interlayer that wrote it")
             raise FileNotFoundError(f"cannot resume: {path} does not exist (start without --resume)")
-        ckpt = torch.load(path, weights_only=False)
+        ckpt = read_checkpoint(path)
         current = self.model.config.to_dict()
         if ckpt["model_config"] != current:
             diff = {k: (v, current.get(k)) for k, v in ckpt["model_config"].items() if current.get(k) != v}
@@ -248,15 +281,19 @@ class Trainer:
             raise CheckpointError(f"{path} was written by a run of {ckpt.get('world_size', 1)} processes; resume it "
                                   f"with the same number (now {self.dist.world_size}), or batches would change")
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
         self.state = TrainState(**ckpt["state"])
-        _set_rng_state(ckpt["rng"][self.dist.rank])
+        state_file.set_rng_state(ckpt["rng"][self.dist.rank])
 
     def _save_epoch(self, epoch: int) -> None:
         if not self.dist.is_main:
             return
-        atomic_save(canonical_state_dict(self.model), self.run_dir / f"checkpoint{epoch}.pt")
-        for old in sorted(self.run_dir.glob("checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[10:]))[
-                   :-self.cfg.keep_last or None]:
+        path = self.run_dir / f"checkpoint{epoch}.safetensors"
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}, str(tmp))
+        os.replace(tmp, path)
+        for old in _epoch_checkpoints(self.run_dir)[:-self.cfg.keep_last or None]:
             old.unlink()
 
     def save_model(self, directory: Path) -> None:
@@ -381,23 +418,47 @@ class Trainer:
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
             with sync:
-                loss, logs, units = self.task.loss(self.train_model, batch)
-                (loss * units).backward()
+                with autocast(self.device, self.precision):
+                    loss, logs, units = self.task.loss(self.train_model, batch)
+                scaled = loss * units
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             local_units += units
             for key, value in logs.items():
                 sums[key] = sums.get(key, 0.0) + value * units
         keys = sorted(sums)
         totals = distributed.sum_all([local_units] + [sums[k] for k in keys], self.dist)
         units = totals[0]
+        logs = {k: v / max(units, 1.0) for k, v in zip(keys, totals[1:])}
+        if not math.isfinite(logs.get("loss", 0.0)):
+            raise DivergenceError(self._diverged(f"the training loss is {logs['loss']}"))
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # true gradients, for the division above and for clipping
         scale = self.dist.world_size / max(units, 1.0)  # DDP averaged over ranks: undo, then divide by all units
         for param in self.model.parameters():
             if param.grad is not None:
                 param.grad.mul_(scale)
-        logs = {k: v / max(units, 1.0) for k, v in zip(keys, totals[1:])}
         if self.cfg.clip_norm:
             logs["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
-        self.optimizer.step()
+            if not math.isfinite(logs["grad_norm"]) and self.scaler is None:
+                raise DivergenceError(self._diverged(f"the gradient norm is {logs['grad_norm']}"))
+        if self.scaler is None:
+            self.optimizer.step()
+            return logs, units
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # skipped when the unscaled gradients hold inf/NaN
+        self.scaler.update()
+        self._skipped_steps = self._skipped_steps + 1 if self.scaler.get_scale() < before else 0
+        logs["loss_scale"] = self.scaler.get_scale()
+        if self._skipped_steps > MAX_SKIPPED_STEPS:
+            raise DivergenceError(self._diverged(f"the fp16 gradients overflowed {self._skipped_steps} steps in a "
+                                                 f"row (loss scale now {self.scaler.get_scale():.3g})"))
         return logs, units
+
+    def _diverged(self, what: str) -> str:
+        kept = (f"{self.run_dir / LAST} (written before the divergence) is kept"
+                if (self.run_dir / LAST).exists() else "no checkpoint had been written yet")
+        return (f"training diverged at step {self.state.step}: {what}; {kept}. Lower train.lr (now {self.cfg.lr}) "
+                "or raise the warm-up, check the data for non-finite values, or use train.precision=fp32")
 
     def _judge(self, metrics: dict[str, float]) -> tuple[bool, bool]:
         """``(improved, best)``: whether the epoch resets the patience, and whether it becomes ``best/``.
@@ -432,6 +493,11 @@ class Trainer:
             self.save_model(self.run_dir / BEST_DIR)
         return improved
 
+    def _validate(self) -> dict[str, float]:
+        """The task's validation of the eager model, in the training precision."""
+        with autocast(self.device, self.precision):
+            return self.task.validate(self.model)
+
     def _bank_time(self, started: float) -> None:
         self.state.elapsed += time.perf_counter() - started
 
@@ -439,7 +505,7 @@ class Trainer:
         """Validate, keep the best model, write checkpoints; True when training should stop."""
         state, cfg = self.state, self.cfg
         self._bank_time(started)
-        metrics = self.task.validate(self.model)
+        metrics = self._validate()
         improved = self._record(metrics)
         self.logs.write("valid", state.step, {"epoch": state.epoch, **metrics, "elapsed_min": state.elapsed / 60})
         if self.progress:
@@ -472,7 +538,7 @@ class Trainer:
     def _finish(self) -> None:
         """Budget reached or training converged: optionally average, mark finished, save."""
         if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
-            metrics = self.task.validate(self.model)
+            metrics = self._validate()
             self._record(metrics)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
@@ -483,11 +549,11 @@ class Trainer:
 
     def average_checkpoints(self, n: int) -> Path:
         """Average the last ``n`` epoch checkpoints into ``averaged/`` (Vaswani et al. 2017, Sec. 6.1)."""
-        paths = sorted(self.run_dir.glob("checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[10:]))[-n:]
-        states = [torch.load(p, weights_only=True) for p in paths]
+        paths = _epoch_checkpoints(self.run_dir)[-n:]
+        states = [load_file(str(p)) for p in paths]
         averaged = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
                     if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
-        current = canonical_state_dict(self.model)
+        current = {k: v.detach().clone() for k, v in canonical_state_dict(self.model).items()}
         load_canonical_state_dict(self.model, averaged, source=f"average of {[p.name for p in paths]}")
         self.save_model(self.run_dir / "averaged")
         load_canonical_state_dict(self.model, current)

@@ -1,0 +1,137 @@
+"""Where training runs and in what precision: the short device/dtype/autocast block every entry point shares.
+
+* :func:`resolve_device` turns ``"auto" | "cpu" | "cuda" | "cuda:N" | "mps"`` into a ``torch.device``; under
+  ``torchrun`` ``"auto"``/``"cuda"`` give each rank the GPU of its ``LOCAL_RANK``.
+* :func:`resolve_precision` turns ``"auto" | "fp32" | "bf16" | "fp16"`` into the precision a device can run:
+  ``auto`` is bf16 on a GPU that supports it, fp32 elsewhere (fp16 is never chosen for you: it needs a loss scaler
+  and can overflow, so it is an explicit opt-in).
+* :func:`autocast` is the mixed-precision context (parameters and optimiser state stay fp32; matrix products
+  run in bf16/fp16), :func:`make_scaler` the gradient scaler fp16 needs.
+* :func:`move` copies a batch (a tensor, or tensors inside tuples, lists, dicts or dataclasses) to the device;
+  to a GPU through pinned memory with ``non_blocking=True``, so the copy overlaps the work already queued.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, ContextManager, Literal, Optional
+
+import torch
+from torch import nn
+
+from ..core.config import ConfigError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+from .config import PRECISIONS
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(spec: str = "auto", local_rank: int = 0, world_size: int = 1) -> torch.device:
+    """The device named by ``spec``, checked to exist here (an error names what is available)."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        if torch.cuda.is_available():
+            spec = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            spec = "mps"
+        else:
+            spec = "cpu"
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"train.device={spec!r} is not a device; choose auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={spec!r}: this machine has no CUDA device (torch "
+                              f"{torch.__version__}, CUDA build: {torch.version.cuda is not None}); use cpu or auto")
+        if world_size > 1:
+            if device.index is not None:
+                raise ConfigError(f"train.device={spec!r} names one GPU, but torchrun started {world_size} "
+                                  "processes; use cuda (or auto): each rank takes the GPU of its LOCAL_RANK")
+            device = torch.device("cuda", local_rank)
+        index = 0 if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={spec!r}: only {torch.cuda.device_count()} CUDA device(s) here "
+                              f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return torch.device("cuda", index)
+    if device.type == "mps":
+        if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+            raise ConfigError("train.device='mps': Apple's Metal backend is not available on this machine")
+        return device
+    if device.type == "meta":
+        return device
+    raise ConfigError(f"train.device={spec!r} is not supported; choose auto, cpu, cuda, cuda:N or mps")
+
+
+def supports_bf16(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type in ("cpu", "mps")
+
+
+def resolve_precision(spec: str, device: torch.device) -> Precision:
+    """``auto`` -> bf16 on a GPU with bf16 support, else fp32; an explicit choice is checked against the device."""
+    spec = (spec or "auto").strip().lower()
+    if spec not in PRECISIONS:
+        raise ConfigError(f"train.precision={spec!r} is not valid; choose one of {', '.join(PRECISIONS)}")
+    if spec == "auto":
+        return "bf16" if device.type == "cuda" and supports_bf16(device) else "fp32"
+    if spec == "bf16" and not supports_bf16(device):
+        raise ConfigError(f"train.precision=bf16: {device} does not support bfloat16; use fp16 or fp32")
+    return spec  # type: ignore[return-value]
+
+
+def autocast(device: torch.device, precision: Precision) -> ContextManager[Any]:
+    """The autocast context of ``precision`` on ``device`` (nothing for fp32)."""
+    if precision == "fp32" or device.type == "meta":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+def make_scaler(device: torch.device, precision: Precision) -> Optional[torch.amp.GradScaler]:
+    """fp16's dynamic loss scaler (bf16 has fp32's exponent range and needs none)."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def configure_tf32(device: torch.device, enabled: bool) -> None:
+    """TensorFloat-32 matrix products and convolutions on GPUs that have them (Ampere and later): fp32 storage,
+    10-bit mantissa products, about 8x the fp32 rate. On by default, as in nanoGPT; ``train.tf32=false`` gives
+    IEEE fp32 products for bit-level comparisons."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (CPU for a module without any)."""
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def move(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside it on ``device``; other values are returned as they are.
+
+    Dataclasses are rebuilt with :func:`dataclasses.replace` (their non-tensor fields kept), so a task's batch type
+    needs nothing to travel.
+    """
+    if isinstance(obj, torch.Tensor):
+        if obj.device == device:
+            return obj
+        if device.type == "cuda" and obj.device.type == "cpu":
+            return obj.pin_memory().to(device, non_blocking=True)
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: move(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(move(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move(v, device) for v in obj)
+    if isinstance(obj, dict):
+        return {k: move(v, device) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,140 @@
+"""Devices, precision and compilation (training/device.py, the engine), checked without a GPU.
+
+CI has no GPU, so device bugs are caught on the CPU in two ways:
+
+* every model that ``interlayer models`` lists runs forward and backward on the ``meta`` device, where a tensor
+  created on the CPU (a missing ``device=``) fails to mix with the model's and any host synchronisation
+  (``.item()``, ``bool(tensor)``) fails outright;
+* decoding and each task's training step run on the CPU while ``torch.set_default_device("meta")`` is in force, so
+  a factory call without ``device=`` creates a meta tensor that cannot meet the CPU ones.
+
+``torch._dynamo.explain`` asserts zero graph breaks for every model. Tests marked ``gpu`` run only where CUDA is.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from interlayer import catalog
+from interlayer.baselines.gat import with_self_loops
+from interlayer.core.config import ConfigError
+from interlayer.training.device import autocast, move, resolve_device, resolve_precision
+
+NAMES = catalog.all_model_names()
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
+    """A small input of the right kind for any model family, built on ``device``."""
+    cfg = model.config
+    kind = type(model).__name__
+    if kind == "ImageClassifier":
+        return (torch.ones(2, cfg.channels, cfg.image_height, cfg.image_width, device=device),), {}
+    if kind == "GAT":  # the graph task adds the self-loops once, outside the forward pass (GAT.forward)
+        edges = with_self_loops(torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]), 6).to(device)
+        return (torch.ones(6, cfg.in_features, device=device), edges), {"self_loops": True}
+    tokens = torch.full((2, 12), 5, dtype=torch.long, device=device)
+    tokens[1, 9:] = getattr(cfg, "pad_id", 0)  # padding in the second sequence
+    if kind == "CNNTextClassifier":
+        return (tokens,), {}
+    if cfg.arch == "encoder_decoder":
+        return (tokens, tokens[:, :9]), {}
+    if cfg.positions == "relative_2d":
+        return (), {"inputs_embeds": torch.ones(2, cfg.grid_height * cfg.grid_width, cfg.d_model, device=device)}
+    return (tokens,), ({"segments": torch.zeros_like(tokens)} if cfg.n_segments else {})
+
+
+def scalar_loss(output) -> torch.Tensor:
+    logits = output if isinstance(output, torch.Tensor) else output.logits
+    loss = logits.float().sum()
+    for value in getattr(output, "aux_losses", {}).values():
+        loss = loss + value
+    return loss
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_model_runs_forward_and_backward_on_the_meta_device(name):
+    with torch.device("meta"):
+        model = catalog.build_named(name)
+    model.train()
+    args, kwargs = example_inputs(model, "meta")
+    scalar_loss(model(*args, **kwargs)).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is None or g.device.type == "meta" for g in grads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_model_compiles_without_graph_breaks(name):
+    torch._dynamo.reset()
+    model = catalog.build_named(name).train()
+    args, kwargs = example_inputs(model, "cpu")
+    explanation = torch._dynamo.explain(model)(*args, **kwargs)
+    reasons = [str(reason.reason).splitlines()[0] for reason in explanation.break_reasons]
+    assert explanation.graph_break_count == 0, reasons
+
+
+def test_a_host_sync_in_the_forward_pass_fails_the_meta_test(monkeypatch):
+    """The meta test is only worth something if a host synchronisation really fails it."""
+    from interlayer.core import attention
+
+    original = attention._rows_without_keys
+
+    def syncing(allowed, key_padding_mask, causal):
+        if key_padding_mask is not None and bool(key_padding_mask.all(-1).any()):
+            return key_padding_mask.all(-1)[:, None, None, None]
+        return original(allowed, key_padding_mask, causal)
+
+    monkeypatch.setattr(attention, "_rows_without_keys", syncing)
+    with pytest.raises(RuntimeError, match="meta"):
+        test_every_model_runs_forward_and_backward_on_the_meta_device("transformer_small")
+
+
+def test_decoding_creates_every_tensor_on_its_input_device():
+    """Greedy and beam search, with and without the cache, on CPU inputs while the default device is meta: a
+    tensor created without ``device=`` would land on meta and fail to meet the CPU ones."""
+    from interlayer import create_model
+    from interlayer.decoding import DecodeOptions, decode
+
+    model = create_model("transformer_small", src_vocab_size=40, d_model=32, d_ffn=64, n_heads=2).eval()
+    src = torch.randint(4, 40, (3, 6))
+    src[2, 4:] = model.config.pad_id
+    expected = [decode(model, src, DecodeOptions(beam=beam, use_cache=cache)) for beam in (1, 3)
+                for cache in (True, False)]
+    with torch.device("meta"):
+        got = [decode(model, src, DecodeOptions(beam=beam, use_cache=cache)) for beam in (1, 3)
+               for cache in (True, False)]
+    assert got == expected
+
+
+def test_move_reaches_tensors_inside_containers_and_dataclasses():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Batch:
+        tokens: torch.Tensor
+        parts: list
+        count: int
+
+    batch = Batch(torch.ones(2), [torch.zeros(1), {"x": torch.ones(1)}], 3)
+    moved = move(batch, torch.device("meta"))
+    assert moved.tokens.is_meta and moved.parts[0].is_meta and moved.parts[1]["x"].is_meta and moved.count == 3
+    assert batch.tokens.device.type == "cpu"  # the original is untouched
+
+
+def test_device_and_precision_resolve_with_errors_that_name_the_choices():
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    with pytest.raises(ConfigError, match="choose auto, cpu, cuda"):
+        resolve_device("tpu9")
+    with pytest.raises(ConfigError, match="choose one of"):
+        resolve_precision("fp8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:0")
+    with autocast(torch.device("cpu"), "bf16"):
+        assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast(torch.device("cpu"), "fp32"):
+        assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
