@@ -185,6 +185,7 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     generate.add_argument("--num-samples", type=int, default=1, help="continuations to print (default 1)")
     generate.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
     generate.add_argument("--no-cache", action="store_true", help="re-read the whole context every step")
+    _add_device_arguments(generate, training=False)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -199,7 +200,8 @@ def _generate(args: argparse.Namespace) -> None:
         options.validate(vocab_size=1 << 62)  # the token ids are checked against the model when it is loaded
     except ValueError as err:
         raise ConfigError(f"generate: {err}") from None
-    samples = generate_text(Path(args.checkpoint), args.prompt, options, seed=args.seed, samples=args.num_samples)
+    samples = generate_text(Path(args.checkpoint), args.prompt, options, seed=args.seed, samples=args.num_samples,
+                            device=args.device)
     print("\n---------------\n".join(samples))
 
 

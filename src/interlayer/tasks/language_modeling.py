@@ -29,7 +29,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ from ..data.lm_tokenizers import LMTokenizer, load_tokenizer, save_tokenizer, tr
 from ..data.text import DataError
 from ..training import distributed
 from ..training.config import TrainConfig
+from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec, resolve_transformer
 
@@ -92,6 +93,7 @@ def blocks(ids: Tensor, block_size: int) -> list[tuple[int, int]]:
 class LanguageModelingTask:
     metric = "loss"
     higher_is_better = False
+    device = torch.device("cpu")  # the engine sets the training device, where the saved model is scored
 
     def __init__(self, data: LMData, train: TrainConfig, *, tokenizer: Optional[LMTokenizer] = None) -> None:
         data.validate()
@@ -137,7 +139,7 @@ class LanguageModelingTask:
         return [train[row[:, None] + span] for row in starts]
 
     def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, float], int]:
-        batch = batch.to(next(model.parameters()).device)
+        batch = move(batch, module_device(model))
         inputs, targets = batch[:, :-1], batch[:, 1:]
         output = model(inputs)
         smoothing = self.train_cfg.label_smoothing
@@ -153,7 +155,7 @@ class LanguageModelingTask:
         """Loss, perplexity and bits per char/byte of the token sequence ``ids`` (all of it, or ``max_blocks``
         blocks spread evenly over it); sums in float64 so that a long text's total is exact."""
         model.eval()
-        device = next(model.parameters()).device
+        device = module_device(model)
         chosen = blocks(ids, self.data.block_size)
         if max_blocks and max_blocks < len(chosen):
             step = (len(chosen) - 1) / max(max_blocks - 1, 1)
@@ -189,25 +191,26 @@ class LanguageModelingTask:
 
 
 # -- the saved model: scoring and generating --------------------------------------------------------------
-def load_language_model(directory: Path) -> tuple[nn.Module, LMTokenizer]:
-    """A saved language model (``RUN_DIR/best``) with its tokenizer."""
+def load_language_model(directory: Path, device: Union[str, torch.device, None] = None
+                        ) -> tuple[nn.Module, LMTokenizer]:
+    """A saved language model (``RUN_DIR/best``) with its tokenizer, on ``device`` (default the CPU)."""
     directory = Path(directory)
     tokenizer = load_tokenizer(directory)
-    model = load_pretrained(directory).eval()
+    model = load_pretrained(directory, device).eval()
     if getattr(model.config, "arch", None) != "causal_lm":
         raise ConfigError(f"{directory} holds a {getattr(model.config, 'arch', type(model).__name__)!r} model, not "
                           "a language model (arch='causal_lm')")
     return model, tokenizer
 
 
-def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, seed: int = 1,
-                  samples: int = 1) -> list[str]:
+def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, seed: int = 1, samples: int = 1,
+                  device: Union[str, torch.device, None] = None) -> list[str]:
     """``samples`` continuations of ``prompt`` from the model in ``directory`` (prompt included), seeded."""
-    model, tokenizer = load_language_model(directory)
+    model, tokenizer = load_language_model(directory, device)
     if not prompt:
         raise DataError("the prompt is empty; give at least one character (nanoGPT starts from a newline: '\\n')")
     ids = torch.tensor([tokenizer.encode(prompt)] * samples)
-    device = next(model.parameters()).device
+    device = module_device(model)
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(ids.to(device), options, generator=generator)
     return [prompt + tokenizer.decode(row[:length].tolist()) for row, length in zip(out.tokens.cpu(),
@@ -216,7 +219,7 @@ def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, see
 
 def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Score ``best/`` on valid and test (``data.eval_blocks`` of each, or all), and keep a sample of its text."""
-    model, _ = load_language_model(run_dir / "best")
+    model, _ = load_language_model(run_dir / "best", task.device)
     results: dict[str, Any] = {}
     for split in ("valid", "test"):
         if len(task.ids[split]) >= 2:
@@ -227,7 +230,7 @@ def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[
     prompt = task.tokenizer.decode(task.ids["valid"][:min(16, block)].tolist())
     sample_options = SamplingOptions(max_new_tokens=min(200, block), temperature=0.8, top_k=200)
     started = time.perf_counter()
-    sample = generate_text(run_dir / "best", prompt, sample_options, seed=1)[0]
+    sample = generate_text(run_dir / "best", prompt, sample_options, seed=1, device=task.device)[0]
     results["sample_seconds"] = time.perf_counter() - started
     (run_dir / "sample.txt").write_text(sample + "\n")
     return results
@@ -236,7 +239,7 @@ def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[
 def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for a language model: loss, perplexity and bits of the run's valid and test splits,
     or of the whole text of ``--data FILE``."""
-    model, tokenizer = load_language_model(directory)
+    model, tokenizer = load_language_model(directory, args.device)
     data = LMData(**json.loads((directory / "data.json").read_text()))
     task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
     if args.data:
