@@ -287,7 +287,7 @@ class _AddPrevious(nn.Module):
         self.alpha = nn.Parameter(torch.ones(()))
         self.seen: list[tuple[int, ...]] = []
 
-    def forward(self, logits, prev_logits, key_padding_mask):
+    def forward(self, logits, prev_logits, key_padding_mask, context=None):
         self.seen.append(tuple(prev_logits.shape))
         return logits + self.alpha * prev_logits, {}
 

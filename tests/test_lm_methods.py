@@ -107,3 +107,76 @@ def test_multipass_generation_reads_without_a_cache():
 def test_conv_branch_is_refused_in_a_causal_model():
     with pytest.raises(ConfigError, match="conv_branch cannot be used in a causal language model"):
         lm(conv_branch={})
+
+
+# -- Predictive Attention with the causal kernel ----------------------------------------------------------------
+@pytest.mark.parametrize("conv_layers", [1, 2, 3])
+@pytest.mark.parametrize("beta", [None, 0.5])
+def test_causal_predictive_attention_does_not_leak_and_caches_exactly(conv_layers, beta):
+    model = lm(predictive={"conv_layers": conv_layers, "alpha": 0.5, "beta": beta})
+    mixer = model.encoder.layers[1].self_attn.logit_mixer
+    assert mixer.causal_kernel and len(mixer.convs) == conv_layers
+    assert_causal(model)
+    assert_cache_matches(model)
+
+
+@pytest.mark.parametrize("conv_layers", [1, 2, 3])
+def test_causal_predictive_attention_does_not_leak_inside_a_cached_chunk(conv_layers):
+    """A prompt, then a chunk of several new tokens read at once through the cache (the rows kept from the
+    prompt, the triangle zeroed inside the chunk): changing a token of the chunk leaves the earlier ones alone."""
+    model = lm(predictive={"conv_layers": conv_layers, "alpha": 0.5})
+    tokens = torch.randint(0, 40, (2, T))
+    later = tokens.clone()
+    later[:, CHANGED] = (later[:, CHANGED] + 1) % 40
+    outputs = []
+    for sequence in (tokens, later):
+        cache = model.new_cache()
+        model(sequence[:, :3], cache=cache)
+        outputs.append(model(sequence[:, 3:], cache=cache).logits)
+    a, b = outputs
+    assert torch.equal(a[:, :CHANGED - 3], b[:, :CHANGED - 3])
+    assert not torch.allclose(a[:, CHANGED - 3:], b[:, CHANGED - 3:])
+    assert torch.allclose(a, model(tokens).logits[:, 3:], atol=1e-5)
+
+
+def test_causal_predictive_generation_is_the_same_cached_batched_or_alone():
+    from interlayer.core.generation import SamplingOptions, generate
+
+    model = lm(predictive={"conv_layers": 2, "alpha": 0.5}, positions="rotary")
+    greedy = SamplingOptions(max_new_tokens=6, temperature=0)
+    prompts = [[5, 9, 2, 7, 1], [4, 8], [11, 12, 13]]
+    alone = [generate(model, torch.tensor([p]), greedy).tokens[0] for p in prompts]
+    uncached = [generate(model, torch.tensor([p]), SamplingOptions(max_new_tokens=6, temperature=0,
+                                                                   use_cache=False)).tokens[0] for p in prompts]
+    assert all(torch.equal(a, u) for a, u in zip(alone, uncached))
+    rows = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])  # right-padded
+    mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
+    batched = generate(model, rows, greedy, padding_mask=mask).tokens
+    assert all(torch.equal(row, a) for row, a in zip(batched, alone))
+
+
+def test_symmetric_prediction_kernel_is_refused_in_a_causal_model():
+    with pytest.raises(ConfigError, match="predictive.kernel='symmetric' cannot be used in a causal language model"):
+        lm(predictive={"kernel": "symmetric"})
+
+
+def test_the_causal_kernel_in_an_encoder_reads_earlier_rows_only():
+    from interlayer.methods.predictive import PredictiveMixer
+
+    torch.manual_seed(0)
+    causal = PredictiveMixer(2, alpha=1.0, conv_layers=2, kernel_size=3, init="random", causal_kernel=True)
+    centred = PredictiveMixer(2, alpha=1.0, conv_layers=2, kernel_size=3, init="random")
+    centred.load_state_dict(causal.state_dict())
+    cur, prev = torch.randn(1, 2, 6, 6), torch.randn(1, 2, 6, 6)
+    changed = prev.clone()
+    changed[:, :, 4:] += 1.0  # rows 4 and 5 of the previous map
+    a, b = causal(cur, prev)[0], causal(cur, changed)[0]
+    assert torch.equal(a[:, :, :4], b[:, :, :4]) and not torch.allclose(a[:, :, 4:], b[:, :, 4:])
+    assert not torch.allclose(centred(cur, prev)[0][:, :, :4], centred(cur, changed)[0][:, :, :4])
+
+
+@pytest.mark.parametrize("other", [{"lightweight": {"groups": 2}}, {"crossformer": {"hard": ["kq"]}},
+                                   {"multipass": {"passes": 2, "connection": "soft"}}])
+def test_causal_predictive_attention_composes_without_leaking(other):
+    model = lm(predictive={"conv_layers": 1, "alpha": 0.5}, **other)
+    assert_causal(model)

@@ -386,7 +386,7 @@ class RecordingMixer(nn.Module):
         self.log = log
         self.gain = nn.Parameter(torch.tensor(0.5))
 
-    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor]
+    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor], context=None
                 ) -> tuple[Tensor, dict[str, Tensor]]:
         self.log.append(True)
         return logits + self.gain * prev_logits, {}

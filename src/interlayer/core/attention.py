@@ -72,6 +72,17 @@ class KVCache:
         self.state = {name: value.index_select(0, index) for name, value in self.state.items()}
 
 
+@dataclass(frozen=True)
+class MixerContext:
+    """What a logit mixer may need besides the maps, handed to it as ``context``: whether the attention is causal,
+    the position of the first query row (``q_offset``, non-zero in incremental decoding, where the maps hold only
+    the new rows), and the layer's cache, whose ``state`` keeps what the mixer carries from one step to the next."""
+
+    causal: bool = False
+    q_offset: int = 0
+    cache: Optional[KVCache] = None
+
+
 def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool, q_offset: int,
                        device: torch.device) -> Optional[Tensor]:
     """Boolean ``(B|1, 1, Tq, Tk)`` mask, True where query i may attend key j; None when everything is allowed."""
@@ -195,7 +206,8 @@ class MultiHeadAttention(nn.Module):
 
         eager = need_intermediates or self.logit_mixer is not None or self.force_eager
         if eager:
-            out, inter = self._eager(q, k, v, bias, allowed, key_padding_mask, prev_logits)
+            context = MixerContext(causal, q_offset, cache if memory is None else None)
+            out, inter = self._eager(q, k, v, bias, allowed, key_padding_mask, prev_logits, context)
         else:
             out, inter = self._fused(q, k, v, bias, allowed, causal and key_padding_mask is None and q_offset == 0
                                      and t_q == t_k), None
@@ -216,14 +228,14 @@ class MultiHeadAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale)
 
     def _eager(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
-               key_padding_mask: Optional[Tensor], prev_logits: Optional[Tensor]
+               key_padding_mask: Optional[Tensor], prev_logits: Optional[Tensor], context: MixerContext
                ) -> tuple[Tensor, AttentionIntermediates]:
         logits = (q @ k.transpose(-2, -1)) * self.scale
         if bias is not None:
             logits = logits + bias
         extras: dict[str, Tensor] = {}
         if self.logit_mixer is not None and prev_logits is not None:
-            logits, extras = self.logit_mixer(logits, prev_logits, key_padding_mask)
+            logits, extras = self.logit_mixer(logits, prev_logits, key_padding_mask, context=context)
         masked = logits if allowed is None else logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
         probs = torch.softmax(masked, dim=-1, dtype=torch.float32).to(v.dtype)
         dropped = F.dropout(probs, self.dropout, self.training) if self.dropout else probs

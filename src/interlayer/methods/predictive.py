@@ -49,9 +49,21 @@ Choices where the paper leaves room (each documented on its config field):
   and in ``EAAugmentedConv1d``, which returns the mixed logits to the next block. Padding and non-finite
   values are zeroed in the CNN's input exactly as for ``A_prev`` in Eq. 4; the residual term keeps ``A_in``
   as it is, as Eq. 4 keeps ``Attention(X)_logits``.
-* Decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a causal map mixes
-  in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries into earlier rows;
-  the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer architecture to the encoder").
+* Decoder of an encoder-decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a
+  causal map mixes in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries
+  into earlier rows; the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer
+  architecture to the encoder").
+* Causal language model (``arch="causal_lm"``; not in the paper): ``kernel="causal"``, the default there. Along
+  the query axis the kernel sees only the current and the ``k - 1`` earlier rows (padding ``k - 1`` rows above,
+  none below); along the key axis it stays centred. Before every convolution the masked upper triangle (key
+  after query) is zeroed, with the padding, so neither a later key nor a later query reaches a position: row
+  ``i`` of every convolution's output depends on rows ``<= i`` of its input, whose non-zero cells are logits of
+  tokens ``<= i``. The zeroed triangle is also what makes incremental decoding exact: a convolution at the new
+  row reads the ``k - 1`` rows before it, which the layer's cache keeps (``KVCache.state["predictive_rows{n}"]``,
+  one ``(B, K, k-1, T)`` block per convolution, its columns growing with the keys), and the columns that do not
+  exist yet are the zeros the full forward pass has there. The centred kernel (``kernel="symmetric"``) is refused
+  in a causal model. A causal kernel in an encoder is allowed (the prediction then reads earlier rows only; there
+  is no triangle to zero, since the encoder attends both ways).
 
 The prediction and the layer's own logits are kept in ``AttentionIntermediates.extras`` under ``predicted`` and
 ``self`` (the combined map is ``logits``), the three columns of PA Fig. 8.
@@ -65,6 +77,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
 from ..core.config import ConfigError
 from .conv_branch import attention_heads, check_kernel, check_sides
@@ -73,6 +86,7 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 INITS = ("random", "dirac")
+KERNELS = ("symmetric", "causal")
 
 
 @dataclass
@@ -85,7 +99,14 @@ class PredictiveConfig:
     share_conv: bool = False  # False: one prediction module per block (Fig. 1(b)); True: one for all layers
     init: Literal["random", "dirac"] = "random"  # Sec. 4.1.2: "initialized randomly"
     beta: Optional[float] = None  # None: Eq. 4; a number: Evolving Attention's residual weight (module doc)
+    # None: "causal" in a causal language model, "symmetric" (the paper's centred kernel) elsewhere (module doc)
+    kernel: Optional[Literal["symmetric", "causal"]] = None
     sides: list[str] = field(default_factory=lambda: ["encoder"])
+
+    def resolved_kernel(self, cfg: "ModelConfig") -> str:
+        if self.kernel is not None:
+            return self.kernel
+        return "causal" if cfg.arch == "causal_lm" else "symmetric"
 
     def validate(self, cfg: "ModelConfig") -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -98,6 +119,14 @@ class PredictiveConfig:
             raise ConfigError(f"predictive.beta={self.beta} must lie in [0, 1] (Evolving Attention's weight of the "
                               "previous layer's map in the CNN's input), or be null for PA's Eq. 4")
         check_kernel("predictive.kernel_size", self.kernel_size)
+        if self.kernel not in (None, *KERNELS):
+            raise ConfigError(f"predictive.kernel={self.kernel!r} is not valid; choose one of "
+                              f"{', '.join(map(repr, KERNELS))}, or null for the architecture's default")
+        if cfg.arch == "causal_lm" and self.kernel == "symmetric":
+            raise ConfigError("predictive.kernel='symmetric' cannot be used in a causal language model: the centred "
+                              f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "
+                              "attention map, so a position would see the future; use predictive.kernel='causal' "
+                              "(the default in a causal model)")
         if self.init not in INITS:
             raise ConfigError(f"predictive.init={self.init!r} is not valid; choose one of "
                               f"{', '.join(map(repr, INITS))}")
@@ -112,16 +141,19 @@ class PredictiveMixer(nn.Module):
     """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels.
 
     With ``beta`` set, Evolving Attention's form instead: ``alpha * CNN(A_in) + (1 - alpha) * A_in`` with
-    ``A_in = (1 - beta) * A_cur + beta * A_prev`` (module doc).
+    ``A_in = (1 - beta) * A_cur + beta * A_prev`` (module doc). ``causal_kernel``: the kernel reads the current
+    and earlier query rows only (module doc, "Causal language model").
     """
 
     def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
-                 beta: Optional[float] = None) -> None:
+                 beta: Optional[float] = None, causal_kernel: bool = False) -> None:
         super().__init__()
         self.heads = heads
         self.alpha = alpha
         self.beta = beta
-        self.convs = nn.ModuleList(nn.Conv2d(heads, heads, kernel_size, padding=kernel_size // 2)
+        self.causal_kernel = causal_kernel
+        self.convs = nn.ModuleList(nn.Conv2d(heads, heads, kernel_size,
+                                             padding=0 if causal_kernel else kernel_size // 2)
                                    for _ in range(conv_layers))
         if init == "dirac":
             for conv in self.convs:
@@ -129,44 +161,77 @@ class PredictiveMixer(nn.Module):
                 nn.init.zeros_(conv.bias)
 
     @staticmethod
-    def hidden_cells(maps: Tensor, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
-        """Boolean ``(B, 1, T, T)`` mask of the map cells the CNN must see as zero, or None when there are none.
+    def hidden_cells(maps: Tensor, key_padding_mask: Optional[Tensor], context: MixerContext = MixerContext()
+                     ) -> Optional[Tensor]:
+        """Boolean ``(B|1, 1, Tq, Tk)`` mask of the map cells the CNN must see as zero, or None when there are none.
 
-        The one place that decides which cells are off limits: today the rows and columns of padded tokens. A
-        cell outside it must hold zero before *every* convolution, not just the first: after a convolution a
-        padded cell holds ``ReLU(bias + spill from real neighbours)``, and the next convolution would carry that
-        into real cells, so a sentence's outputs would depend on the padding of its batch (Table 5's 2- and
-        3-layer rows). Zeroed cells are what a 3 x 3 kernel reads beyond the edge of an unpadded map, so a
-        padded sentence gives the same prediction as the sentence alone.
+        The one place that decides which cells are off limits: the rows and columns of padded tokens, and with
+        causal attention the upper triangle (a key after its query). A cell outside it must hold zero before
+        *every* convolution, not just the first: after a convolution a padded cell holds ``ReLU(bias + spill from
+        real neighbours)``, and the next convolution would carry that into real cells, so a sentence's outputs
+        would depend on the padding of its batch (Table 5's 2- and 3-layer rows), and a causal cell would carry a
+        later token's logit. Zeroed cells are what a 3 x 3 kernel reads beyond the edge of an unpadded map, so a
+        padded sentence gives the same prediction as the sentence alone. The maps' rows are the queries at
+        positions ``context.q_offset ..`` (incremental decoding keeps earlier rows in the cache) and their columns
+        every key so far.
         """
-        if key_padding_mask is None:
-            return None
-        if maps.shape[-1] != maps.shape[-2]:
-            raise ValueError(f"predictive attention needs square self-attention maps, got {tuple(maps.shape)}")
-        pad = key_padding_mask[:, None, :]
-        return pad.unsqueeze(-1) | pad.unsqueeze(-2)
+        t_q, t_k = maps.shape[-2:]
+        if t_k != context.q_offset + t_q:
+            raise ValueError(f"predictive attention needs self-attention maps (keys = earlier and current "
+                             f"queries), got {t_q} query rows from position {context.q_offset} over {t_k} keys")
+        hidden = None
+        if key_padding_mask is not None:
+            rows = key_padding_mask[:, context.q_offset:][:, None, :, None]
+            hidden = rows | key_padding_mask[:, None, None, :]
+        if context.causal:
+            i = torch.arange(context.q_offset, t_k, device=maps.device)[:, None]
+            later = (torch.arange(t_k, device=maps.device)[None, :] > i)[None, None]
+            hidden = later if hidden is None else hidden | later
+        return hidden
 
-    def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
+                context: MixerContext = MixerContext()) -> Tensor:
         """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, :meth:`hidden_cells` zeroed before the first
         convolution and after every one (so also in the returned prediction)."""
         x = prev_logits.float()
         x = x.masked_fill(~torch.isfinite(x), 0.0)
-        hidden = self.hidden_cells(x, key_padding_mask)
+        hidden = self.hidden_cells(x, key_padding_mask, context)
         x = _zero(x, hidden)
-        for conv in self.convs:
-            x = _zero(F.relu(F.conv2d(x, conv.weight.float(), conv.bias.float(), padding=conv.padding)), hidden)
+        for n, conv in enumerate(self.convs):
+            x = _zero(F.relu(self._convolve(n, conv, x, context.cache)), hidden)
         return x
 
-    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _convolve(self, n: int, conv: nn.Conv2d, x: Tensor, cache: Optional[KVCache]) -> Tensor:
+        """Convolution ``n`` of the CNN. The causal kernel pads ``k - 1`` rows above the map and none below; in
+        incremental decoding those rows are the last ``k - 1`` input rows of this convolution from earlier steps,
+        kept in ``cache.state`` and widened with zeros to the new keys (the upper triangle they gain is zero)."""
+        weight, bias = conv.weight.float(), conv.bias.float()
+        if not self.causal_kernel:
+            return F.conv2d(x, weight, bias, padding=conv.padding)
+        k_rows, k_cols = conv.kernel_size
+        if cache is None:
+            return F.conv2d(F.pad(x, (k_cols // 2, k_cols // 2, k_rows - 1, 0)), weight, bias)
+        name = f"predictive_rows{n}"
+        earlier = cache.state.get(name)
+        if earlier is None:
+            earlier = x.new_zeros(x.shape[0], x.shape[1], k_rows - 1, x.shape[3])
+        rows = torch.cat([F.pad(earlier, (0, x.shape[3] - earlier.shape[3])), x], dim=2)
+        cache.state[name] = rows[:, :, rows.shape[2] - (k_rows - 1):]
+        return F.conv2d(F.pad(rows, (k_cols // 2, k_cols // 2, 0, 0)), weight, bias)
+
+    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None,
+                context: MixerContext = MixerContext()) -> tuple[Tensor, dict[str, Tensor]]:
         if prev_logits.shape != logits.shape or logits.shape[1] != self.heads:
             raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
                              f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
+        if context.causal and not self.causal_kernel:
+            raise ValueError("a centred prediction kernel over causal attention would read later tokens; the "
+                             "config's predictive.kernel must be 'causal' in a causal model")
         with torch.autocast(device_type=logits.device.type, enabled=False):
             source, residual = prev_logits, logits.float()
             if self.beta is not None:  # a config constant, fixed at build time
                 source = residual = (1.0 - self.beta) * residual + self.beta * prev_logits.float()
-            predicted = self.predict(source, key_padding_mask)
+            predicted = self.predict(source, key_padding_mask, context)
             mixed = self.alpha * predicted + (1.0 - self.alpha) * residual
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
 
@@ -178,9 +243,10 @@ def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
     return maps if cells is None else maps.masked_fill(cells, 0.0)
 
 
-def make_mixer(section: PredictiveConfig, heads: int) -> PredictiveMixer:
+def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
-                           kernel_size=section.kernel_size, init=section.init, beta=section.beta)
+                           kernel_size=section.kernel_size, init=section.init, beta=section.beta,
+                           causal_kernel=section.resolved_kernel(cfg) == "causal")
 
 
 class _PredictiveMethod:
@@ -193,7 +259,7 @@ class _PredictiveMethod:
     def customize(self, section: PredictiveConfig, cfg: "ModelConfig", components: Components) -> None:
         previous = components.logit_mixer
         heads = attention_heads(cfg)
-        shared = make_mixer(section, heads) if section.share_conv else None
+        shared = make_mixer(section, heads, cfg) if section.share_conv else None
 
         def factory(side: str, index: int) -> Optional[nn.Module]:
             inherited = previous(side, index)
@@ -202,7 +268,7 @@ class _PredictiveMethod:
             if inherited is not None:
                 raise ConfigError(f"predictive and another method both rewrite the attention logits of {side} "
                                   f"layer {index}; turn one of them off")
-            return shared if shared is not None else make_mixer(section, heads)
+            return shared if shared is not None else make_mixer(section, heads, cfg)
 
         components.logit_mixer = factory
 
