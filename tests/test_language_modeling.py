@@ -148,6 +148,7 @@ def test_batches_depend_on_seed_and_epoch_only(text_file):
     assert len(a) == 3 and a[0].shape == (64 // 16, 17)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], task.train_batches(3, 7)[0])
+    assert not torch.equal(a[0], task.train_batches(2, 8)[0])
     train = task.ids["train"]
     row = a[1][2]
     start = next(s for s in range(len(train) - 16) if torch.equal(train[s:s + 17], row))

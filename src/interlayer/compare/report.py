@@ -272,11 +272,15 @@ def encoder_attentions(model: Any, args: tuple, kwargs: dict[str, Any]) -> tuple
     return list(getattr(encoder, "attentions", None) or []), getattr(encoder, "padding_mask", None)
 
 
-def head_mean_probs(logits: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> np.ndarray:
-    """Softmax over keys of (1, H, T, T) logits, padded keys excluded, averaged over heads -> (T, T)."""
+def head_mean_probs(logits: torch.Tensor, padding_mask: Optional[torch.Tensor], causal: bool = False) -> np.ndarray:
+    """Softmax over keys of (1, H, T, T) logits, padded keys (and with ``causal`` later keys) excluded, averaged
+    over heads -> (T, T)."""
     x = logits[0].float()
     if padding_mask is not None:
         x = x.masked_fill(padding_mask[0][None, None, :], float("-inf"))
+    if causal:
+        t = x.shape[-1]
+        x = x.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     return torch.softmax(x, dim=-1).mean(0).numpy()
 
 
@@ -306,16 +310,17 @@ def _pa_picture(plan: Plan, summary: VariantSummary, baseline: VariantSummary, p
     if not layers:
         return None, f"PA attention maps of {name}: skipped, the model returned no predicted attention maps."
     base_attentions = _baseline_attentions(plan, baseline, summary, tokens)
+    causal = getattr(getattr(model, "encoder", None), "causal", False)  # a language model attends backwards only
     rows = []
     for i in sorted({layers[0], layers[-1]}):
         att = attentions[i]
         maps = []
         base = base_attentions[i] if i < len(base_attentions) else None
         if base is not None and base.logits.shape[-2:] == att.logits.shape[-2:]:  # the same tokens
-            maps.append((f"{baseline.name} (baseline)", head_mean_probs(base.logits, mask)))
-        maps += [("PA combined (Eq. 4)", head_mean_probs(att.logits, mask)),
-                 ("CNN-predicted", head_mean_probs(att.extras["predicted"], mask)),
-                 ("self-attention", head_mean_probs(att.extras["self"], mask))]
+            maps.append((f"{baseline.name} (baseline)", head_mean_probs(base.logits, mask, causal)))
+        maps += [("PA combined (Eq. 4)", head_mean_probs(att.logits, mask, causal)),
+                 ("CNN-predicted", head_mean_probs(att.extras["predicted"], mask, causal)),
+                 ("self-attention", head_mean_probs(att.extras["self"], mask, causal))]
         rows.append((f"layer {i + 1}", maps))
     caption = (f"{name} ({record.name}): attention maps of the sample input, mean over heads. Columns as PA Fig. 8: "
                "the baseline's map (when it has one), the combined map softmax(alpha CNN(A_prev) + (1-alpha) A), the"
