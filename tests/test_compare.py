@@ -186,7 +186,7 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     settings = seen["settings"]
     assert (settings.task, settings.variants, settings.seeds, settings.budget_minutes) == (
         "lm", ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"], [1, 2], None)
-    assert settings.sets["train.max_steps"] == "200" and settings.sets["data.eval_interval"] == "20"  # 10 points
+    assert settings.sets["train.max_steps"] == "160" and settings.sets["data.eval_interval"] == "16"  # 10 points
     assert settings.sets["train.threads"] == "1"  # the same numbers whatever --jobs and the cores
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
     assert seen["jobs"] == 2 and seen["selections"] == []

@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 # Crossformer soft guidance and LW-1x, 3 seeds each under a budget of optimiser steps, so the same command gives
 # the same table on a loaded or an idle machine. The model is a quarter-width nanoGPT (d=64, 4 layers, 64-character
 # blocks, 16 per step) so that 15 runs, two at a time with one thread each, fit in 15 minutes with the set-up on 2
-# CPU cores; every run validates 10 times (every 20 of its 200 steps) on 128 blocks spread over the validation plays.
+# CPU cores; every run validates 10 times (every 16 of its 160 steps) on 128 blocks spread over the validation plays.
 DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg,lw_1x"], "seeds": 3,
-           "budget_minutes": None, "budget_steps": 200, "jobs": 2,
+           "budget_minutes": None, "budget_steps": 160, "jobs": 2,
            "sets": ["d_model=64", "n_heads=4", "d_ffn=256", "enc_layers=4", "dropout=0.0", "attn_dropout=0.0",
-                    "data.block_size=64", "data.eval_interval=20", "data.eval_blocks=128", "train.max_tokens=1024",
-                    "train.lr=3e-3", "train.min_lr=3e-4", "train.warmup_steps=20", "train.threads=1"]}
+                    "data.block_size=64", "data.eval_interval=16", "data.eval_blocks=128", "train.max_tokens=1024",
+                    "train.lr=6e-3", "train.min_lr=6e-4", "train.warmup_steps=16", "train.threads=1"]}
 DEFAULT_OUTPUT = "runs/compare/{task}"
 
 

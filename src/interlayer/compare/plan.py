@@ -74,6 +74,7 @@ class TaskInfo:
     higher_is_better: bool
     units: str  # what the engine's units_per_s counts
     extra_metrics: tuple[str, ...] = ()  # secondary test metrics reported beside ``metric`` (MRPC's F1, chrF)
+    decimals: Optional[int] = None  # digits of the metric in the table (``task.metric_decimals``); None: by size
 
 
 @dataclass
@@ -191,7 +192,8 @@ def build_plan(settings: Settings) -> Plan:
     task, _ = build_task(spec, settings.sets, settings.budget_minutes)
     planned = [resolve_variant(spec, task, variant, settings.sets, settings.budget_minutes) for variant in variants]
     info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model),
-                    extra_metrics=tuple(getattr(task, "extra_metrics", ())))
+                    extra_metrics=tuple(getattr(task, "extra_metrics", ())),
+                    decimals=getattr(task, "metric_decimals", None))
     return Plan(settings, spec, info, planned)
 
 
