@@ -173,12 +173,12 @@ def fmt(value: Optional[float], places: Optional[int] = None) -> str:
     return f"{value:.{decimals(value) if places is None else places}f}"
 
 
-def mean_pm(values: list[float]) -> str:
-    """``mean ± std (n=k)``, the std with the mean's decimals."""
+def mean_pm(values: list[float], places: Optional[int] = None) -> str:
+    """``mean ± std (n=k)``, the std with the mean's decimals (``places``, or by the mean's size)."""
     mean, std = mean_std(values)
     if mean is None:
         return "–"
-    places = decimals(mean)
+    places = decimals(mean) if places is None else places
     return fmt(mean, places) + (f" ± {fmt(std, places)}" if std is not None else "") + f" (n={len(values)})"
 
 
@@ -205,7 +205,7 @@ def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Ch
     chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
     base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
-    places = decimals(base_test) if base_test is not None else 2
+    places = plan.task.decimals or (decimals(base_test) if base_test is not None else 2)
     rows = []
     for s in summaries:
         p = s.planned
@@ -215,7 +215,8 @@ def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Ch
         label = s.name + (" (baseline)" if marked else "") + (f" (chosen for {chosen[s.name]})"
                                                               if s.name in chosen else "")
         rows.append([label, human(p.parameters), madds, f"{len(s.finished())}/{len(s.runs)}",
-                     mean_pm(s.valid), mean_pm(s.test), *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
+                     mean_pm(s.valid, plan.task.decimals), mean_pm(s.test, plan.task.decimals),
+                     *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
                      "–" if delta is None else f"{delta:+.{places}f}",
                      s.difference.verdict if s.difference else "–"])
     return rows

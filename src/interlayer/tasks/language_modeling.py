@@ -93,6 +93,7 @@ def blocks(ids: Tensor, block_size: int) -> list[tuple[int, int]]:
 class LanguageModelingTask:
     metric = "loss"
     higher_is_better = False
+    metric_decimals = 3  # a comparison's table: differences between models are a few thousandths of a nat
     device = torch.device("cpu")  # the engine sets the training device, where the saved model is scored
 
     def __init__(self, data: LMData, train: TrainConfig, *, tokenizer: Optional[LMTokenizer] = None) -> None:
