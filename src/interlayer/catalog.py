@@ -63,7 +63,7 @@ def _graph_madds(name: str, model: nn.Module, length: int) -> str:
 def _families(length: int) -> list[Family]:
     tokens = f"MAdds @ {length} tokens"
     return [
-        Family("Transformer presets", "translation, sst5, sst2, sick, mrpc", tuple(PRESETS), create_model, tokens,
+        Family("Transformer presets", "lm, translation, sst5, sst2, sick, mrpc", tuple(PRESETS), create_model, tokens,
                _sequence_madds),
         Family("Text CNN (PA Table 1)", "sst5, sst2, sick, mrpc", (CNN_TYPE,),
                lambda name: cnn_from_dict(CNNTextConfig().to_dict()), tokens, _sequence_madds),
