@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 # The README's comparison: a character-level language model on the bundled Shakespeare (validation and test on
 # held-out plays), the plain decoder against causal Predictive Attention, Crossformer key-query hard guidance,
 # Crossformer soft guidance and LW-1x, 3 seeds each under a budget of optimiser steps, so the same command gives
-# the same table on a loaded or an idle machine. The model is a quarter-width nanoGPT (d=64, 4 layers, 64-character
-# blocks, 16 per step) so that 15 runs, two at a time with one thread each, fit in 15 minutes with the set-up on 2
+# the same table on a loaded or an idle machine. The model is a small nanoGPT (d=64, 4 layers, 64-character blocks,
+# 16 per step) so that 15 runs, two at a time with one thread each, fit in 15 minutes with the set-up on 2
 # CPU cores; every run validates 10 times (every 16 of its 160 steps) on 128 blocks spread over the validation plays.
 DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg,lw_1x"], "seeds": 3,
            "budget_minutes": None, "budget_steps": 160, "jobs": 2,
