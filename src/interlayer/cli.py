@@ -17,6 +17,7 @@ from .decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
 from .tasks import task_specs
+from .training.engine import DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
 
@@ -309,6 +310,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, DataError, CheckpointError, TokenizerError, FileNotFoundError, FileExistsError) as err:
         print(f"interlayer: error: {err}", file=sys.stderr)
         return 2
+    except DivergenceError as err:
+        print(f"interlayer: error: {err}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -36,6 +36,8 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
+
 from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from ..training.engine import LAST, LEGACY_LAST
 from . import child

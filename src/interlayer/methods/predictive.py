@@ -67,6 +67,7 @@ from torch import Tensor, nn
 
 from ..core.components import Components
 from ..core.config import ConfigError
+from ..core.precision import fp32_island
 from .conv_branch import attention_heads, check_kernel, check_sides
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class PredictiveMixer(nn.Module):
         if prev_logits.shape != logits.shape or logits.shape[1] != self.heads:
             raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
                              f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
-        with torch.autocast(device_type=logits.device.type, enabled=False):
+        with fp32_island(logits.device):
             source, residual = prev_logits, logits.float()
             if self.beta is not None:  # a config constant, fixed at build time
                 source = residual = (1.0 - self.beta) * residual + self.beta * prev_logits.float()
