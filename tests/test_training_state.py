@@ -311,3 +311,17 @@ def test_bf16_training_on_the_gpu_gives_finite_losses(tmp_path):
     trainer.fit()
     assert set(task.dtypes) == {torch.bfloat16} and next(trainer.model.parameters()).is_cuda
     assert engine.read_checkpoint(tmp_path / LAST)["rng"][0]["cuda"]
+
+
+def test_cli_device_flags_reach_the_run(sst, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "sst5", "--run-dir", str(run), "--no-progress", "--device", "cpu", "--precision", "bf16",
+                 *sst, "--set", "train.max_epochs=1"]) == 0
+    train_cfg = json.loads((run / "run.json").read_text())["train"]
+    assert (train_cfg["device"], train_cfg["precision"], train_cfg["compile"]) == ("cpu", "bf16", False)
+    ckpt = read_checkpoint(run / LAST)
+    assert (ckpt["device"], ckpt["precision"]) == ("cpu", "bf16")
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--device", "cpu"]) == 0
+    assert main(["train", "sst5", "--run-dir", str(tmp_path / "x"), "--device", "tpu", *sst]) == 2
+    assert "train.device='tpu'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before anything was written

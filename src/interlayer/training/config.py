@@ -98,6 +98,9 @@ class TrainConfig:
                               f"{', '.join(map(repr, PRECISIONS))}")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ConfigError(f"train.device={self.device!r} is not valid; choose auto, cpu, cuda, cuda:N or mps")
+        from .device import resolve_device  # device.py reads this module's PRECISIONS
+
+        resolve_device(self.device)  # a device this machine lacks is refused before a run directory is written
         if self.average_last > self.keep_last:
             raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
                               f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")
