@@ -154,3 +154,16 @@ def test_device_and_precision_resolve_with_errors_that_name_the_choices():
         assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast(torch.device("cpu"), "fp32"):
         assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_compare_spreads_runs_over_the_gpus(monkeypatch):
+    """``compare --jobs N`` on a machine with GPUs: each new run goes to the least busy GPU, unless the runs' device
+    names one device."""
+    from interlayer.compare.runner import gpus_for_runs, least_busy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert gpus_for_runs("auto") == gpus_for_runs("cuda") == gpus_for_runs(None) == [0, 1, 2]
+    assert gpus_for_runs("cuda:1") == gpus_for_runs("cpu") == []
+    assert least_busy([0, 1, 2], []) == 0 and least_busy([0, 1, 2], [0]) == 1 and least_busy([0, 1, 2], [0, 1]) == 2
+    assert least_busy([0, 1, 2], [0, 1, 2, 1]) == 0 and least_busy([], [None]) is None

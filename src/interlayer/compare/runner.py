@@ -94,6 +94,11 @@ def gpus_for_runs(device: Optional[str]) -> list[int]:
     return list(range(torch.cuda.device_count()))
 
 
+def least_busy(gpus: list[int], busy: list[Optional[int]]) -> Optional[int]:
+    """The GPU running the fewest of the active runs (the lowest index on a tie), or None without GPUs."""
+    return min(gpus, key=busy.count) if gpus else None
+
+
 def process_context() -> BaseContext:
     """The forkserver (module docstring), its server preloaded with the run's imports; else spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
@@ -140,8 +145,7 @@ class Runner:
         with ForwardedInterrupts() as interrupts:
             while pending or active:
                 while pending and len(active) < self.jobs and not interrupts.requested:
-                    busy = [run.gpu for run in active.values()]
-                    gpu = min(self.gpus, key=busy.count) if self.gpus else None  # the least loaded GPU
+                    gpu = least_busy(self.gpus, [run.gpu for run in active.values()])
                     started = self._start(*pending.pop(0), gpu=gpu)
                     if isinstance(started, RunOutcome):
                         outcomes.append(started)
