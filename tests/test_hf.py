@@ -217,6 +217,9 @@ def test_exported_vit_processor_gives_the_models_normalisation(folders: dict[str
     processed = processor(pixels, return_tensors="pt", do_resize=False)["pixel_values"]
     expected = (pixels.float() / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
     torch.testing.assert_close(processed, expected, rtol=0, atol=1e-6)
+    (directory / "preprocessor_config.json").write_text(json.dumps(  # a processor fed 0..255 pixels
+        {"do_rescale": False, "do_normalize": True, "image_mean": 127.5, "image_std": 63.75}))
+    assert (from_hf(directory).config.pixel_mean, from_hf(directory).config.pixel_std) == ([0.5] * 3, [0.25] * 3)
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer
@@ -479,6 +482,7 @@ def test_models_trained_from_scratch_export_when_a_family_computes_them(tmp_path
     (lambda: create_vision_model("pa_vit_fashion_mnist"), "the predictive section \\(ViT has no such computation\\)"),
     (lambda: create_vision_model("lw_vit_fashion_mnist"), "the lightweight section"),
     (lambda: create_vision_model("conv_transformer_fashion_mnist"), "backbone='conv_transformer'"),
+    (lambda: create_vision_model("vit_fashion_mnist", bias=False), "bias=False \\(ViT has True\\)"),
     (lambda: create_model("transformer_small", src_vocab_size=50), "a EncoderDecoderModel has no Hugging Face class"),
 ])
 def test_models_without_a_hugging_face_class_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
