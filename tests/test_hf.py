@@ -276,6 +276,15 @@ def test_bpe_tokenizer_ids_equal_transformers(roberta_folder: Path, tmp_path: Pa
     assert ours.pad_id == 1 and ours.tokens[:3] == ["<s>", "<pad>", "</s>"]
 
 
+def test_in_memory_import_takes_the_processor_along(roberta_folder: Path) -> None:
+    hf = transformers.AutoModel.from_pretrained(str(roberta_folder))
+    model = from_hf(hf, processor=transformers.AutoTokenizer.from_pretrained(str(roberta_folder)))
+    assert isinstance(model.tokenizer, BPETokenizer) and model.import_report.source == "in-memory RobertaModel"
+    assert model.tokenizer.encode(TEXTS[1], TEXTS[0]) == BPETokenizer.from_pretrained(roberta_folder).encode(
+        TEXTS[1], TEXTS[0])
+    assert from_hf(hf).tokenizer is None and "model.tokenizer is None" in from_hf(hf).import_report.notes[0]
+
+
 def test_roberta_tokenizer_is_capped_at_the_numbered_positions(roberta_folder: Path) -> None:
     model = from_hf(roberta_folder)
     assert model.tokenizer.max_length == 34 - 1 - 1  # positions 2..33

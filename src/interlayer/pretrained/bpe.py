@@ -7,10 +7,10 @@ checkpoint's merges and no unknown token, then ``<s> a </s>`` or ``<s> a </s></s
 
 Choices, each matching ``transformers`` so that ids are identical:
 
-* **The pipeline is rebuilt from the vocabulary and merges**: ``vocab.json`` + ``merges.txt``, or the BPE model
-  inside ``tokenizer.json`` when those files are absent; ``transformers`` also rebuilds it (and a shipped
-  ``tokenizer.json`` may carry its exporter's padding or truncation). ``add_prefix_space``, ``trim_offsets``,
-  the special tokens and ``added_tokens_decoder`` come from ``tokenizer_config.json``.
+* **The pipeline is rebuilt from the vocabulary and merges**: those of the BPE model inside ``tokenizer.json``
+  when present, else ``vocab.json`` + ``merges.txt``. ``transformers`` 5 also rebuilds the pipeline rather than
+  taking ``tokenizer.json`` whole (which may carry its exporter's padding or truncation). ``add_prefix_space``,
+  ``trim_offsets``, the special tokens and ``added_tokens_decoder`` come from ``tokenizer_config.json``.
 * **Token types are all 0.** RoBERTa has one token type (``type_vocab_size=1``) and its tokenizer returns no
   ``token_type_ids``, so the model reads type 0 everywhere, pairs included.
 * **Truncation** is longest-first over the pair to ``max_length`` tokens including ``<s>``/``</s>``, as with
@@ -84,7 +84,7 @@ class BPETokenizer(PretrainedTokenizer):
 
     @classmethod
     def from_pretrained(cls, directory: Union[str, Path], *, max_length: Optional[int] = None) -> "BPETokenizer":
-        """Read ``vocab.json`` + ``merges.txt`` (or the BPE model inside ``tokenizer.json``) and
+        """Read the BPE model of ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``) and
         ``tokenizer_config.json``; ``max_length`` caps the checkpoint's ``model_max_length``."""
         directory = Path(directory)
         settings = read_json(directory / TOKENIZER_CONFIG_FILE)
@@ -132,21 +132,21 @@ class BPETokenizer(PretrainedTokenizer):
 
 
 def _read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Vocabulary and merges from ``vocab.json`` + ``merges.txt``, else from ``tokenizer.json``'s BPE model."""
+    """Vocabulary and merges from ``tokenizer.json``'s BPE model when present, else ``vocab.json`` + ``merges.txt``."""
+    model = backend_file.get("model", {})
+    if model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):
+        source = directory / TOKENIZER_FILE
+        return dict(model["vocab"]), [tuple(m) if isinstance(m, list) else _merge(m, source)
+                                      for m in model.get("merges", [])]
     vocab_path, merges_path = directory / BPE_VOCAB_FILE, directory / BPE_MERGES_FILE
     if vocab_path.is_file() and merges_path.is_file():
-        vocab = read_json(vocab_path)
         lines = merges_path.read_text(encoding="utf-8").splitlines()
-        return vocab, [_merge(line, merges_path) for line in lines if line and not line.startswith("#version")]
-    model = backend_file.get("model", {})
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-        found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither"
-        raise TokenizerError(f"{directory} has no byte-level BPE vocabulary: expected {BPE_VOCAB_FILE} + "
-                             f"{BPE_MERGES_FILE} or a BPE {TOKENIZER_FILE}, found {found} (SentencePiece tokenizers "
-                             "such as XLM-R's are not supported)")
-    merges = model.get("merges", [])
-    return dict(model["vocab"]), [tuple(m) if isinstance(m, list) else _merge(m, directory / TOKENIZER_FILE)
-                                  for m in merges]
+        return read_json(vocab_path), [_merge(line, merges_path) for line in lines
+                                       if line and not line.startswith("#version")]
+    found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither"
+    raise TokenizerError(f"{directory} has no byte-level BPE vocabulary: expected a BPE {TOKENIZER_FILE} or "
+                         f"{BPE_VOCAB_FILE} + {BPE_MERGES_FILE}, found {found} (SentencePiece tokenizers such as "
+                         "XLM-R's are not supported)")
 
 
 def _merge(line: str, source: Path) -> tuple[str, str]:
