@@ -21,6 +21,7 @@ The families (each mapping's reasons are on its class):
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -43,7 +44,7 @@ class HeadLayout:
     needs_pooler: bool = True  # False: the head reads the [CLS] state directly (ViTForImageClassification)
 
 
-class Family:
+class Family(ABC):
     """One ``transformers`` architecture family on the core (see the module docstring)."""
 
     name: str = ""
@@ -74,21 +75,21 @@ class Family:
                             "tanh-approximated GELUs such as 'gelu_new' would change every output)")
         return problems
 
+    @abstractmethod
     def core_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         """Every core field (of the encoder) that decides what the checkpoint computes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def layer_map(self, n_layers: int) -> dict[str, str]:
         """Encoder tensor names (no task prefix) -> core parameter names, embeddings and layers."""
-        raise NotImplementedError
 
     def pooler_map(self) -> dict[str, str]:
         return {}
 
+    @abstractmethod
     def hf_config(self, cfg: ModelConfig) -> dict[str, Any]:
         """``config.json`` fields (without architectures, labels and pooler) of an encoder config; the inverse of
         :meth:`core_fields`."""
-        raise NotImplementedError
 
     def to_core(self, hf_name: str, tensor: Tensor) -> Tensor:
         """A checkpoint tensor in the shape of its core parameter (only layout, never values)."""

@@ -343,14 +343,10 @@ def _pad_id(checkpoint: HFCheckpoint) -> int:
     tokenizer = checkpoint.tokenizer
     if tokenizer is None:
         return configured
-    if tokenizer.pad_id != configured:
-        if checkpoint.family.name == "roberta":
-            raise PretrainedError(f"{checkpoint.source}: the tokenizer pads with id {tokenizer.pad_id} but "
-                                  f"config.json's pad_token_id={configured} numbers the positions; RoBERTa needs "
-                                  "one padding id for both")
-        checkpoint.notes.append(f"pad id {tokenizer.pad_id} is the tokenizer's "
-                                f"{tokenizer.special_tokens['pad_token']}, not config.json's pad_token_id="
-                                f"{configured}")
+    if tokenizer.pad_id != configured and checkpoint.family.name == "roberta":
+        raise PretrainedError(f"{checkpoint.source}: the tokenizer pads with id {tokenizer.pad_id} but config.json's "
+                              f"pad_token_id={configured} numbers the positions; RoBERTa needs one padding id for "
+                              "both")
     return tokenizer.pad_id
 
 
@@ -543,7 +539,10 @@ def _init_fresh_heads(model: nn.Module, family: Family, report: ImportReport, st
 def _notes(checkpoint: HFCheckpoint, cfg: ModelConfig, report: ImportReport, layout: Optional[HeadLayout],
            head_loaded: bool, classes: int) -> list[str]:
     """What the import could not carry over exactly, in words."""
-    hf, notes = checkpoint.hf, []
+    hf, notes, tokenizer = checkpoint.hf, [], checkpoint.tokenizer
+    if tokenizer is not None and tokenizer.pad_id != _pad_from_config(hf):
+        notes.append(f"pad id {tokenizer.pad_id} is the tokenizer's {tokenizer.special_tokens['pad_token']}, not "
+                     f"config.json's pad_token_id={_pad_from_config(hf)}")
     if layout is not None and not head_loaded:
         notes.append(f"the checkpoint's {classes}-class classifier was not loaded (num_classes={cfg.num_classes}, "
                      f"pooling={cfg.pooling!r}, pooler={bool(cfg.classifier_hidden)}): the head is new")
