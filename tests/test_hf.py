@@ -355,7 +355,7 @@ def test_cli_fine_tunes_a_vit_on_fashion_mnist(folders: dict[str, Path], idx_dat
     model = interlayer.load_pretrained(run / "best")
     cfg = model.config
     assert cfg.input_size == [1, 28, 28] and (cfg.channels, cfg.image_height) == (3, 16)
-    assert cfg.pixel_mean == [0.5] * 3 and cfg.encoder.num_classes == 10  # the model's normalisation, the data's classes
+    assert cfg.pixel_mean == [0.5] * 3 and cfg.encoder.num_classes == 10  # the model's statistics, the data's classes
 
 
 def test_input_size_repeats_grey_and_resizes_before_the_models_normalisation(folders: dict[str, Path]) -> None:
@@ -460,7 +460,8 @@ def test_fine_tuning_reinitialises_restructured_weights_only_when_asked(roberta_
                                              "encoder.layer.1.attention.self.query.weight"]  # biases: both 0, agree
     torch.manual_seed(3)
     seeded = build_model(model.config)
-    assert torch.equal(model.encoder.layers[1].self_attn.q_proj.weight, seeded.encoder.layers[1].self_attn.q_proj.weight)
+    query = model.encoder.layers[1].self_attn.q_proj.weight
+    assert torch.equal(query, seeded.encoder.layers[1].self_attn.q_proj.weight)
 
 
 # ----------------------------------------------------------------------------------------------- export: scratch
