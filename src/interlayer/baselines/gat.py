@@ -85,6 +85,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
+from ..core.hub import PretrainedMixin
 from ..core.config import ConfigError
 
 MODEL_TYPE = "gat"
@@ -324,7 +325,7 @@ class GATLayer(nn.Module):
         return num_nodes * self.in_features * width + scores + num_edges * width
 
 
-class GAT(nn.Module):
+class GAT(nn.Module, PretrainedMixin):
     """Two GAT layers: ``heads`` x ``hidden`` concatenated + ELU, then ``out_heads`` averaged class scores."""
 
     model_type = MODEL_TYPE

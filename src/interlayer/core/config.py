@@ -18,6 +18,7 @@ Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "none"]
 
 ARCHES = ("encoder_decoder", "encoder_classifier")
 POSITIONS = ("sinusoidal", "learned", "relative", "relative_2d", "none")
+POSITION_STARTS = ("zero", "after_pad")
 ACTIVATIONS = ("relu", "gelu")
 POOLINGS = ("cls", "mean")
 ATTN_IMPLS = ("auto", "eager")
@@ -60,6 +61,9 @@ class TransformerConfig:
     rel_max_distance: int = 16  # Shaw et al. 2018 clip distance k
     grid_height: int = 0  # for positions="relative_2d": the token grid (PA Eq. 3); prefix tokens (CLS) allowed
     grid_width: int = 0
+    # Absolute positions: "zero" numbers the tokens 0..T-1; "after_pad" numbers the non-padding tokens from
+    # pad_id + 1 and gives padding the row pad_id (RoBERTa/XLM-R; fairseq's make_positions)
+    position_start: str = "zero"
     embed_scale: bool = True  # multiply token embeddings by sqrt(d_model) (Vaswani et al., fairseq)
     embed_layer_norm: bool = False  # LayerNorm after summing embeddings (BERT)
     share_embeddings: bool = False  # one table for source and target (needs one vocabulary)
@@ -97,6 +101,7 @@ class TransformerConfig:
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("pooling", self.pooling, POOLINGS)
         _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        _choice("position_start", self.position_start, POSITION_STARTS)
         for key in ("src_vocab_size", "d_model", "n_heads", "d_ffn", "max_positions"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}={getattr(self, key)} must be a positive integer")
@@ -124,6 +129,11 @@ class TransformerConfig:
                               "Use arch='encoder_classifier' or positions='relative'")
         if self.positions in ("relative", "relative_2d") and self.rel_max_distance < 1:
             raise ConfigError(f"rel_max_distance={self.rel_max_distance} must be at least 1")
+        first = self.pad_id + 1
+        if self.position_start == "after_pad" and (self.positions != "learned" or self.max_positions <= first):
+            raise ConfigError(f"position_start='after_pad' numbers learned positions from pad_id + 1 = {first}; it "
+                              f"needs positions='learned' (got {self.positions!r}) and max_positions > {first} (got "
+                              f"{self.max_positions})")
         if self.arch == "encoder_classifier" and self.num_classes < 2:
             raise ConfigError(f"arch='encoder_classifier' needs num_classes >= 2, got {self.num_classes}")
         if not 0 <= self.pad_id < self.src_vocab_size:
