@@ -255,7 +255,7 @@ def test_compile_trains_a_compiled_model_with_eager_losses(tmp_path, monkeypatch
 
         def loss(model, batch, inner=inner, recorded=recorded):
             value, logs, units = inner(model, batch)
-            recorded.append(float(value))
+            recorded.append(float(value.detach()))
             return value, logs, units
 
         task.loss = loss
