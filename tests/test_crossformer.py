@@ -682,6 +682,16 @@ def test_state_gradient_reaches_layer_t_and_below_never_the_guide():
     assert weights.encoder.embed.tokens.weight.grad is None  # the weights target touches only W_K(t)
 
 
+def test_state_gradient_stops_at_a_guide_computed_by_the_forward():
+    """FFN states are the forward's own outputs (in the graph): the guide's must be detached. W_2-W_1 order:
+    fc2 outputs of layers 0 and 1, then fc1 outputs of layers 1 and 2."""
+    model = _states_model(soft=["ffn"], sides=["encoder"])
+    model(*_padded_batch()).aux_losses["crossformer_sg"].backward()
+    assert ffn(model, 1).fc1.weight.grad.abs().sum() > 0 and ffn(model, 0).fc2.weight.grad.abs().sum() > 0
+    assert ffn(model, 1).fc2.weight.grad is None  # layer 1's fc2 output only guides layer 0's
+    assert all(p.grad is None for p in model.encoder.layers[2].parameters())
+
+
 def test_states_are_recorded_only_inside_the_models_forward():
     model = _states_model(soft=["kq", "vf"])
     guidance = model.aux_loss_fns["crossformer_sg"]
