@@ -493,12 +493,38 @@ def test_presets_reproduce_the_baselines_and_exact_savings():
     assert round(iwslt / 1e6) == 52
     wmt = _meta_count(get_config("crossformer_wmt_en_de_transformer").to_dict())
     assert round(wmt / 1e6) == 61
-    ffn_saving = 2 * cf.hard_savings("ffn", 6, 512, 2048)
+    ffn_saving = 2 * cf.hard_savings("ffn", 6, 512, 2048)  # encoder and decoder FFN stacks
     assert iwslt - _meta_count(get_config("crossformer_iwslt_ffn").to_dict()) == ffn_saving
-    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_key_query").to_dict()) == \
-        2 * cf.hard_savings("kq", 6, 512, 2048)
-    assert get_config("crossformer_iwslt_sg_key_query").crossformer.alpha == 0.01
+    kq_saving = 3 * cf.hard_savings("kq", 6, 512, 2048)  # encoder, decoder and cross-attention stacks
+    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_key_query").to_dict()) == kq_saving
+    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_value").to_dict()) == \
+        3 * cf.hard_savings("vf", 6, 512, 2048)
+    sg = get_config("crossformer_iwslt_sg_key_query").crossformer
+    assert (sg.alpha, sg.p, sg.soft_target, sg.sg_reduction) == (0.01, 2, "weights", "sum")
+    assert sg.sides == get_config("crossformer_iwslt_key_query").crossformer.sides == ["encoder", "decoder", "cross"]
     assert get_config("crossformer_wmt_en_de_all_16l").enc_layers == 16
+
+
+# Tables 1-3 rows (paper #Params, millions) and the preset named after each; Table 3 is Table 2's with 36 encoder
+# layers. Written out here, not read from the module.
+PAPER_ROWS = [("crossformer_iwslt_ffn", {}, 39), ("crossformer_iwslt_value", {}, 48),
+              ("crossformer_iwslt_key_query", {}, 48), ("crossformer_wmt_en_de_ffn", {}, 47),
+              ("crossformer_wmt_en_de_value", {}, 57), ("crossformer_wmt_en_de_key_query", {}, 57),
+              ("crossformer_wmt_en_de_all_16l", {}, 60), ("crossformer_wmt_en_de_ffn", {"enc_layers": 36}, 111),
+              ("crossformer_wmt_en_de_value", {"enc_layers": 36}, 142),
+              ("crossformer_wmt_en_de_key_query", {"enc_layers": 36}, 142)]
+
+
+@pytest.mark.parametrize("name, overrides, paper", PAPER_ROWS)
+def test_each_preset_named_after_a_row_is_the_closest_choice_of_stacks(name, overrides, paper):
+    """Guiding the cross-attention stack or not: the preset takes whichever is nearer the row's #Params."""
+    def distance(sides):
+        fields = get_config(name, **overrides).to_dict()
+        fields["crossformer"]["sides"] = sides
+        return abs(_meta_count(fields) / 1e6 - paper)
+
+    preset = distance(get_config(name).crossformer.sides)
+    assert preset <= min(distance(None), distance(["encoder", "decoder", "cross"])), name
 
 
 def test_paper_tables_list_ours_beside_the_paper():
@@ -508,7 +534,9 @@ def test_paper_tables_list_ours_beside_the_paper():
     assert all(headers == ["model", "ours", "paper", "diff", "saved d_m^2/block"] for _, headers, _ in tables)
     rows = {row[0]: row for _, _, table in tables for row in table}
     assert rows["crossformer_iwslt_transformer"][1:4] == ["52.07M", "52M", "+0.07M"]
-    assert rows["crossformer_iwslt_key_query (+cross)"][1] == "48.13M"
+    assert rows["crossformer_iwslt_key_query"][1:4] == ["48.13M", "48M", "+0.13M"]
+    assert rows["crossformer_iwslt_key_query (self-attention only)"][1] == "49.44M"
+    assert rows["crossformer_wmt_en_de_key_query (36L enc)"][1] == "143.28M"
     assert math.isclose(float(rows["crossformer_iwslt_ffn"][4]), 4 * 10 / 12, abs_tol=0.01)
 
 
