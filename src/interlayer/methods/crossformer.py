@@ -3,8 +3,9 @@
 Paper map (section, equation and table numbers of the Crossformer paper):
 
 * **Soft guidance, SG** (Sec. 2.1, Eq. 1-2): ``L = L_nll + alpha * L_reg`` with
-  ``L_reg = sum_{t<T} ||A(t) - sg(B(t+1))||`` pulling a matrix of layer t toward one of layer t+1 whose gradient
-  is stopped ("guiding lower layers with higher layers"). ``soft`` lists the pairs; the term is registered as
+  ``L_reg = sum_{t<T} ||A(t) - sg(B(t+1))||`` pulling a matrix of layer t (or, ``soft_target="states"``, its output)
+  toward one of layer t+1 whose gradient is stopped ("guiding lower layers with higher layers"). ``soft`` lists the
+  pairs; the term is registered as
   ``model.aux_loss_fns["crossformer_sg"]`` with alpha applied inside, so it is logged as its own loss.
 * **Hard guidance, HG** (Sec. 2.2): ``A(t) = B(t+1)`` made exact by weight tying; ``hard`` lists the pairs.
 * **Pairs**: ``kq`` (Eq. 3: layer t's key projection is layer t+1's query projection, the paper's default),
@@ -54,8 +55,8 @@ Readings chosen where the paper is ambiguous (each with the reason):
   for weights, are in docs/methods/crossformer.md ("The scale of the regulariser").
 * **Where.** Eq. 7-8 describe encoder and decoder self-attention and FFN; ``sides`` picks the stacks (default:
   all self-attention stacks of the model). ``"cross"`` adds the decoder's cross-attention stack, which the text
-  never mentions but which the paper's key-query/value parameter counts of Tables 1-2 only reach with it
-  (see :func:`paper_tables`).
+  never mentions but which the paper's key-query/value parameter counts of Tables 1-3 only reach with it, so the
+  presets named after those rows guide it (see :func:`paper_tables`).
 
 Composition: every pair needs the plain projections, so attention pairs are rejected when another method
 replaces a guided attention module (LW group-wise attention, the conv-branch block) and ``ffn`` when the FFN is
