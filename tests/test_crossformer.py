@@ -720,6 +720,17 @@ def test_state_gradient_stops_at_a_guide_computed_by_the_forward():
     assert all(p.grad is None for p in model.encoder.layers[2].parameters())
 
 
+def test_state_guidance_keeps_the_fused_attention_path(monkeypatch):
+    """The q/k/v states are re-projected from the attention's input instead of requesting the intermediates,
+    which would switch every guided attention to the eager path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the eager attention path ran")
+
+    model = _states_model(soft=["qq", "kk", "vf", "ffn"], sides=["encoder", "decoder", "cross"])
+    monkeypatch.setattr(MultiHeadAttention, "_eager", refuse)
+    assert model(*_padded_batch()).aux_losses["crossformer_sg"] > 0
+
+
 def test_states_are_recorded_only_inside_the_models_forward():
     model = _states_model(soft=["kq", "vf"])
     guidance = model.aux_loss_fns["crossformer_sg"]
