@@ -71,7 +71,8 @@ def peers(preset: str) -> dict[str, tuple[nn.Module, Callable]]:
     mult = cfg.d_ffn // cfg.d_model
     # post-LN, sinusoidal positions (x-transformers' carry one learned scale), one token table for source, target
     # and output: the architecture of the other two
-    side = dict(depth=cfg.enc_layers, heads=cfg.n_heads, max_seq_len=1024, ff_mult=mult, pre_norm=False,
+    side = dict(depth=cfg.enc_layers, heads=cfg.n_heads, attn_dim_head=cfg.d_model // cfg.n_heads, max_seq_len=1024,
+                ff_mult=mult, pre_norm=False,
                 attn_dropout=0.1, ff_dropout=0.1, layer_dropout=0.0, scaled_sinu_pos_emb=True)
     xt = XTransformer(dim=cfg.d_model, tie_token_emb=True, enc_num_tokens=VOCAB, dec_num_tokens=VOCAB,
                       **{f"enc_{k}": v for k, v in side.items()}, **{f"dec_{k}": v for k, v in side.items()})

@@ -2,7 +2,7 @@
 
 The paper gives alpha = 0.01 (Crossformer Appendix A.1.2) but neither the target of Eq. 1 beyond "states" nor a
 reduction, so this measures what each reading makes of that alpha. For every pair set, ``soft_target`` and
-``sg_reduction`` it builds ``transformer_small`` (3+3 post-LN layers, d=256, FFN 1024, 8k shared vocabulary) with
+``reduction`` it builds ``transformer_small`` (3+3 post-LN layers, d=256, FFN 1024, 8k shared vocabulary) with
 ``crossformer.soft`` at alpha = 0.01, L2 (``p=2``, ``sg_norm="power"``), runs one batch of 64 x 24 random tokens
 (a quarter of the sources and targets padded by 4, as ``bench_core.py``), in eval mode so dropout does not enter
 the figures, and reports:
@@ -45,7 +45,7 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def measure(pairs: list[str], target: str, reduction: str, seed: int) -> tuple[float, float]:
     torch.manual_seed(seed)
     model = create_model("transformer_small", crossformer={"soft": pairs, "alpha": 0.01, "p": 2,
-                                                          "soft_target": target, "sg_reduction": reduction}).eval()
+                                                          "soft_target": target, "reduction": reduction}).eval()
     src, tgt_in, tgt_out = batch(seed)
     out = model(src, tgt_in)
     task, _ = label_smoothed_nll(out.logits, tgt_out, 0.1, ignore_index=PAD)
@@ -77,7 +77,7 @@ def main() -> None:
                 results = [measure(pairs, target, reduction, seed) for seed in range(args.seeds)]
                 rows.append([",".join(pairs), target, reduction, cell([r[0] for r in results]),
                              cell([r[1] for r in results])])
-    print(format_table(["soft", "soft_target", "sg_reduction", "SG / task", "grad SG / grad task"], rows))
+    print(format_table(["soft", "soft_target", "reduction", "SG / task", "grad SG / grad task"], rows))
 
 
 if __name__ == "__main__":

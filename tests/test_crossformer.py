@@ -281,7 +281,7 @@ def _equalise_kq(model):
 @pytest.mark.parametrize("norm", ["power", "root"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_soft_loss_is_zero_with_zero_gradient_when_weights_are_equal(p, norm, reduction):
-    model = tiny(soft=["kq"], p=p, sg_norm=norm, sg_reduction=reduction)
+    model = tiny(soft=["kq"], p=p, sg_norm=norm, reduction=reduction)
     _equalise_kq(model)
     loss = _sg(model)
     loss.backward()
@@ -306,7 +306,7 @@ def _manual(model, p, norm, reduction, include_bias=True):
 @pytest.mark.parametrize("norm", ["power", "root"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_soft_loss_value_matches_its_definition(p, norm, reduction):
-    model = tiny(soft=["kq"], p=p, sg_norm=norm, sg_reduction=reduction, alpha=0.5)
+    model = tiny(soft=["kq"], p=p, sg_norm=norm, reduction=reduction, alpha=0.5)
     assert _sg(model).item() == pytest.approx(0.5 * _manual(model, p, norm, reduction), rel=1e-5)
 
 
@@ -359,7 +359,7 @@ def test_soft_guidance_survives_deepcopy():
     ({"soft": ["kq"], "alpha": -0.1}, {}, r"crossformer.alpha=-0.1 must be a finite number >= 0"),
     ({"soft": ["kq"], "ffn_order": "w2w1"}, {}, r"crossformer.ffn_order='w2w1' is not valid"),
     ({"soft": ["kq"], "sg_norm": "l2"}, {}, r"crossformer.sg_norm='l2'"),
-    ({"soft": ["kq"], "sg_reduction": "avg"}, {}, r"crossformer.sg_reduction='avg'"),
+    ({"soft": ["kq"], "reduction": "avg"}, {}, r"crossformer.reduction='avg'"),
     ({"hard": ["kq"], "sides": ["encoder", "middle"]}, {}, r"crossformer.sides\[1\]='middle' is not valid"),
     ({"hard": ["kq"], "sides": []}, {}, r"crossformer.sides is empty"),
     ({"hard": ["kq"]}, {"enc_layers": 1}, r"at least 2 layers, but enc_layers=1"),
@@ -500,7 +500,7 @@ def test_presets_reproduce_the_baselines_and_exact_savings():
     assert wmt - _meta_count(get_config("crossformer_wmt_en_de_value").to_dict()) == \
         3 * cf.hard_savings("vf", 6, 512, 2048)
     sg = get_config("crossformer_iwslt_sg_key_query").crossformer
-    assert (sg.alpha, sg.p, sg.soft_target, sg.sg_reduction) == (0.01, 2, "weights", "sum")
+    assert (sg.alpha, sg.p, sg.soft_target, sg.reduction) == (0.01, 2, "weights", "sum")
     assert sg.sides == get_config("crossformer_iwslt_key_query").crossformer.sides == ["encoder", "decoder", "cross"]
     assert get_config("crossformer_wmt_en_de_all_16l").enc_layers == 16
 
@@ -639,7 +639,7 @@ def test_state_guidance_equals_keys_against_next_queries_from_the_intermediates(
     sum / (real positions x width x passes)."""
     extra = {"multipass": {"passes": passes}} if passes > 1 else {}
     model = create_model(dict(TINY, **extra, crossformer={"soft": ["kq"], "soft_target": "states", "alpha": 0.5,
-                                                          "sg_reduction": reduction})).eval()
+                                                          "reduction": reduction})).eval()
     src, tgt = _padded_batch()
     out = model(src, tgt, need_intermediates=True)
     assert len(out.encoder.attentions) == 3 * passes
@@ -685,7 +685,7 @@ def _states_model(**section):
 @pytest.mark.parametrize("soft, sides", [(["kq", "vf", "ffn"], None), (["qq", "kk", "vf"], ["cross"])])
 def test_state_guidance_ignores_padding(reduction, soft, sides):
     """A sentence pair alone and the same pair padded (source and target) give the same term."""
-    model = _states_model(soft=soft, sides=sides, sg_reduction=reduction)
+    model = _states_model(soft=soft, sides=sides, reduction=reduction)
     src, tgt = tokens(1, 5), tokens(1, 4)
     alone = model(src, tgt).aux_losses["crossformer_sg"]
     padded_src = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
@@ -766,3 +766,14 @@ def test_state_guidance_survives_deepcopy_and_checkpoints(tmp_path):
 def test_invalid_state_settings_are_rejected(section, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(dict(TINY, crossformer=section))
+
+
+def test_reduction_is_read_from_configs_saved_with_its_old_name():
+    from interlayer.config import config_from_dict
+
+    data = get_config("transformer_small", crossformer={"soft": ["kq"], "reduction": "mean"}).to_dict()
+    data["crossformer"]["sg_reduction"] = data["crossformer"].pop("reduction")
+    assert config_from_dict(data).crossformer.reduction == "mean"
+    data["crossformer"]["reduction"] = "sum"
+    with pytest.raises(ConfigError, match="old name of crossformer.reduction"):
+        config_from_dict(data)

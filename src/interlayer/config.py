@@ -86,9 +86,26 @@ def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
     return cfg
 
 
+# Keys renamed after configs holding them were saved: (section, old key) -> new key. A saved config keeps loading.
+RENAMED_KEYS: dict[tuple[str, str], str] = {("crossformer", "sg_reduction"): "reduction"}
+
+
+def _renamed(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for (section, old), new in RENAMED_KEYS.items():
+        if isinstance(out.get(section), dict) and old in out[section]:
+            block = dict(out[section])
+            if new in block:
+                raise ConfigError(f"{section}.{old} is the old name of {section}.{new}; give only {section}.{new}")
+            block[new] = block.pop(old)
+            out[section] = block
+    return out
+
+
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
-    """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key."""
-    return checked_config(ModelConfig, data, source)
+    """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key. Keys renamed since a
+    config was saved (:data:`RENAMED_KEYS`) are read under their new names."""
+    return checked_config(ModelConfig, _renamed(data), source)
 
 
 def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:

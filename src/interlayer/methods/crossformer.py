@@ -46,9 +46,9 @@ Readings chosen where the paper is ambiguous (each with the reason):
   only; then the savings are exactly the paper's bias-free d_m^2 figures.
 * **The norm and its scale.** Sec. 1 describes SG as "an L1 or L2 regularization" (Sec. 3.1: "by L2 norm"), the
   usual reading of which is lasso/ridge: ``sum |d|`` (p=1) and ``sum d^2`` (p=2, squared Frobenius), summed over
-  the entries (``sg_reduction="sum"``, the default) and over all pairs and stacks (Eq. 1 sums over t): that is
+  the entries (``reduction="sum"``, the default) and over all pairs and stacks (Eq. 1 sums over t): that is
   ``sg_norm="power"``. ``sg_norm="root"`` takes the p-th root (the literal norm ``||d||_p``, Frobenius for p=2);
-  ``sg_reduction="mean"`` divides by the number of entries compared (a matrix's entries; for states, real
+  ``reduction="mean"`` divides by the number of entries compared (a matrix's entries; for states, real
   positions x features x forward calls), so alpha no longer scales with the width or, for states, with the batch.
   Either way the terms of the pairs are summed, as Eq. 1 sums over t. The paper gives alpha = 0.01 (Appendix
   A.1.2) and no reduction; the magnitudes each choice gives at initialisation, and why the presets keep the sum
@@ -112,7 +112,7 @@ class CrossformerConfig:
     ``hard``/``soft``: pairs from ``kq``, ``qk``, ``qq``, ``kk`` (attention orders, Table 6), ``vf`` (Eq. 6) and
     ``ffn`` (Eq. 5); at least one pair in total, at most one attention order in ``hard``, no pair in both.
     ``sides``: ``encoder``/``decoder`` self-attention+FFN stacks, ``cross`` (decoder cross-attention); ``None``
-    means every self-attention stack of the model. ``p``, ``alpha``, ``sg_norm``, ``sg_reduction`` shape SG's
+    means every self-attention stack of the model. ``p``, ``alpha``, ``sg_norm``, ``reduction`` shape SG's
     regulariser (alpha 0.01: Appendix A.1.2); ``soft_target`` says what it compares: the matrices (``weights``) or
     their outputs in the forward pass (``states``, Eq. 1 read literally). See the module docstring for every
     reading and its reason.
@@ -126,7 +126,7 @@ class CrossformerConfig:
     p: int = 2
     alpha: float = 0.01
     sg_norm: Literal["power", "root"] = "power"
-    sg_reduction: Literal["sum", "mean"] = "sum"
+    reduction: Literal["sum", "mean"] = "sum"
     soft_target: SoftTarget = "weights"
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
@@ -153,7 +153,7 @@ class CrossformerConfig:
                               "one tensor, so its soft-guidance term is identically zero; drop it from one list")
         _choice("crossformer.ffn_order", self.ffn_order, FFN_ORDERS)
         _choice("crossformer.sg_norm", self.sg_norm, SG_NORMS)
-        _choice("crossformer.sg_reduction", self.sg_reduction, SG_REDUCTIONS)
+        _choice("crossformer.reduction", self.reduction, SG_REDUCTIONS)
         _choice("crossformer.soft_target", self.soft_target, SOFT_TARGETS)
         if self.p not in (1, 2) or isinstance(self.p, bool):
             raise ConfigError(f"crossformer.p={self.p!r} is not valid; choose 1 (L1) or 2 (L2)")
@@ -378,7 +378,7 @@ class SoftGuidance:
     def __call__(self, model: nn.Module) -> Tensor:
         s = self.section
         links = collect_links(s, self.cfg, list(s.soft), "crossformer.soft", model_blocks(model))
-        terms = [guidance_distance(link, s.p, s.sg_norm, s.sg_reduction, s.include_bias) for link in links]
+        terms = [guidance_distance(link, s.p, s.sg_norm, s.reduction, s.include_bias) for link in links]
         return s.alpha * torch.stack(terms).sum()
 
 
@@ -557,7 +557,7 @@ class StateGuidance:
                                    f"state(s) of {site.lower} and {len(uppers)} of {site.upper}; both must be "
                                    "recorded once per call (was a module replaced after the model was built?)")
             terms.append(state_distance(lowers, uppers, recorder.padding.get(site.positions), s.p, s.sg_norm,
-                                        s.sg_reduction))
+                                        s.reduction))
         return s.alpha * torch.stack(terms).sum()
 
 
@@ -705,7 +705,7 @@ for _suffix, _block in _BLOCKS.items():
         f"Crossformer-{_block} soft guidance{_where}, Table 1 left (IWSLT'14 De-En; weights, summed L2, "
         "alpha=0.01 as Appendix A.1.2)",
         dict(_IWSLT, crossformer=_section(_suffix, soft=[_pair], p=2, alpha=0.01, soft_target="weights",
-                                          sg_reduction="sum")))
+                                          reduction="sum")))
     PRESETS[f"crossformer_wmt_en_de_{_suffix}"] = (
         f"Crossformer-{_block} hard guidance{_where}, Table 2 (WMT'14 En-De, 6 layers)",
         dict(_WMT, crossformer=_section(_suffix, hard=[_pair])))

@@ -309,7 +309,7 @@ def evaluate(directory: Path, args: argparse.Namespace) -> str:
     directory = Path(directory)
     data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
     names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
-    model = load_pretrained(directory, args.device)
+    model = load_pretrained(directory, getattr(args, "device", None))
     images_path, labels_path = _evaluation_files(data, args.data)
     images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)
     cfg = model.config

@@ -495,7 +495,7 @@ def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], l
 def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
     def evaluate(directory: Path, args: argparse.Namespace) -> str:
         """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
-        model = load_pretrained(directory, args.device).eval()
+        model = load_pretrained(directory, getattr(args, "device", None)).eval()
         data = kind.data_class(**json.loads((directory / "data.json").read_text()))
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)

@@ -258,7 +258,7 @@ TRAIN_DEFAULTS = dict(lr=1e-3, warmup_steps=400, max_tokens=2048, label_smoothin
 
 def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for translation: BLEU and chrF of ``--src`` against ``--ref`` (default: test set)."""
-    model, vocab = load_translator(directory, args.device)
+    model, vocab = load_translator(directory, getattr(args, "device", None))
     data = TranslationData(**json.loads((directory / "data.json").read_text()))
     src_path = Path(args.src) if args.src else data.resolve(data.test_src)
     ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
