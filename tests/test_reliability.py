@@ -430,6 +430,12 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
     with pytest.raises(RuntimeError, match="boom"):
         main(["--debug", "tables"])
 
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "paper_tables", interrupted)  # Ctrl-C outside a training loop (reading data, ...)
+    assert main(["tables"]) == 130 and capsys.readouterr().err == "interlayer: interrupted\n"
+
 
 def test_an_idx_header_with_huge_dimensions_is_reported_without_overflow():
     data = bytes([0, 0, 0x08, 3]) + (2 ** 21).to_bytes(4, "big") * 3 + b"x" * 10

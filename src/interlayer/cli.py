@@ -286,30 +286,6 @@ EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, Dire
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 
 
-def _run(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
-    if args.command == "models":
-        print(model_catalog(args.length, args.names))
-    elif args.command == "tables":
-        print(paper_tables())
-    elif args.command == "config":
-        cfg = get_config(args.preset, **_parse_sets(args.sets))
-        if args.output:
-            cfg.save(args.output)
-        else:
-            print(json.dumps(cfg.to_dict(), indent=2))
-    elif args.command == "train":
-        return _train(args)
-    elif args.command == "translate":
-        _translate(args)
-    elif args.command == "evaluate":
-        _evaluate(args)
-    elif args.command == "compare":
-        return _compare(args, sys.argv[1:] if argv is None else argv)
-    elif args.command == "search":
-        return _search(args)
-    return 0
-
-
 def _quiet_stdout() -> None:
     """After a broken pipe (``interlayer models | head``), point stdout at /dev/null so that the interpreter's
     final flush does not fail again with "Exception ignored ... BrokenPipeError" (Python docs, signal module)."""
@@ -326,7 +302,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     went away (``| head``: ends quietly, as a program killed by SIGPIPE), compare/search: 1 when a run failed."""
     args = build_parser().parse_args(argv)
     try:
-        return _run(args, argv)
+        if args.command == "models":
+            print(model_catalog(args.length, args.names))
+        elif args.command == "tables":
+            print(paper_tables())
+        elif args.command == "config":
+            cfg = get_config(args.preset, **_parse_sets(args.sets))
+            if args.output:
+                cfg.save(args.output)
+            else:
+                print(json.dumps(cfg.to_dict(), indent=2))
+        elif args.command == "train":
+            return _train(args)
+        elif args.command == "translate":
+            _translate(args)
+        elif args.command == "evaluate":
+            _evaluate(args)
+        elif args.command == "compare":
+            return _compare(args, sys.argv[1:] if argv is None else argv)
+        elif args.command == "search":
+            return _search(args)
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
@@ -345,6 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"interlayer: run it again with --debug (interlayer --debug {args.command} ...) for the traceback",
               file=sys.stderr)
         return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import csv
+import dataclasses
 import json
 import shutil
 import signal
@@ -115,7 +115,8 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
            ) -> dict[str, Any]:
     start_over = resume and (run_dir / RUN_FILE).is_file() and not (run_dir / LAST).is_file()
     if resume and not start_over:
-        task, model, train_cfg = _load_run(spec, run_dir, preset, sets, seed, max_minutes, warn, env.is_main)
+        task, model, train_cfg = _load_run(spec, run_dir, preset, sets, seed, max_minutes,
+                                           warn if env.is_main else lambda line: None, env.is_main)
     elif env.is_main:
         if start_over:
             warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
