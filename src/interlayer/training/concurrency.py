@@ -79,6 +79,10 @@ class DirectoryBusy(RuntimeError):
     """Another live process holds the directory's lock; the message names it (pid, host, start) and what to do."""
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (a zombie, dead but not yet reaped, counts as gone)."""
     try:
@@ -114,8 +118,7 @@ class DirectoryLock:
     byte-range locks, which the server arbitrates between hosts.
     """
 
-    def __init__(self, directory: Path, what: str, *, warn: Callable[[str], None] = lambda line: print(
-            line, file=sys.stderr, flush=True)) -> None:
+    def __init__(self, directory: Path, what: str, *, warn: Callable[[str], None] = _to_stderr) -> None:
         self.directory, self.what, self.warn = Path(directory), what, warn
         self.path = self.directory / LOCK_FILE
         self._fd: Optional[int] = None
