@@ -56,13 +56,12 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from .build import build_model
 from .checkpoint import register_model_type
 from .config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, flatten_overrides,
-                     read_config_file)
+                     parse_value, read_config_file)
 from .core.components import Components
 from .core.config import ConfigError
 from .core.feedforward import FeedForward
@@ -294,7 +293,7 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
             raise ConfigError(f"{key} is derived from the image size and the down-sampling (patch_size or "
                               "stage_widths) and cannot be set")
         if name in VISION_FIELDS:
-            data[name] = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            data[name] = parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw
         elif head in ENCODER_FIELDS:
             encoder_sets[name] = raw
         else:

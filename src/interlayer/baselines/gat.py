@@ -83,13 +83,13 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin
 from ..core.config import ConfigError
+from ..fileio import read_yaml_or_json
 
 MODEL_TYPE = "gat"
 ATTN_IMPLS = ("sparse", "dense")
@@ -178,10 +178,7 @@ def gat_config(name_or_path: Union[str, Path, dict[str, Any]], **overrides: Any)
         data, source = copy.deepcopy(GAT_PRESETS[str(name_or_path)][1]), f"preset {name_or_path}"
     elif Path(name_or_path).suffix in (".json", ".yaml", ".yml"):
         path = Path(name_or_path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"cannot read config file {path}: {err}") from err
+        data = read_yaml_or_json(path)
         source = str(path)
     else:
         raise ConfigError(f"unknown GAT preset {str(name_or_path)!r}; known: {', '.join(GAT_PRESETS)} (or pass a "

@@ -10,8 +10,10 @@ Design notes
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, fields
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 Arch = Literal["encoder_decoder", "encoder_classifier"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "none"]
@@ -26,6 +28,27 @@ ATTN_IMPLS = ("auto", "eager")
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key, the value and what would be valid."""
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """Refuse NaN and infinite floats anywhere in the dataclass ``cfg`` (nested sections and lists included).
+
+    One check for every config instead of one per field: a range test such as ``0 <= p < 1`` happens to reject
+    NaN, but ``lr <= 0`` does not, and an infinite epsilon or learning rate trains to NaN without a word. Ranges
+    stay with each field's ``validate``; this only asks that every number be a number.
+    """
+
+    def visit(value: Any, key: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in fields(value):
+                visit(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(item, f"{key}[{i}]")
+
+    visit(cfg, prefix.rstrip("."))
 
 
 def _choice(key: str, value: object, valid: tuple) -> None:
@@ -96,6 +119,7 @@ class TransformerConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on the first setting that cannot work."""
+        check_finite(self)
         _choice("arch", self.arch, ARCHES)
         _choice("positions", self.positions, POSITIONS)
         _choice("activation", self.activation, ACTIVATIONS)
@@ -114,6 +138,9 @@ class TransformerConfig:
                               f"valid n_heads divide d_model, e.g. {_divisors(self.d_model)}")
         if self.qk_width % self.n_heads:
             raise ConfigError(f"qk_dim={self.qk_dim} is not divisible by n_heads={self.n_heads}")
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"layer_norm_eps={self.layer_norm_eps} must be positive (it keeps LayerNorm's division "
+                              "away from zero; 1e-5 is usual)")
         for key in ("dropout", "attn_dropout", "act_dropout", "embed_dropout"):
             if getattr(self, key) is not None and not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key}={getattr(self, key)} must lie in [0, 1)")

@@ -43,7 +43,6 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
@@ -51,9 +50,11 @@ from ..baselines.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..baselines.cnn_text import CNNTextConfig, cnn_from_dict
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
+from ..fileio import read_yaml_or_json
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import bundled_dir
+from ..data.text import DataError
 from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
@@ -333,6 +334,26 @@ class TextClassificationTask:
     def num_classes(self) -> int:
         return len(self.kind.fmt.labels)
 
+    def check_inputs(self, model: nn.Module) -> None:
+        """Refuse, before any training, an input of any split longer than a model with a position table can read
+        (``max_positions``; relative positions and the CNN have no such limit), naming file and line. Inputs are
+        cut to ``data.max_len`` already, so the fix is to lower it (or raise ``max_positions``)."""
+        cfg = model.config
+        limit = getattr(cfg, "max_positions", None)
+        if limit is None or getattr(cfg, "positions", None) not in ("sinusoidal", "learned") or \
+                self.data.max_len <= limit:
+            return
+        for split in ("train", "valid", "test"):
+            path = self.data.resolve(getattr(self.data, split))
+            examples = self.kind.fmt.read(path)
+            encoded = self.train_set if split == "train" else encode_set(self.encoder, examples, self.data.max_len)
+            for example, item in zip(examples, encoded.inputs):
+                if len(item.ids) > limit:
+                    raise DataError(f"{path}:{example.line}: the {split} example has {len(item.ids)} tokens, more "
+                                    f"than the model's max_positions={limit} (positions={cfg.positions!r}); set "
+                                    f"data.max_len={limit} to truncate every input to what the model reads, or "
+                                    "raise max_positions")
+
     def encode_file(self, path: Path) -> EncodedSet:
         return encode_set(self.encoder, self.kind.fmt.read(path), self.data.max_len)
 
@@ -396,8 +417,7 @@ def _config_file(preset: str) -> Optional[dict[str, Any]]:
     path = Path(preset)
     if path.suffix not in (".json", ".yaml", ".yml") or not path.is_file():
         return None
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    data = read_yaml_or_json(path)
     return data if isinstance(data, dict) else None
 
 
