@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from interlayer.training.engine import LAST
 from interlayer import get_config
 from interlayer.baselines.gat import gat_config
 from interlayer.cli import main
@@ -194,7 +195,7 @@ def test_killing_compare_leaves_no_orphan_and_a_second_compare_is_refused(corpus
     size = (run / "train.csv").stat().st_size
     time.sleep(0.5)
     assert (run / "train.csv").stat().st_size == size  # nobody writes any more
-    assert (run / "checkpoint_last.pt").is_file()  # the run saved on its way out (SIGTERM): resumable
+    assert (run / LAST).is_file()  # the run saved on its way out (SIGTERM): resumable
     assert _owner(run) == {}  # and released its lock cleanly
 
 
@@ -209,14 +210,14 @@ def test_sigterm_stops_train_with_exit_143_and_a_checkpoint(corpus, tmp_path):
     finally:
         process.kill()
     assert process.returncode == 128 + signal.SIGTERM
-    assert json.loads(out)["signal"] == "SIGTERM" and (run / "checkpoint_last.pt").is_file()
+    assert json.loads(out)["signal"] == "SIGTERM" and (run / LAST).is_file()
 
 
 # -- resuming -------------------------------------------------------------------------------------------------
 def test_resume_before_the_first_checkpoint_starts_over_and_says_so(finished_run, tmp_path, capsys):
     run = _copy(finished_run, tmp_path)
     rows = len((run / "train.csv").read_text().splitlines())
-    for name in ("checkpoint_last.pt", "results.json"):  # as if killed before the first checkpoint
+    for name in (LAST, "results.json"):  # as if killed before the first checkpoint
         (run / name).unlink()
     assert main(["train", "translation", "--run-dir", str(run), "--resume", "--no-progress", "--beam", "1"]) == 0
     assert "stopped before its first checkpoint" in capsys.readouterr().err
@@ -411,8 +412,9 @@ def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, args):
 
 def test_a_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
     process = _cli_process(["compare", "--list-variants"], tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    process.stdout.read(10)
-    process.stdout.close()  # `| head -c 10`
+    # The reader goes away before the listing is written (the interpreter takes a second to start): reading part of
+    # it first would race with a listing that fits in the pipe's buffer, written whole before the reader closes.
+    process.stdout.close()
     process.wait(timeout=60)
     assert process.stderr.read() == b"" and process.returncode == 141
 

@@ -35,7 +35,7 @@ from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
-from .training.engine import LAST
+from .training.engine import LAST, LEGACY_LAST
 
 RUN_FILE = "run.json"
 
@@ -113,7 +113,9 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
            seed: Optional[int], max_minutes: Optional[float], run_dir: Path, resume: bool, progress: bool,
            options: dict[str, Any], score_test: bool, warn: Callable[[str], None], env: distributed.DistEnv
            ) -> dict[str, Any]:
-    start_over = resume and (run_dir / RUN_FILE).is_file() and not (run_dir / LAST).is_file()
+    # a legacy pickle checkpoint is no "missing checkpoint": the engine refuses it with the reason
+    start_over = resume and (run_dir / RUN_FILE).is_file() and not any(
+        (run_dir / name).is_file() for name in (LAST, LEGACY_LAST))
     if resume and not start_over:
         task, model, train_cfg = _load_run(spec, run_dir, preset, sets, seed, max_minutes,
                                            warn if env.is_main else lambda line: None, env.is_main)
