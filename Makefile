@@ -24,6 +24,8 @@ test: setup
 	$(PY) -m pytest
 
 bench: setup
+	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
+	$(PY) benchmarks/bench_compare.py
 	$(PY) benchmarks/bench_core.py
 
 clean:

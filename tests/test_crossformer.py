@@ -281,7 +281,7 @@ def _equalise_kq(model):
 @pytest.mark.parametrize("norm", ["power", "root"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_soft_loss_is_zero_with_zero_gradient_when_weights_are_equal(p, norm, reduction):
-    model = tiny(soft=["kq"], p=p, sg_norm=norm, sg_reduction=reduction)
+    model = tiny(soft=["kq"], p=p, sg_norm=norm, reduction=reduction)
     _equalise_kq(model)
     loss = _sg(model)
     loss.backward()
@@ -306,7 +306,7 @@ def _manual(model, p, norm, reduction, include_bias=True):
 @pytest.mark.parametrize("norm", ["power", "root"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_soft_loss_value_matches_its_definition(p, norm, reduction):
-    model = tiny(soft=["kq"], p=p, sg_norm=norm, sg_reduction=reduction, alpha=0.5)
+    model = tiny(soft=["kq"], p=p, sg_norm=norm, reduction=reduction, alpha=0.5)
     assert _sg(model).item() == pytest.approx(0.5 * _manual(model, p, norm, reduction), rel=1e-5)
 
 
@@ -359,7 +359,7 @@ def test_soft_guidance_survives_deepcopy():
     ({"soft": ["kq"], "alpha": -0.1}, {}, r"crossformer.alpha=-0.1 must be a finite number >= 0"),
     ({"soft": ["kq"], "ffn_order": "w2w1"}, {}, r"crossformer.ffn_order='w2w1' is not valid"),
     ({"soft": ["kq"], "sg_norm": "l2"}, {}, r"crossformer.sg_norm='l2'"),
-    ({"soft": ["kq"], "sg_reduction": "avg"}, {}, r"crossformer.sg_reduction='avg'"),
+    ({"soft": ["kq"], "reduction": "avg"}, {}, r"crossformer.reduction='avg'"),
     ({"hard": ["kq"], "sides": ["encoder", "middle"]}, {}, r"crossformer.sides\[1\]='middle' is not valid"),
     ({"hard": ["kq"], "sides": []}, {}, r"crossformer.sides is empty"),
     ({"hard": ["kq"]}, {"enc_layers": 1}, r"at least 2 layers, but enc_layers=1"),
@@ -493,12 +493,38 @@ def test_presets_reproduce_the_baselines_and_exact_savings():
     assert round(iwslt / 1e6) == 52
     wmt = _meta_count(get_config("crossformer_wmt_en_de_transformer").to_dict())
     assert round(wmt / 1e6) == 61
-    ffn_saving = 2 * cf.hard_savings("ffn", 6, 512, 2048)
+    ffn_saving = 2 * cf.hard_savings("ffn", 6, 512, 2048)  # encoder and decoder FFN stacks
     assert iwslt - _meta_count(get_config("crossformer_iwslt_ffn").to_dict()) == ffn_saving
-    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_key_query").to_dict()) == \
-        2 * cf.hard_savings("kq", 6, 512, 2048)
-    assert get_config("crossformer_iwslt_sg_key_query").crossformer.alpha == 0.01
+    kq_saving = 3 * cf.hard_savings("kq", 6, 512, 2048)  # encoder, decoder and cross-attention stacks
+    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_key_query").to_dict()) == kq_saving
+    assert wmt - _meta_count(get_config("crossformer_wmt_en_de_value").to_dict()) == \
+        3 * cf.hard_savings("vf", 6, 512, 2048)
+    sg = get_config("crossformer_iwslt_sg_key_query").crossformer
+    assert (sg.alpha, sg.p, sg.soft_target, sg.reduction) == (0.01, 2, "weights", "sum")
+    assert sg.sides == get_config("crossformer_iwslt_key_query").crossformer.sides == ["encoder", "decoder", "cross"]
     assert get_config("crossformer_wmt_en_de_all_16l").enc_layers == 16
+
+
+# Tables 1-3 rows (paper #Params, millions) and the preset named after each; Table 3 is Table 2's with 36 encoder
+# layers. Written out here, not read from the module.
+PAPER_ROWS = [("crossformer_iwslt_ffn", {}, 39), ("crossformer_iwslt_value", {}, 48),
+              ("crossformer_iwslt_key_query", {}, 48), ("crossformer_wmt_en_de_ffn", {}, 47),
+              ("crossformer_wmt_en_de_value", {}, 57), ("crossformer_wmt_en_de_key_query", {}, 57),
+              ("crossformer_wmt_en_de_all_16l", {}, 60), ("crossformer_wmt_en_de_ffn", {"enc_layers": 36}, 111),
+              ("crossformer_wmt_en_de_value", {"enc_layers": 36}, 142),
+              ("crossformer_wmt_en_de_key_query", {"enc_layers": 36}, 142)]
+
+
+@pytest.mark.parametrize("name, overrides, paper", PAPER_ROWS)
+def test_each_preset_named_after_a_row_is_the_closest_choice_of_stacks(name, overrides, paper):
+    """Guiding the cross-attention stack or not: the preset takes whichever is nearer the row's #Params."""
+    def distance(sides):
+        fields = get_config(name, **overrides).to_dict()
+        fields["crossformer"]["sides"] = sides
+        return abs(_meta_count(fields) / 1e6 - paper)
+
+    preset = distance(get_config(name).crossformer.sides)
+    assert preset <= min(distance(None), distance(["encoder", "decoder", "cross"])), name
 
 
 def test_paper_tables_list_ours_beside_the_paper():
@@ -508,5 +534,246 @@ def test_paper_tables_list_ours_beside_the_paper():
     assert all(headers == ["model", "ours", "paper", "diff", "saved d_m^2/block"] for _, headers, _ in tables)
     rows = {row[0]: row for _, _, table in tables for row in table}
     assert rows["crossformer_iwslt_transformer"][1:4] == ["52.07M", "52M", "+0.07M"]
-    assert rows["crossformer_iwslt_key_query (+cross)"][1] == "48.13M"
+    assert rows["crossformer_iwslt_key_query"][1:4] == ["48.13M", "48M", "+0.13M"]
+    assert rows["crossformer_iwslt_key_query (self-attention only)"][1] == "49.44M"
+    assert rows["crossformer_wmt_en_de_key_query (36L enc)"][1] == "143.28M"
     assert math.isclose(float(rows["crossformer_iwslt_ffn"][4]), 4 * 10 / 12, abs_tol=0.01)
+
+
+# --- Table 6 orders: the ties written out by hand -----------------------------------------------------------------
+
+
+def _partition(model, names, layers, stack="encoder", kind="ffn"):
+    """Group ``"i.name"`` labels by the identity of their weight: which matrices are one parameter."""
+    groups: dict[int, set[str]] = {}
+    for i in range(layers):
+        block = ffn(model, i, stack) if kind == "ffn" else attn(model, i, stack)
+        for name in names:
+            groups.setdefault(id(getattr(block, name).weight), set()).add(f"{i}.{name}")
+    return sorted(sorted(group) for group in groups.values())
+
+
+# Table 6, self-attention rows ("Query Query", "Key Key", "Query Key", "Key Query"): the lower layer's first-named
+# matrix is the upper layer's second-named one, for t = 1, 2 of a 3-layer stack (q = q_proj, k = k_proj).
+ATTENTION_TIES = {
+    "qq": [{"0.q_proj", "1.q_proj", "2.q_proj"}, {"0.k_proj"}, {"1.k_proj"}, {"2.k_proj"}],
+    "kk": [{"0.k_proj", "1.k_proj", "2.k_proj"}, {"0.q_proj"}, {"1.q_proj"}, {"2.q_proj"}],
+    "qk": [{"0.q_proj", "1.k_proj"}, {"1.q_proj", "2.k_proj"}, {"0.k_proj"}, {"2.q_proj"}],
+    "kq": [{"0.k_proj", "1.q_proj"}, {"1.k_proj", "2.q_proj"}, {"0.q_proj"}, {"2.k_proj"}],
+}
+# Table 6, FFN rows, and Eq. 6 for value-fusion, in a 4-layer stack (t = 1, 2, 3 is the lower index 0, 1, 2).
+ALTERNATION_TIES = {
+    ("ffn", "w2_w1"): [{"0.fc2", "1.fc2"}, {"1.fc1", "2.fc1"}, {"2.fc2", "3.fc2"}, {"0.fc1"}, {"3.fc1"}],
+    ("ffn", "w1_w2"): [{"0.fc1", "1.fc1"}, {"1.fc2", "2.fc2"}, {"2.fc1", "3.fc1"}, {"0.fc2"}, {"3.fc2"}],
+    ("vf", "w2_w1"): [{"0.out_proj", "1.out_proj"}, {"1.v_proj", "2.v_proj"}, {"2.out_proj", "3.out_proj"},
+                      {"0.v_proj"}, {"3.v_proj"}],
+}
+
+
+@pytest.mark.parametrize("order", list(ATTENTION_TIES))
+def test_table6_attention_orders_tie_exactly_the_expected_matrices(order):
+    model = tiny(hard=[order])
+    for stack in ("encoder", "decoder"):
+        assert _partition(model, ("q_proj", "k_proj"), 3, stack, "attn") == \
+            sorted(sorted(group) for group in ATTENTION_TIES[order])
+
+
+@pytest.mark.parametrize("pair, ffn_order", list(ALTERNATION_TIES))
+def test_table6_ffn_orders_and_eq6_tie_exactly_the_expected_matrices(pair, ffn_order):
+    model = create_model(dict(TINY, enc_layers=4, crossformer={"hard": [pair], "ffn_order": ffn_order}))
+    names, kind = (("fc1", "fc2"), "ffn") if pair == "ffn" else (("v_proj", "out_proj"), "attn")
+    assert _partition(model, names, 4, kind=kind) == sorted(sorted(g) for g in ALTERNATION_TIES[pair, ffn_order])
+
+
+# SG on weights for each Table 6 order: (matrix of layer t, matrix of layer t+1) written out by hand.
+SOFT_ORDERS = {"qq": ("q_proj", "q_proj"), "kk": ("k_proj", "k_proj"), "qk": ("q_proj", "k_proj"),
+               "kq": ("k_proj", "q_proj")}
+
+
+@pytest.mark.parametrize("order", list(SOFT_ORDERS))
+def test_table6_orders_regularise_the_expected_matrices(order):
+    lower_name, upper_name = SOFT_ORDERS[order]
+    model = tiny(soft=[order], sides=["encoder"], alpha=1.0)
+    expected = 0.0
+    for i in range(2):
+        lower, upper = getattr(attn(model, i), lower_name), getattr(attn(model, i + 1), upper_name)
+        with torch.no_grad():
+            expected += float((lower.weight - upper.weight).pow(2).sum() + (lower.bias - upper.bias).pow(2).sum())
+    loss = _sg(model)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    for i in range(3):
+        for name in ("q_proj", "k_proj"):
+            grad = getattr(attn(model, i), name).weight.grad
+            assert (grad is not None) == (name == lower_name and i < 2), (order, i, name)
+
+
+# --- soft guidance on states (soft_target="states") ---------------------------------------------------------------
+
+
+def _merge(heads):
+    """(B, H, T, d_h) per-head tensor -> (B, T, H d_h), the projection's output layout."""
+    b, h, t, d = heads.shape
+    return heads.transpose(1, 2).reshape(b, t, h * d)
+
+
+def _masked_sum(lower, upper, padding):
+    keep = (~padding).unsqueeze(-1).double()
+    diff = (lower.double() - upper.double()) * keep
+    return float(diff.detach().pow(2).sum()), float(keep.sum()) * lower.shape[-1]
+
+
+def _padded_batch():
+    src, tgt = tokens(3, 6), tokens(3, 5)
+    src[1, -2:] = 0
+    src[2, -4:] = 0
+    tgt[2, -3:] = 0
+    return src, tgt
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_state_guidance_equals_keys_against_next_queries_from_the_intermediates(reduction, passes):
+    """Eq. 1 on states: K(t) of every layer against Q(t+1), over the real positions, from the attention
+    intermediates of the same forward. Every MPT pass counts; a link's mean pools its passes:
+    sum / (real positions x width x passes)."""
+    extra = {"multipass": {"passes": passes}} if passes > 1 else {}
+    model = create_model(dict(TINY, **extra, crossformer={"soft": ["kq"], "soft_target": "states", "alpha": 0.5,
+                                                          "reduction": reduction})).eval()
+    src, tgt = _padded_batch()
+    out = model(src, tgt, need_intermediates=True)
+    assert len(out.encoder.attentions) == 3 * passes
+    expected = 0.0
+    for attentions, padding in ((out.encoder.attentions, src.eq(0)), (out.decoder.self_attentions, tgt.eq(0))):
+        for i in range(2):  # links (0, 1) and (1, 2) of each stack
+            sums = [_masked_sum(_merge(attentions[3 * run + i].k), _merge(attentions[3 * run + i + 1].q), padding)
+                    for run in range(len(attentions) // 3)]
+            total, count = sum(t for t, _ in sums), sum(c for _, c in sums)
+            expected += total if reduction == "sum" else total / count
+    assert out.aux_losses["crossformer_sg"].item() == pytest.approx(0.5 * expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("ffn_order", ["w2_w1", "w1_w2"])
+def test_state_guidance_of_value_fusion_and_ffn_follows_the_alternation(ffn_order):
+    """vf: the fusion outputs A V W_F of layers t, t+1 at odd t, the values V at even t (Eq. 6); ffn: the outputs
+    of the alternated FFN matrices (W_1's before the activation), Eq. 5. Computed here from each layer's parts."""
+    fields = dict(TINY, arch="encoder_classifier", num_classes=3, enc_layers=4)
+    model = create_model(dict(fields, crossformer={"soft": ["vf", "ffn"], "soft_target": "states",
+                                                   "ffn_order": ffn_order, "alpha": 1.0})).eval()
+    src = _padded_batch()[0]
+    out = model(src, need_intermediates=True)
+    layers = model.encoder.layers
+    fusion = [layers[i].self_attn.out_proj(_merge(out.encoder.attentions[i].probs @ out.encoder.attentions[i].v))
+              for i in range(4)]
+    values = [_merge(out.encoder.attentions[i].v) for i in range(4)]
+    ffn_in = [layers[i].ffn_block.branch_input(out.encoder.mids[i]) for i in range(4)]
+    fc1 = [layers[i].ffn.fc1(ffn_in[i]) for i in range(4)]
+    fc2 = [layers[i].ffn(ffn_in[i]) for i in range(4)]
+    odd, even = (fc2, fc1) if ffn_order == "w2_w1" else (fc1, fc2)
+    pairs = [(fusion[0], fusion[1]), (values[1], values[2]), (fusion[2], fusion[3]),  # t = 1, 2, 3 (vf)
+             (odd[0], odd[1]), (even[1], even[2]), (odd[2], odd[3])]  # t = 1, 2, 3 (ffn)
+    expected = sum(_masked_sum(lower, upper, src.eq(0))[0] for lower, upper in pairs)
+    assert out.aux_losses["crossformer_sg"].item() == pytest.approx(expected, rel=1e-5)
+
+
+def _states_model(**section):
+    fields = dict(TINY, crossformer=dict({"soft_target": "states"}, **section))
+    return create_model(fields).eval()
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("soft, sides", [(["kq", "vf", "ffn"], None), (["qq", "kk", "vf"], ["cross"])])
+def test_state_guidance_ignores_padding(reduction, soft, sides):
+    """A sentence pair alone and the same pair padded (source and target) give the same term."""
+    model = _states_model(soft=soft, sides=sides, reduction=reduction)
+    src, tgt = tokens(1, 5), tokens(1, 4)
+    alone = model(src, tgt).aux_losses["crossformer_sg"]
+    padded_src = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
+    padded_tgt = torch.cat([tgt, torch.zeros(1, 2, dtype=torch.long)], 1)
+    padded = model(padded_src, padded_tgt).aux_losses["crossformer_sg"]
+    torch.testing.assert_close(padded, alone)
+    batch = model(torch.cat([padded_src, tokens(1, 8)]), torch.cat([padded_tgt, tokens(1, 6)]))
+    assert batch.aux_losses["crossformer_sg"].item() != pytest.approx(alone.item())  # the other row counts
+
+
+def test_state_gradient_reaches_layer_t_and_below_never_the_guide():
+    model = _states_model(soft=["kq"], sides=["encoder"])
+    model(*_padded_batch()).aux_losses["crossformer_sg"].backward()
+    assert model.encoder.embed.tokens.weight.grad.abs().sum() > 0  # K(t) depends on everything below layer t
+    assert attn(model, 0).q_proj.weight.grad.abs().sum() > 0 and ffn(model, 0).fc2.weight.grad.abs().sum() > 0
+    assert attn(model, 1).k_proj.weight.grad.abs().sum() > 0
+    assert attn(model, 1).q_proj.weight.grad is None  # layer 1's query only guides (stop-gradient)
+    assert all(p.grad is None for p in model.encoder.layers[2].parameters())
+    assert all(p.grad is None for p in model.decoder.parameters())
+    weights = tiny(soft=["kq"], sides=["encoder"])
+    weights(*_padded_batch()).aux_losses["crossformer_sg"].backward()
+    assert weights.encoder.embed.tokens.weight.grad is None  # the weights target touches only W_K(t)
+
+
+def test_state_gradient_stops_at_a_guide_computed_by_the_forward():
+    """FFN states are the forward's own outputs (in the graph): the guide's must be detached. W_2-W_1 order:
+    fc2 outputs of layers 0 and 1, then fc1 outputs of layers 1 and 2."""
+    model = _states_model(soft=["ffn"], sides=["encoder"])
+    model(*_padded_batch()).aux_losses["crossformer_sg"].backward()
+    assert ffn(model, 1).fc1.weight.grad.abs().sum() > 0 and ffn(model, 0).fc2.weight.grad.abs().sum() > 0
+    assert ffn(model, 1).fc2.weight.grad is None  # layer 1's fc2 output only guides layer 0's
+    assert all(p.grad is None for p in model.encoder.layers[2].parameters())
+
+
+def test_state_guidance_keeps_the_fused_attention_path(monkeypatch):
+    """The q/k/v states are re-projected from the attention's input instead of requesting the intermediates,
+    which would switch every guided attention to the eager path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the eager attention path ran")
+
+    model = _states_model(soft=["qq", "kk", "vf", "ffn"], sides=["encoder", "decoder", "cross"])
+    monkeypatch.setattr(MultiHeadAttention, "_eager", refuse)
+    assert model(*_padded_batch()).aux_losses["crossformer_sg"] > 0
+
+
+def test_states_are_recorded_only_inside_the_models_forward():
+    model = _states_model(soft=["kq", "vf"])
+    guidance = model.aux_loss_fns["crossformer_sg"]
+    src, tgt = _padded_batch()
+    model(src, tgt)
+    assert guidance.recorder.states == {} and not guidance.recorder.armed  # dropped after the forward
+    enc = model.encode(src)
+    model.decode(tgt, enc)
+    assert guidance.recorder.states == {}  # encode/decode (generation) keep nothing
+    with pytest.raises(RuntimeError, match=r"exists only inside model\(...\)"):
+        guidance(model)
+    with torch.no_grad():
+        assert model(src, tgt).aux_losses["crossformer_sg"] > 0  # validation still reports it
+
+
+def test_state_guidance_survives_deepcopy_and_checkpoints(tmp_path):
+    model = _states_model(soft=["kq", "ffn"])
+    src, tgt = _padded_batch()
+    reference = model(src, tgt).aux_losses["crossformer_sg"]
+    clone = copy.deepcopy(model)
+    torch.testing.assert_close(clone(src, tgt).aux_losses["crossformer_sg"], reference)
+    assert clone.aux_loss_fns["crossformer_sg"].recorder is not model.aux_loss_fns["crossformer_sg"].recorder
+    save_pretrained(model, tmp_path)
+    torch.testing.assert_close(load_pretrained(tmp_path).eval()(src, tgt).aux_losses["crossformer_sg"], reference)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"hard": ["kq"], "soft_target": "states"}, r"soft_target='states' .* crossformer.soft is empty"),
+    ({"soft": ["kq"], "soft_target": "states", "include_bias": False}, r"include_bias=False does nothing"),
+    ({"soft": ["qq", "kq"], "soft_target": "states", "sides": ["encoder", "cross"]}, r"no common positions"),
+    ({"soft": ["kq"], "soft_target": "activations"}, r"crossformer.soft_target='activations' is not valid"),
+])
+def test_invalid_state_settings_are_rejected(section, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(dict(TINY, crossformer=section))
+
+
+def test_reduction_is_read_from_configs_saved_with_its_old_name():
+    from interlayer.config import config_from_dict
+
+    data = get_config("transformer_small", crossformer={"soft": ["kq"], "reduction": "mean"}).to_dict()
+    data["crossformer"]["sg_reduction"] = data["crossformer"].pop("reduction")
+    assert config_from_dict(data).crossformer.reduction == "mean"
+    data["crossformer"]["reduction"] = "sum"
+    with pytest.raises(ConfigError, match="old name of crossformer.reduction"):
+        config_from_dict(data)

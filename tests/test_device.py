@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from interlayer import catalog
+from interlayer import catalog, create_model, get_config
+from interlayer.registry import PRESETS
 from interlayer.baselines.gat import with_self_loops
 from interlayer.core.config import ConfigError
 from interlayer.training.device import autocast, move, resolve_device, resolve_precision
@@ -64,11 +65,25 @@ def test_every_model_runs_forward_and_backward_on_the_meta_device(name):
     assert grads and all(g is None or g.device.type == "meta" for g in grads)
 
 
+def shallow(name: str) -> torch.nn.Module:
+    """The preset with at most 2 encoder and 2 decoder layers, on the meta device: graph breaks come from code
+    paths, which 2 layers exercise as 6 do (the cross-layer hooks need 2), while tracing time grows with depth.
+    A preset whose method fixes its depth (an MPT permutation of 6 layers) is traced whole."""
+    with torch.device("meta"):
+        if name not in PRESETS:
+            return catalog.build_named(name)
+        cfg = get_config(name)
+        try:
+            return create_model(name, enc_layers=min(cfg.enc_layers, 2), dec_layers=min(cfg.dec_layers, 2))
+        except ConfigError:
+            return create_model(name)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_model_compiles_without_graph_breaks(name):
     torch._dynamo.reset()
-    model = catalog.build_named(name).train()
-    args, kwargs = example_inputs(model, "cpu")
+    model = shallow(name).train()
+    args, kwargs = example_inputs(model, "meta")
     explanation = torch._dynamo.explain(model)(*args, **kwargs)
     reasons = [str(reason.reason).splitlines()[0] for reason in explanation.break_reasons]
     assert explanation.graph_break_count == 0, reasons
@@ -96,14 +111,15 @@ def test_decoding_creates_every_tensor_on_its_input_device():
     from interlayer import create_model
     from interlayer.decoding import DecodeOptions, decode
 
-    model = create_model("transformer_small", src_vocab_size=40, d_model=32, d_ffn=64, n_heads=2).eval()
+    model = create_model("transformer_small", src_vocab_size=40, d_model=32, d_ffn=64, n_heads=2, enc_layers=1,
+                         dec_layers=1).eval()
     src = torch.randint(4, 40, (3, 6))
     src[2, 4:] = model.config.pad_id
-    expected = [decode(model, src, DecodeOptions(beam=beam, use_cache=cache)) for beam in (1, 3)
-                for cache in (True, False)]
-    with torch.device("meta"):
-        got = [decode(model, src, DecodeOptions(beam=beam, use_cache=cache)) for beam in (1, 3)
+    options = [DecodeOptions(beam=beam, use_cache=cache, max_len_a=0.0, max_len_b=5) for beam in (1, 3)
                for cache in (True, False)]
+    expected = [decode(model, src, option) for option in options]
+    with torch.device("meta"):
+        got = [decode(model, src, option) for option in options]
     assert got == expected
 
 
@@ -138,3 +154,16 @@ def test_device_and_precision_resolve_with_errors_that_name_the_choices():
         assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast(torch.device("cpu"), "fp32"):
         assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_compare_spreads_runs_over_the_gpus(monkeypatch):
+    """``compare --jobs N`` on a machine with GPUs: each new run goes to the least busy GPU, unless the runs' device
+    names one device."""
+    from interlayer.compare.runner import gpus_for_runs, least_busy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert gpus_for_runs("auto") == gpus_for_runs("cuda") == gpus_for_runs(None) == [0, 1, 2]
+    assert gpus_for_runs("cuda:1") == gpus_for_runs("cpu") == []
+    assert least_busy([0, 1, 2], []) == 0 and least_busy([0, 1, 2], [0]) == 1 and least_busy([0, 1, 2], [0, 1]) == 2
+    assert least_busy([0, 1, 2], [0, 1, 2, 1]) == 0 and least_busy([], [None]) is None

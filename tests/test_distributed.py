@@ -1,16 +1,16 @@
 """Data-parallel training: 2 CPU processes (gloo, as torchrun launches them) give the losses and weights of one
-process with the same global batch (update_freq=2), also with Crossformer-tied weights."""
+process with the same global batch (update_freq=2), also with Crossformer-tied weights; where 2 GPUs exist, the
+same with NCCL, each rank on its own GPU."""
 import os
 import socket
 
 import pytest
 import torch
-
-from interlayer.training.engine import LAST, read_checkpoint
 import torch.multiprocessing as mp
 
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
+from interlayer.training.engine import LAST, read_checkpoint
 
 from test_translation import _sentences  # noqa: E402  (shared tiny corpus)
 
@@ -25,7 +25,7 @@ def _sets(corpus, update_freq: int, extra: dict) -> dict:
     sets = {"d_model": "32", "n_heads": "4", "d_ffn": "64", "enc_layers": "2", "dec_layers": "2", "dropout": "0.0",
             "train.max_steps": "4", "train.update_freq": str(update_freq), "train.log_interval": "1",
             "train.max_tokens": "200", "train.warmup_steps": "2", "train.average_last": "0",
-            "data.vocab_size": "80", **extra}
+            "data.vocab_size": "80", "train.device": "cpu", "train.precision": "fp32", **extra}
     for split in ("train", "valid", "test"):
         sets[f"data.{split}_src"] = str(corpus / f"{split}.de")
         sets[f"data.{split}_tgt"] = str(corpus / f"{split}.en")
@@ -50,7 +50,10 @@ def corpus(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("extra", [{}, {"crossformer.hard": "[kq, ffn]"}], ids=["plain", "crossformer_hg"])
+@pytest.mark.parametrize("extra", [
+    {}, {"crossformer.hard": "[kq, ffn]"},
+    pytest.param({"train.device": "cuda", "train.tf32": "false"}, marks=pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="NCCL across 2 GPUs needs 2 GPUs"))], ids=["plain", "crossformer_hg", "nccl"])
 def test_two_processes_equal_one_process_with_the_same_global_batch(corpus, tmp_path, extra):
     single, double = tmp_path / "single", tmp_path / "ddp"
     _run(0, 1, 0, corpus, single, 2, extra)

@@ -271,6 +271,46 @@ def test_crossformer_ties_layer_two_vectors_to_layer_one(option: str) -> None:
     assert count_parameters(GAT(tiny_config())) - count_parameters(model) == 3 * len(SHARING[option])
 
 
+# This project's adaptation (Crossformer Sec. 3.3 / App. A.3 give no GAT details; baselines/gat.py docstring),
+# written out: option -> {layer-2 attention vector: the layer-1 vector it is}. a_dst scores the target node (GAT's
+# query term), a_src the source node (its key term); a role not listed keeps layer 2's own vector.
+GAT_MAPPING = {"kq": {"att_dst": "att_src"}, "qk": {"att_src": "att_dst"}, "qq": {"att_dst": "att_dst"},
+               "kk": {"att_src": "att_src"}, "ffn": {"att_dst": "att_dst", "att_src": "att_src"}}
+
+
+@pytest.mark.parametrize("option", list(GAT_MAPPING))
+def test_crossformer_on_gat_shares_exactly_the_documented_vectors(option: str) -> None:
+    """Which layer-1 parameter each layer-2 parameter is, and what layer 2 computes with it: a borrowed vector
+    (layer 1's 8 x 8 heads x features, read head-major as one vector) scores layer 2's *input*, its own vectors
+    score its projected features W2 h (GAT Eq. 1-3), written out here on a dense graph."""
+    model = GAT(tiny_config(crossformer=option)).eval()
+    lower, upper = model.layers
+    borrowed = {name: next((other for other, q in lower.named_parameters() if q is p), None)
+                for name, p in upper.named_parameters()}
+    assert borrowed == {"weight": None, "bias": None, "att_dst": None, "att_src": None, **GAT_MAPPING[option]}
+
+    h = torch.randn(6, 8)  # layer 2's input: layer 1's 2 heads x 4 features
+    edges = with_self_loops(path_graph(6), 6)
+    projected = h @ upper.weight  # (N, C), one output head
+    scores = {}
+    for role in ("att_dst", "att_src"):
+        if role in GAT_MAPPING[option]:
+            scores[role] = h @ getattr(lower, GAT_MAPPING[option][role]).reshape(-1)
+        else:
+            scores[role] = projected @ getattr(upper, role)[0]
+    logits = torch.nn.functional.leaky_relu(scores["att_dst"][:, None] + scores["att_src"][None, :], 0.2)
+    adjacency = torch.zeros(6, 6, dtype=torch.bool)
+    adjacency[edges[1], edges[0]] = True  # row i attends to its neighbours j and itself (Eq. 2)
+    alpha = torch.softmax(logits.masked_fill(~adjacency, torch.finfo(logits.dtype).min), dim=-1)
+    torch.testing.assert_close(upper(h, edges), alpha @ projected + upper.bias)
+
+
+def test_crossformer_presets_say_they_are_our_adaptation() -> None:
+    guided = {name: description for name, (description, fields) in GAT_PRESETS.items() if fields.get("crossformer")}
+    assert len(guided) == 4
+    assert all("this project's adaptation (the paper gives no GAT details)" in d for d in guided.values())
+
+
 @pytest.mark.parametrize("option", OPTIONS)
 def test_crossformer_changes_the_function(option: str) -> None:
     """Same weights wherever the shapes agree: only the guided scoring differs, so the outputs must."""

@@ -51,12 +51,30 @@ def encode(model: nn.Module, src: Tensor) -> Tensor:
     return model.encoder(src).hidden
 
 
-def reference_passes(encoder: Encoder, src: Tensor, passes: int, routing: str,
-                     mixing: list[Tensor]) -> list[Tensor]:
-    """MPT written out from the paper: Eq. 2-3 per layer, Eq. 6 across passes, Fig. 4 for the routing.
+def reference_layer(layer: nn.Module, x: Tensor, mask: Tensor, norm_first: bool,
+                    into_branch: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """One encoder layer from its parts, not its forward: ``S_mid`` (Eq. 2, self-attention with its residual) and
+    ``S_out`` (Eq. 3, FFN with its residual), post-LN (Vaswani et al.) or pre-LN. ``into_branch`` is added to the
+    self-attention's input only, not to the residual around it: Fig. 4 (b)/(d), infused "after the residual
+    connection", so the information "cannot propagate as directly to the following layers" (Sec. 3.3)."""
+    branch = x if into_branch is None else x + into_branch
+    attend = layer.self_attn
+    if norm_first:
+        mid = x + attend(layer.attn_block.norm(branch), key_padding_mask=mask)[0]
+        return mid, mid + layer.ffn(layer.ffn_block.norm(mid))
+    mid = layer.attn_block.norm(x + attend(branch, key_padding_mask=mask)[0])
+    return mid, layer.ffn_block.norm(mid + layer.ffn(mid))
+
+
+def reference_passes(encoder: Encoder, src: Tensor, passes: int, routing: str, mixing: list[Tensor],
+                     norm_first: bool = False) -> list[Tensor]:
+    """MPT written out from the paper without the library's injector or ``branch_add``: Eq. 2-3 per layer
+    (:func:`reference_layer`), Eq. 6 across passes, Fig. 4 / Sec. 3.3 for the routing: (a) inner S_out added to the
+    outer layer's input before the residual, (b) after it (to the attention branch only), (c)/(d) the same with
+    the inner S_mid.
 
     ``mixing[t]`` is the (N, N) weight matrix of transition t (one-hot rows for default/hard connections).
-    Returns each pass's final-LayerNorm'd output.
+    Returns each pass's output, through the final LayerNorm in pre-LN.
     """
     mask = src.eq(0)
     x0 = encoder.embed(src)
@@ -69,16 +87,15 @@ def reference_passes(encoder: Encoder, src: Tensor, passes: int, routing: str,
             add = None
             if p > 0:
                 feats = inner_out if routing in "ab" else inner_mid
-                add = sum(mixing[p - 1][k, j] * feats[j] for j in range(N))
+                add = sum(mixing[p - 1][k, j] * feats[j] for j in range(len(feats)))
             if add is not None and routing in "ac":
-                res = layer(x + add, key_padding_mask=mask)
+                mid, x = reference_layer(layer, x + add, mask, norm_first)
             else:
-                res = layer(x, key_padding_mask=mask, branch_add=add)
-            x = res.hidden
-            cur_out.append(res.hidden)
-            cur_mid.append(res.mid)
+                mid, x = reference_layer(layer, x, mask, norm_first, into_branch=add)
+            cur_out.append(x)
+            cur_mid.append(mid)
         inner_out, inner_mid = cur_out, cur_mid
-        outs.append(encoder.finish(x))
+        outs.append(encoder.final_norm(x) if norm_first else x)
     return outs
 
 
@@ -140,22 +157,49 @@ def test_embedding_is_computed_once_per_forward() -> None:
 def test_default_connection_matches_reference(routing: str, norm_first: bool) -> None:
     mpt = tiny(dict(passes=3, routing=routing), norm_first=norm_first).eval()
     src = tokens()
-    expected = reference_passes(mpt.encoder, src, 3, routing, [torch.eye(N)] * 2)
+    expected = reference_passes(mpt.encoder, src, 3, routing, [torch.eye(N)] * 2, norm_first)
     for p in (1, 2, 3):
         mpt.encoder.exit_pass = p
         torch.testing.assert_close(encode(mpt, src), expected[p - 1])
 
 
-def test_hard_permutation_matches_reference_and_changes_output() -> None:
+@pytest.mark.parametrize("routing", ["a", "b", "c", "d"])
+def test_hard_permutation_matches_reference_and_changes_output(routing: str) -> None:
     perm = [0, 2, 1]
-    mpt = tiny(dict(connection="hard", permutation=perm)).eval()
-    default = tiny(dict(connection="default"))
+    mpt = tiny(dict(connection="hard", permutation=perm, routing=routing)).eval()
+    default = tiny(dict(connection="default", routing=routing))
     default.load_state_dict(mpt.state_dict())
     src = tokens()
-    expected = reference_passes(mpt.encoder, src, 2, "a", [one_hot(perm)])[-1]
+    expected = reference_passes(mpt.encoder, src, 2, routing, [one_hot(perm)])[-1]
     torch.testing.assert_close(encode(mpt, src), expected)
     assert not torch.allclose(encode(mpt, src), encode(default.eval(), src))
     assert torch.equal(mpt.encoder.connection_weights()[0], one_hot(perm))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_best_hard_pattern_041523_is_fig3_and_not_its_inverse(norm_first: bool) -> None:
+    """[0,4,1,5,2,3] is not its own inverse ([0,2,4,5,1,3]), so reading tau the wrong way round shows. Sec. 3.2:
+    "the output of layer tau_k in the first-pass encoder is added to the input of layer k in the second-pass
+    encoder ... Input to outer layer 0 comes from inner layer 0, that of outer layer 1 comes from inner layer 4,
+    that of outer layer 2 comes from inner layer 1, and so on." Written with the core layers' forward only."""
+    perm, inverse = [0, 4, 1, 5, 2, 3], [0, 2, 4, 5, 1, 3]
+    fed_by = {0: 0, 1: 4, 2: 1, 3: 5, 4: 2, 5: 3}  # outer layer: the inner layer feeding it (Fig. 3)
+    mpt = tiny(dict(connection="hard", permutation=perm), enc_layers=6, norm_first=norm_first).eval()
+    flipped = tiny(dict(connection="hard", permutation=inverse), enc_layers=6, norm_first=norm_first).eval()
+    flipped.load_state_dict(mpt.state_dict())
+    src = tokens()
+    mask, layers = src.eq(0), mpt.encoder.layers
+    embedded = mpt.encoder.embed(src)
+    inner, h = [], embedded
+    for layer in layers:
+        h = layer(h, key_padding_mask=mask).hidden
+        inner.append(h)
+    outer = embedded
+    for k, layer in enumerate(layers):
+        outer = layer(outer + inner[fed_by[k]], key_padding_mask=mask).hidden
+    expected = mpt.encoder.final_norm(outer) if norm_first else outer
+    torch.testing.assert_close(encode(mpt, src), expected)
+    assert not torch.allclose(encode(flipped, src), expected, atol=1e-4)
 
 
 def test_hard_identity_permutation_equals_default() -> None:

@@ -328,7 +328,7 @@ def test_methods_that_replace_pretrained_weights_are_refused(tiny: Path, section
 
 
 @pytest.mark.parametrize("config, match", [
-    ({"model_type": "roberta"}, "model_type='roberta' is not supported; supported BERT-family types: bert, electra"),
+    ({"model_type": "albert"}, "model_type='albert' is not supported; supported types: bert, electra, roberta"),
     ({"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ({"model_type": "electra", "embedding_size": 16}, "embedding_size=16"),

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Callable, Union
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .build import build_model
 from .config import config_from_dict
 from .core.config import ConfigError
+from .fileio import parse_json, read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -101,14 +102,18 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
     for path in (config_path, weights_path):
         if not path.is_file():
             raise CheckpointError(f"{directory} is not an interlayer checkpoint: {path.name} is missing")
-    with safe_open(str(weights_path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-    stored_ties = json.loads(metadata.get("tie_map", "{}"))
+    try:
+        with safe_open(str(weights_path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err}); it may be truncated or "
+                              "corrupt: copy it again, or save the model again") from None
+    stored_ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
     model_type = metadata.get("model_type", "transformer")
     if model_type not in _BUILDERS:
         raise CheckpointError(f"{weights_path} holds a {model_type!r} model; known model types: "
                               f"{', '.join(sorted(_BUILDERS))} (import the module that registers it)")
-    data = json.loads(config_path.read_text())
+    data = read_json(config_path, CheckpointError)
     try:
         model = _BUILDERS[model_type](data)
     except ConfigError as err:
@@ -116,7 +121,12 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
     if stored_ties != tie_map(model):
         raise CheckpointError(f"{weights_path} was saved with tied parameters {stored_ties}, but its config "
                               f"builds a model tied as {tie_map(model)}; the files come from different models")
-    load_canonical_state_dict(model, load_file(str(weights_path)), source=str(weights_path))
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{weights_path}: cannot read the tensors ({err}); the file may be truncated or "
+                              "corrupt: copy it again, or save the model again") from None
+    load_canonical_state_dict(model, tensors, source=str(weights_path))
     if device is not None:
         from .training.device import resolve_device  # the training package imports this module
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import traceback
 from typing import Optional, Sequence
 
 from pathlib import Path
@@ -12,11 +15,14 @@ from . import get_config
 from .catalog import model_catalog
 from .checkpoint import CheckpointError
 from .core.config import ConfigError
-from .data.text import DataError, read_lines
+from .data.text import DataError, read_lines, read_stream_lines
+from .fileio import read_json
 from .decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
+from .training.concurrency import DirectoryBusy
 from .tasks import task_specs
+from .training.engine import DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
 
@@ -65,7 +71,12 @@ def _device_sets(args: argparse.Namespace) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="interlayer",
-        description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.")
+        description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.",
+        epilog="A bad input (config, data, model folder, a directory another process writes) is reported in one line "
+               "with exit code 2; an unexpected error in one line with exit code 1 (--debug: with its traceback). "
+               "See docs/reliability.md.")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of any error (give it before the command: interlayer --debug ...)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     models = sub.add_parser("models", help="list every model preset with parameters and MAdds",
@@ -95,11 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=f"Train on {spec.description}. Keys given with --set go to the model "
                                             "config; train.KEY and data.KEY reach the training and data settings "
                                             "(e.g. --set d_model=256 --set train.lr=5e-4).")
-        task.add_argument("--preset", default=spec.default_preset,
+        task.add_argument("--preset",
                           help=f"preset name or .json/.yaml model config (default {spec.default_preset})")
         task.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                          help="override a model field, or train.KEY / data.KEY (repeatable)")
-        task.add_argument("--seed", type=int, default=1, help="random seed (data order, init, dropout)")
+                          help="override a model field, or train.KEY / data.KEY (repeatable); with --resume only "
+                               "the keys that may change on resume (docs/training.md)")
+        task.add_argument("--seed", type=int, help="random seed (data order, init, dropout; default 1)")
         task.add_argument("--max-minutes", type=float, help="training budget in minutes (validation excluded)")
         task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
@@ -241,21 +253,28 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     _add_device_arguments(mpt, training=True)
 
 
-def _train(args: argparse.Namespace) -> None:
+def _train(args: argparse.Namespace) -> int:
+    """Exit code 0 when the run finished; 128 + the signal's number when a signal stopped it (SIGINT 130, SIGTERM
+    143), as a shell reports a process the signal killed, so scripts and schedulers see the run did not finish."""
     spec = task_specs()[args.task]
     data_sets, options = spec.options_from_args(args)
     sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
-    model_name = Path(getattr(args, "pretrained", None) or args.preset).stem  # a fine-tuning run: the checkpoint
-    run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{args.seed}")
+    preset = args.preset or spec.default_preset
+    model_name = Path(getattr(args, "pretrained", None) or preset).stem  # a fine-tuning run: the checkpoint
+    run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{1 if args.seed is None else args.seed}")
     results = train(spec, preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
                     run_dir=run_dir, resume=args.resume, progress=not args.no_progress, options=options)
     print(json.dumps(results, indent=2))
+    if results["status"] == "finished":
+        return 0
+    return 128 + signal.Signals[results.get("signal", "SIGINT")]
 
 
 def _translate(args: argparse.Namespace) -> None:
     model, vocab = load_translator(Path(args.checkpoint), args.device)
-    lines = read_lines(args.input) if args.input else [line.rstrip("\n") for line in sys.stdin]
-    out = translate(model, vocab, lines, DecodeOptions(**decode_options(args)))
+    source = args.input or "<stdin>"
+    lines = read_lines(args.input) if args.input else read_stream_lines(sys.stdin.buffer, source)
+    out = translate(model, vocab, lines, DecodeOptions(**decode_options(args)), source=source)
     text = "\n".join(out) + ("\n" if out else "")
     if args.output:
         Path(args.output).write_text(text)
@@ -269,8 +288,12 @@ def _evaluate(args: argparse.Namespace) -> None:
     if not info.is_file():
         raise FileNotFoundError(f"{directory} has no task.json: pass a model folder written by `interlayer train` "
                                 "(RUN_DIR/best or RUN_DIR/averaged)")
-    name = json.loads(info.read_text())["task"]
-    spec = task_specs()[name]
+    name = read_json(info, CheckpointError).get("task")
+    specs = task_specs()
+    if name not in specs:
+        raise CheckpointError(f"{info} names the task {name!r}; known tasks: {', '.join(specs)} (pass a model "
+                              "folder written by `interlayer train`)")
+    spec = specs[name]
     if spec.evaluate is None:
         raise ConfigError(f"task {name!r} has no evaluate command")
     print(spec.evaluate(directory, args))
@@ -315,7 +338,7 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError(f"search mpt needs {' and '.join(missing)}")
     output = Path(args.output or DEFAULT_OUTPUT.format(task=args.task))
     settings = SearchSettings(
-        task=args.task or "", trials=args.trials or 1, output=output, preset=args.preset,
+        task=args.task or "", trials=1 if args.trials is None else args.trials, output=output, preset=args.preset,
         sets={**_parse_sets(args.sets), **_device_sets(args)},
         coarse=args.coarse, top_k=args.top_k, poor_fraction=args.poor_fraction, budget_minutes=args.budget_minutes,
         storage=args.storage, study=args.study, seed=args.seed, workers=args.workers, retry_lost=args.retry_lost,
@@ -328,7 +351,27 @@ def _search(args: argparse.Namespace) -> int:
     return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
 
 
+# Bad input, named by the message: exit code 2 and one line.
+EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,
+                   FileExistsError)
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe (``interlayer models | head``), point stdout at /dev/null so that the interpreter's
+    final flush does not fail again with "Exception ignored ... BrokenPipeError" (Python docs, signal module)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no file (a test's capture): nothing to flush there
+        pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; the exit code: 0 done, 2 bad input (one line naming what and where), 3 training diverged
+    (non-finite loss or gradients; the step is named), 1 an unexpected
+    error (one line; ``--debug`` adds the traceback), 130/143 stopped by SIGINT/SIGTERM, 141 the reader of stdout
+    went away (``| head``: ends quietly, as a program killed by SIGPIPE), compare/search: 1 when a run failed."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "models":
@@ -342,7 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             else:
                 print(json.dumps(cfg.to_dict(), indent=2))
         elif args.command == "train":
-            _train(args)
+            return _train(args)
         elif args.command == "translate":
             _translate(args)
         elif args.command == "evaluate":
@@ -353,9 +396,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _compare(args, sys.argv[1:] if argv is None else argv)
         elif args.command == "search":
             return _search(args)
-    except (ConfigError, DataError, CheckpointError, TokenizerError, FileNotFoundError, FileExistsError) as err:
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
+    except KeyboardInterrupt:
+        print("interlayer: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except EXPECTED_ERRORS as err:
+        if args.debug:
+            traceback.print_exc()
         print(f"interlayer: error: {err}", file=sys.stderr)
         return 2
+    except DivergenceError as err:
+        print(f"interlayer: error: {err}", file=sys.stderr)
+        return 3
+    except Exception as err:  # noqa: BLE001 (one line unless --debug)
+        if args.debug:
+            raise
+        print(f"interlayer: internal error: {type(err).__name__}: {err}\n"
+              f"interlayer: run it again with --debug (interlayer --debug {args.command} ...) for the traceback",
+              file=sys.stderr)
+        return 1
     return 0
 
 

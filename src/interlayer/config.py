@@ -17,7 +17,8 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .core.config import ConfigError, TransformerConfig
+from .core.config import ConfigError, TransformerConfig, check_finite
+from .fileio import load_yaml, read_yaml_or_json
 from .methods import METHODS
 from .methods.conv_branch import ConvBranchConfig
 from .methods.crossformer import CrossformerConfig
@@ -64,13 +65,10 @@ class ModelConfig(ConfigFile, TransformerConfig):
 
 
 def read_config_file(path: Union[str, Path]) -> dict[str, Any]:
-    """The mapping in a .json or .yaml config file; unreadable files and non-mappings raise naming the file."""
+    """The mapping in a .json or .yaml config file; unreadable files, bytes that are not UTF-8, syntax errors,
+    duplicate keys (:mod:`interlayer.fileio`) and non-mappings raise :class:`ConfigError` naming the file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (OSError, json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from None
+    data = read_yaml_or_json(path)
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
     return data
@@ -86,9 +84,26 @@ def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
     return cfg
 
 
+# Keys renamed after configs holding them were saved: (section, old key) -> new key. A saved config keeps loading.
+RENAMED_KEYS: dict[tuple[str, str], str] = {("crossformer", "sg_reduction"): "reduction"}
+
+
+def _renamed(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for (section, old), new in RENAMED_KEYS.items():
+        if isinstance(out.get(section), dict) and old in out[section]:
+            block = dict(out[section])
+            if new in block:
+                raise ConfigError(f"{section}.{old} is the old name of {section}.{new}; give only {section}.{new}")
+            block[new] = block.pop(old)
+            out[section] = block
+    return out
+
+
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
-    """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key."""
-    return checked_config(ModelConfig, data, source)
+    """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key. Keys renamed since a
+    config was saved (:data:`RENAMED_KEYS`) are read under their new names."""
+    return checked_config(ModelConfig, _renamed(data), source)
 
 
 def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
@@ -99,7 +114,7 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """
     data = cfg.to_dict()
     for dotted, raw in overrides.items():
-        value = parse_value(raw) if isinstance(raw, str) else raw
+        value = parse_value(raw, f"--set {dotted}") if isinstance(raw, str) else raw
         head, _, rest = dotted.partition(".")
         if rest:
             section = data.get(head)
@@ -116,10 +131,11 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     return config_from_dict(data, source="overrides")
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, key: str = "--set value") -> Any:
     """A ``--set`` value: YAML (``3``, ``0.1``, ``true``, ``[0,2,1]``, ``null``), and numbers YAML 1.1 leaves as
-    strings (``1e-3``, ``5E4``) as floats; an empty value is the empty string."""
-    value = yaml.safe_load(text) if text.strip() else ""
+    strings (``1e-3``, ``5E4``) as floats; an empty value is the empty string. Invalid YAML raises
+    :class:`ConfigError` naming ``key``."""
+    value = load_yaml(text, key, inline=True) if text.strip() else ""
     if isinstance(value, str):
         try:
             return float(value)
@@ -162,7 +178,9 @@ def dataclass_from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         if key not in names:
             _unknown(key, names, prefix)
         kwargs[key] = _coerce(value, hints[key], prefix + key)
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    check_finite(obj, prefix)
+    return obj
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

@@ -3,25 +3,45 @@
 A run directory holds everything needed to resume or reproduce it: ``run.json`` (task, preset, and the model,
 training and data configs as resolved), the task's assets (e.g. the vocabulary), ``checkpoint_last.safetensors``, the
 ``best/`` (and ``averaged/``) model folders, CSV and TensorBoard logs, and ``results.json``.
+
+One writer per run directory: :func:`train` holds the directory's lock (``writer.lock``,
+:class:`~interlayer.training.concurrency.DirectoryLock`) from before it looks for ``run.json`` until it returns, so
+checking for an existing run and creating one cannot race with a second process, and a second writer is refused
+naming the first. A task may define ``check_inputs(model)``: called before training, it refuses (naming file and
+line) an input of any split the model cannot read, instead of failing an epoch later at validation.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import csv
+import dataclasses
 import json
+import shutil
+import signal
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from .config import dataclass_from_dict, parse_value
 from .core.config import ConfigError
+from .fileio import read_json
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
+from .training.concurrency import DirectoryLock
+from .training.config import CHANGEABLE_ON_RESUME
+from .training.engine import LAST, LEGACY_LAST
 
 RUN_FILE = "run.json"
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -31,7 +51,7 @@ def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any
     """
     model, train, data = {}, {}, {}
     for key, value in sets.items():
-        value = parse_value(value) if isinstance(value, str) else value
+        value = parse_value(value, f"--set {key}") if isinstance(value, str) else value
         head, _, rest = key.partition(".")
         if head == "train" and rest:
             train[rest] = value
@@ -58,53 +78,73 @@ def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: in
     return model
 
 
-def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None, seed: int = 1,
-          max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False, progress: bool = True,
-          options: Optional[dict[str, Any]] = None, score_test: bool = True) -> dict[str, Any]:
+def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None,
+          seed: Optional[int] = None, max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False,
+          progress: bool = True, options: Optional[dict[str, Any]] = None, score_test: bool = True,
+          warn: Callable[[str], None] = _warn) -> dict[str, Any]:
     """Train (or resume) one run of ``spec``'s task and return its results (also in ``results.json``).
 
-    On resume every setting comes from the run's ``run.json`` (only ``max_minutes`` may be raised), so a resumed
-    run is the run that was started. Under ``torchrun`` rank 0 prepares the run (vocabulary, ``run.json``) and the
-    other ranks load it; rank 0 alone scores the final model. ``score_test=False`` skips the test set (an
+    A fresh run uses ``seed`` (default 1). On resume every setting comes from the run's ``run.json``, so a resumed
+    run is the run that was started: ``sets``, ``seed``, ``preset`` and ``max_minutes`` may only repeat the stored
+    values, except the training keys of :data:`~interlayer.training.config.CHANGEABLE_ON_RESUME` (when to stop, how
+    often to log and save, threads), whose changes are applied, announced through ``warn`` and recorded in
+    ``run.json``; any other change raises :class:`ConfigError` listing it. A run stopped before its first
+    checkpoint has nothing to resume: ``resume=True`` starts it again from the beginning, with its stored settings,
+    and says so. Under ``torchrun`` rank 0 prepares the run (vocabulary, ``run.json``) and the other ranks load it;
+    rank 0 alone holds the lock and scores the final model. ``score_test=False`` skips the test set (an
     architecture search must select on validation only); ``results["best_valid"]`` always holds the best
-    validation metrics.
+    validation metrics. An interrupted run's results name the signal that stopped it (``"signal"``).
     """
     run_dir = Path(run_dir)
-    options = options or {}
+    if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
+        raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
     env = distributed.environment()
     distributed.initialise(env)
-    if resume:
-        task, model, train_cfg = _load_run(spec, run_dir, max_minutes)
+    fresh = None
+    if env.is_main and not resume:  # resolved before the lock: a bad config leaves no directory behind
+        _refuse_existing(run_dir)
+        fresh = _resolve_new(spec, preset, sets or {}, seed, max_minutes)
+    with DirectoryLock(run_dir, f"{spec.name} training run") if env.is_main else contextlib.nullcontext():
+        return _train(spec, fresh, preset, sets or {}, seed, max_minutes, run_dir, resume, progress, options or {},
+                      score_test, warn, env)
+
+
+def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets: dict[str, Any],
+           seed: Optional[int], max_minutes: Optional[float], run_dir: Path, resume: bool, progress: bool,
+           options: dict[str, Any], score_test: bool, warn: Callable[[str], None], env: distributed.DistEnv
+           ) -> dict[str, Any]:
+    # a legacy pickle checkpoint is no "missing checkpoint": the engine refuses it with the reason
+    start_over = resume and (run_dir / RUN_FILE).is_file() and not any(
+        (run_dir / name).is_file() for name in (LAST, LEGACY_LAST))
+    if resume and not start_over:
+        task, model, train_cfg = _load_run(spec, run_dir, preset, sets, seed, max_minutes,
+                                           warn if env.is_main else lambda line: None, env.is_main)
     elif env.is_main:
-        if (run_dir / RUN_FILE).exists():
-            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another "
-                                  "--run-dir")
-        model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets or {}))
-        train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, "seed": seed, **train_sets}, "train.")
-        if max_minutes is not None:
-            train_cfg.max_minutes = max_minutes
-        train_cfg.validate()
-        data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
-        task = spec.make_task(data_cfg, train_cfg, None)
-        preset = preset or spec.default_preset
-        model_cfg = spec.resolve_model(preset, model_sets, task)
-        model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
-        run_dir.mkdir(parents=True, exist_ok=True)
-        task.save_assets(run_dir)
-        (run_dir / RUN_FILE).write_text(json.dumps({"task": spec.name, "preset": preset,
-                                                    "model": model_cfg.to_dict(), "train": asdict(train_cfg),
-                                                    "data": asdict(data_cfg)}, indent=2))
+        if start_over:
+            warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
+                 "nothing to resume: starting it from the beginning with its stored settings")
+            task, model, train_cfg = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn)
+        else:
+            assert fresh is not None
+            _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
+            task, model, train_cfg = fresh.task, fresh.model, fresh.train_cfg
+            task.save_assets(run_dir)
+            _write_json(run_dir / RUN_FILE, fresh.record)
         distributed.barrier(env)  # the other ranks read what was just written
     else:
         distributed.barrier(env)
-        task, model, train_cfg = _load_run(spec, run_dir, max_minutes)
-    trainer = Trainer(task, model, train_cfg, run_dir, resume=resume, progress=progress)
+        task, model, train_cfg = _load_run(spec, run_dir, None, {}, None, None, warn, False)
+    check = getattr(task, "check_inputs", None)
+    if check is not None:
+        check(model)
+    trainer = Trainer(task, model, train_cfg, run_dir, resume=resume and not start_over, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
     if not env.is_main:
         return {"status": "finished" if state.finished else "interrupted", "rank": env.rank}
     if not state.finished:
-        return {"status": "interrupted", "stop_reason": state.stop_reason, "run_dir": str(run_dir),
+        stopped = {"signal": signal.Signals(trainer.stop_signal).name} if trainer.stop_signal else {}
+        return {"status": "interrupted", "stop_reason": state.stop_reason, **stopped, "run_dir": str(run_dir),
                 "resume_with": "the same command plus --resume"}
     results = {"status": "finished", "task": spec.name, "stop_reason": state.stop_reason,
                "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
@@ -116,18 +156,170 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     return results
 
 
-def _load_run(spec: TaskSpec, run_dir: Path, max_minutes: Optional[float]) -> tuple[Any, nn.Module, TrainConfig]:
-    """Task, model and training settings of the run stored in ``run_dir`` (for --resume, and for ranks > 0)."""
-    if not (run_dir / RUN_FILE).is_file():
-        raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
-    stored = json.loads((run_dir / RUN_FILE).read_text())
-    if stored["task"] != spec.name:
-        raise ConfigError(f"{run_dir} holds a {stored['task']!r} run, not {spec.name!r}")
-    train_cfg = dataclass_from_dict(TrainConfig, stored["train"], "train.")
+@dataclasses.dataclass
+class _NewRun:
+    """A fresh run resolved and built, not yet written: its task, seeded model, training config and run.json."""
+
+    task: Any
+    model: nn.Module
+    train_cfg: TrainConfig
+    record: dict[str, Any]
+
+
+def _refuse_existing(run_dir: Path) -> None:
+    if (run_dir / RUN_FILE).exists():
+        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another "
+                              "--run-dir")
+
+
+def _resolve_new(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+                 max_minutes: Optional[float]) -> _NewRun:
+    """Resolve a fresh run from the preset and ``sets`` and build it (writing nothing)."""
+    model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
+    train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, "seed": 1 if seed is None else seed,
+                                                  **train_sets}, "train.")
     if max_minutes is not None:
         train_cfg.max_minutes = max_minutes
-    data_cfg = dataclass_from_dict(spec.data_class, stored["data"], "data.")
-    return spec.make_task(data_cfg, train_cfg, run_dir), spec.model_from_dict(stored["model"]), train_cfg
+    train_cfg.validate()
+    data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
+    task = spec.make_task(data_cfg, train_cfg, None)
+    preset = preset or spec.default_preset
+    model_cfg = spec.resolve_model(preset, model_sets, task)
+    model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
+    return _NewRun(task, model, train_cfg, {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(),
+                                            "train": asdict(train_cfg), "data": asdict(data_cfg)})
+
+
+# What a run writes while it trains (engine, tasks, compare): cleared when a run that never reached its first
+# checkpoint starts again. Only these names: a --run-dir may hold other files of the user's.
+_PARTIAL_FILES = ("train.csv", "valid.csv", "test.hyp", "results.json", "compare_memory.json", LAST + ".tmp")
+_PARTIAL_DIRS = ("tb", "best", "averaged")
+
+
+def _restart_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+                 max_minutes: Optional[float], warn: Callable[[str], None]) -> tuple[Any, nn.Module, TrainConfig]:
+    """A run with ``run.json`` but no checkpoint, started again from its stored settings (plus the changes a
+    resume allows): the partial logs go, the model is rebuilt from the seed as a fresh run builds it."""
+    stored = _read_run(spec, run_dir)
+    train_cfg, data_cfg, model_dict, _ = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes,
+                                                           warn)
+    for name in _PARTIAL_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in _PARTIAL_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    for path in run_dir.glob("checkpoint[0-9]*.pt"):
+        path.unlink()
+    task = spec.make_task(data_cfg, train_cfg, None)
+    model = initial_model(spec, task, model_dict, train_cfg.seed)
+    task.save_assets(run_dir)
+    _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+    return task, model, train_cfg
+
+
+def _read_run(spec: TaskSpec, run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume: {path} is missing (no run was started there)")
+    stored = read_json(path)
+    missing = [key for key in ("task", "model", "train", "data") if key not in stored]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not written by `interlayer train`")
+    if stored["task"] != spec.name:
+        raise ConfigError(f"{run_dir} holds a {stored['task']!r} run, not {spec.name!r}")
+    return stored
+
+
+def _load_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+              max_minutes: Optional[float], warn: Callable[[str], None], record: bool
+              ) -> tuple[Any, nn.Module, TrainConfig]:
+    """Task, model and training settings of the run stored in ``run_dir`` (for --resume, and for ranks > 0), with
+    the changes a resume allows; ``record`` writes them to ``run.json``."""
+    stored = _read_run(spec, run_dir)
+    train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes, warn)
+    if record and asdict(train_cfg) != stored["train"]:
+        _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+    return spec.make_task(data_cfg, train_cfg, run_dir), model, train_cfg
+
+
+def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], preset: Optional[str],
+                      sets: dict[str, Any], seed: Optional[int], max_minutes: Optional[float],
+                      warn: Callable[[str], None]) -> tuple[TrainConfig, Any, dict[str, Any], nn.Module]:
+    """The stored settings with ``sets`` applied, checked: changes to keys outside ``CHANGEABLE_ON_RESUME`` raise
+    :class:`ConfigError` naming each (stored -> requested); allowed ones are announced through ``warn``.
+
+    Values are compared after the same parsing and coercion as a fresh run's (``--set d_model=32`` equals a stored
+    32), the model's by building it from the stored config with the keys applied.
+    """
+    model_sets, train_sets, data_sets = split_overrides(sets)
+    if seed is not None:
+        train_sets = {"seed": seed, **train_sets}
+    if max_minutes is not None:
+        train_sets["max_minutes"] = max_minutes
+    before = asdict(dataclass_from_dict(TrainConfig, stored["train"], "train."))
+    train_cfg = dataclass_from_dict(TrainConfig, {**before, **train_sets}, "train.")
+    train_cfg.validate()
+    data_before = asdict(dataclass_from_dict(spec.data_class, stored["data"], "data."))
+    data_cfg = dataclass_from_dict(spec.data_class, {**data_before, **data_sets}, "data.")
+    model_dict = _with_sets(stored["model"], model_sets)
+    model = spec.model_from_dict(model_dict)
+    changes = {f"train.{k}": (v, getattr(train_cfg, k)) for k, v in before.items() if getattr(train_cfg, k) != v}
+    changes.update({f"data.{k}": (v, getattr(data_cfg, k)) for k, v in data_before.items()
+                    if getattr(data_cfg, k) != v})
+    if model_sets:  # compared with the stored config as built today (fields added since then take their defaults)
+        old = _flatten(spec.model_from_dict(stored["model"]).config.to_dict())
+        new = _flatten(model.config.to_dict())
+        changes.update({k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+                        if old.get(k) != new.get(k)})
+    if preset is not None and preset != stored.get("preset"):
+        changes["--preset"] = (stored.get("preset"), preset)
+    allowed = {f"train.{k}" for k in CHANGEABLE_ON_RESUME}
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    shown = lambda items: ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(items.items()))  # noqa: E731
+    if refused:
+        raise ConfigError(f"--resume continues {run_dir} as it was started ({run_dir / RUN_FILE}), but these "
+                          f"settings would change it: {shown(refused)}. On resume only "
+                          f"{', '.join(sorted(allowed))} may change; start a new run (another --run-dir) to change "
+                          "the others")
+    if changes and (run_dir / "results.json").is_file():
+        raise ConfigError(f"{run_dir} has finished (results.json), so it trains no further and {shown(changes)} "
+                          "would change nothing; start a new run (another --run-dir) instead")
+    if changes:
+        warn(f"interlayer: resuming {run_dir} with changed settings: {shown(changes)}")
+    return train_cfg, data_cfg, model_dict, model
+
+
+def _with_sets(model: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """``model`` (a stored config dict) with dotted ``sets`` applied at their place: ``d_model``, a method section's
+    ``crossformer.alpha`` (turning the section on), or a field of a nested config (a vision model's ``encoder``)."""
+    out = copy.deepcopy(model)
+    for key, value in sets.items():
+        path = key.split(".")
+        if path[0] not in out:
+            nested = [name for name, sub in out.items() if isinstance(sub, dict) and path[0] in sub]
+            path = nested[:1] + path
+        target = out
+        for name in path[:-1]:
+            if not isinstance(target.get(name), dict):
+                target[name] = {}
+            target = target[name]
+        target[path[-1]] = {} if value is True and target.get(path[-1]) is None and len(path) == 1 else value
+    return out
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a crash leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

@@ -39,6 +39,12 @@ blocks use the encoder's normalisation order, dropout and activation, so one set
 Pixels are normalised inside the model with ``pixel_mean``/``pixel_std`` (the training split's statistics, filled
 in by the task), so a saved model scores raw images without any other asset. Inputs are ``(B, C, H, W)`` uint8
 (0..255) or floats in ``[0, 1]``.
+
+``input_size`` lets a model read images of another shape than its own: a pretrained ViT (224 x 224 RGB, say,
+:mod:`interlayer.pretrained`) fine-tuned on 28 x 28 grey Fashion-MNIST. Grey images are repeated to the model's
+channels and every image is resized bilinearly (``align_corners=False``, antialiased when shrinking, as PIL's
+bilinear resampling that ``transformers``' image processors use) before the normalisation, which stays the
+model's own (its pretraining statistics).
 """
 from __future__ import annotations
 
@@ -50,16 +56,16 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from .build import build_model
 from .checkpoint import register_model_type
 from .config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, flatten_overrides,
-                     read_config_file)
+                     parse_value, read_config_file)
 from .core.components import Components
 from .core.config import ConfigError
 from .core.feedforward import FeedForward
+from .core.hub import PretrainedMixin
 from .core.layers import EncoderLayer
 from .core.models import ClassifierOutput, EncoderClassifier
 from .methods.conv_branch import TokenConv, check_kernel
@@ -92,6 +98,9 @@ class VisionConfig(ConfigFile):
     stage_blocks: int = 3  # conv_transformer: blocks per CNN stage ("for every 3 blocks", Sec. 4.2.1)
     conv_kernel: int = 3  # conv_transformer: the CNN blocks' kernel (3 x 3, Sec. 3.5)
     attention: bool = True  # conv_transformer: False makes the last stage CNN blocks too (Table 3's CNN)
+    # [channels, height, width] of the images the model is given when they differ from its own (grey repeated to
+    # ``channels``, then resized to image_height x image_width); empty: the images have the model's shape
+    input_size: list[int] = field(default_factory=list)
     encoder: ModelConfig = field(default_factory=_default_encoder)
 
     @property
@@ -135,6 +144,11 @@ class VisionConfig(ConfigFile):
                                   f"{self.channels})")
         if any(s <= 0 for s in self.pixel_std):
             raise ConfigError(f"pixel_std={self.pixel_std} must be positive")
+        if self.input_size and (len(self.input_size) != 3 or min(self.input_size) < 1
+                                or self.input_size[0] not in (1, self.channels)):
+            raise ConfigError(f"input_size={self.input_size} must be [channels, height, width] of positive sizes with "
+                              f"1 (grey, repeated) or channels={self.channels} channels; [] for images of the "
+                              "model's own shape")
         self._validate_backbone()
         self._validate_encoder()
 
@@ -279,7 +293,7 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
             raise ConfigError(f"{key} is derived from the image size and the down-sampling (patch_size or "
                               "stage_widths) and cannot be set")
         if name in VISION_FIELDS:
-            data[name] = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            data[name] = parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw
         elif head in ENCODER_FIELDS:
             encoder_sets[name] = raw
         else:
@@ -434,7 +448,7 @@ class ConvStem(nn.Module):
         return self.pixels * self.stem.weight.numel() + sum(stage.madds() for stage in self.stages)
 
 
-class ImageClassifier(nn.Module):
+class ImageClassifier(nn.Module, PretrainedMixin):
     """Pixel normalisation -> ``embed`` (patches or CNN stages) -> the core :class:`EncoderClassifier`.
 
     ``forward(images)`` returns the core's :class:`ClassifierOutput` (``logits``, ``exit_logits``,
@@ -456,11 +470,24 @@ class ImageClassifier(nn.Module):
 
     def forward(self, images: Tensor, *, need_intermediates: bool = False) -> ClassifierOutput:
         cfg = self.config
-        expected = (cfg.channels, cfg.image_height, cfg.image_width)
+        expected = tuple(cfg.input_size) or (cfg.channels, cfg.image_height, cfg.image_width)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"expected images of shape (B, {', '.join(map(str, expected))}), got "
                              f"{tuple(images.shape)}")
-        return self.classifier(inputs_embeds=self.embed(self.norm(images)), need_intermediates=need_intermediates)
+        return self.classifier(inputs_embeds=self.embed(self.norm(self.adapt(images))),
+                               need_intermediates=need_intermediates)
+
+    def adapt(self, images: Tensor) -> Tensor:
+        """Images of ``input_size`` as the model's own shape, in [0, 1] (see the module docstring)."""
+        cfg = self.config
+        if not cfg.input_size:
+            return images
+        x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+        x = x.expand(-1, cfg.channels, -1, -1)
+        size = (cfg.image_height, cfg.image_width)
+        if tuple(x.shape[2:]) == size:
+            return x
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
 
     def madds(self, src_len: Optional[int] = None, tgt_len: Optional[int] = None) -> int:
         """Multiply-adds for one image. The sequence length is fixed by the image size: ``src_len``, if given

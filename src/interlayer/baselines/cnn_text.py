@@ -38,6 +38,7 @@ from ..config import ConfigFile, checked_config
 from ..core.config import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
+from ..core.hub import PretrainedMixin
 
 MODEL_TYPE = "cnn_text"
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -122,7 +123,7 @@ class ConvBlock(nn.Module):
         return t * self.conv.weight.numel() + (self.ffn.madds(t) if self.ffn is not None else 0)
 
 
-class CNNTextClassifier(nn.Module):
+class CNNTextClassifier(nn.Module, PretrainedMixin):
     model_type = MODEL_TYPE
 
     def __init__(self, cfg: CNNTextConfig) -> None:

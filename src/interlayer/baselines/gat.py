@@ -33,10 +33,13 @@ Implementation notes:
   (``utils/layers.py``, ``attn_head``): every head draws its own input mask, and the projected features ``W h`` are
   dropped again (same p) after the scores are computed, before aggregation. Training costs about twice as much.
 
-Crossformer on GAT. The paper (Sec. 3.3, App. A.3) applies "Crossformer-Key-Query" and "Crossformer-FFN" hard
-guidance to the two-layer GAT above and reports only accuracies (Table 5). It does not say what is shared, and the
-Transformer recipe cannot be copied: GAT has no query/key/FFN matrices, and its two layers have no weight of equal
-shape (Cora: ``W1`` 1433 x 64, ``a1`` 8 heads x 8 per half; ``W2`` 64 x 7, ``a2`` 1 x 7). Our reading:
+Crossformer on GAT: this project's adaptation, not the paper's specification. The paper (Sec. 3.3, App. A.3)
+applies "Crossformer-Key-Query" and "Crossformer-FFN" hard guidance to the two-layer GAT above and reports only
+accuracies (Table 5). It gives no GAT details: not what is shared, nor how, and the Transformer recipe cannot be
+copied: GAT has no query/key/FFN matrices, and its two layers have no weight of equal shape (Cora: ``W1`` 1433 x 64,
+``a1`` 8 heads x 8 per half; ``W2`` 64 x 7, ``a2`` 1 x 7). The mapping (``SHARING``; layer 2's vector = layer 1's):
+``kq``: ``a_dst2 = a_src1``; ``qk``: ``a_src2 = a_dst1``; ``qq``: ``a_dst2 = a_dst1``; ``kk``: ``a_src2 = a_src1``;
+``ffn``: ``a_dst2 = a_dst1`` and ``a_src2 = a_src1``; ``W`` and the biases are never shared. The reasons:
 
 * **What a GAT "query" and "key" are.** The score splits into a query term of the target node, ``q_i = a_dst . W
   h_i``, and a key term of the source node, ``k_j = a_src . W h_j``: ``a_dst`` and ``a_src`` are GAT's query and
@@ -80,12 +83,13 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
+from ..core.hub import PretrainedMixin
 from ..core.config import ConfigError
+from ..fileio import read_yaml_or_json
 
 MODEL_TYPE = "gat"
 ATTN_IMPLS = ("sparse", "dense")
@@ -114,7 +118,7 @@ class GATConfig(ConfigFile):
     attn_dropout: float = 0.6  # on the normalised attention coefficients
     negative_slope: float = 0.2  # LeakyReLU of Eq. 1
     dropout_placement: Literal["paper", "official"] = "paper"  # module docstring
-    crossformer: Optional[Literal["kq", "qk", "qq", "kk", "ffn"]] = None  # hard guidance (module docstring)
+    crossformer: Optional[Literal["kq", "qk", "qq", "kk", "ffn"]] = None  # our hard-guidance adaptation (docstring)
     attn_impl: Literal["sparse", "dense"] = "sparse"
 
     def validate(self) -> None:
@@ -149,16 +153,20 @@ _CITESEER = dict(in_features=3703, num_classes=6)
 GAT_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "gat_cora": ("GAT on Cora (Veličković et al. 2018, Sec. 3.3: 8x8 heads + 1 output head); Crossformer Table 5 "
                  "'GAT' 83.00", _CORA),
-    "gat_cora_crossformer_kq": ("GAT + Crossformer-Key-Query on Cora (Crossformer Table 5: 83.81 +- 0.3)",
-                                {**_CORA, "crossformer": "kq"}),
-    "gat_cora_crossformer_ffn": ("GAT + Crossformer-FFN on Cora (Crossformer Table 5: 83.42 +- 0.2)",
-                                 {**_CORA, "crossformer": "ffn"}),
+    "gat_cora_crossformer_kq": ("GAT + Crossformer-Key-Query on Cora, this project's adaptation (the paper gives no "
+                                "GAT details): layer 2's query vector a_dst is layer 1's key vector a_src "
+                                "(Crossformer Table 5: 83.81 +- 0.3)", {**_CORA, "crossformer": "kq"}),
+    "gat_cora_crossformer_ffn": ("GAT + Crossformer-FFN on Cora, this project's adaptation (the paper gives no GAT "
+                                 "details): layer 2 uses layer 1's attention network, a_dst and a_src "
+                                 "(Crossformer Table 5: 83.42 +- 0.2)", {**_CORA, "crossformer": "ffn"}),
     "gat_citeseer": ("GAT on Citeseer (Veličković et al. 2018, Sec. 3.3); Crossformer Table 5 'GAT' 72.50",
                      _CITESEER),
-    "gat_citeseer_crossformer_kq": ("GAT + Crossformer-Key-Query on Citeseer (Crossformer Table 5: 73.40 +- 0.2)",
-                                    {**_CITESEER, "crossformer": "kq"}),
-    "gat_citeseer_crossformer_ffn": ("GAT + Crossformer-FFN on Citeseer (Crossformer Table 5: 73.11 +- 0.2)",
-                                     {**_CITESEER, "crossformer": "ffn"}),
+    "gat_citeseer_crossformer_kq": ("GAT + Crossformer-Key-Query on Citeseer, this project's adaptation (the paper "
+                                    "gives no GAT details): layer 2's query vector a_dst is layer 1's key vector "
+                                    "a_src (Crossformer Table 5: 73.40 +- 0.2)", {**_CITESEER, "crossformer": "kq"}),
+    "gat_citeseer_crossformer_ffn": ("GAT + Crossformer-FFN on Citeseer, this project's adaptation (the paper gives "
+                                     "no GAT details): layer 2 uses layer 1's attention network, a_dst and a_src "
+                                     "(Crossformer Table 5: 73.11 +- 0.2)", {**_CITESEER, "crossformer": "ffn"}),
 }
 
 
@@ -170,10 +178,7 @@ def gat_config(name_or_path: Union[str, Path, dict[str, Any]], **overrides: Any)
         data, source = copy.deepcopy(GAT_PRESETS[str(name_or_path)][1]), f"preset {name_or_path}"
     elif Path(name_or_path).suffix in (".json", ".yaml", ".yml"):
         path = Path(name_or_path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"cannot read config file {path}: {err}") from err
+        data = read_yaml_or_json(path)
         source = str(path)
     else:
         raise ConfigError(f"unknown GAT preset {str(name_or_path)!r}; known: {', '.join(GAT_PRESETS)} (or pass a "
@@ -324,7 +329,7 @@ class GATLayer(nn.Module):
         return num_nodes * self.in_features * width + scores + num_edges * width
 
 
-class GAT(nn.Module):
+class GAT(nn.Module, PretrainedMixin):
     """Two GAT layers: ``heads`` x ``hidden`` concatenated + ELU, then ``out_heads`` averaged class scores."""
 
     model_type = MODEL_TYPE

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..core.config import ConfigError
+from ..training.concurrency import DirectoryLock
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
@@ -80,7 +81,9 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     any training and decided in the report.
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
-    which import this package on their way to :mod:`.child`, load neither.
+    which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
+    whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
+    naming this one, instead of training the same runs beside it.
     """
     from .plan import prepare_directory
     from .report import write_report
@@ -92,10 +95,11 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
     check_selections(selections, [v.variant.name for v in plan.variants])
-    continued = prepare_directory(plan, output, list(command))
-    echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
-    outcomes, interrupted = Runner(plan, output, jobs=jobs, echo=echo).run_all()
-    report = write_report(plan, output, list(command), selections)
+    with DirectoryLock(output, "comparison"):
+        continued = prepare_directory(plan, output, list(command))
+        echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
+        outcomes, interrupted = Runner(plan, output, jobs=jobs, echo=echo).run_all()
+        report = write_report(plan, output, list(command), selections)
     echo("")
     echo(report.table)
     echo("")

@@ -25,6 +25,7 @@ import torch
 
 from ..experiment import train
 from ..tasks import task_specs
+from ..training.concurrency import die_with_parent
 
 FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
 MEMORY_FILE = "compare_memory.json"
@@ -78,7 +79,9 @@ def run_job(job: dict[str, Any]) -> int:
 
 
 def entry(job: dict[str, Any], log: str) -> None:
-    """The run process: its output goes to ``log``; its exit code is the outcome (module docstring)."""
+    """The run process: its output goes to ``log``; its exit code is the outcome (module docstring). It dies with
+    the ``compare`` process (:func:`~interlayer.training.concurrency.die_with_parent`): SIGTERM, so it saves."""
+    die_with_parent(signal.SIGTERM, ancestor=job.get("parent"))
     with open(log, "a") as handle:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:

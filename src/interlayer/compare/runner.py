@@ -9,7 +9,10 @@ Directory layout (``DIR`` is ``--output``)::
     DIR/report.md, report.html, summary.json, figures/
 
 A run with ``results.json`` is finished and skipped; one with ``checkpoint_last.safetensors`` is resumed (``--resume``);
-one with only ``run.json`` never reached its first checkpoint and is started over; the rest are started.
+one with only ``run.json`` never reached its first checkpoint and is resumed too, which starts it over
+(:func:`interlayer.experiment.train`, under the run's lock); the rest are started. Nothing is deleted here: a run
+directory whose lock a live process holds (an orphan of an earlier ``compare`` killed where
+``PR_SET_PDEATHSIG`` is missing) fails with that process named, and the other runs go on.
 Ctrl-C (or SIGTERM) is passed to the running processes, whose engines finish their step, save and exit; no further
 run is started and the caller writes a partial report. Running the same command again continues.
 
@@ -22,13 +25,17 @@ Processes come from a multiprocessing *forkserver* that has imported torch and i
 in milliseconds instead of paying the imports (several seconds) again; each run is still its own process, forked
 from a server that never trained anything, so a crash, a kill or memory growth stays with that run. Where there is
 no forkserver (Windows) runs are spawned as fresh interpreters.
+
+Runs die with ``compare`` (Linux), even when it is killed with SIGKILL and can forward nothing: the server gets
+SIGKILL when ``compare`` dies (:mod:`.server`), and each run SIGTERM when the server dies (``PR_SET_PDEATHSIG``,
+:func:`~interlayer.training.concurrency.die_with_parent`), on which it saves and stops.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
 import multiprocessing.connection
-import shutil
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -94,12 +101,18 @@ def gpus_for_runs(device: Optional[str]) -> list[int]:
     return list(range(torch.cuda.device_count()))
 
 
+def least_busy(gpus: list[int], busy: list[Optional[int]]) -> Optional[int]:
+    """The GPU running the fewest of the active runs (the lowest index on a tie), or None without GPUs."""
+    return min(gpus, key=busy.count) if gpus else None
+
+
 def process_context() -> BaseContext:
-    """The forkserver (module docstring), its server preloaded with the run's imports; else spawn."""
+    """The forkserver (module docstring), its server preloaded with the run's imports and tied to this process's
+    life (:mod:`.server`); else spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["interlayer.compare.child", "torch._dynamo"])
+    context.set_forkserver_preload(["interlayer.compare.server", "interlayer.compare.child", "torch._dynamo"])
     return context
 
 
@@ -140,8 +153,7 @@ class Runner:
         with ForwardedInterrupts() as interrupts:
             while pending or active:
                 while pending and len(active) < self.jobs and not interrupts.requested:
-                    busy = [run.gpu for run in active.values()]
-                    gpu = min(self.gpus, key=busy.count) if self.gpus else None  # the least loaded GPU
+                    gpu = least_busy(self.gpus, [run.gpu for run in active.values()])
                     started = self._start(*pending.pop(0), gpu=gpu)
                     if isinstance(started, RunOutcome):
                         outcomes.append(started)
@@ -168,15 +180,14 @@ class Runner:
             return RunOutcome(name, "skipped")
         if state == "stale":
             self.echo(f"{label}: {run_dir} stopped before its first checkpoint; starting it over")
-            shutil.rmtree(run_dir)
         budget = self.plan.settings.budget_minutes
         sets = variant.sets if gpu is None else {**variant.sets, "train.device": f"cuda:{gpu}"}
         job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": sets, "seed": seed,
-               "max_minutes": budget, "run_dir": str(run_dir), "resume": state == "resumable",
-               "threads": self.threads}
+               "max_minutes": budget, "run_dir": str(run_dir), "resume": state in ("resumable", "stale"),
+               "threads": self.threads, "parent": os.getpid()}
         log = self.output / LOGS / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        verb = "resuming" if job["resume"] else "training"
+        verb = "resuming" if state == "resumable" else "training"
         notes = ([f"budget {budget:g} min"] if budget else []) + ([f"{self.threads} thread(s)"] if self.threads else [])
         notes += [f"GPU {gpu}"] if gpu is not None else []
         self.echo(f"{label}: {verb}" + (f" ({', '.join(notes)})" if notes else "") + f"; log {log}")

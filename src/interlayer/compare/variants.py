@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml
 
 from ..config import parse_value
 from ..core.config import ConfigError
@@ -262,9 +261,9 @@ def _parse_adhoc(entry: str) -> tuple[str, str, dict[str, Any]]:
     for pair in pairs:
         key, _, value = pair.partition("=")
         try:
-            sets[key.strip()] = parse_value(value)
-        except yaml.YAMLError as err:
-            raise VariantError(f"variant {entry!r}: the value of {key!r} is not valid YAML: {err}") from None
+            sets[key.strip()] = parse_value(value, key.strip())
+        except ConfigError as err:
+            raise VariantError(f"variant {entry!r}: {err}") from None
     return name.strip(), base, sets
 
 

@@ -10,14 +10,17 @@ Design notes
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, fields
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
 
 ARCHES = ("encoder_decoder", "encoder_classifier", "causal_lm")
 POSITIONS = ("sinusoidal", "learned", "relative", "relative_2d", "rotary", "none")
+POSITION_STARTS = ("zero", "after_pad")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POOLINGS = ("cls", "mean")
 ATTN_IMPLS = ("auto", "eager")
@@ -25,6 +28,27 @@ ATTN_IMPLS = ("auto", "eager")
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key, the value and what would be valid."""
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """Refuse NaN and infinite floats anywhere in the dataclass ``cfg`` (nested sections and lists included).
+
+    One check for every config instead of one per field: a range test such as ``0 <= p < 1`` happens to reject
+    NaN, but ``lr <= 0`` does not, and an infinite epsilon or learning rate trains to NaN without a word. Ranges
+    stay with each field's ``validate``; this only asks that every number be a number.
+    """
+
+    def visit(value: Any, key: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in fields(value):
+                visit(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(item, f"{key}[{i}]")
+
+    visit(cfg, prefix.rstrip("."))
 
 
 def _choice(key: str, value: object, valid: tuple) -> None:
@@ -65,6 +89,9 @@ class TransformerConfig:
     rel_max_distance: int = 16  # Shaw et al. 2018 clip distance k
     grid_height: int = 0  # for positions="relative_2d": the token grid (PA Eq. 3); prefix tokens (CLS) allowed
     grid_width: int = 0
+    # Absolute positions: "zero" numbers the tokens 0..T-1; "after_pad" numbers the non-padding tokens from
+    # pad_id + 1 and gives padding the row pad_id (RoBERTa/XLM-R; fairseq's make_positions)
+    position_start: str = "zero"
     embed_scale: bool = True  # multiply token embeddings by sqrt(d_model) (Vaswani et al., fairseq)
     embed_layer_norm: bool = False  # LayerNorm after summing embeddings (BERT)
     share_embeddings: bool = False  # one table for source and target (needs one vocabulary)
@@ -97,11 +124,13 @@ class TransformerConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on the first setting that cannot work."""
+        check_finite(self)
         _choice("arch", self.arch, ARCHES)
         _choice("positions", self.positions, POSITIONS)
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("pooling", self.pooling, POOLINGS)
         _choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        _choice("position_start", self.position_start, POSITION_STARTS)
         for key in ("src_vocab_size", "d_model", "n_heads", "d_ffn", "max_positions"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}={getattr(self, key)} must be a positive integer")
@@ -114,6 +143,9 @@ class TransformerConfig:
                               f"valid n_heads divide d_model, e.g. {_divisors(self.d_model)}")
         if self.qk_width % self.n_heads:
             raise ConfigError(f"qk_dim={self.qk_dim} is not divisible by n_heads={self.n_heads}")
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"layer_norm_eps={self.layer_norm_eps} must be positive (it keeps LayerNorm's division "
+                              "away from zero; 1e-5 is usual)")
         for key in ("dropout", "attn_dropout", "act_dropout", "embed_dropout"):
             if getattr(self, key) is not None and not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key}={getattr(self, key)} must lie in [0, 1)")
@@ -133,6 +165,11 @@ class TransformerConfig:
                               f"{self.qk_width // self.n_heads}")
         if self.positions in ("relative", "relative_2d") and self.rel_max_distance < 1:
             raise ConfigError(f"rel_max_distance={self.rel_max_distance} must be at least 1")
+        first = self.pad_id + 1
+        if self.position_start == "after_pad" and (self.positions != "learned" or self.max_positions <= first):
+            raise ConfigError(f"position_start='after_pad' numbers learned positions from pad_id + 1 = {first}; it "
+                              f"needs positions='learned' (got {self.positions!r}) and max_positions > {first} (got "
+                              f"{self.max_positions})")
         if self.arch == "encoder_classifier" and self.num_classes < 2:
             raise ConfigError(f"arch='encoder_classifier' needs num_classes >= 2, got {self.num_classes}")
         if not 0 <= self.pad_id < self.src_vocab_size:

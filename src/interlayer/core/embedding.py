@@ -2,12 +2,19 @@
 
 Inputs may also arrive as ready vectors (``inputs_embeds``: image patches, graph node features), in which case
 only positions, LayerNorm and dropout apply, so the same encoder serves text and non-text tasks.
+
+``position_start="after_pad"`` is RoBERTa's numbering (fairseq ``make_positions``, ``transformers``'
+``create_position_ids_from_input_ids``): the non-padding tokens of each row count up from ``pad_id + 1`` and
+every padding token reads row ``pad_id``, wherever the padding sits; ready vectors have no padding to skip and
+count from ``pad_id + 1`` in order (``create_position_ids_from_inputs_embeds``).
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import TransformerConfig
@@ -25,6 +32,8 @@ class InputEmbedding(nn.Module):
     def __init__(self, cfg: TransformerConfig, tokens: Optional[nn.Embedding]) -> None:
         super().__init__()
         self.tokens = tokens
+        self.pad_id = cfg.pad_id
+        self.after_pad = cfg.position_start == "after_pad"
         self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
         if cfg.positions == "sinusoidal":
             self.positions: Optional[nn.Module] = SinusoidalPositions(cfg.d_model, cfg.max_positions)
@@ -49,12 +58,29 @@ class InputEmbedding(nn.Module):
             x = self.tokens(tokens) * self.scale
         else:
             x = inputs_embeds
-        if self.positions is not None:
-            x = x + (self.positions(x.shape[1], offset) if position_ids is None
-                     else self.positions.lookup(position_ids))
+        if self.positions is not None and position_ids is not None:
+            x = x + self.positions.lookup(position_ids)
+        elif self.positions is not None and self.after_pad:
+            x = x + self._positions_after_pad(tokens, x.shape[1], offset)
+        elif self.positions is not None:
+            x = x + self.positions(x.shape[1], offset)
         if self.segments is not None:
             # Without segment ids every token is in segment 0, as BERT's token_type_ids default.
             x = x + (self.segments(segments) if segments is not None else self.segments.weight[0])
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)
+
+    def _positions_after_pad(self, tokens: Optional[Tensor], length: int, offset: int) -> Tensor:
+        """RoBERTa's positions (see the module docstring): ``(B, T, d)`` for tokens, ``(T, d)`` for vectors."""
+        first = self.pad_id + 1
+        if tokens is None:
+            return self.positions(length, offset + first)
+        table = self.positions.weight
+        if first + offset + length > table.shape[0]:
+            raise ValueError(f"sequence needs positions up to {first + offset + length - 1} (RoBERTa numbering from "
+                             f"pad_id + 1 = {first}) but the model has max_positions={table.shape[0]}; truncate the "
+                             "input")
+        keep = tokens.ne(self.pad_id).to(torch.long)
+        ids = (torch.cumsum(keep, dim=1) + offset) * keep + self.pad_id
+        return F.embedding(ids, table)

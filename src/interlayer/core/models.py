@@ -16,6 +16,7 @@ from .config import TransformerConfig
 from .decoder import Decoder, DecoderCache, DecoderOutput
 from .embedding import make_token_embedding
 from .encoder import Encoder, EncoderOutput
+from .hub import PretrainedMixin
 
 AuxLossFn = Callable[[nn.Module], Tensor]
 
@@ -50,7 +51,7 @@ class _AuxLossMixin:
         return {name: fn(self) for name, fn in self.aux_loss_fns.items()}
 
 
-class EncoderDecoderModel(nn.Module, _AuxLossMixin):
+class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
     def __init__(self, cfg: TransformerConfig, components: Components) -> None:
         super().__init__()
         self.pad_id = cfg.pad_id
@@ -86,7 +87,7 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin):
         return self.encoder.madds(src_len) + self.decoder.madds(tgt_len, src_len)
 
 
-class EncoderClassifier(nn.Module, _AuxLossMixin):
+class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
     """Encoder + pooling (the first token, or the mean over non-padding tokens) + a linear head."""
 
     def __init__(self, cfg: TransformerConfig, components: Components, *, with_tokens: bool = True) -> None:

@@ -15,6 +15,9 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from ..fileio import read_json
+from .text import DataError
+
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -85,6 +88,15 @@ class VocabPair:
 
     @classmethod
     def load(cls, directory: Path) -> "VocabPair":
-        data = json.loads((directory / "vocab.json").read_text())
-        source = SubwordVocab.from_json(data["source"])
-        return cls(source, source if data["joint"] else SubwordVocab.from_json(data["target"]))
+        """The pair saved by :meth:`save`; a malformed or foreign ``vocab.json`` raises :class:`DataError`."""
+        path = Path(directory) / "vocab.json"
+        data = read_json(path, DataError)
+        if not isinstance(data.get("source"), str) or not isinstance(data.get("joint"), bool) or (
+                not data["joint"] and not isinstance(data.get("target"), str)):
+            raise DataError(f"{path} is not a translation vocabulary (expected the keys joint, source and target "
+                            f"written by interlayer's translation task; found {sorted(data)})")
+        try:
+            source = SubwordVocab.from_json(data["source"])
+            return cls(source, source if data["joint"] else SubwordVocab.from_json(data["target"]))
+        except Exception as err:  # tokenizers raises its own exception types for a malformed tokenizer
+            raise DataError(f"{path}: not a readable BPE tokenizer ({err})") from None

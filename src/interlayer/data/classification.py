@@ -22,13 +22,15 @@ to ``[UNK]``, so that ``[UNK]`` itself is trained on rare words and means someth
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from ..fileio import read_json
 from .text import DataError, PathLike, iter_lines
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID = 0, 1, 2, 3
@@ -44,6 +46,7 @@ class Example:
     text_a: str
     label: int
     text_b: Optional[str] = None
+    line: int = field(default=0, compare=False)  # where the example is in its file (1-based), for messages
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ def _read_sst(path: Path, fmt: DataFormat) -> list[Example]:
         if label not in valid:
             raise DataError(f"{path}:{number}: label {label!r} is not one of {', '.join(valid)} "
                             f"({fmt.name} format: 'LABEL SENTENCE' per line)")
-        examples.append(Example(_sentence(text, path, number, "the sentence after the label"), int(label)))
+        examples.append(Example(_sentence(text, path, number, "the sentence after the label"), int(label),
+                                line=number))
     return examples
 
 
@@ -90,7 +94,7 @@ def _read_tsv(path: Path, header: Sequence[str], row: Callable[[list[str], str],
         if len(cells) != len(header):
             raise DataError(f"{path}:{number}: {len(cells)} tab-separated columns, expected {len(header)} "
                             f"({' | '.join(header)})")
-        examples.append(row(cells, f"{path}:{number}"))
+        examples.append(dataclasses.replace(row(cells, f"{path}:{number}"), line=number))
     return examples
 
 
@@ -175,7 +179,10 @@ class WordVocab:
         if not path.is_file():
             raise FileNotFoundError(f"{directory} has no {VOCAB_FILE}: pass a run directory or a model folder "
                                     "written by a text-classification run")
-        data = json.loads(path.read_text())
+        data = read_json(path, DataError)
+        if not isinstance(data.get("words"), list) or not {"lowercase", "min_freq"} <= set(data):
+            raise DataError(f"{path} is not a word vocabulary (expected the keys specials, lowercase, min_freq and "
+                            f"words written by a text-classification run; found {sorted(data)})")
         if data.get("specials") != list(SPECIALS):
             raise DataError(f"{path}: special tokens {data.get('specials')} differ from {list(SPECIALS)}")
         return cls(data["words"], lowercase=data["lowercase"], min_freq=data["min_freq"])

@@ -10,6 +10,7 @@ file and the byte offset (in the decompressed stream) where the problem is.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 from typing import Union
@@ -73,12 +74,14 @@ def parse_idx(data: bytes, source: str) -> np.ndarray:
                         f"bytes, the file has {len(data)}")
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     dtype = DTYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python integers: numpy's int64 product of four uint32 sizes can overflow to a negative byte count
+    expected = math.prod(shape) * dtype.itemsize
     present = len(data) - header
     if present < expected:
+        hint = "" if expected < 2 * max(present, 1) else " (a corrupt header, or not this kind of file)"
         raise DataError(f"{source}: offset {len(data)}: data truncated; shape {shape} of {dtype.name} needs "
                         f"{expected} bytes after the {header}-byte header, the file has {present} "
-                        f"({expected - present} missing)")
+                        f"({expected - present} missing){hint}")
     if present > expected:
         raise DataError(f"{source}: offset {header + expected}: {present - expected} unexpected trailing bytes "
                         f"after the data of shape {shape}")

@@ -7,7 +7,7 @@ translated whole.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .text import DataError, PathLike, read_lines
@@ -22,6 +22,7 @@ class ParallelCorpus:
     source_path: str
     target_path: str
     dropped_blank: int = 0
+    lines: list[int] = field(default_factory=list)  # the 1-based line number of every kept pair, for messages
 
     def __len__(self) -> int:
         return len(self.source)
@@ -41,9 +42,9 @@ def read_parallel(source_path: PathLike, target_path: PathLike, *, drop_blank: b
         side = source_path if not src[blank[0]].strip() else target_path
         raise DataError(f"{side}:{first}: blank line in evaluation data ({len(blank)} blank pairs in all); "
                         "every line must hold a sentence")
-    keep = set(range(len(src))) - set(blank)
-    return ParallelCorpus([src[i] for i in sorted(keep)], [tgt[i] for i in sorted(keep)], str(source_path),
-                          str(target_path), dropped_blank=len(blank))
+    keep = sorted(set(range(len(src))) - set(blank))
+    return ParallelCorpus([src[i] for i in keep], [tgt[i] for i in keep], str(source_path), str(target_path),
+                          dropped_blank=len(blank), lines=[i + 1 for i in keep])
 
 
 def bundled_dir(name: str) -> Path:

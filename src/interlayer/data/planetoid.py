@@ -28,7 +28,16 @@ PyTorch Geometric's ``read_planetoid_data`` reproduces:
   every edge is stored in both directions, duplicates merged and self-loops dropped (GAT adds exactly one
   self-loop per node itself). Cora: 10,556 directed edges, Citeseer: 9,104 (PyG's counts).
 
-Every problem raises :class:`DataError` naming the file (and the line, for ``test.index``).
+What the model is built from is checked, because a bad value would not fail, only train badly: feature values must
+be finite (a NaN trains to a NaN loss at chance accuracy), feature indices must lie within the declared width
+(``feat_shape`` of a .npz, the CSR shape of a raw file), and labels within the declared classes. **Declared
+classes**: in the raw format the width of the one-hot label matrices (``y``, ``ty`` and ``ally`` must agree); in a
+.npz the array ``num_classes``, which :func:`save_npz` writes. A .npz without it (the bundled files, older ones)
+infers the classes as ``0..max(label)`` and requires a node of every one, so a stray label of 50 among classes 0-6
+is refused instead of silently making a 51-class model.
+
+Every problem raises :class:`DataError` naming the file (and the line, for ``test.index``; the node and feature
+index, for features and labels).
 """
 from __future__ import annotations
 
@@ -37,7 +46,7 @@ import io
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -50,6 +59,7 @@ PathLike = Union[str, Path]
 RAW_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
 NPZ_KEYS = ("name", "feat_data", "feat_indices", "feat_indptr", "feat_shape", "labels", "edges", "train", "valid",
             "test")
+CLASSES_KEY = "num_classes"  # optional in a .npz (files written before it infer the classes from the labels)
 BUNDLED_PREFIX = "bundled:"
 
 
@@ -67,10 +77,38 @@ class CsrRecord:
         data, indices, indptr = (np.asarray(state[k]) for k in ("data", "indices", "indptr"))
         rows, cols = (int(n) for n in state["_shape"])
         if (indptr.shape != (rows + 1,) or indptr[0] != 0 or indptr[-1] != len(data) or len(indices) != len(data)
-                or np.any(np.diff(indptr) < 0) or (len(indices) and (indices.min() < 0 or indices.max() >= cols))):
+                or np.any(np.diff(indptr) < 0)):
             raise DataError(f"{source}: the pickled csr_matrix of shape {(rows, cols)} is inconsistent (indptr, "
                             "indices and data do not fit together)")
-        return data.astype(np.float32), indices.astype(np.int64), indptr.astype(np.int64), (rows, cols)
+        arrays = data.astype(np.float32), indices.astype(np.int64), indptr.astype(np.int64), (rows, cols)
+        check_features(*arrays, source)
+        return arrays
+
+
+def check_features(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, int],
+                   source: Path) -> None:
+    """Feature values must be finite (a NaN feature trains to a NaN loss at chance accuracy) and every column index
+    must lie within the declared width ``shape[1]`` (the model's input width is that number). Errors name the node
+    and the feature index."""
+    width = shape[1]
+    if len(data) != len(indices):
+        raise DataError(f"{source}: {len(data)} feature values but {len(indices)} feature indices")
+    outside = np.flatnonzero((indices < 0) | (indices >= width))
+    if len(outside):
+        at = int(outside[0])
+        raise DataError(f"{source}: node {_row_of(indptr, at)} has feature index {int(indices[at])}, outside the "
+                        f"declared width of {width} features (valid indices 0..{width - 1}; {len(outside)} such "
+                        "entries in all)")
+    bad = np.flatnonzero(~np.isfinite(data))
+    if len(bad):
+        at = int(bad[0])
+        raise DataError(f"{source}: feature {int(indices[at])} of node {_row_of(indptr, at)} is {data[at]}; features "
+                        f"must be finite numbers ({len(bad)} non-finite values in all)")
+
+
+def _row_of(indptr: np.ndarray, position: int) -> int:
+    """The CSR row holding stored entry ``position``."""
+    return int(np.searchsorted(indptr, position, side="right")) - 1
 
 
 def _array_reconstructor() -> Any:
@@ -136,6 +174,7 @@ class PlanetoidGraph:
     train: np.ndarray  # node ids, int64
     valid: np.ndarray
     test: np.ndarray
+    declared_classes: Optional[int] = None  # the classes the file declares (module docstring); None: inferred
 
     @property
     def num_nodes(self) -> int:
@@ -147,7 +186,7 @@ class PlanetoidGraph:
 
     @property
     def num_classes(self) -> int:
-        return int(self.labels.max()) + 1
+        return self.declared_classes if self.declared_classes is not None else int(self.labels.max()) + 1
 
     @property
     def num_edges(self) -> int:
@@ -227,13 +266,15 @@ def _features(obj: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 
 
 def _check_sizes(paths: dict[str, Path], shapes: dict[str, tuple[int, int]], labels: dict[str, np.ndarray],
-                 test_index: np.ndarray, valid_size: int) -> None:
+                 widths: dict[str, int], test_index: np.ndarray, valid_size: int) -> None:
     """The files must describe one graph: matching row counts, feature widths, and room for the splits."""
     expectations = [("y", len(labels["y"]), shapes["x"][0], "rows of x"),
                     ("ally", len(labels["ally"]), shapes["allx"][0], "rows of allx"),
                     ("ty", len(labels["ty"]), shapes["tx"][0], "rows of tx"),
                     ("test.index", len(test_index), shapes["tx"][0], "rows of tx"),
-                    ("tx", shapes["tx"][1], shapes["allx"][1], "feature columns of allx")]
+                    ("tx", shapes["tx"][1], shapes["allx"][1], "feature columns of allx"),
+                    ("ty", widths["ty"], widths["ally"], "classes (one-hot columns) in ally"),
+                    ("y", widths["y"], widths["ally"], "classes (one-hot columns) in ally")]
     for part, got, expected, what in expectations:
         if got != expected:
             raise DataError(f"{paths[part]}: has {got} entries but there are {expected} {what}")
@@ -252,10 +293,12 @@ def read_raw(prefix: PathLike, valid_size: int = 500) -> PlanetoidGraph:
     prefix = Path(prefix)
     paths = {part: prefix.with_name(f"{prefix.name}.{part}") for part in (*RAW_PARTS, "test.index")}
     feats = {part: _features(safe_unpickle(paths[part]), paths[part]) for part in ("x", "tx", "allx")}
-    labels = {part: _one_hot_labels(_dense_rows(safe_unpickle(paths[part]), paths[part], "one-hot labels"),
-                                    paths[part]) for part in ("y", "ty", "ally")}
+    one_hot = {part: _dense_rows(safe_unpickle(paths[part]), paths[part], "one-hot labels")
+               for part in ("y", "ty", "ally")}
+    labels = {part: _one_hot_labels(matrix, paths[part]) for part, matrix in one_hot.items()}
+    widths = {part: matrix.shape[1] for part, matrix in one_hot.items()}
     test_index = _read_test_index(paths["test.index"])
-    _check_sizes(paths, {part: value[3] for part, value in feats.items()}, labels, test_index, valid_size)
+    _check_sizes(paths, {part: value[3] for part, value in feats.items()}, labels, widths, test_index, valid_size)
     num_nodes, n_all, n_train = int(test_index.max()) + 1, len(labels["ally"]), len(labels["y"])
     node_labels = np.full(num_nodes, -1, dtype=np.int64)
     node_labels[:n_all] = labels["ally"]
@@ -268,7 +311,7 @@ def read_raw(prefix: PathLike, valid_size: int = 500) -> PlanetoidGraph:
     edges = _edges_from_dict(safe_unpickle(paths["graph"]), num_nodes, paths["graph"])
     return PlanetoidGraph(prefix.name.removeprefix("ind."),
                           *_assemble_features(feats["allx"], feats["tx"], test_index, num_nodes), node_labels,
-                          edges, train, valid, test)
+                          edges, train, valid, test, declared_classes=widths["ally"])
 
 
 def _assemble_features(allx: tuple, tx: tuple, test_index: np.ndarray, num_nodes: int
@@ -299,7 +342,7 @@ def save_npz(graph: PlanetoidGraph, path: PathLike) -> Path:
                         feat_shape=np.asarray(graph.feat_shape, dtype=np.int64),
                         labels=graph.labels.astype(np.int32), edges=graph.edges.astype(np.int32),
                         train=graph.train.astype(np.int32), valid=graph.valid.astype(np.int32),
-                        test=graph.test.astype(np.int32))
+                        test=graph.test.astype(np.int32), num_classes=np.asarray(graph.num_classes, dtype=np.int64))
     return path
 
 
@@ -314,6 +357,7 @@ def load_npz(path: PathLike) -> PlanetoidGraph:
                 raise DataError(f"{path}: missing arrays {missing}; expected {list(NPZ_KEYS)} (write the file with "
                                 "interlayer.data.planetoid.save_npz)")
             arrays = {k: archive[k] for k in NPZ_KEYS}
+            declared = int(archive[CLASSES_KEY]) if CLASSES_KEY in archive.files else None
     except (OSError, ValueError) as err:
         if isinstance(err, DataError):
             raise
@@ -322,18 +366,46 @@ def load_npz(path: PathLike) -> PlanetoidGraph:
     graph = PlanetoidGraph(str(arrays["name"]), arrays["feat_data"].astype(np.float32),
                            arrays["feat_indices"].astype(np.int64), arrays["feat_indptr"].astype(np.int64), shape,
                            arrays["labels"].astype(np.int64), arrays["edges"].astype(np.int64),
-                           *(arrays[k].astype(np.int64) for k in ("train", "valid", "test")))
+                           *(arrays[k].astype(np.int64) for k in ("train", "valid", "test")), declared_classes=declared)
     _check_graph(graph, path)
     return graph
 
 
+def _check_labels(graph: PlanetoidGraph, source: Path) -> None:
+    """Labels are -1 (no label) or a class id below the declared ``num_classes``; without a declaration the
+    classes are ``0..max(label)`` and each must have a node, so that one stray label (50 among 0..6) is an error
+    instead of a model with 51 classes, 44 of them never seen."""
+    labels = graph.labels
+    if len(labels) == 0 or labels.max() < 0:
+        raise DataError(f"{source}: no node has a label")
+    if graph.declared_classes is not None:
+        if graph.declared_classes < 2:
+            raise DataError(f"{source}: {CLASSES_KEY}={graph.declared_classes}; a classification needs at least 2")
+        bad = np.flatnonzero((labels < -1) | (labels >= graph.declared_classes))
+        if len(bad):
+            raise DataError(f"{source}: node {bad[0]} has label {labels[bad[0]]}, outside the declared "
+                            f"{CLASSES_KEY}={graph.declared_classes} (valid: 0..{graph.declared_classes - 1}, or -1 "
+                            f"for no label; {len(bad)} such nodes)")
+        return
+    if labels.min() < -1:
+        node = int(np.argmin(labels))
+        raise DataError(f"{source}: node {node} has label {labels[node]}; labels are class ids >= 0, or -1 for none")
+    missing = sorted(set(range(int(labels.max()) + 1)) - set(labels[labels >= 0].tolist()))
+    if missing:
+        node = int(np.argmax(labels))
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise DataError(f"{source}: the labels run to {labels.max()} (node {node}) but no node has class {shown}: "
+                        f"with no declared {CLASSES_KEY} the classes are 0..{labels.max()}, each needing nodes; fix "
+                        f"the label, or declare the classes (save_npz writes {CLASSES_KEY})")
+
+
 def _check_graph(graph: PlanetoidGraph, source: Path) -> None:
     n = graph.num_nodes
-    problems = []
     if graph.feat_indptr.shape != (n + 1,) or graph.feat_indptr[-1] != len(graph.feat_data):
-        problems.append("feature row pointers do not match the feature values")
+        raise DataError(f"{source}: feature row pointers do not match the feature values")
     if len(graph.labels) != n:
-        problems.append(f"{len(graph.labels)} labels for {n} nodes")
+        raise DataError(f"{source}: {len(graph.labels)} labels for {n} nodes")
+    problems = []
     if graph.edges.ndim != 2 or graph.edges.shape[0] != 2 or (graph.num_edges and not
                                                                (0 <= graph.edges.min() and graph.edges.max() < n)):
         problems.append("edges must be a (2, E) array of node ids")
@@ -343,6 +415,8 @@ def _check_graph(graph: PlanetoidGraph, source: Path) -> None:
             problems.append(f"the {split} split names nodes outside 0..{n - 1} or without a label")
     if problems:
         raise DataError(f"{source}: {'; '.join(problems)}")
+    check_features(graph.feat_data, graph.feat_indices, graph.feat_indptr, graph.feat_shape, source)
+    _check_labels(graph, source)
 
 
 # -- either format ------------------------------------------------------------------------------------------------

@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import Iterator, Union
+from typing import BinaryIO, Iterable, Iterator, Union
 
 PathLike = Union[str, Path]
 
 
 class DataError(ValueError):
     """A data file that cannot be used as it is; the message names the file, the line and what was expected."""
+
+
+def _decoded(raw_lines: Iterable[bytes], source: object, max_chars: int) -> Iterator[tuple[int, str]]:
+    """``(line_number, text)`` of UTF-8 byte lines; errors name ``source:line``."""
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{source}:{number}: not valid UTF-8 (byte {err.start} of the line: "
+                            f"{raw[max(0, err.start - 10):err.start + 10]!r}); convert it to UTF-8") from None
+        if max_chars and len(line) > max_chars:
+            raise DataError(f"{source}:{number}: line has {len(line)} characters, more than the limit of "
+                            f"{max_chars}; split or drop it, or raise the limit")
+        yield number, line
 
 
 def iter_lines(path: PathLike, *, max_chars: int = 0) -> Iterator[tuple[int, str]]:
@@ -29,17 +43,7 @@ def iter_lines(path: PathLike, *, max_chars: int = 0) -> Iterator[tuple[int, str
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as err:
-                    raise DataError(f"{path}:{number}: not valid UTF-8 (byte {err.start} of the line: "
-                                    f"{raw[max(0, err.start - 10):err.start + 10]!r}); convert the file to UTF-8"
-                                    ) from None
-                if max_chars and len(line) > max_chars:
-                    raise DataError(f"{path}:{number}: line has {len(line)} characters, more than the limit of "
-                                    f"{max_chars}; split or drop it, or raise the limit")
-                yield number, line
+            yield from _decoded(handle, path, max_chars)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise DataError(f"{path}: cannot read ({err})") from None
 
@@ -48,4 +52,16 @@ def read_lines(path: PathLike, *, max_chars: int = 0) -> list[str]:
     lines = [line for _, line in iter_lines(path, max_chars=max_chars)]
     if not lines:
         raise DataError(f"{path}: the file is empty")
+    return lines
+
+
+def read_stream_lines(stream: BinaryIO, source: str = "<stdin>", *, max_chars: int = 0) -> list[str]:
+    """The lines of a binary stream (``sys.stdin.buffer``), read as strictly as a file: UTF-8 only, not empty.
+
+    Bytes, not the text stream, because a text stream decodes with the locale's encoding and error handler
+    (``surrogateescape`` under the C locale), which would hand undecodable input on as garbage characters.
+    """
+    lines = [line for _, line in _decoded(stream, source, max_chars)]
+    if not lines:
+        raise DataError(f"{source}: no input (empty); give one sentence per line")
     return lines

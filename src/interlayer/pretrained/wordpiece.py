@@ -22,56 +22,23 @@ Choices, each matching what ``transformers`` does so that ids are identical:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-import torch
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
-from torch import Tensor
 
-VOCAB_FILE = "vocab.txt"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
+                           PretrainedTokenizer, TokenizerError, model_max_length, read_added_tokens, read_json,
+                           token_content)
+from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
+
+__all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]
 SPECIAL_DEFAULTS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                     "mask_token": "[MASK]"}
-# transformers writes model_max_length = int(1e30) when a tokenizer has no limit.
-_NO_LIMIT = 10**12
 
 
-class TokenizerError(ValueError):
-    """A vocabulary or tokenizer configuration that cannot give BERT's tokenisation; the message says why."""
-
-
-@dataclass
-class EncodedBatch:
-    """Padded model inputs: ``tokens`` and ``segments`` (token types) ``(B, T)``, ``padding_mask`` True at pads."""
-
-    tokens: Tensor
-    segments: Tensor
-    padding_mask: Tensor
-
-    def model_inputs(self) -> dict[str, Tensor]:
-        """Keyword arguments of :class:`interlayer.core.models.EncoderClassifier.forward`."""
-        return {"tokens": self.tokens, "segments": self.segments, "key_padding_mask": self.padding_mask}
-
-
-@dataclass(frozen=True)
-class AddedTokenSpec:
-    """A token added on top of the WordPiece vocabulary (specials first); ``id`` is its id in the checkpoint."""
-
-    content: str
-    id: int
-    special: bool = True
-    lstrip: bool = False
-    rstrip: bool = False
-    single_word: bool = False
-    normalized: bool = False
-
-
-class WordPieceTokenizer:
+class WordPieceTokenizer(PretrainedTokenizer):
     """Encode single sentences and pairs exactly as a BERT checkpoint's ``transformers`` tokenizer does."""
 
     def __init__(self, tokens: Sequence[str], *, do_lower_case: bool = True, strip_accents: Optional[bool] = None,
@@ -80,8 +47,8 @@ class WordPieceTokenizer:
                  ) -> None:
         """``tokens``: the vocabulary in id order (``vocab.txt``'s lines); ``special_tokens``: role -> token, roles
         as in :data:`SPECIAL_DEFAULTS`. ``strip_accents=None`` follows ``do_lower_case``, as in BERT."""
-        self.tokens = list(tokens)
-        self.vocab = {token: index for index, token in enumerate(self.tokens)}  # a repeated line: the last id wins
+        self._tokens = list(tokens)
+        self.vocab = {token: index for index, token in enumerate(self._tokens)}  # a repeated line: the last id wins
         self.do_lower_case = do_lower_case
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -89,7 +56,7 @@ class WordPieceTokenizer:
         self.special_tokens = dict(SPECIAL_DEFAULTS, **(special_tokens or {}))
         for role, token in self.special_tokens.items():
             if token not in self.vocab:
-                raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(self.tokens)} tokens; "
+                raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(self._tokens)} tokens; "
                                      f"set {role} in {TOKENIZER_CONFIG_FILE} to a token of {VOCAB_FILE}")
         self.added_tokens = self._all_added(added_tokens)
         self._backend = self._build()
@@ -133,77 +100,26 @@ class WordPieceTokenizer:
         ``max_length`` caps the checkpoint's ``model_max_length`` (the importer passes the position table size).
         """
         directory = Path(directory)
-        settings = _read_json(directory / TOKENIZER_CONFIG_FILE)
-        special_map = _read_json(directory / SPECIAL_TOKENS_FILE)
-        backend_file = _read_json(directory / TOKENIZER_FILE)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE)
+        special_map = read_json(directory / SPECIAL_TOKENS_FILE)
+        backend_file = read_json(directory / TOKENIZER_FILE)
         tokens = _read_vocab(directory, backend_file)
-        specials = {role: _content(settings.get(role, special_map.get(role, default)))
+        specials = {role: token_content(settings.get(role, special_map.get(role, default)))
                     for role, default in SPECIAL_DEFAULTS.items()}
-        limit = settings.get("model_max_length")
-        limit = limit if isinstance(limit, int) and limit < _NO_LIMIT else None
-        if max_length is not None:
-            limit = max_length if limit is None else min(limit, max_length)
+        limit = model_max_length(settings, max_length)
         return cls(tokens, do_lower_case=bool(settings.get("do_lower_case", True)),
                    strip_accents=settings.get("strip_accents"),
                    tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)), max_length=limit,
-                   special_tokens=specials, added_tokens=_read_added(settings, backend_file))
+                   special_tokens=specials, added_tokens=read_added_tokens(settings, backend_file))
 
     @property
-    def vocab_size(self) -> int:
-        """Ids in use: the WordPiece vocabulary plus added tokens beyond it."""
-        return self._backend.get_vocab_size(with_added_tokens=True)
+    def tokens(self) -> list[str]:
+        """The WordPiece vocabulary in id order (``vocab.txt``'s lines)."""
+        return list(self._tokens)
 
     def token_id(self, role: str) -> int:
-        """The id of a special token by role (``"pad_token"``, ``"cls_token"``, ...)."""
+        """The id of a special token by role: its ``vocab.txt`` line (the last one when a token repeats)."""
         return self.vocab[self.special_tokens[role]]
-
-    @property
-    def pad_id(self) -> int:
-        return self.token_id("pad_token")
-
-    def encode(self, text: str, pair: Optional[str] = None, *, max_length: Optional[int] = None
-               ) -> tuple[list[int], list[int]]:
-        """Ids and token types of ``[CLS] text [SEP]`` or ``[CLS] text [SEP] pair [SEP]``, truncated."""
-        encoding = self._encode_batch([text], None if pair is None else [pair], max_length)[0]
-        return list(encoding.ids), list(encoding.type_ids)
-
-    def encode_many(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
-                    max_length: Optional[int] = None) -> list[tuple[list[int], list[int], bool]]:
-        """Ids, token types and whether truncation cut anything, per text (or pair): a whole data set in one call,
-        unpadded, so that a task can count truncated inputs and batch by length itself."""
-        encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
-        return [(list(e.ids), list(e.type_ids), bool(e.overflowing)) for e in encodings]
-
-    def __call__(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
-                 max_length: Optional[int] = None) -> EncodedBatch:
-        """Encode a batch (optionally of pairs) and right-pad it with ``[PAD]`` (token type 0) to its longest."""
-        encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
-        width = max(len(e.ids) for e in encodings)
-        tokens = torch.full((len(encodings), width), self.pad_id, dtype=torch.long)
-        segments = torch.zeros_like(tokens)
-        padding_mask = torch.ones_like(tokens, dtype=torch.bool)
-        for row, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            tokens[row, :n] = torch.tensor(encoding.ids)
-            segments[row, :n] = torch.tensor(encoding.type_ids)
-            padding_mask[row, :n] = False
-        return EncodedBatch(tokens=tokens, segments=segments, padding_mask=padding_mask)
-
-    def _encode_batch(self, texts: list[str], pairs: Optional[list[str]], max_length: Optional[int]) -> list[Any]:
-        if not texts:
-            raise ValueError("nothing to encode: texts is empty")
-        if pairs is not None and len(pairs) != len(texts):
-            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
-        limit = self.max_length if max_length is None else max_length
-        if limit is None:
-            self._backend.no_truncation()
-        else:
-            self._backend.enable_truncation(limit, strategy="longest_first")
-        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
-        return self._backend.encode_batch(inputs, add_special_tokens=True)
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def save_pretrained(self, directory: Union[str, Path]) -> list[Path]:
         """Write ``vocab.txt``, ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` in the
@@ -216,25 +132,13 @@ class WordPieceTokenizer:
         if self.max_length is not None:
             settings["model_max_length"] = self.max_length
         self._backend.no_truncation()
-        files = {VOCAB_FILE: "".join(f"{token}\n" for token in self.tokens),
+        files = {VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens),
                  TOKENIZER_FILE: self._backend.to_str(),
                  TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
                  SPECIAL_TOKENS_FILE: json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n"}
         for name, text in files.items():
             (directory / name).write_text(text, encoding="utf-8")
         return [directory / name for name in files]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TokenizerError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
@@ -251,21 +155,3 @@ def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
     if [index for _, index in by_id] != list(range(len(by_id))):
         raise TokenizerError(f"{directory / TOKENIZER_FILE}: the WordPiece vocabulary ids are not 0..{len(by_id) - 1}")
     return [token for token, _ in by_id]
-
-
-def _read_added(settings: dict[str, Any], backend_file: dict[str, Any]) -> list[AddedTokenSpec]:
-    """Added tokens of ``tokenizer.json`` and of ``tokenizer_config.json``'s ``added_tokens_decoder``."""
-    entries = [dict(entry) for entry in backend_file.get("added_tokens", [])]
-    entries += [dict(entry, id=int(index)) for index, entry in settings.get("added_tokens_decoder", {}).items()]
-    specs: dict[str, AddedTokenSpec] = {}
-    for entry in entries:
-        specs.setdefault(entry["content"], AddedTokenSpec(
-            content=entry["content"], id=int(entry["id"]), special=bool(entry.get("special", False)),
-            lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
-            single_word=bool(entry.get("single_word", False)), normalized=bool(entry.get("normalized", True))))
-    return list(specs.values())
-
-
-def _content(token: Union[str, dict[str, Any]]) -> str:
-    """A special token given as a string or as a serialised ``AddedToken`` (``{"content": ...}``)."""
-    return token["content"] if isinstance(token, dict) else str(token)

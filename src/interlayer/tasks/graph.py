@@ -213,7 +213,7 @@ def report(source: str, logits: Tensor, gold: Tensor, num_classes: int) -> str:
 
 def _evaluate(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for a graph model: its test nodes of ``--data`` (default: the run's graph)."""
-    model = load_pretrained(directory, args.device).eval()
+    model = load_pretrained(directory, getattr(args, "device", None)).eval()
     data = GraphData(**json.loads((directory / "data.json").read_text()))
     source = args.data or data.source
     inputs = GraphInputs(load_planetoid(source), data.normalize_features)

@@ -40,6 +40,8 @@ from ..core.config import ConfigError
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import bundled_dir
 from ..data.text import DataError
+from ..pretrained.bert import load_checkpoint
+from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
@@ -70,6 +72,8 @@ class ImageData:
     augment: Literal["none", "flip", "crop", "crop_flip"] = "none"
     crop_padding: int = 2  # pixels of zero padding before a random crop (translations up to +-crop_padding)
     class_names: list[str] = field(default_factory=lambda: list(FASHION_MNIST_CLASSES))
+    # A Hugging Face ViT folder to fine-tune (interlayer.pretrained.finetune); empty: train from scratch
+    pretrained: str = ""
 
     def validate(self) -> None:
         if not 0.0 < self.valid_fraction < 1.0:
@@ -305,7 +309,7 @@ def evaluate(directory: Path, args: argparse.Namespace) -> str:
     directory = Path(directory)
     data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
     names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
-    model = load_pretrained(directory, args.device)
+    model = load_pretrained(directory, getattr(args, "device", None))
     images_path, labels_path = _evaluation_files(data, args.data)
     images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)
     cfg = model.config
@@ -356,8 +360,29 @@ def sample_input(task: ImageTask) -> tuple[tuple, dict[str, Any], list[str]]:
 
 
 def resolve_model(preset: str, model_sets: dict[str, Any], task: ImageTask) -> VisionConfig:
-    """The preset (or a .json/.yaml image-model config) with the data's fields, then the user's overrides."""
+    """The preset (or a .json/.yaml image-model config) with the data's fields, then the user's overrides. A
+    fine-tuning run (``data.pretrained``) takes the checkpoint's ViT, reading the data's images through
+    ``input_size`` with the checkpoint's own normalisation."""
+    if task.data.pretrained:
+        if preset != SPEC.default_preset:
+            raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: "
+                              "the checkpoint decides the architecture; add a method with --set instead")
+        fields = task.model_fields()
+        size = [fields["channels"], fields["image_height"], fields["image_width"]]
+        return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
     return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
+
+
+def initialise(model: nn.Module, task: ImageTask) -> None:
+    """A fresh fine-tuning run's model, just built from the seed: load the ViT checkpoint over it (the head and
+    what methods add keep their seeded initialisation)."""
+    if task.data.pretrained:
+        load_checkpoint(model, Path(task.data.pretrained))
+
+
+def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
+    """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
+    return dict(VISION_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
 
 
 def _make_task(data: ImageData, train: TrainConfig, run_dir: Optional[Path]) -> ImageTask:
@@ -369,10 +394,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", metavar="PATH",
                         help="folder with the IDX files, e.g. the full Fashion-MNIST or MNIST (default: the bundled "
                              "3,000 / 1,000 Fashion-MNIST subset); same as --set data.dir=PATH")
+    parser.add_argument("--pretrained", metavar="DIR",
+                        help="fine-tune this Hugging Face ViT folder (images repeated to 3 channels and resized to "
+                             "its size); same as --set data.pretrained=DIR")
 
 
 def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    return ({"data.dir": args.data_dir} if args.data_dir else {}), {}
+    keys = {"data.dir": args.data_dir, "data.pretrained": args.pretrained}
+    return {key: value for key, value in keys.items() if value}, {}
 
 
 # Swin/DeiT-style recipe scaled to a 20-minute, 2-core budget (docs/classification-image.md): Adam without weight
@@ -390,4 +419,4 @@ SPEC = TaskSpec(name=TASK_NAME,
                 default_preset="vit_fashion_mnist", data_class=ImageData, make_task=_make_task, finish=finish,
                 train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
                 evaluate=evaluate, sample_input=sample_input, resolve_model=resolve_model,
-                model_from_dict=vision_model_from_dict)
+                model_from_dict=vision_model_from_dict, initialise=initialise, defaults_for=defaults_for)

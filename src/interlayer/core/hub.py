@@ -1,0 +1,48 @@
+"""``model.save_pretrained(directory)`` and ``ModelClass.from_pretrained(source)``: the Hugging Face convention.
+
+The methods delegate to :func:`interlayer.save_pretrained` and :func:`interlayer.pretrained.hub.load_model`,
+imported when called: both build models, so importing them here would be circular.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, TypeVar, Union
+
+import torch
+
+ModelT = TypeVar("ModelT", bound="PretrainedMixin")
+
+
+class PretrainedMixin:
+    """Saving and loading as methods of a model class (``nn.Module`` subclasses)."""
+
+    def save_pretrained(self, directory: Union[str, Path]) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (ties kept); :func:`interlayer.save_pretrained`."""
+        from ..checkpoint import save_pretrained
+
+        return save_pretrained(self, directory)
+
+    @classmethod
+    def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
+                        device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
+                        revision: Optional[str] = None,
+                        local_files_only: bool = False, **hf_options: Any) -> ModelT:
+        """The model saved in ``source`` (an interlayer folder, a Hugging Face folder of a supported family, or a
+        Hub repository id; :mod:`interlayer.pretrained.hub`), moved to ``device``, cast to ``dtype`` and in eval
+        mode, as ``transformers``' ``from_pretrained`` returns models.
+
+        It must be an instance of this class (``EncoderClassifier.from_pretrained`` refuses an image model);
+        ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders.
+        """
+        from ..checkpoint import CheckpointError
+        from ..pretrained.hub import load_model
+
+        model = load_model(source, revision=revision, local_files_only=local_files_only, **hf_options)
+        if not isinstance(model, cls):
+            raise CheckpointError(f"{source} holds a {type(model).__name__}, not a {cls.__name__}; load it with "
+                                  f"{type(model).__name__}.from_pretrained or interlayer.load_pretrained")
+        if device is not None:
+            model = model.to(device)
+        if dtype is not None:
+            model = model.to(dtype)
+        return model.eval()

@@ -1,0 +1,198 @@
+"""Interlayer models out: :func:`to_hf` writes a folder ``transformers`` loads with the same outputs.
+
+Any interlayer model whose computation one :mod:`family <interlayer.pretrained.families>` expresses exports:
+imported models, and models trained from scratch whose config happens to be a BERT, RoBERTa, DistilBERT or ViT
+(the check is exact: the family's ``config.json`` must translate back to the model's own core fields). What is
+written, per family and head:
+
+* BERT with ``pooling="cls"`` and the pooler: ``BertForSequenceClassification``; RoBERTa likewise
+  ``RobertaForSequenceClassification`` (the pooler is its ``classifier.dense``); ViT without pooler:
+  ``ViTForImageClassification``. ``AutoModelFor{Sequence,Image}Classification`` then gives the same logits.
+* Otherwise the bare encoder (``BertModel``, ``RobertaModel``, ``DistilBertModel``, ``ViTModel`` with its pooler)
+  and a warning that the classification head has no ``transformers`` form and is left out; mean pooling adds a
+  sentence-transformers ``Pooling`` config.
+* The tokenizer files (the import's ``model.tokenizer`` or ``tokenizer=``) for text; ``preprocessor_config.json``
+  (``ViTImageProcessor``: resize to the model's size, rescale 1/255, the model's ``pixel_mean``/``pixel_std``)
+  for images. An ``input_size`` adapter (grey images resized for a pretrained ViT) is not exported: the processor
+  resizes, and grey images must be given as 3 channels.
+
+Refused, with the reason: any method section but Crossformer (Predictive Attention, Multi-Pass, LW, the conv
+branch compute something no ``transformers`` class computes; Crossformer's soft guidance is only a training loss
+and its hard-tied matrices are written as separate copies, which computes the same), core settings outside every
+family (relative positions, ``qk_dim``, pre-LN text encoders, ...), the Conv-Transformer, encoder-decoders, the
+CNN and GAT. Such models are saved in interlayer's own format: ``model.save_pretrained(directory)``.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from safetensors.torch import save_file
+from torch import nn
+
+from ..config import ModelConfig
+from ..core.models import EncoderClassifier
+from ..vision import ImageClassifier
+from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
+from .hf import PROCESSOR_FILE, ST_MODULES, PretrainedError, encoder_config
+from .tokenization import PretrainedTokenizer
+
+OWN_FORMAT = "save it in interlayer's own format instead: model.save_pretrained(directory)"
+
+
+def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[PretrainedTokenizer] = None,
+          family: Optional[str] = None) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and tokenizer/processor files ``transformers`` loads.
+
+    ``family`` (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``) defaults to the one family that expresses
+    the model; ``tokenizer`` defaults to ``model.tokenizer`` (set by :func:`~interlayer.pretrained.from_hf`).
+    Raises :class:`PretrainedError` naming what no family (or the chosen one) can express.
+    """
+    chosen = _family_for(model, family)
+    cfg = encoder_config(model.config)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    problems = _problems(chosen, model, cfg) + _tokenizer_problems(tokenizer, chosen, cfg)
+    if problems:
+        raise PretrainedError(f"cannot export as a Hugging Face {chosen.title}: " + "; ".join(problems)
+                              + f"; {OWN_FORMAT}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    layout = _head_layout(chosen, cfg)
+    names = chosen.layer_map(cfg.enc_layers)
+    if cfg.classifier_hidden:
+        names.update(layout.pooler if layout is not None and layout.pooler else chosen.pooler_map())
+    if layout is not None:
+        names.update(layout.head)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    prefix = chosen.prefix if layout is not None else ""
+    heads = set(layout.head) | set(layout.pooler) if layout is not None else set()
+    tensors = {(hf if hf in heads else prefix + hf): chosen.to_hf(hf, params[core].detach().clone()).contiguous()
+               for hf, core in names.items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = _hf_config(chosen, model, cfg, layout)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    if isinstance(model, ImageClassifier):
+        _write_processor(directory, model)
+    if cfg.pooling == "mean":
+        _write_sentence_transformers(directory, cfg.d_model)
+    if layout is None:
+        warnings.warn(f"{cfg.pooling!r} pooling {'with' if cfg.classifier_hidden else 'without'} a pooler has no "
+                      f"transformers classifier for {chosen.title}: the encoder is exported as "
+                      f"{config['architectures'][0]} and the classification head is left out", stacklevel=2)
+    return directory
+
+
+def _family_for(model: nn.Module, name: Optional[str]) -> Family:
+    """The named family, or the one family that expresses the model (see :func:`to_hf`)."""
+    if name is not None:
+        try:
+            return family_named(name)
+        except KeyError:
+            raise PretrainedError(f"family={name!r} is not known; choose one of "
+                                  f"{', '.join(f.name for f in FAMILIES)}") from None
+    if isinstance(model, ImageClassifier):
+        if model.config.backbone != "vit":
+            raise PretrainedError(f"backbone={model.config.backbone!r} (the PA Conv-Transformer/CNN) has no Hugging "
+                                  f"Face class; {OWN_FORMAT}")
+        return next(f for f in FAMILIES if isinstance(f, ViTFamily))
+    if not isinstance(model, EncoderClassifier) or getattr(model, "encoder", None) is None:
+        raise PretrainedError(f"a {type(model).__name__} has no Hugging Face class here (text and image encoder "
+                              f"classifiers export); {OWN_FORMAT}")
+    cfg: ModelConfig = model.config
+    candidates = [f for f in FAMILIES if f.modality == "text"]
+    mismatches = {f.title: _field_problems(f, cfg) for f in candidates}
+    fitting = [f for f in candidates if not mismatches[f.title]]
+    if fitting:
+        return fitting[0]
+    reasons = "; ".join(f"not {title}: {problems[0]}" for title, problems in mismatches.items())
+    raise PretrainedError(f"no Hugging Face family computes this model ({reasons}); {OWN_FORMAT}")
+
+
+def _field_problems(family: Family, cfg: ModelConfig) -> list[str]:
+    """Core fields the family's ``config.json`` cannot carry: it must translate back to exactly ``cfg``'s."""
+    hf = family.hf_config(cfg)
+    expected = family.core_fields(hf)
+    return family.problems(hf) + [f"{key}={getattr(cfg, key)!r} ({family.title} has {value!r})"
+                                  for key, value in expected.items()
+                                  if key not in family.unused_fields and getattr(cfg, key) != value]
+
+
+def _problems(family: Family, model: nn.Module, cfg: ModelConfig) -> list[str]:
+    problems = _field_problems(family, cfg)
+    if family.modality == "image" and not isinstance(model, ImageClassifier):
+        problems.append("a text model (ViT reads images)")
+    if family.modality == "text" and not isinstance(model, EncoderClassifier):
+        problems.append("an image model (this family reads text)")
+    if isinstance(model, ImageClassifier) and model.config.backbone != "vit":
+        problems.append(f"backbone={model.config.backbone!r}")
+    problems += [f"the {m.name} section ({family.title} has no such computation)" for m, _ in cfg.sections()
+                 if m.name != "crossformer"]
+    if cfg.classifier_hidden and not family.has_pooler:
+        problems.append(f"classifier_hidden={cfg.classifier_hidden} ({family.title} has no pooler)")
+    elif cfg.classifier_hidden and family.modality == "text" and cfg.classifier_hidden != cfg.d_model:
+        problems.append(f"classifier_hidden={cfg.classifier_hidden} ({family.title}'s pooler is d_model="
+                        f"{cfg.d_model} wide)")
+    if cfg.pooling == "mean" and cfg.classifier_hidden:
+        problems.append("a pooler after mean pooling (the pooler reads the first token)")
+    if cfg.pooling == "mean" and family.modality == "image":
+        problems.append("pooling='mean' (ViT has a CLS token)")
+    return problems
+
+
+def _tokenizer_problems(tokenizer: Optional[PretrainedTokenizer], family: Family, cfg: ModelConfig) -> list[str]:
+    if tokenizer is None:
+        return []
+    if family.modality == "image":
+        return ["a tokenizer for an image model"]
+    if tokenizer.pad_id != cfg.pad_id or tokenizer.vocab_size > cfg.src_vocab_size:
+        return [f"a tokenizer with pad id {tokenizer.pad_id} and {tokenizer.vocab_size} ids for a model with "
+                f"pad_id={cfg.pad_id} and src_vocab_size={cfg.src_vocab_size}"]
+    return []
+
+
+def _head_layout(family: Family, cfg: ModelConfig) -> Optional[HeadLayout]:
+    """The classification head the model's pooling and pooler match, or None (the encoder alone is exported)."""
+    if cfg.pooling != "cls":
+        return None
+    return next((layout for layout in family.heads if layout.needs_pooler == bool(cfg.classifier_hidden)), None)
+
+
+def _hf_config(family: Family, model: nn.Module, cfg: ModelConfig, layout: Optional[HeadLayout]
+               ) -> dict[str, Any]:
+    config = family.hf_config(cfg)
+    architecture = layout.architectures[0] if layout is not None else family.export_model
+    config["architectures"] = [architecture]
+    if layout is not None:
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
+    if isinstance(model, ImageClassifier):
+        vcfg = model.config
+        config.update(family.vision_hf_config(vcfg.image_height, vcfg.image_width, vcfg.channels, vcfg.patch_size))
+        if cfg.classifier_hidden:
+            config.update(pooler_output_size=cfg.classifier_hidden, pooler_act="tanh")
+    return config
+
+
+def _write_processor(directory: Path, model: ImageClassifier) -> None:
+    """``ViTImageProcessor`` settings that give the model's own normalisation (pixels rescaled to [0, 1] first)."""
+    cfg = model.config
+    settings = {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+                "size": {"height": cfg.image_height, "width": cfg.image_width}, "resample": 2, "do_rescale": True,
+                "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(cfg.pixel_mean),
+                "image_std": list(cfg.pixel_std)}
+    (directory / PROCESSOR_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _write_sentence_transformers(directory: Path, width: int) -> None:
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (directory / ST_MODULES).write_text(json.dumps(modules, indent=2) + "\n")
+    pooling_dir = directory / "1_Pooling"
+    pooling_dir.mkdir(exist_ok=True)
+    modes = {"word_embedding_dimension": width, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+    (pooling_dir / "config.json").write_text(json.dumps(modes, indent=2) + "\n")

@@ -1,0 +1,215 @@
+"""What every checkpoint tokenizer offers, and finding the right one for a Hugging Face folder.
+
+Two pipelines exist, both on Hugging Face ``tokenizers`` and both giving exactly ``transformers``' ids:
+:class:`~interlayer.pretrained.wordpiece.WordPieceTokenizer` (BERT, ELECTRA, DistilBERT: ``vocab.txt``) and
+:class:`~interlayer.pretrained.bpe.BPETokenizer` (RoBERTa's byte-level BPE from ``vocab.json`` + ``merges.txt``,
+or any pipeline a ``tokenizer.json`` holds, e.g. XLM-R's SentencePiece). The text task only needs what
+:class:`PretrainedTokenizer` declares: encode single texts or pairs (ids, token types, whether truncation cut),
+pad a batch, the pad id and length limit, the tokens by id, and writing the files back.
+
+Which one a folder needs (:func:`tokenizer_kind`): ``tokenizer_config.json``'s ``tokenizer_class`` when it names
+a known class, else the files present (``vocab.txt`` or a WordPiece ``tokenizer.json`` is WordPiece;
+``vocab.json`` + ``merges.txt`` or a BPE ``tokenizer.json`` is BPE). Other tokenizers (XLM-R's SentencePiece
+Unigram) have no pipeline here.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence, Union
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+WORDPIECE_VOCAB_FILE = "vocab.txt"
+BPE_VOCAB_FILE = "vocab.json"
+BPE_MERGES_FILE = "merges.txt"
+# transformers writes model_max_length = int(1e30) when a tokenizer has no limit.
+NO_LIMIT = 10**12
+# tokenizer_class values of tokenizer_config.json -> the pipeline that reproduces them.
+WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast",
+                     "ElectraTokenizer", "ElectraTokenizerFast")
+BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast")
+TokenizerKind = Literal["wordpiece", "bpe"]
+
+
+class TokenizerError(ValueError):
+    """A vocabulary or tokenizer configuration that cannot give the checkpoint's tokenisation; the message says
+    why."""
+
+
+@dataclass
+class EncodedBatch:
+    """Padded model inputs: ``tokens`` and ``segments`` (token types) ``(B, T)``, ``padding_mask`` True at pads."""
+
+    tokens: Tensor
+    segments: Tensor
+    padding_mask: Tensor
+
+    def model_inputs(self) -> dict[str, Tensor]:
+        """Keyword arguments of :class:`interlayer.core.models.EncoderClassifier.forward`."""
+        return {"tokens": self.tokens, "segments": self.segments, "key_padding_mask": self.padding_mask}
+
+
+@dataclass(frozen=True)
+class AddedTokenSpec:
+    """A token added on top of a vocabulary (specials first); ``id`` is its id in the checkpoint."""
+
+    content: str
+    id: int
+    special: bool = True
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+    normalized: bool = False
+
+
+class PretrainedTokenizer(ABC):
+    """A checkpoint's tokenizer on a ``tokenizers`` backend (``self._backend``) with truncation to ``max_length``.
+
+    Subclasses build the backend and write their files; encoding, padding and decoding are shared.
+    """
+
+    _backend: Tokenizer
+    max_length: Optional[int]
+    special_tokens: dict[str, str]
+
+    @classmethod
+    @abstractmethod
+    def from_pretrained(cls, directory: Union[str, Path], *, max_length: Optional[int] = None
+                        ) -> "PretrainedTokenizer":
+        """Read the tokenizer files of ``directory``; ``max_length`` caps the checkpoint's ``model_max_length``."""
+
+    @abstractmethod
+    def save_pretrained(self, directory: Union[str, Path]) -> list[Path]:
+        """Write files ``transformers.AutoTokenizer`` loads with the same ids."""
+
+    @property
+    @abstractmethod
+    def tokens(self) -> list[str]:
+        """The vocabulary's tokens in id order (to label inputs, e.g. in attention-map pictures)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids in use, added tokens included."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, role: str) -> int:
+        """The id of a special token by role (``"pad_token"``, ``"cls_token"``, ...)."""
+        index = self._backend.token_to_id(self.special_tokens[role])
+        if index is None:
+            raise TokenizerError(f"the {role} {self.special_tokens[role]!r} is not in the vocabulary")
+        return index
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_id("pad_token")
+
+    def encode(self, text: str, pair: Optional[str] = None, *, max_length: Optional[int] = None
+               ) -> tuple[list[int], list[int]]:
+        """Ids and token types of one text (or pair) with the checkpoint's special tokens, truncated."""
+        encoding = self._encode_batch([text], None if pair is None else [pair], max_length)[0]
+        return list(encoding.ids), self._types(encoding)
+
+    def encode_many(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
+                    max_length: Optional[int] = None) -> list[tuple[list[int], list[int], bool]]:
+        """Ids, token types and whether truncation cut anything, per text (or pair): a whole data set in one call,
+        unpadded, so that a task can count truncated inputs and batch by length itself."""
+        encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
+        return [(list(e.ids), self._types(e), bool(e.overflowing)) for e in encodings]
+
+    def __call__(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
+                 max_length: Optional[int] = None) -> EncodedBatch:
+        """Encode a batch (optionally of pairs) and right-pad it with the pad token (token type 0) to its longest."""
+        rows = self.encode_many(texts, pairs, max_length=max_length)
+        width = max(len(ids) for ids, _, _ in rows)
+        tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        segments = torch.zeros_like(tokens)
+        padding_mask = torch.ones_like(tokens, dtype=torch.bool)
+        for row, (ids, types, _) in enumerate(rows):
+            tokens[row, : len(ids)] = torch.tensor(ids)
+            segments[row, : len(ids)] = torch.tensor(types)
+            padding_mask[row, : len(ids)] = False
+        return EncodedBatch(tokens=tokens, segments=segments, padding_mask=padding_mask)
+
+    def _types(self, encoding: Any) -> list[int]:
+        """Token types as the model reads them (a pipeline without token types overrides this with zeros)."""
+        return list(encoding.type_ids)
+
+    def _encode_batch(self, texts: list[str], pairs: Optional[list[str]], max_length: Optional[int]) -> list[Any]:
+        if not texts:
+            raise ValueError("nothing to encode: texts is empty")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        limit = self.max_length if max_length is None else max_length
+        if limit is None:
+            self._backend.no_truncation()
+        else:
+            self._backend.enable_truncation(limit, strategy="longest_first")
+        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        return self._backend.encode_batch(inputs, add_special_tokens=True)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``, or ``{}`` when the file does not exist."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TokenizerError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def token_content(token: Union[str, dict[str, Any]]) -> str:
+    """A special token given as a string or as a serialised ``AddedToken`` (``{"content": ...}``)."""
+    return token["content"] if isinstance(token, dict) else str(token)
+
+
+def model_max_length(settings: dict[str, Any], max_length: Optional[int]) -> Optional[int]:
+    """``model_max_length`` of ``tokenizer_config.json`` (None when unlimited), capped at ``max_length``."""
+    limit = settings.get("model_max_length")
+    limit = limit if isinstance(limit, int) and limit < NO_LIMIT else None
+    if max_length is not None:
+        limit = max_length if limit is None else min(limit, max_length)
+    return limit
+
+
+def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
+    """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none."""
+    directory = Path(directory)
+    declared = str(read_json(directory / TOKENIZER_CONFIG_FILE).get("tokenizer_class", ""))
+    if declared in WORDPIECE_CLASSES:
+        return "wordpiece"
+    if declared in BPE_CLASSES:
+        return "bpe"
+    if (directory / WORDPIECE_VOCAB_FILE).is_file():
+        return "wordpiece"
+    if (directory / BPE_VOCAB_FILE).is_file() and (directory / BPE_MERGES_FILE).is_file():
+        return "bpe"
+    backend = read_json(directory / TOKENIZER_FILE).get("model", {}).get("type")
+    return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(backend)
+
+
+def read_added_tokens(settings: dict[str, Any], backend_file: dict[str, Any]) -> list[AddedTokenSpec]:
+    """Added tokens of ``tokenizer.json`` and of ``tokenizer_config.json``'s ``added_tokens_decoder``."""
+    entries = [dict(entry) for entry in backend_file.get("added_tokens", [])]
+    entries += [dict(entry, id=int(index)) for index, entry in settings.get("added_tokens_decoder", {}).items()]
+    specs: dict[str, AddedTokenSpec] = {}
+    for entry in entries:
+        specs.setdefault(entry["content"], AddedTokenSpec(
+            content=entry["content"], id=int(entry["id"]), special=bool(entry.get("special", False)),
+            lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
+            single_word=bool(entry.get("single_word", False)), normalized=bool(entry.get("normalized", True))))
+    return list(specs.values())
