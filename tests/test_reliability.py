@@ -7,7 +7,6 @@ Real processes only where a process is the point (a lock across processes, SIGKI
 import io
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -21,7 +20,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from interlayer.training.engine import LAST
 from interlayer import get_config
 from interlayer.baselines.gat import gat_config
 from interlayer.cli import main
@@ -33,31 +31,18 @@ from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, 
 from interlayer.data.text import DataError
 from interlayer.training import TrainConfig
 from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryLock
+from interlayer.training.engine import LAST
 from interlayer.vision import get_vision_config
 
+from test_compare import corpus  # noqa: F401,E402  (the tiny De-En corpus fixture)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
-LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
-           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees"}
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
         "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0", "train.keep_last=1",
         "data.vocab_size=60"]
 
 
 # -- fixtures and helpers --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 120, 1), ("valid", 6, 2), ("test", 6, 3)):
-        rng = random.Random(seed)
-        pairs = []
-        for _ in range(n):
-            words = rng.choices(list(LEXICON), k=rng.randint(2, 5))
-            pairs.append((" ".join(words), " ".join(LEXICON[w] for w in words)))
-        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
-        (root / f"{split}.en").write_text("\n".join(p[1] for p in pairs) + "\n")
-    return root
-
-
 def _train_args(corpus: Path, run: Path, *extra: str, sets=(), files=None) -> list[str]:
     files = {**{f"{s}-{side}": corpus / f"{s}.{lang}" for s in ("train", "valid", "test")
                 for side, lang in (("src", "de"), ("tgt", "en"))}, **(files or {})}

@@ -25,12 +25,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
-                           TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, model_max_length,
-                           read_added_tokens, read_json, token_content)
+                           TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, add_tokens,
+                           model_max_length, read_added_tokens, read_json, read_special_tokens)
 
 SPECIAL_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                     "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
@@ -69,17 +69,7 @@ class BPETokenizer(PretrainedTokenizer):
         backend.post_processor = processors.RobertaProcessing((sep, self.vocab[sep]), (cls, self.vocab[cls]),
                                                               trim_offsets=self.trim_offsets,
                                                               add_prefix_space=self.add_prefix_space)
-        for spec in sorted(self.added_tokens, key=lambda s: s.id):
-            token = AddedToken(spec.content, single_word=spec.single_word, lstrip=spec.lstrip, rstrip=spec.rstrip,
-                               normalized=spec.normalized, special=spec.special)
-            if spec.special:
-                backend.add_special_tokens([token])
-            else:
-                backend.add_tokens([token])
-            if backend.token_to_id(spec.content) != spec.id:
-                raise TokenizerError(f"added token {spec.content!r} has id {spec.id} in the checkpoint but would get "
-                                     f"id {backend.token_to_id(spec.content)}: added tokens outside "
-                                     f"{BPE_VOCAB_FILE} must follow it with consecutive ids")
+        add_tokens(backend, self.added_tokens, BPE_VOCAB_FILE)
         return backend
 
     @classmethod
@@ -91,8 +81,7 @@ class BPETokenizer(PretrainedTokenizer):
         special_map = read_json(directory / SPECIAL_TOKENS_FILE)
         backend_file = read_json(directory / TOKENIZER_FILE)
         vocab, merges = _read_bpe(directory, backend_file)
-        specials = {role: token_content(settings.get(role, special_map.get(role, default)))
-                    for role, default in SPECIAL_DEFAULTS.items()}
+        specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         return cls(vocab, merges, add_prefix_space=bool(settings.get("add_prefix_space", False)),
                    trim_offsets=bool(settings.get("trim_offsets", True)),
                    max_length=model_max_length(settings, max_length), special_tokens=specials,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -200,6 +200,29 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
         return "bpe"
     backend = read_json(directory / TOKENIZER_FILE).get("model", {}).get("type")
     return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(backend)
+
+
+def add_tokens(backend: Tokenizer, specs: Sequence[AddedTokenSpec], vocab_file: str) -> None:
+    """Register the added tokens on ``backend`` in id order; each must land on its checkpoint id, which holds when
+    they follow the vocabulary of ``vocab_file`` with consecutive ids."""
+    for spec in sorted(specs, key=lambda s: s.id):
+        token = AddedToken(spec.content, single_word=spec.single_word, lstrip=spec.lstrip, rstrip=spec.rstrip,
+                           normalized=spec.normalized, special=spec.special)
+        if spec.special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+        if backend.token_to_id(spec.content) != spec.id:
+            raise TokenizerError(f"added token {spec.content!r} has id {spec.id} in the checkpoint but would get "
+                                 f"id {backend.token_to_id(spec.content)}: added tokens outside {vocab_file} "
+                                 "must follow it with consecutive ids")
+
+
+def read_special_tokens(settings: dict[str, Any], special_map: dict[str, Any], defaults: dict[str, str]
+                        ) -> dict[str, str]:
+    """Each special role's token: ``tokenizer_config.json``, else ``special_tokens_map.json``, else the default."""
+    return {role: token_content(settings.get(role, special_map.get(role, default))) for role, default in
+            defaults.items()}
 
 
 def read_added_tokens(settings: dict[str, Any], backend_file: dict[str, Any]) -> list[AddedTokenSpec]:

@@ -25,12 +25,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
 from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
-                           PretrainedTokenizer, TokenizerError, model_max_length, read_added_tokens, read_json,
-                           token_content)
+                           PretrainedTokenizer, TokenizerError, add_tokens, model_max_length, read_added_tokens,
+                           read_json, read_special_tokens)
 from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]
@@ -79,17 +79,7 @@ class WordPieceTokenizer(PretrainedTokenizer):
         backend.post_processor = processors.TemplateProcessing(
             single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
             special_tokens=[(cls, self.vocab[cls]), (sep, self.vocab[sep])])
-        for spec in sorted(self.added_tokens, key=lambda s: s.id):
-            token = AddedToken(spec.content, single_word=spec.single_word, lstrip=spec.lstrip, rstrip=spec.rstrip,
-                               normalized=spec.normalized, special=spec.special)
-            if spec.special:
-                backend.add_special_tokens([token])
-            else:
-                backend.add_tokens([token])
-            if backend.token_to_id(spec.content) != spec.id:
-                raise TokenizerError(f"added token {spec.content!r} has id {spec.id} in the checkpoint but would get "
-                                     f"id {backend.token_to_id(spec.content)}: added tokens outside {VOCAB_FILE} "
-                                     "must follow it with consecutive ids")
+        add_tokens(backend, self.added_tokens, VOCAB_FILE)
         return backend
 
     @classmethod
@@ -104,8 +94,7 @@ class WordPieceTokenizer(PretrainedTokenizer):
         special_map = read_json(directory / SPECIAL_TOKENS_FILE)
         backend_file = read_json(directory / TOKENIZER_FILE)
         tokens = _read_vocab(directory, backend_file)
-        specials = {role: token_content(settings.get(role, special_map.get(role, default)))
-                    for role, default in SPECIAL_DEFAULTS.items()}
+        specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         limit = model_max_length(settings, max_length)
         return cls(tokens, do_lower_case=bool(settings.get("do_lower_case", True)),
                    strip_accents=settings.get("strip_accents"),
