@@ -30,7 +30,8 @@ from tokenizers.models import BPE
 
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
                            TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, add_tokens,
-                           model_max_length, read_added_tokens, read_json, read_special_tokens)
+                           checked_special_tokens, model_max_length, read_added_tokens, read_json,
+                           read_special_tokens)
 
 SPECIAL_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                     "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
@@ -49,11 +50,7 @@ class BPETokenizer(PretrainedTokenizer):
         self.add_prefix_space = add_prefix_space
         self.trim_offsets = trim_offsets
         self.max_length = max_length
-        self.special_tokens = dict(SPECIAL_DEFAULTS, **(special_tokens or {}))
-        for role, token in self.special_tokens.items():
-            if token not in self.vocab:
-                raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(self.vocab)} tokens; "
-                                     f"set {role} in {TOKENIZER_CONFIG_FILE} to a token of {BPE_VOCAB_FILE}")
+        self.special_tokens = checked_special_tokens(SPECIAL_DEFAULTS, special_tokens, self.vocab, BPE_VOCAB_FILE)
         specials = list(dict.fromkeys(self.special_tokens.values()))
         declared = {spec.content: spec for spec in added_tokens}  # their lstrip/rstrip/... settings win
         self.added_tokens = [declared.get(token, AddedTokenSpec(token, self.vocab[token])) for token in specials]

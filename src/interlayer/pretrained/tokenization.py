@@ -218,6 +218,17 @@ def add_tokens(backend: Tokenizer, specs: Sequence[AddedTokenSpec], vocab_file: 
                                  "must follow it with consecutive ids")
 
 
+def checked_special_tokens(defaults: dict[str, str], given: Optional[dict[str, str]], vocab: dict[str, int],
+                           vocab_file: str) -> dict[str, str]:
+    """Each special role's token (``given`` over ``defaults``), each checked to be in ``vocab``."""
+    tokens = dict(defaults, **(given or {}))
+    for role, token in tokens.items():
+        if token not in vocab:
+            raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(vocab)} tokens; set {role} "
+                                 f"in {TOKENIZER_CONFIG_FILE} to a token of {vocab_file}")
+    return tokens
+
+
 def read_special_tokens(settings: dict[str, Any], special_map: dict[str, Any], defaults: dict[str, str]
                         ) -> dict[str, str]:
     """Each special role's token: ``tokenizer_config.json``, else ``special_tokens_map.json``, else the default."""

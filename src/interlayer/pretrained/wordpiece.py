@@ -29,8 +29,8 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
-                           PretrainedTokenizer, TokenizerError, add_tokens, model_max_length, read_added_tokens,
-                           read_json, read_special_tokens)
+                           PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens,
+                           model_max_length, read_added_tokens, read_json, read_special_tokens)
 from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]
@@ -53,11 +53,7 @@ class WordPieceTokenizer(PretrainedTokenizer):
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
         self.max_length = max_length
-        self.special_tokens = dict(SPECIAL_DEFAULTS, **(special_tokens or {}))
-        for role, token in self.special_tokens.items():
-            if token not in self.vocab:
-                raise TokenizerError(f"the {role} {token!r} is not in the vocabulary of {len(self._tokens)} tokens; "
-                                     f"set {role} in {TOKENIZER_CONFIG_FILE} to a token of {VOCAB_FILE}")
+        self.special_tokens = checked_special_tokens(SPECIAL_DEFAULTS, special_tokens, self.vocab, VOCAB_FILE)
         self.added_tokens = self._all_added(added_tokens)
         self._backend = self._build()
 
