@@ -9,7 +9,9 @@ the total negative log-likelihood of the predicted tokens divided by the charact
 * **bpe**: GPT-2's byte-level BPE (Radford et al. 2019): text is split by GPT-2's pre-tokenizer pattern, each
   piece is read as bytes (a 256-symbol alphabet, so nothing is ever unknown) and merged by BPE, trained on the
   training split only with ``tokenizers`` (offline). No normaliser and no special tokens, so the ids spell the
-  text's bytes exactly (checked when a split is encoded).
+  text's bytes exactly (checked when a split is encoded). A pretrained GPT-2's tokenizer
+  (:mod:`interlayer.pretrained.gpt2`) is the same pipeline with the checkpoint's vocabulary, merges and added tokens
+  (``<|endoftext|>``), which spell their own text.
 """
 from __future__ import annotations
 
@@ -97,9 +99,10 @@ class ByteBPETokenizer:
         self.tokenizer = tokenizer
         alphabet = _byte_alphabet()
         vocab = tokenizer.get_vocab()
+        added = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
         self._bytes = [b""] * len(vocab)
-        for token, index in vocab.items():
-            self._bytes[index] = bytes(alphabet[c] for c in token)
+        for token, index in vocab.items():  # an added token (GPT-2's <|endoftext|>) is matched, and spelled, literally
+            self._bytes[index] = token.encode("utf-8") if token in added else bytes(alphabet[c] for c in token)
 
     @classmethod
     def train(cls, texts: Sequence[str], vocab_size: int) -> "ByteBPETokenizer":

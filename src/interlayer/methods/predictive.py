@@ -22,7 +22,19 @@ Choices where the paper leaves room (each documented on its config field):
 * Initialisation: "the additional parameters are initialized randomly" (Sec. 4.1.2), i.e. PyTorch's default conv
   init (``init="random"``). ``init="dirac"`` starts every conv as the identity per head with zero bias, so at
   step 0 the prediction is ``ReLU(A_prev)`` -- useful when adding PA to a trained checkpoint (an option, not the
-  paper's).
+  paper's). It does not start *at* the checkpoint: Eq. 4 then gives ``alpha ReLU(A_prev) + (1 - alpha) A``, which
+  differs from ``A`` whenever ``alpha > 0`` (and no initialisation of the CNN helps: ``CNN = 0`` still scales the
+  logits by ``1 - alpha``, a softmax temperature).
+* Warm-up (``alpha_warmup_steps`` N, not in the paper): ``alpha_t = alpha * min(1, t / N)`` after ``t`` optimiser
+  steps, so the model before the first update is exactly the model without prediction (an imported checkpoint
+  computes what it computed, tested at 1e-6), PA grows in as the CNN trains, and from step N on Eq. 4 holds with
+  the configured alpha. Chosen over a learned gate started at 0 (ReZero-like) because it leaves Eq. 4 and its alpha
+  as the paper states them once the ramp is over, and over a fixed small alpha because the start is exact. ``t``
+  is a buffer of every mixer (``steps_done``, a float on the model's device), advanced by the training engine
+  after each optimiser step (:meth:`PredictiveMixer.optimizer_step_done`: an in-place add, no host sync in
+  training or in ``forward``), saved with the weights, so a resumed run, a checkpoint and ``best/`` carry on from
+  where they were. With ``beta`` set both weights ramp (``beta_t = beta * min(1, t / N)``), so EA starts exactly
+  too. Outside the engine (a bare model, evaluation) ``t`` stays where it is: 0 for a freshly built model.
 * Relative positions: the logits handed around include the relative-position bias (PA Eq. 2/3 put ``R`` inside
   the logits), so the CNN sees and predicts biased logits. ``qk_dim`` changes nothing here: the mixer only sees
   ``(B, heads, T, T)`` maps.
@@ -71,7 +83,7 @@ The prediction and the layer's own logits are kept in ``AttentionIntermediates.e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +112,9 @@ class PredictiveConfig:
     share_conv: bool = False  # False: one prediction module per block (Fig. 1(b)); True: one for all layers
     init: Literal["random", "dirac"] = "random"  # Sec. 4.1.2: "initialized randomly"
     beta: Optional[float] = None  # None: Eq. 4; a number: Evolving Attention's residual weight (module doc)
+    # > 0: alpha (and beta) ramp linearly from 0 over this many optimiser steps, so step 0 is the model without
+    # prediction (an imported checkpoint exactly; module doc "Warm-up"); 0: the paper's constant alpha
+    alpha_warmup_steps: int = 0
     # None: "causal" in a causal language model, "symmetric" (the paper's centred kernel) elsewhere (module doc)
     kernel: Optional[Literal["symmetric", "causal"]] = None
     sides: list[str] = field(default_factory=lambda: ["encoder"])
@@ -113,6 +128,9 @@ class PredictiveConfig:
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"predictive.alpha={self.alpha} must lie in [0, 1] (PA Eq. 4; 0 is the plain "
                               "Transformer, 1 uses the CNN prediction alone)")
+        if self.alpha_warmup_steps < 0:
+            raise ConfigError(f"predictive.alpha_warmup_steps={self.alpha_warmup_steps} must be >= 0 (0: alpha from "
+                              "the first step, as in the paper; N: alpha ramps from 0 over N optimiser steps)")
         if self.conv_layers < 0:
             raise ConfigError(f"predictive.conv_layers={self.conv_layers} must be >= 0 (0 is the Res-Transformer "
                               "of PA Table 5, 1 the paper's default)")
@@ -143,16 +161,20 @@ class PredictiveMixer(nn.Module):
 
     With ``beta`` set, Evolving Attention's form instead: ``alpha * CNN(A_in) + (1 - alpha) * A_in`` with
     ``A_in = (1 - beta) * A_cur + beta * A_prev`` (module doc). ``causal_kernel``: the kernel reads the current
-    and earlier query rows only (module doc, "Causal language model").
+    and earlier query rows only (module doc, "Causal language model"). ``warmup_steps`` > 0: both weights ramp
+    from 0 with the optimiser steps counted in the ``steps_done`` buffer (module doc, "Warm-up").
     """
 
     def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
-                 beta: Optional[float] = None, causal_kernel: bool = False) -> None:
+                 beta: Optional[float] = None, causal_kernel: bool = False, warmup_steps: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.alpha = alpha
         self.beta = beta
         self.causal_kernel = causal_kernel
+        self.warmup_steps = warmup_steps
+        if warmup_steps:
+            self.register_buffer("steps_done", torch.zeros(()))
         self.convs = nn.ModuleList(nn.Conv2d(heads, heads, kernel_size,
                                              padding=0 if causal_kernel else kernel_size // 2)
                                    for _ in range(conv_layers))
@@ -228,13 +250,26 @@ class PredictiveMixer(nn.Module):
         if context.causal and not self.causal_kernel:
             raise ValueError("a centred prediction kernel over causal attention would read later tokens; the "
                              "config's predictive.kernel must be 'causal' in a causal model")
+        alpha, beta = self._weights()
         with fp32_island(logits.device):
             source, residual = prev_logits, logits.float()
-            if self.beta is not None:  # a config constant, fixed at build time
-                source = residual = (1.0 - self.beta) * residual + self.beta * prev_logits.float()
+            if beta is not None:  # None or not is a config constant, fixed at build time
+                source = residual = (1.0 - beta) * residual + beta * prev_logits.float()
             predicted = self.predict(source, key_padding_mask, context)
-            mixed = self.alpha * predicted + (1.0 - self.alpha) * residual
+            mixed = alpha * predicted + (1.0 - alpha) * residual
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
+
+    def optimizer_step_done(self) -> None:
+        """One more optimiser step (the training engine calls this after each): advances the warm-up."""
+        if self.warmup_steps:
+            self.steps_done.add_(1.0)
+
+    def _weights(self) -> tuple[Union[float, Tensor], Optional[Union[float, Tensor]]]:
+        """``(alpha, beta)`` now: the configured numbers, or during the warm-up tensors scaled by ``min(1, t/N)``."""
+        if not self.warmup_steps:  # a config constant, fixed at build time
+            return self.alpha, self.beta
+        ramp = (self.steps_done / self.warmup_steps).clamp(max=1.0)
+        return self.alpha * ramp, None if self.beta is None else self.beta * ramp
 
     def madds(self, t_q: int, t_k: int) -> int:
         return sum(t_q * t_k * conv.weight.numel() for conv in self.convs)
@@ -247,7 +282,8 @@ def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
 def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
                            kernel_size=section.kernel_size, init=section.init, beta=section.beta,
-                           causal_kernel=section.resolved_kernel(cfg) == "causal")
+                           causal_kernel=section.resolved_kernel(cfg) == "causal",
+                           warmup_steps=section.alpha_warmup_steps)
 
 
 class _PredictiveMethod:

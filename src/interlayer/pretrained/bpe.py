@@ -58,10 +58,7 @@ class BPETokenizer(PretrainedTokenizer):
         self._backend = self._build()
 
     def _build(self) -> Tokenizer:
-        backend = Tokenizer(BPE(vocab=self.vocab, merges=self.merges, dropout=None, continuing_subword_prefix="",
-                                end_of_word_suffix="", fuse_unk=False))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=self.add_prefix_space)
-        backend.decoder = decoders.ByteLevel()
+        backend = byte_level_backend(self.vocab, self.merges, self.add_prefix_space)
         cls, sep = self.special_tokens["cls_token"], self.special_tokens["sep_token"]
         backend.post_processor = processors.RobertaProcessing((sep, self.vocab[sep]), (cls, self.vocab[cls]),
                                                               trim_offsets=self.trim_offsets,
@@ -77,7 +74,7 @@ class BPETokenizer(PretrainedTokenizer):
         settings = read_json(directory / TOKENIZER_CONFIG_FILE)
         special_map = read_json(directory / SPECIAL_TOKENS_FILE)
         backend_file = read_json(directory / TOKENIZER_FILE)
-        vocab, merges = _read_bpe(directory, backend_file)
+        vocab, merges = read_bpe(directory, backend_file)
         specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         return cls(vocab, merges, add_prefix_space=bool(settings.get("add_prefix_space", False)),
                    trim_offsets=bool(settings.get("trim_offsets", True)),
@@ -117,7 +114,18 @@ class BPETokenizer(PretrainedTokenizer):
         return [directory / name for name in files]
 
 
-def _read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def byte_level_backend(vocab: dict[str, int], merges: Sequence[tuple[str, str]], add_prefix_space: bool
+                       ) -> Tokenizer:
+    """GPT-2's byte-level BPE pipeline (no normaliser, no unknown token, no post-processor) on a vocabulary and
+    merges; RoBERTa adds its ``<s> ... </s>`` post-processor on top, GPT-2 uses it as it is."""
+    backend = Tokenizer(BPE(vocab=vocab, merges=list(merges), dropout=None, continuing_subword_prefix="",
+                            end_of_word_suffix="", fuse_unk=False))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Vocabulary and merges from ``tokenizer.json``'s BPE model when present, else ``vocab.json`` + ``merges.txt``."""
     model = backend_file.get("model", {})
     if model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):

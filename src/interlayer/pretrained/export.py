@@ -1,9 +1,9 @@
 """Interlayer models out: :func:`to_hf` writes a folder ``transformers`` loads with the same outputs.
 
 Any interlayer model whose computation one :mod:`family <interlayer.pretrained.families>` expresses exports:
-imported models, and models trained from scratch whose config happens to be a BERT, RoBERTa, DistilBERT or ViT
-(the check is exact: the family's ``config.json`` must translate back to the model's own core fields). What is
-written, per family and head:
+imported models, and models trained from scratch whose config happens to be a BERT, RoBERTa, DistilBERT, ViT or
+GPT-2 (the check is exact: the family's ``config.json`` must translate back to the model's own core fields). What
+is written, per family and head:
 
 * BERT with ``pooling="cls"`` and the pooler: ``BertForSequenceClassification``; RoBERTa likewise
   ``RobertaForSequenceClassification`` (the pooler is its ``classifier.dense``); ViT without pooler:
@@ -11,6 +11,10 @@ written, per family and head:
 * Otherwise the bare encoder (``BertModel``, ``RobertaModel``, ``DistilBertModel``, ``ViTModel`` with its pooler)
   and a warning that the classification head has no ``transformers`` form and is left out; mean pooling adds a
   sentence-transformers ``Pooling`` config.
+* A language model (``arch="causal_lm"``): ``GPT2LMHeadModel`` (``lm_head.weight`` only when the output is not
+  tied to the token table; ``transformers`` ties it again on loading), with ``bos_token_id``/``eos_token_id`` the
+  tokenizer's ``<|endoftext|>`` when it has one (else null). A model trained from scratch maps when it has GPT-2's
+  architecture: learned positions, pre-LN, biases, no embedding scale or LayerNorm, a GELU (tanh or exact) or ReLU.
 * The tokenizer files (the import's ``model.tokenizer`` or ``tokenizer=``) for text; ``preprocessor_config.json``
   (``ViTImageProcessor``: resize to the model's size, rescale 1/255, the model's ``pixel_mean``/``pixel_std``)
   for images. An ``input_size`` adapter (grey images resized for a pretrained ViT) is not exported: the processor
@@ -19,8 +23,9 @@ written, per family and head:
 Refused, with the reason: any method section but Crossformer (Predictive Attention, Multi-Pass, LW, the conv
 branch compute something no ``transformers`` class computes; Crossformer's soft guidance is only a training loss
 and its hard-tied matrices are written as separate copies, which computes the same), core settings outside every
-family (relative positions, ``qk_dim``, pre-LN text encoders, ...), the Conv-Transformer, encoder-decoders, the
-CNN and GAT. Such models are saved in interlayer's own format: ``model.save_pretrained(directory)``.
+family (relative or rotary positions, ``qk_dim``, pre-LN text encoders, post-LN or bias-free language models,
+...), the Conv-Transformer, encoder-decoders, the CNN and GAT. Such models are saved in interlayer's own format:
+``model.save_pretrained(directory)``.
 """
 from __future__ import annotations
 
@@ -33,20 +38,23 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..config import ModelConfig
+from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
+from ..data.lm_tokenizers import ByteBPETokenizer
 from ..vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
-from .hf import PROCESSOR_FILE, ST_MODULES, PretrainedError, encoder_config
-from .tokenization import PretrainedTokenizer
+from .gpt2 import end_of_text_id, save_gpt2_tokenizer
+from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config
 
 OWN_FORMAT = "save it in interlayer's own format instead: model.save_pretrained(directory)"
 
 
-def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[PretrainedTokenizer] = None,
+def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[AnyTokenizer] = None,
           family: Optional[str] = None) -> Path:
     """Write ``config.json``, ``model.safetensors`` and tokenizer/processor files ``transformers`` loads.
 
-    ``family`` (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``) defaults to the one family that expresses
+    ``family`` (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``, ``"gpt2"``) defaults to the one family that
+    expresses
     the model; ``tokenizer`` defaults to ``model.tokenizer`` (set by :func:`~interlayer.pretrained.from_hf`).
     Raises :class:`PretrainedError` naming what no family (or the chosen one) can express.
     """
@@ -65,21 +73,29 @@ def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[
         names.update(layout.pooler if layout is not None and layout.pooler else chosen.pooler_map())
     if layout is not None:
         names.update(layout.head)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    prefix = chosen.prefix if layout is not None else ""
+    language_model = chosen.arch == "causal_lm"
     heads = set(layout.head) | set(layout.pooler) if layout is not None else set()
-    tensors = {(hf if hf in heads else prefix + hf): chosen.to_hf(hf, params[core].detach().clone()).contiguous()
-               for hf, core in names.items()}
+    if language_model and not cfg.tie_output:
+        heads = set(chosen.output_map(cfg))
+        names.update(chosen.output_map(cfg))
+    params = dict(model.named_parameters(remove_duplicate=False))
+    prefix = chosen.prefix if layout is not None or language_model else ""
+    tensors = chosen.join({hf: chosen.to_hf(hf, params[core].detach().clone()) for hf, core in names.items()})
+    tensors = {(hf if hf in heads else prefix + hf): tensor.contiguous() for hf, tensor in tensors.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     config = _hf_config(chosen, model, cfg, layout)
+    if language_model:
+        config.update(bos_token_id=end_of_text_id(tokenizer), eos_token_id=end_of_text_id(tokenizer))
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer is not None:
+    if isinstance(tokenizer, ByteBPETokenizer):
+        save_gpt2_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
+    elif tokenizer is not None:
         tokenizer.save_pretrained(directory)
     if isinstance(model, ImageClassifier):
         _write_processor(directory, model)
     if cfg.pooling == "mean":
         _write_sentence_transformers(directory, cfg.d_model)
-    if layout is None:
+    if layout is None and not language_model:
         warnings.warn(f"{cfg.pooling!r} pooling {'with' if cfg.classifier_hidden else 'without'} a pooler has no "
                       f"transformers classifier for {chosen.title}: the encoder is exported as "
                       f"{config['architectures'][0]} and the classification head is left out", stacklevel=2)
@@ -99,11 +115,13 @@ def _family_for(model: nn.Module, name: Optional[str]) -> Family:
             raise PretrainedError(f"backbone={model.config.backbone!r} (the PA Conv-Transformer/CNN) has no Hugging "
                                   f"Face class; {OWN_FORMAT}")
         return next(f for f in FAMILIES if isinstance(f, ViTFamily))
-    if not isinstance(model, EncoderClassifier) or getattr(model, "encoder", None) is None:
+    language_model = isinstance(model, CausalLM)
+    if not (language_model or isinstance(model, EncoderClassifier)) or getattr(model, "encoder", None) is None:
         raise PretrainedError(f"a {type(model).__name__} has no Hugging Face class here (text and image encoder "
-                              f"classifiers export); {OWN_FORMAT}")
+                              f"classifiers and language models export); {OWN_FORMAT}")
     cfg: ModelConfig = model.config
-    candidates = [f for f in FAMILIES if f.modality == "text"]
+    arch = "causal_lm" if language_model else "encoder_classifier"
+    candidates = [f for f in FAMILIES if f.modality == "text" and f.arch == arch]
     mismatches = {f.title: _field_problems(f, cfg) for f in candidates}
     fitting = [f for f in candidates if not mismatches[f.title]]
     if fitting:
@@ -125,8 +143,12 @@ def _problems(family: Family, model: nn.Module, cfg: ModelConfig) -> list[str]:
     problems = _field_problems(family, cfg)
     if family.modality == "image" and not isinstance(model, ImageClassifier):
         problems.append("a text model (ViT reads images)")
-    if family.modality == "text" and not isinstance(model, EncoderClassifier):
+    if family.modality == "text" and isinstance(model, ImageClassifier):
         problems.append("an image model (this family reads text)")
+    elif family.arch == "causal_lm" and not isinstance(model, CausalLM):
+        problems.append(f"a {type(model).__name__} ({family.title} is a language model)")
+    elif family.modality == "text" and family.arch != "causal_lm" and not isinstance(model, EncoderClassifier):
+        problems.append(f"a {type(model).__name__} ({family.title} is an encoder classifier)")
     if isinstance(model, ImageClassifier) and model.config.backbone != "vit":
         problems.append(f"backbone={model.config.backbone!r}")
     problems += [f"the {m.name} section ({family.title} has no such computation)" for m, _ in cfg.sections()
@@ -143,11 +165,16 @@ def _problems(family: Family, model: nn.Module, cfg: ModelConfig) -> list[str]:
     return problems
 
 
-def _tokenizer_problems(tokenizer: Optional[PretrainedTokenizer], family: Family, cfg: ModelConfig) -> list[str]:
+def _tokenizer_problems(tokenizer: Optional[AnyTokenizer], family: Family, cfg: ModelConfig) -> list[str]:
     if tokenizer is None:
         return []
     if family.modality == "image":
         return ["a tokenizer for an image model"]
+    if isinstance(tokenizer, ByteBPETokenizer) != (family.arch == "causal_lm"):
+        return [f"a {type(tokenizer).__name__} for a {family.title}"]
+    if isinstance(tokenizer, ByteBPETokenizer):
+        return [] if len(tokenizer) <= cfg.src_vocab_size else [
+            f"a tokenizer with {len(tokenizer)} ids for a model with src_vocab_size={cfg.src_vocab_size}"]
     if tokenizer.pad_id != cfg.pad_id or tokenizer.vocab_size > cfg.src_vocab_size:
         return [f"a tokenizer with pad id {tokenizer.pad_id} and {tokenizer.vocab_size} ids for a model with "
                 f"pad_id={cfg.pad_id} and src_vocab_size={cfg.src_vocab_size}"]

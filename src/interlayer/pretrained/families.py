@@ -3,8 +3,9 @@
 A :class:`Family` says which ``config.json`` ``model_type``s it covers, which core fields its config gives (and
 which settings it refuses, naming the field), how its tensor names map onto core parameters, which task heads
 load, and how ``config.json`` is written back. Import, export and fine-tuning
-(:mod:`interlayer.pretrained.hf`) only go through these mappings, so a further family (GPT-2, once the core has a
-decoder-only model) is one more entry in :data:`FAMILIES`.
+(:mod:`interlayer.pretrained.hf`) only go through these mappings, so a further family is one more entry in
+:data:`FAMILIES`. A checkpoint tensor that holds several core parameters (GPT-2's fused query/key/value) is split
+on reading (:meth:`Family.split`) into named parts and joined again on export (:meth:`Family.join`).
 
 The families (each mapping's reasons are on its class):
 
@@ -18,19 +19,25 @@ The families (each mapping's reasons are on its class):
 * :class:`ViTFamily` -- ``vit``: the core's ViT (:mod:`interlayer.vision`): stride-p convolution over patches, CLS
   token, learned positions, pre-LN layers (``layernorm_before``/``after``), the final LayerNorm, the tanh pooler
   of ``ViTModel`` when present; pixel normalisation from ``preprocessor_config.json``.
+* :class:`GPT2Family` -- ``gpt2``: the core's decoder-only language model (``arch="causal_lm"``): pre-LN layers,
+  learned positions, ``Conv1D`` weights transposed, the fused ``c_attn`` split into query, key and value, the output
+  tied to the token table (or not, as ``tie_word_embeddings`` says).
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+import torch
 from torch import Tensor
 
 from ..config import ModelConfig
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}  # HF activation name -> core activation (HF "gelu" is exact erf)
 Modality = Literal["text", "image"]
+CoreArch = Literal["encoder_classifier", "causal_lm"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Family(ABC):
     model_types: tuple[str, ...] = ()
     prefix: str = ""  # the encoder's prefix in task checkpoints ("bert.")
     modality: Modality = "text"
+    arch: CoreArch = "encoder_classifier"  # the core model the family's checkpoints become
     core_prefix: str = ""  # where the EncoderClassifier sits in the interlayer model ("classifier." for images)
     namespaces: tuple[str, ...] = ()  # an unknown tensor under these is an error, not a head to skip
     ignorable: tuple[str, ...] = ()  # tensors under the namespaces that carry no trained values
@@ -85,6 +93,19 @@ class Family(ABC):
 
     def pooler_map(self) -> dict[str, str]:
         return {}
+
+    def output_map(self, cfg: ModelConfig) -> dict[str, str]:
+        """A language model's output projection: checkpoint name -> core name (loaded when the checkpoint has it)."""
+        return {}
+
+    def split(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The checkpoint's tensors with fused ones split into the parts :meth:`layer_map` names (and tensors that
+        hold no trained values dropped); the inverse of :meth:`join`."""
+        return state
+
+    def join(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Tensors under :meth:`layer_map`'s names, with the parts of a fused checkpoint tensor joined again."""
+        return state
 
     @abstractmethod
     def hf_config(self, cfg: ModelConfig) -> dict[str, Any]:
@@ -392,7 +413,135 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-FAMILIES: tuple[Family, ...] = (BertFamily(), RobertaFamily(), DistilBertFamily(), ViTFamily())
+# ---------------------------------------------------------------------------------------------------- GPT-2
+
+
+# HF activation_function -> core activation: gelu_new and gelu_pytorch_tanh are both GELU's tanh approximation
+# (GPT-2's own), "gelu" is the exact erf form.
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_GPT2_EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_GPT2_LAYER = {"ln_1": "attn_block.norm", "attn.c_proj": "self_attn.out_proj", "ln_2": "ffn_block.norm",
+               "mlp.c_fc": "ffn.fc1", "mlp.c_proj": "ffn.fc2"}
+_GPT2_QKV = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}  # the thirds of c_attn's outputs, in this order
+_CONV1D_WEIGHT = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight(\[[qkv]\])?")
+_FUSED = re.compile(r"(h\.\d+\.attn\.c_attn)\.(weight|bias)")
+_GPT2_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # older transformers' causal-mask buffers
+
+
+class GPT2Family(Family):
+    """GPT-2 (Radford et al. 2019) as ``GPT2Model`` / ``GPT2LMHeadModel`` on the core's ``causal_lm``.
+
+    * **Layers**: pre-LN (``ln_1`` before attention, ``ln_2`` before the MLP, ``ln_f`` after the stack: the core's
+      ``attn_block.norm``, ``ffn_block.norm`` and ``encoder.final_norm``), biases everywhere, learned positions
+      ``wpe`` from 0, the token table ``wte`` unscaled, no embedding LayerNorm, scores scaled by ``1/sqrt(d_head)``.
+    * **Weights**: GPT-2's ``Conv1D`` computes ``x W + b`` with ``W`` stored ``(in, out)``; an ``nn.Linear`` stores
+      ``(out, in)``, so every ``Conv1D`` weight is transposed. ``c_attn`` holds query, key and value side by side
+      in its ``3 d`` outputs (in that order, heads contiguous inside each third, as the core's projections): it is
+      split into ``h.N.attn.c_attn.weight[q]``, ``[k]``, ``[v]`` (the names the import report shows) and joined
+      on export.
+    * **Fields**: ``n_inner`` (None: ``4 n_embd``), ``layer_norm_epsilon``, ``n_positions``, the dropouts
+      (``resid_pdrop`` -> ``dropout``, ``embd_pdrop`` -> ``embed_dropout``, ``attn_pdrop`` -> ``attn_dropout``),
+      ``activation_function`` (``gelu_new``/``gelu_pytorch_tanh`` -> ``gelu_tanh``, ``gelu``, ``relu``) and
+      ``tie_word_embeddings`` (-> ``tie_output``; an untied ``lm_head`` loads as the core's own ``lm_head``).
+    * **Refused**, naming the field: ``scale_attn_by_inverse_layer_idx`` (scores also divided by the layer
+      number), ``scale_attn_weights=false`` (unscaled scores), ``add_cross_attention``, other activations.
+      ``reorder_and_upcast_attn`` only changes the precision of fp16 attention and is accepted.
+    * **Heads**: ``GPT2LMHeadModel``'s head is the core's ``lm_head``; the heads of ``GPT2DoubleHeadsModel``,
+      ``GPT2ForSequenceClassification`` and the like have no core form and are listed as ignored. Exports are
+      ``GPT2LMHeadModel``.
+    """
+
+    name, title = "gpt2", "GPT-2"
+    model_types = ("gpt2",)
+    prefix = "transformer."
+    arch = "causal_lm"
+    namespaces = ("wte.", "wpe.", "h.", "ln_f.")
+    has_pooler = False
+    export_model = "GPT2LMHeadModel"
+    activation_key = "activation_function"
+    needed = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
+
+    def problems(self, hf: dict[str, Any]) -> list[str]:
+        problems = [f"{key} is missing" for key in self.needed if not isinstance(hf.get(key), int)]
+        act = hf.get(self.activation_key, "gelu_new")
+        if act not in GPT2_ACTIVATIONS:
+            problems.append(f"{self.activation_key}={act!r} (the core has {', '.join(map(repr, GPT2_ACTIVATIONS))})")
+        if hf.get("scale_attn_by_inverse_layer_idx"):
+            problems.append("scale_attn_by_inverse_layer_idx=true (the core scales every layer's scores by "
+                            "1/sqrt(d_head) alone, not also by 1/(layer + 1))")
+        if not hf.get("scale_attn_weights", True):
+            problems.append("scale_attn_weights=false (the core always scales scores by 1/sqrt(d_head))")
+        if hf.get("add_cross_attention"):
+            problems.append("add_cross_attention=true (the core's language model has no cross-attention)")
+        if hf.get("n_inner") is not None and not isinstance(hf["n_inner"], int):
+            problems.append(f"n_inner={hf['n_inner']!r} (an integer, or null for 4 * n_embd)")
+        return problems
+
+    def core_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
+        dropout, embed = float(hf.get("resid_pdrop", 0.1)), float(hf.get("embd_pdrop", 0.1))
+        return dict(arch="causal_lm", src_vocab_size=hf["vocab_size"], d_model=hf["n_embd"], n_heads=hf["n_head"],
+                    d_ffn=hf.get("n_inner") or 4 * hf["n_embd"], enc_layers=hf["n_layer"], qk_dim=None,
+                    activation=GPT2_ACTIVATIONS[hf.get("activation_function", "gelu_new")], norm_first=True,
+                    layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), bias=True, positions="learned",
+                    max_positions=hf["n_positions"], position_start="zero", embed_scale=False,
+                    embed_layer_norm=False, n_segments=0, tie_output=bool(hf.get("tie_word_embeddings", True)),
+                    dropout=dropout, embed_dropout=None if embed == dropout else embed,
+                    attn_dropout=float(hf.get("attn_pdrop", 0.1)), act_dropout=0.0)
+
+    def layer_map(self, n_layers: int) -> dict[str, str]:
+        names = {"wte.weight": "encoder.embed.tokens.weight", "wpe.weight": "encoder.embed.positions.weight",
+                 **_affine({"ln_f": "encoder.final_norm"})}
+        for i in range(n_layers):
+            for part, core in _GPT2_QKV.items():
+                for kind in ("weight", "bias"):
+                    names[f"h.{i}.attn.c_attn.{kind}[{part}]"] = f"encoder.layers.{i}.self_attn.{core}.{kind}"
+        return {**names, **_layer_names(n_layers, "h.{i}", "encoder.layers.{i}", _GPT2_LAYER)}
+
+    def output_map(self, cfg: ModelConfig) -> dict[str, str]:
+        return {"lm_head.weight": "lm_head.weight"}
+
+    def hf_config(self, cfg: ModelConfig) -> dict[str, Any]:
+        return {"model_type": "gpt2", "vocab_size": cfg.src_vocab_size, "n_embd": cfg.d_model,
+                "n_layer": cfg.enc_layers, "n_head": cfg.n_heads, "n_inner": cfg.d_ffn,
+                "n_positions": cfg.max_positions,
+                "activation_function": _GPT2_EXPORT_ACTIVATIONS.get(cfg.activation, cfg.activation),
+                "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout if cfg.embed_dropout is None else
+                cfg.embed_dropout, "attn_pdrop": cfg.attn_dropout, "layer_norm_epsilon": cfg.layer_norm_eps,
+                "initializer_range": 0.02, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                "reorder_and_upcast_attn": False, "add_cross_attention": False,
+                "tie_word_embeddings": cfg.tie_output, "use_cache": True}
+
+    def split(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, tensor in state.items():
+            fused = _FUSED.fullmatch(name)
+            if fused is None:
+                if not _GPT2_BUFFERS.fullmatch(name):
+                    out[name] = tensor
+                continue
+            module, kind = fused.groups()
+            thirds = tensor.chunk(3, dim=-1)  # (in, 3d) weight or (3d,) bias: the outputs are the last axis
+            out.update({f"{module}.{kind}[{part}]": third for part, third in zip(_GPT2_QKV, thirds)})
+        return out
+
+    def join(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = {name: tensor for name, tensor in state.items() if not name.endswith("]")}
+        parts = sorted({name[:-3] for name in state if name.endswith("]")})
+        for fused in parts:
+            out[fused] = torch.cat([state[f"{fused}[{part}]"] for part in _GPT2_QKV], dim=-1).contiguous()
+        return out
+
+    def to_core(self, hf_name: str, tensor: Tensor) -> Tensor:
+        return tensor.t() if _CONV1D_WEIGHT.fullmatch(hf_name) else tensor
+
+    def to_hf(self, hf_name: str, tensor: Tensor) -> Tensor:
+        return tensor.t() if _CONV1D_WEIGHT.fullmatch(hf_name) else tensor
+
+    def max_tokens(self, hf: dict[str, Any], pad_id: int) -> int:
+        return hf["n_positions"]
+
+
+FAMILIES: tuple[Family, ...] = (BertFamily(), RobertaFamily(), DistilBertFamily(), ViTFamily(), GPT2Family())
 SUPPORTED_MODEL_TYPES: dict[str, Family] = {t: family for family in FAMILIES for t in family.model_types}
 
 
@@ -402,7 +551,7 @@ def family_of(model_type: Optional[str]) -> Optional[Family]:
 
 
 def family_named(name: str) -> Family:
-    """A family by its name (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``)."""
+    """A family by its name (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``, ``"gpt2"``)."""
     for family in FAMILIES:
         if family.name == name:
             return family

@@ -2,7 +2,9 @@
 
 Why: the PA paper fine-tunes PA-BERT from released checkpoints (PA Sec. 4.1.2, Table 2, App. B.2.2: "we load the
 pre-trained checkpoints ... the additional parameters are initialized randomly and trained jointly during
-fine-tuning"), and researchers hold RoBERTa, DistilBERT and ViT checkpoints too. :func:`from_hf` reads a folder
+fine-tuning"), and researchers hold RoBERTa, DistilBERT, ViT and GPT-2 checkpoints too. A GPT-2 becomes the core's
+language model (``arch="causal_lm"``) with the checkpoint's byte-level BPE (:mod:`interlayer.pretrained.gpt2`);
+every other family a classifier. :func:`from_hf` reads a folder
 (or an in-memory ``transformers`` model), picks its :mod:`family <interlayer.pretrained.families>`, builds the core
 model with any method sections on top, loads every pretrained tensor and leaves what the methods add at its own
 initialisation, listed in the :class:`ImportReport`. :mod:`interlayer.pretrained.export` writes models back.
@@ -10,7 +12,8 @@ initialisation, listed in the :class:`ImportReport`. :mod:`interlayer.pretrained
 Policies where the checkpoints leave room (each with its reason):
 
 * **Refusals name the field**: a ``model_type`` without a family, an activation other than exact GELU/ReLU,
-  relative position embeddings, decoders, ELECTRA's embedding projection, ViT's ``qkv_bias=false``. Missing
+  relative position embeddings, decoders, ELECTRA's embedding projection, ViT's ``qkv_bias=false``, GPT-2's
+  per-layer score scaling (:class:`~interlayer.pretrained.families.GPT2Family`). Missing
   encoder tensors, unknown tensors inside the encoder's namespaces and shape mismatches name the tensor.
 * **Pooler**: ``pooling="cls"`` uses the checkpoint's tanh pooler (BERT, RoBERTa, ``ViTModel``); one without
   pooler weights gets a fresh pooler initialised as ``transformers`` does (normal, std ``initializer_range``; zero
@@ -27,7 +30,8 @@ Policies where the checkpoints leave room (each with its reason):
   Predictive Attention, Multi-Pass and Crossformer soft guidance only add parameters and load as they are.
 * **The model is returned in eval mode**, as ``from_pretrained`` does; weights are copied into fp32 parameters
   whatever the checkpoint's dtype. ``model.tokenizer`` is the checkpoint's tokenizer (None for images, or when
-  the folder has none the core can reproduce) and ``model.import_report`` the report.
+  the folder has none the core can reproduce; a GPT-2's is the ``lm`` task's
+  :class:`~interlayer.data.lm_tokenizers.ByteBPETokenizer`) and ``model.import_report`` the report.
 """
 from __future__ import annotations
 
@@ -48,11 +52,13 @@ from ..checkpoint import CheckpointError
 from ..config import ModelConfig, config_from_dict
 from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
+from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
 from ..vision import VisionConfig, build_vision_model, get_vision_config
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
+from .gpt2 import load_gpt2_tokenizer
 from .tokenization import PretrainedTokenizer, TokenizerError, read_json, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
@@ -67,6 +73,7 @@ REINITIALISE_HINT = ("these methods restructure the pretrained weights; pass rei
                      "reinitialise=true) to load what fits and start the restructured parameters from their own "
                      "initialisation")
 AnyConfig = Union[ModelConfig, VisionConfig]
+AnyTokenizer = Union[PretrainedTokenizer, ByteBPETokenizer]  # a classifier's, or a language model's (GPT-2)
 
 
 class PretrainedError(CheckpointError):
@@ -104,7 +111,7 @@ class HFCheckpoint:
     hf: dict[str, Any]
     family: Family
     state: dict[str, Tensor]
-    tokenizer: Optional[PretrainedTokenizer] = None
+    tokenizer: Optional[AnyTokenizer] = None
     notes: list[str] = field(default_factory=list)
     pixel_mean: Optional[list[float]] = None
     pixel_std: Optional[list[float]] = None
@@ -133,8 +140,8 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
     family = family_of(hf.get("model_type"))
     if family is None:
         raise PretrainedError(f"{path}: model_type={hf.get('model_type')!r} is not supported; supported types: "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES)} (GPT-2 needs the core's decoder-only model; "
-                              "ALBERT shares layers and factorises embeddings)")
+                              f"{', '.join(SUPPORTED_MODEL_TYPES)} (ALBERT shares layers and factorises "
+                              "embeddings)")
     problems = family.problems(hf)
     if problems:
         raise PretrainedError(f"{path}: this {hf['model_type']} variant cannot be represented: " + "; ".join(problems))
@@ -181,7 +188,7 @@ def read_checkpoint(directory: Union[str, Path]) -> HFCheckpoint:
     """Config, family, tensors, tokenizer (text) or pixel normalisation (images) of a Hugging Face folder."""
     directory = Path(directory)
     hf, family = read_hf_config(directory)
-    state = normalise_names(read_weights(directory), family.encoder_prefix(hf))
+    state = family.split(normalise_names(read_weights(directory), family.encoder_prefix(hf)))
     checkpoint = HFCheckpoint(directory, hf, family, state)
     if family.modality == "image":
         checkpoint.pixel_mean, checkpoint.pixel_std = _pixel_normalisation(directory, hf, checkpoint.notes)
@@ -191,9 +198,15 @@ def read_checkpoint(directory: Union[str, Path]) -> HFCheckpoint:
 
 
 def _read_tokenizer(directory: Path, hf: dict[str, Any], family: Family, notes: list[str]
-                    ) -> Optional[PretrainedTokenizer]:
+                    ) -> Optional[AnyTokenizer]:
     """The folder's tokenizer, truncating to what the position table numbers; None (with a note) without one."""
-    if tokenizer_kind(directory) is None:
+    if family.arch == "causal_lm" and tokenizer_kind(directory) == "bpe":
+        tokenizer = load_gpt2_tokenizer(directory)
+        if len(tokenizer) > hf["vocab_size"]:
+            raise PretrainedError(f"{directory}: the tokenizer has {len(tokenizer)} ids but the embedding table "
+                                  f"only {hf['vocab_size']} rows (vocab_size)")
+        return tokenizer
+    if tokenizer_kind(directory) is None or family.arch == "causal_lm":
         notes.append("no tokenizer files the core reproduces (vocab.txt, vocab.json + merges.txt, or a WordPiece or "
                      "BPE tokenizer.json; SentencePiece tokenizers such as XLM-R's are not supported): "
                      "model.tokenizer is None")
@@ -291,6 +304,9 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
     they differ from the checkpoint's (:class:`~interlayer.vision.VisionConfig`'s ``input_size``).
     """
     family, hf = checkpoint.family, checkpoint.hf
+    if family.arch == "causal_lm":
+        return _language_model_config(checkpoint, num_classes=num_classes, pooling=pooling, pooler=pooler,
+                                      extra_sections=extra_sections, overrides=overrides)
     layout, head_classes = checkpoint_head(checkpoint, num_classes)
     classes = num_classes if num_classes is not None else (head_classes or _num_labels(hf))
     pooling, pooler = _pooling_plan(checkpoint, pooling, pooler)
@@ -309,6 +325,18 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
         return get_vision_config(data)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _language_model_config(checkpoint: HFCheckpoint, *, extra_sections: Optional[dict[str, Any]],
+                           overrides: Optional[dict[str, Any]], **head: Any) -> ModelConfig:
+    """A GPT-2's config: its family's fields and the method sections; the classifier's options do not apply."""
+    given = [name for name, value in head.items() if value is not None]
+    if given:
+        raise PretrainedError(f"{checkpoint.source}: {', '.join(given)} do not apply to a {checkpoint.family.title}, "
+                              "a language model without a classifier")
+    fields = {**checkpoint.family.core_fields(checkpoint.hf),
+              **_checked_sections(extra_sections, overrides, checkpoint.family)}
+    return config_from_dict(fields, source=checkpoint.source)
 
 
 def _pooling_plan(checkpoint: HFCheckpoint, pooling: Optional[str], pooler: Optional[bool]) -> tuple[str, bool]:
@@ -341,7 +369,7 @@ def _pad_id(checkpoint: HFCheckpoint) -> int:
     """The tokenizer's pad id (BERT's tokenizers decide it); RoBERTa's positions need config.json's to agree."""
     configured = _pad_from_config(checkpoint.hf)
     tokenizer = checkpoint.tokenizer
-    if tokenizer is None:
+    if not isinstance(tokenizer, PretrainedTokenizer):
         return configured
     if tokenizer.pad_id != configured and checkpoint.family.name == "roberta":
         raise PretrainedError(f"{checkpoint.source}: the tokenizer pads with id {tokenizer.pad_id} but config.json's "
@@ -458,6 +486,7 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     pooler = layout.pooler if layout is not None and layout.pooler else family.pooler_map()
     if cfg.classifier_hidden:
         mapping.update({k: v for k, v in pooler.items() if k in state})
+    mapping.update({k: v for k, v in family.output_map(cfg).items() if k in state})
     head_loaded = (layout is not None and classes == cfg.num_classes and cfg.pooling == "cls"
                    and layout.needs_pooler == bool(cfg.classifier_hidden))
     if head_loaded:
@@ -540,7 +569,7 @@ def _notes(checkpoint: HFCheckpoint, cfg: ModelConfig, report: ImportReport, lay
            head_loaded: bool, classes: int) -> list[str]:
     """What the import could not carry over exactly, in words."""
     hf, notes, tokenizer = checkpoint.hf, [], checkpoint.tokenizer
-    if tokenizer is not None and tokenizer.pad_id != _pad_from_config(hf):
+    if isinstance(tokenizer, PretrainedTokenizer) and tokenizer.pad_id != _pad_from_config(hf):
         notes.append(f"pad id {tokenizer.pad_id} is the tokenizer's {tokenizer.special_tokens['pad_token']}, not "
                      f"config.json's pad_token_id={_pad_from_config(hf)}")
     if layout is not None and not head_loaded:

@@ -20,6 +20,10 @@ What it guarantees:
   every ``save_interval_steps``).
 * **Atomic files.** Checkpoints are written to a temporary name and renamed, so a crash mid-write leaves the
   previous checkpoint intact.
+* **Step counters inside the model.** A module that follows the optimiser steps (PA's alpha warm-up) defines
+  ``optimizer_step_done()``; it is called after every optimiser step (a step the fp16 scaler skips included, as
+  for the learning-rate schedule). Such counters are buffers on the model's device, updated in place (no host
+  sync), saved and resumed with the weights.
 * **Separate loss terms.** Whatever the task's loss returns by name (task loss, NLL, Crossformer-SG, each
   Multi-Pass exit) is logged separately to ``train.csv`` and TensorBoard; validation metrics go to ``valid.csv``.
 """
@@ -219,6 +223,7 @@ class Trainer:
         # Compiled for training steps only; validation and decoding run the eager model (their shapes change every
         # call, and a compiled graph per validation shape would cost more than it saves).
         self.train_model = torch.compile(train_model) if cfg.compile else train_model
+        self._step_listeners = [m for m in model.modules() if callable(getattr(m, "optimizer_step_done", None))]
         self.scaler = make_scaler(self.device, self.precision)
         self._skipped_steps = 0
         optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
@@ -449,16 +454,22 @@ class Trainer:
                 raise DivergenceError(self._diverged(f"the gradient norm is {logs['grad_norm']}"))
         if self.scaler is None:
             self.optimizer.step()
+            self._optimizer_step_done()
             return logs, units
         before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)  # skipped when the unscaled gradients hold inf/NaN
         self.scaler.update()
+        self._optimizer_step_done()
         self._skipped_steps = self._skipped_steps + 1 if self.scaler.get_scale() < before else 0
         logs["loss_scale"] = self.scaler.get_scale()
         if self._skipped_steps > MAX_SKIPPED_STEPS:
             raise DivergenceError(self._diverged(f"the fp16 gradients overflowed {self._skipped_steps} steps in a "
                                                  f"row (loss scale now {self.scaler.get_scale():.3g})"))
         return logs, units
+
+    def _optimizer_step_done(self) -> None:
+        for module in self._step_listeners:
+            module.optimizer_step_done()
 
     def _diverged(self, what: str) -> str:
         kept = (f"{self.run_dir / LAST} (written before the divergence) is kept"

@@ -1,0 +1,365 @@
+"""GPT-2 in and out (issue 21): ``from_hf``/``to_hf`` on the core's language model, its tokenizer, the methods.
+
+Every GPT-2 is random, built here by ``transformers`` from a tiny config (no download), in three shapes: tied
+output and tanh GELU; an untied head, ``n_inner`` and exact GELU; a bare ``GPT2Model`` with ReLU. The tokenizer is
+a byte-level BPE trained here and saved by ``transformers``' own ``GPT2Tokenizer``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from interlayer import create_model
+from interlayer.build import build_model
+from interlayer.core.generation import SamplingOptions, position_ids
+from interlayer.data.lm_tokenizers import ByteBPETokenizer
+from interlayer.pretrained import PretrainedError, from_hf, to_hf
+from interlayer.pretrained.hf import read_checkpoint
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_hf import CASES as ENCODER_CASES  # noqa: E402
+from test_hf import reference as encoder_reference  # noqa: E402
+
+VOCAB, D, POSITIONS = 300, 16, 40
+# initializer_range 0.2 (GPT-2's is 0.02): attention maps far from uniform, so PA's prediction shows in the outputs
+BASE = dict(vocab_size=VOCAB, n_embd=D, n_positions=POSITIONS, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
+# case -> (model class, config fields)
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "tied": ("GPT2LMHeadModel", dict(BASE, n_layer=2, n_head=2)),
+    "untied": ("GPT2LMHeadModel", dict(BASE, n_layer=3, n_head=4, n_inner=24, activation_function="gelu",
+                                       layer_norm_epsilon=1e-6, tie_word_embeddings=False)),
+    "bare": ("GPT2Model", dict(BASE, n_layer=2, n_head=1, activation_function="relu")),
+}
+TEXTS = ["To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer",
+         "The quick brown fox jumps over the lazy dog. " * 3, "Ünïcödé, naïve café"]
+
+
+def hf_gpt2(case: str, seed: int = 0) -> Any:
+    model_class, fields = CASES[case]
+    torch.manual_seed(seed)
+    return getattr(transformers, model_class)(transformers.GPT2Config(**fields)).eval()
+
+
+def write_tokenizer(directory: Path) -> Any:
+    """A byte-level BPE of VOCAB tokens with <|endoftext|> (id 0), saved as transformers saves a GPT2Tokenizer."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(TEXTS, trainer=trainer)
+    raw = directory / "raw"
+    raw.mkdir(parents=True)
+    backend.model.save(str(raw))
+    tokenizer = transformers.GPT2Tokenizer(vocab=str(raw / "vocab.json"), merges=str(raw / "merges.txt"))
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpt2")
+    out = {}
+    for case in CASES:
+        out[case] = root / case
+        hf_gpt2(case).save_pretrained(str(out[case]))
+    write_tokenizer(out["tied"])
+    return out
+
+
+def ids(batch: int = 3, length: int = 9, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_outputs(hf: Any, tokens: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(logits, or the last hidden state of a bare GPT2Model; the hidden states after each layer but the last)."""
+    with torch.no_grad():
+        out = hf(input_ids=tokens, output_hidden_states=True, **kwargs)
+    final = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    return final, list(out.hidden_states[1:-1])
+
+
+def our_outputs(model: torch.nn.Module, tokens: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, list]:
+    with torch.no_grad():
+        out = model(tokens, **kwargs)
+    return out.logits, out.encoder.states[:-1]
+
+
+# ----------------------------------------------------------------------------------------------- import
+
+
+@pytest.mark.parametrize("source", ["folder", "memory"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_equals_transformers(case: str, source: str, folders: dict[str, Path]) -> None:
+    hf = hf_gpt2(case)
+    model = from_hf(folders[case] if source == "folder" else hf)
+    tokens = ids()
+    theirs, their_states = hf_outputs(hf, tokens)
+    ours, our_states = our_outputs(model, tokens)
+    if case == "bare":  # GPT2Model has no head: compare the stack's output (after ln_f)
+        with torch.no_grad():
+            ours = model(tokens).encoder.hidden
+    assert (ours - theirs).abs().max() < 1e-5
+    for state, expected in zip(our_states, their_states, strict=True):
+        assert (state - expected).abs().max() < 1e-5
+    cfg, report = model.config, model.import_report
+    assert cfg.arch == "causal_lm" and cfg.tie_output == (case != "untied") and not model.training
+    assert cfg.d_ffn == (24 if case == "untied" else 4 * D)
+    assert report.ignored == [] and report.initialised == []  # a bare GPT2Model too: its output is the token table
+    assert "h.0.attn.c_attn.weight[k]" in read_checkpoint(folders[case]).state
+
+
+def test_right_and_left_padded_batches_match_transformers(folders: dict[str, Path]) -> None:
+    """Right padding: the same attention mask. Left padding (what generation uses): the padding is a key mask and
+    each row's real tokens are numbered 0, 1, ... by ``position_ids`` -- transformers' ``attention_mask.cumsum(-1)
+    - 1``, the numbering its ``generate`` uses; compared at the real tokens."""
+    hf, model = hf_gpt2("untied"), from_hf(folders["untied"])
+    tokens = ids(3, 8)
+    real = torch.ones_like(tokens, dtype=torch.bool)
+    real[0, 5:] = False  # right-padded
+    theirs, _ = hf_outputs(hf, tokens, attention_mask=real.long())
+    ours, _ = our_outputs(model, tokens, padding_mask=~real)
+    assert (ours - theirs)[real].abs().max() < 1e-5
+    left = torch.ones_like(tokens, dtype=torch.bool)
+    left[0, :3] = False
+    left[1, :1] = False
+    positions = position_ids(~left)
+    theirs, _ = hf_outputs(hf, tokens, attention_mask=left.long(), position_ids=positions)
+    ours, _ = our_outputs(model, tokens, padding_mask=~left, position_ids=positions)
+    assert (ours - theirs)[left].abs().max() < 1e-5
+    alone, _ = our_outputs(model, tokens[:1, 3:])  # the left-padded row reads as the row alone
+    assert (ours[0, 3:] - alone[0]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("case", ["tied", "untied"])
+def test_cached_greedy_generation_equals_transformers_generate(case: str, folders: dict[str, Path]) -> None:
+    hf, model = hf_gpt2(case), from_hf(folders[case])
+    prompts = ids(3, 6, seed=4)
+    real = torch.ones_like(prompts, dtype=torch.bool)
+    real[1, :2] = False  # left-padded prompts of lengths 6, 4, 3
+    real[2, :3] = False
+    steps = 10
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=prompts, attention_mask=real.long(), do_sample=False, max_new_tokens=steps,
+                             min_new_tokens=steps, pad_token_id=0)[:, prompts.shape[1]:]
+    ours = model.generate(prompts, SamplingOptions(max_new_tokens=steps, temperature=0.0), padding_mask=~real)
+    assert ours.tokens.tolist() == theirs.tolist()
+    uncached = model.generate(prompts, SamplingOptions(max_new_tokens=steps, temperature=0.0, use_cache=False),
+                              padding_mask=~real)
+    assert uncached.tokens.tolist() == theirs.tolist()
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_export_round_trip_loads_in_transformers_with_equal_outputs(case: str, folders: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    hf = hf_gpt2(case)
+    out = to_hf(from_hf(folders[case]), tmp_path / case)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"] and config["n_inner"] == CASES[case][1].get("n_inner",
+                                                                                                      4 * D)
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    tokens = ids()
+    theirs, _ = hf_outputs(hf, tokens)
+    again, _ = hf_outputs(back, tokens)
+    if case == "bare":  # exported with a head (tied to wte): its hidden states are the original's
+        with torch.no_grad():
+            again = back.transformer(input_ids=tokens).last_hidden_state
+    assert (again - theirs).abs().max() < 1e-5
+    original, written = hf.state_dict(), back.state_dict()
+    prefix = "" if case == "bare" else "transformer."
+    for name, tensor in original.items():  # every tensor comes back exactly (c_attn re-fused, Conv1D layout kept)
+        assert torch.equal(written[name if name.startswith("lm_head") else "transformer." + name[len(prefix):]],
+                           tensor), name
+
+
+def test_tokenizer_ids_equal_transformers_and_export_with_the_model(folders: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    model = from_hf(folders["tied"])
+    tokenizer = model.tokenizer
+    assert isinstance(tokenizer, ByteBPETokenizer) and len(tokenizer) == VOCAB
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folders["tied"]))
+    text = "To be, or not<|endoftext|> to be:\n\n  that is the question 😀 naïve"
+    assert tokenizer.encode(text) == theirs(text)["input_ids"]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert int(tokenizer.byte_lengths()[0]) == len("<|endoftext|>")  # spelled literally (bits per byte)
+    out = to_hf(model, tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == 0  # <|endoftext|>
+    again = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert again(text)["input_ids"] == theirs(text)["input_ids"] and again.eos_token == "<|endoftext|>"
+
+
+def test_prefix_space_tokenizers_are_refused(folders: dict[str, Path], tmp_path: Path) -> None:
+    directory = tmp_path / "prefixed"
+    directory.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (directory / name).symlink_to(folders["tied"] / name)
+    settings = json.loads((folders["tied"] / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(dict(settings, add_prefix_space=True)))
+    with pytest.raises(ValueError, match="add_prefix_space=true is not supported for a language model"):
+        from_hf(directory)
+
+
+def scratch_lm(**changes: Any) -> torch.nn.Module:
+    fields = dict(src_vocab_size=50, d_model=16, n_heads=2, d_ffn=32, enc_layers=2, max_positions=24)
+    return create_model("gpt2_small", **{**fields, **changes}).eval()
+
+
+@pytest.mark.parametrize("changes", [{}, {"activation": "gelu", "tie_output": False, "dropout": 0.0}])
+def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(changes: dict,
+                                                                             tmp_path: Path) -> None:
+    model = scratch_lm(**changes)
+    with torch.no_grad():
+        for param in model.parameters():  # LayerNorms and biases away from their 1/0 start
+            param.add_(torch.randn_like(param) * 0.1)
+    to_hf(model, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    tokens = torch.randint(0, 50, (2, 11))
+    with torch.no_grad():
+        assert (back(input_ids=tokens).logits - model(tokens).logits).abs().max() < 1e-5
+    assert back.config.activation_function == ("gelu" if changes else "gelu_new")
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: scratch_lm(positions="rotary"), "positions='rotary' \\(GPT-2 has 'learned'\\)"),
+    (lambda: scratch_lm(bias=False), "bias=False \\(GPT-2 has True\\)"),
+    (lambda: scratch_lm(norm_first=False), "norm_first=False \\(GPT-2 has True\\)"),
+    (lambda: create_model("gpt_shakespeare_char"), "bias=False"),
+    (lambda: scratch_lm(predictive={"alpha": 0.1}), "the predictive section \\(GPT-2 has no such computation\\)"),
+    (lambda: scratch_lm(lightweight={"groups": 2}), "the lightweight section"),
+    (lambda: scratch_lm(multipass={}), "the multipass section"),
+])
+def test_language_models_gpt2_cannot_express_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
+    with pytest.raises(PretrainedError, match=f"{match}.*interlayer's own format.*model.save_pretrained"):
+        to_hf(make(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true"),
+    ({"scale_attn_weights": False}, "scale_attn_weights=false"),
+    ({"add_cross_attention": True}, "add_cross_attention=true"),
+    ({"activation_function": "quick_gelu"}, "activation_function='quick_gelu'"),
+    ({"n_inner": "wide"}, "n_inner='wide'"),
+])
+def test_gpt2_configs_the_core_cannot_compute_are_refused_naming_the_field(changes: dict, match: str,
+                                                                          folders: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    directory = tmp_path / "changed"
+    directory.mkdir()
+    (directory / "model.safetensors").symlink_to(folders["tied"] / "model.safetensors")
+    config = json.loads((folders["tied"] / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(PretrainedError, match=f"this gpt2 variant cannot be represented: .*{match}"):
+        from_hf(directory)
+
+
+def test_classifier_options_do_not_apply_to_a_language_model(folders: dict[str, Path]) -> None:
+    with pytest.raises(PretrainedError, match="num_classes, pooling do not apply to a GPT-2, a language model"):
+        from_hf(folders["tied"], num_classes=3, pooling="mean")
+
+
+# ----------------------------------------------------------------------------------------------- methods
+
+
+def test_crossformer_soft_guidance_on_an_imported_gpt2(folders: dict[str, Path]) -> None:
+    model = from_hf(folders["untied"], extra_sections={"crossformer": {"soft": ["kq", "ffn"]}})
+    plain = from_hf(folders["untied"])
+    tokens = ids()
+    out = model(tokens)
+    assert model.import_report.initialised == [] and out.aux_losses["crossformer_sg"] > 0
+    assert torch.equal(out.logits, plain(tokens).logits)  # a training loss only: the forward pass is the import's
+
+
+@pytest.mark.parametrize("sections, match", [
+    ({"crossformer": {"hard": ["kq"]}}, "tied to the parameter that received"),
+    ({"lightweight": {"groups": 2}}, "lightweight changed the module"),
+])
+def test_restructuring_methods_on_gpt2_are_refused_unless_reinitialised(sections: dict, match: str,
+                                                                        folders: dict[str, Path]) -> None:
+    with pytest.raises(PretrainedError, match=f"{match}.*restructure the pretrained weights; pass reinitialise=True"):
+        from_hf(folders["untied"], extra_sections=sections)
+    torch.manual_seed(5)
+    model = from_hf(folders["untied"], extra_sections=sections, reinitialise=True)
+    torch.manual_seed(5)
+    fresh = build_model(model.config)
+    report = model.import_report
+    assert report.restructured and report.initialised
+    ours, theirs = model.state_dict(), fresh.state_dict()
+    assert all(torch.equal(ours[name], theirs[name]) for name in report.initialised)
+    assert torch.equal(model.encoder.embed.tokens.weight, read_checkpoint(folders["untied"]).state["wte.weight"])
+
+
+def warm_pa(alpha: float = 0.5, **fields: Any) -> dict[str, Any]:
+    return {"predictive": {"alpha": alpha, "alpha_warmup_steps": 4, **fields}}
+
+
+def advance(model: torch.nn.Module, steps: int) -> None:
+    for module in model.modules():
+        if hasattr(module, "optimizer_step_done"):
+            for _ in range(steps):
+                module.optimizer_step_done()
+
+
+def imported_pa(folder: Path, predictive: dict[str, Any]) -> torch.nn.Module:
+    torch.manual_seed(7)  # the same CNN for every model built here
+    return from_hf(folder, extra_sections={"predictive": predictive})
+
+
+@pytest.mark.parametrize("init", ["dirac", "random"])
+def test_pa_with_warm_up_starts_exactly_at_an_imported_gpt2(init: str, folders: dict[str, Path]) -> None:
+    """alpha_t = alpha min(1, t / N): at t = 0 the plain import, bit for bit (PA computes the logits explicitly,
+    so the plain model is read with the same eager attention: the fused kernel differs by ~1e-6 in the last bits),
+    Eq. 4 with alpha / 2 at t = N / 2, with alpha from t = N on."""
+    hf = hf_gpt2("untied")
+    model = imported_pa(folders["untied"], {"alpha": 0.5, "alpha_warmup_steps": 4, "init": init})
+    tokens = ids()
+    theirs, _ = hf_outputs(hf, tokens)
+    start = our_outputs(model, tokens)[0]
+    assert torch.equal(start, our_outputs(from_hf(folders["untied"], overrides={"attn_impl": "eager"}), tokens)[0])
+    assert (start - theirs).abs().max() < 1e-5
+    for steps, alpha in ((2, 0.25), (2, 0.5), (3, 0.5)):
+        advance(model, steps)
+        ours = our_outputs(model, tokens)[0]
+        constant = our_outputs(imported_pa(folders["untied"], {"alpha": alpha, "init": init}), tokens)[0]
+        assert (ours - constant).abs().max() < 1e-6
+        assert (ours - theirs).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("case", ["bert", "roberta"])
+def test_pa_with_warm_up_starts_exactly_at_an_imported_encoder(case: str) -> None:
+    """The same for the encoders, whose padding PA masks: at the real tokens of a padded batch. Weights drawn with
+    std 0.3 (not 0.02) so that attention maps, and with them the prediction, are far from uniform."""
+    config_class, model_class, fields = ENCODER_CASES[case]
+    torch.manual_seed(0)
+    hf = getattr(transformers, model_class)(getattr(transformers, config_class)(**fields, initializer_range=0.3))
+    ref, inputs = encoder_reference(hf.eval(), case)
+    real = inputs.ne(hf.config.pad_token_id)
+
+    def hidden(predictive: dict[str, Any]) -> tuple[torch.nn.Module, torch.Tensor]:
+        torch.manual_seed(7)
+        model = from_hf(hf, extra_sections={"predictive": predictive})
+        with torch.no_grad():
+            return model, model(inputs).encoder.hidden
+
+    model, start = hidden({"alpha": 0.5, "alpha_warmup_steps": 4, "init": "dirac"})
+    with torch.no_grad():
+        plain = from_hf(hf, overrides={"attn_impl": "eager"})(inputs).encoder.hidden
+    assert torch.equal(start[real], plain[real]) and (start - ref.last_hidden_state)[real].abs().max() < 1e-5
+    advance(model, 4)
+    with torch.no_grad():
+        ramped = model(inputs).encoder.hidden
+    _, constant = hidden({"alpha": 0.5, "init": "dirac"})  # dirac alone: alpha ReLU(A_prev) + (1 - alpha) A
+    assert (ramped - constant)[real].abs().max() < 1e-6
+    assert (constant - ref.last_hidden_state)[real].abs().max() > 1e-2
