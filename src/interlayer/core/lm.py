@@ -33,6 +33,7 @@ from .components import Components
 from .config import TransformerConfig
 from .encoder import Encoder, EncoderOutput
 from .generation import Generation, SamplingOptions, generate
+from .hub import PretrainedMixin
 
 
 @dataclass
@@ -43,9 +44,10 @@ class CausalLMOutput:
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, PretrainedMixin):
     """Token embedding (+ absolute positions, if configured), ``enc_layers`` causal layers, final LayerNorm
-    (pre-LN), and a linear head onto the vocabulary, tied to the token table when ``cfg.tie_output``."""
+    (pre-LN), and a linear head onto the vocabulary, tied to the token table when ``cfg.tie_output``.
+    ``save_pretrained``/``from_pretrained`` as every interlayer model (a GPT-2 folder imports)."""
 
     def __init__(self, cfg: TransformerConfig, components: Components) -> None:
         super().__init__()
