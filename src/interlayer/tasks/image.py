@@ -35,8 +35,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
-from ..config import dataclass_from_dict
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_choices, dataclass_from_dict
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import bundled_dir
 from ..data.text import DataError
@@ -53,7 +52,6 @@ TASK_NAME = "fashion_mnist"
 BUNDLED = "bundled:fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                          "Bag", "Ankle boot"]
-AUGMENTATIONS = ("none", "flip", "crop", "crop_flip")
 EVAL_BATCH = 1000
 
 
@@ -76,14 +74,12 @@ class ImageData:
     pretrained: str = ""
 
     def validate(self) -> None:
+        check_choices(self, "data.")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1 (the "
                               "engine validates every epoch)")
         if self.batch_size < 1:
             raise ConfigError(f"data.batch_size={self.batch_size} must be a positive number of images")
-        if self.augment not in AUGMENTATIONS:
-            raise ConfigError(f"data.augment={self.augment!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, AUGMENTATIONS))}")
         if self.crop_padding < 0:
             raise ConfigError(f"data.crop_padding={self.crop_padding} must not be negative")
         if len(self.class_names) < 2:

@@ -29,7 +29,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +38,10 @@ from torch import Tensor, nn
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
 from ..config import ModelConfig
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_choices
 from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
-from ..data.lm_tokenizers import LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 from ..data.text import DataError
 from ..training import distributed
 from ..training.config import TrainConfig
@@ -57,7 +57,7 @@ class LMData:
     """The corpus and how it becomes training blocks (``--set data.KEY=VALUE``)."""
 
     path: str = "bundled:shakespeare"  # a UTF-8 file, a folder of .txt files, or a folder with train/valid(/test).txt
-    tokenizer: Literal["char", "bpe"] = "char"
+    tokenizer: Kind = "char"
     vocab_size: int = 4096  # BPE only: the size of the trained vocabulary (>= 257: 256 bytes + merges)
     block_size: int = 256  # tokens of context per training example (nanoGPT's block_size); the model's max_positions
     eval_interval: int = 250  # optimiser steps per epoch, i.e. between validations (nanoGPT's eval_interval)
@@ -67,8 +67,7 @@ class LMData:
     strip_gutenberg: bool = True  # cut Project Gutenberg licence headers/footers off each file
 
     def validate(self) -> None:
-        if self.tokenizer not in ("char", "bpe"):
-            raise ConfigError(f"data.tokenizer={self.tokenizer!r} is not valid; choose 'char' or 'bpe'")
+        check_choices(self, "data.")
         if self.tokenizer == "bpe" and self.vocab_size < 257:
             raise ConfigError(f"data.vocab_size={self.vocab_size} must be at least 257 for byte-level BPE (256 "
                               "bytes plus at least one merge)")
