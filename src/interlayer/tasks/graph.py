@@ -35,11 +35,11 @@ from ..baselines.gat import GATConfig, gat_config, gat_from_dict, with_self_loop
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
+from .metrics import accuracy, confusion_matrix, format_report, percent_correct
 
 
 @dataclass
@@ -171,8 +171,7 @@ class GraphInputs:
     def score(self, model: nn.Module, split: str) -> dict[str, float]:
         """Accuracy in percent and mean cross-entropy (GAT's two early-stopping quantities)."""
         logits, gold = self.predict(model, split)
-        return {"accuracy": 100.0 * float((logits.argmax(-1) == gold).float().mean()),
-                "nll": float(F.cross_entropy(logits.float(), gold))}
+        return {"accuracy": percent_correct(logits, gold), "nll": float(F.cross_entropy(logits.float(), gold))}
 
 
 # -- models ------------------------------------------------------------------------------------------------------
@@ -193,22 +192,10 @@ def _finish(task: NodeClassificationTask, run_dir: Path, state: Any, options: di
 
 
 def report(source: str, logits: Tensor, gold: Tensor, num_classes: int) -> str:
-    """Accuracy, per-class precision/recall and the confusion matrix (rows gold, columns predicted)."""
-    predicted = logits.argmax(-1)
-    matrix = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    matrix.index_put_((gold, predicted), torch.ones_like(gold), accumulate=True)
-    correct = matrix.diagonal()
-    accuracy = 100.0 * float(correct.sum()) / max(len(gold), 1)
-    rows = []
-    for c in range(num_classes):
-        predicted_c, gold_c = int(matrix[:, c].sum()), int(matrix[c].sum())
-        precision = 100.0 * int(correct[c]) / predicted_c if predicted_c else 0.0
-        recall = 100.0 * int(correct[c]) / gold_c if gold_c else 0.0
-        rows.append([f"class {c}", f"{precision:.2f}", f"{recall:.2f}", gold_c])
-    confusion = [[f"gold {c}", *matrix[c].tolist()] for c in range(num_classes)]
-    return "\n\n".join([f"{source}: {len(gold)} test nodes, accuracy {accuracy:.2f}",
-                        format_table(["class", "precision", "recall", "support"], rows),
-                        format_table(["", *(f"pred {c}" for c in range(num_classes))], confusion)])
+    """Accuracy, per-class precision/recall/F1 and the confusion matrix (rows gold, columns predicted)."""
+    matrix = confusion_matrix(gold, logits.argmax(-1), num_classes)
+    return format_report(f"{source}: {len(gold)} test nodes, accuracy {accuracy(matrix):.2f}", matrix,
+                         [str(c) for c in range(num_classes)])
 
 
 def _evaluate(directory: Path, args: argparse.Namespace) -> str:

@@ -41,12 +41,12 @@ from ..data.parallel import bundled_dir
 from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
 from ..vision import VisionConfig, get_vision_config, vision_model_from_dict
 from ..training.device import module_device, move
 from .base import TaskSpec
+from .metrics import confusion_matrix, format_report, percent_correct, summary
 
 TASK_NAME = "fashion_mnist"
 BUNDLED = "bundled:fashion-mnist"
@@ -170,44 +170,6 @@ def predict(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH) -> T
                       for i in range(0, len(images), batch_size)])
 
 
-def confusion_matrix(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """``m[true, predicted]`` counts."""
-    return torch.bincount(labels * num_classes + predictions, minlength=num_classes ** 2).view(num_classes,
-                                                                                               num_classes)
-
-
-def class_metrics(confusion: Tensor, names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy and per-class precision / recall in percent, as every task reports them (0 where a class is never
-    predicted / never present)."""
-    m = confusion.double()
-    hits = m.diag()
-    predicted, present = m.sum(0), m.sum(1)
-    per_class = {name: {"precision": float(100 * hits[i] / predicted[i]) if predicted[i] else 0.0,
-                        "recall": float(100 * hits[i] / present[i]) if present[i] else 0.0,
-                        "support": int(present[i])}
-                 for i, name in enumerate(names)}
-    return {"accuracy": float(100 * hits.sum() / m.sum()), "correct": int(hits.sum()), "total": int(m.sum()),
-            "per_class": per_class, "confusion": confusion.tolist()}
-
-
-def percent_correct(logits: Tensor, labels: Tensor) -> float:
-    """Accuracy in percent from the integer count, so 161/200 reads 80.5 and not float32's 80.50000071525574."""
-    return 100.0 * int((logits.argmax(-1) == labels).sum()) / len(labels)
-
-
-def format_report(metrics: dict[str, Any], names: Sequence[str], source: str) -> str:
-    """Accuracy, a per-class precision/recall table and the confusion matrix (rows true, columns predicted)."""
-    rows = [[name, f"{v['precision']:.2f}", f"{v['recall']:.2f}", v["support"]]
-            for name, v in metrics["per_class"].items()]
-    short = [str(i) for i in range(len(names))]
-    confusion = [[f"{i} {name}"] + counts for i, (name, counts) in enumerate(zip(names, metrics["confusion"]))]
-    return "\n\n".join([
-        f"accuracy {metrics['accuracy']:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}",
-        format_table(["class", "precision %", "recall %", "support"], rows),
-        "confusion matrix (rows: true class, columns: predicted class index)\n"
-        + format_table(["true \\ predicted"] + short, confusion)])
-
-
 class ImageTask:
     """Training and validation splits in memory as uint8 tensors; batches are index lists plus a seed."""
 
@@ -272,16 +234,21 @@ class ImageTask:
 
 
 def score(model: nn.Module, images: Tensor, labels: Tensor, names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy, NLL, per-class precision/recall and the confusion matrix of ``model`` on a labelled split."""
+    """Accuracy, NLL, per-class precision/recall/F1 and the confusion matrix of ``model`` on a labelled split."""
     num_classes = model.config.encoder.num_classes
     if int(labels.max()) >= num_classes:
         raise DataError(f"the labels go up to {int(labels.max())} but the model has {num_classes} classes")
     if len(names) != num_classes:
         names = [str(i) for i in range(num_classes)]
     logits = predict(model, images)
-    metrics = class_metrics(confusion_matrix(logits.argmax(-1), labels, num_classes), names)
-    metrics["nll"] = float(F.cross_entropy(logits, labels))
-    return metrics
+    return {**summary(confusion_matrix(labels, logits.argmax(-1), num_classes), names),
+            "nll": float(F.cross_entropy(logits, labels))}
+
+
+def report(metrics: dict[str, Any], source: str) -> str:
+    """:func:`score`'s accuracy with its counts, the per-class table and the confusion matrix, as text."""
+    head = f"accuracy {metrics['accuracy']:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}"
+    return format_report(head, metrics["confusion"], list(metrics["per_class"]), index_columns=True)
 
 
 def finish(task: ImageTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -292,8 +259,7 @@ def finish(task: ImageTask, run_dir: Path, state: Any, options: dict[str, Any]) 
     start = time.perf_counter()
     metrics = score(model, images, labels, data.class_names)
     seconds = time.perf_counter() - start
-    (run_dir / "test_report.txt").write_text(format_report(metrics, data.class_names,
-                                                           str(data.path(data.test_images))) + "\n")
+    (run_dir / "test_report.txt").write_text(report(metrics, str(data.path(data.test_images))) + "\n")
     return {"test_accuracy": metrics["accuracy"], "test_nll": metrics["nll"], "test_per_class": metrics["per_class"],
             "test_report": "test_report.txt", "test_seconds": seconds, "parameters": count_parameters(model),
             "madds_per_image": count_madds(model, model.config.tokens)}
@@ -313,7 +279,7 @@ def evaluate(directory: Path, args: argparse.Namespace) -> str:
     if tuple(images.shape[1:]) != expected:
         raise DataError(f"{images_path}: images of shape {tuple(images.shape[1:])} (channels, height, width), but "
                         f"the model reads {expected}")
-    return format_report(score(model, images, labels, names), names, str(images_path))
+    return report(score(model, images, labels, names), str(images_path))
 
 
 def _evaluation_files(data: ImageData, given: Optional[str]) -> tuple[Path, Path]:

@@ -60,11 +60,11 @@ from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.tokenization import tokenizer_kind
 from ..registry import get_config
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec, transformer_from_dict
+from .metrics import accuracy, confusion_matrix, format_report, per_class_scores
 
 DEFAULT_PRESET = "transformer_text_cls"
 
@@ -233,35 +233,13 @@ def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 25
 
 
 # -- metrics ---------------------------------------------------------------------------------------------------
-def confusion_matrix(gold: Sequence[int], predicted: Sequence[int], num_classes: int) -> list[list[int]]:
-    """``matrix[g][p]``: examples of gold class ``g`` predicted as ``p``."""
-    matrix = [[0] * num_classes for _ in range(num_classes)]
-    for g, p in zip(gold, predicted):
-        matrix[g][p] += 1
-    return matrix
-
-
-def per_class_scores(matrix: list[list[int]]) -> list[dict[str, float]]:
-    """Precision, recall and F1 (percent; 0 where undefined) and the gold count of every class."""
-    scores = []
-    for k in range(len(matrix)):
-        hits = matrix[k][k]
-        predicted = sum(row[k] for row in matrix)
-        support = sum(matrix[k])
-        precision = 100.0 * hits / predicted if predicted else 0.0
-        recall = 100.0 * hits / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        scores.append({"precision": precision, "recall": recall, "f1": f1, "support": support})
-    return scores
-
-
 def metrics(gold: Sequence[int], predicted: Sequence[int], num_classes: int, f1_class: Optional[int]
             ) -> dict[str, float]:
     """Accuracy (percent), and F1 of ``f1_class`` when given (MRPC's paraphrase class, the GLUE convention)."""
-    accuracy = 100.0 * sum(g == p for g, p in zip(gold, predicted)) / len(gold)
-    out = {"accuracy": accuracy}
+    matrix = confusion_matrix(gold, predicted, num_classes)
+    out = {"accuracy": accuracy(matrix)}
     if f1_class is not None:
-        out["f1"] = per_class_scores(confusion_matrix(gold, predicted, num_classes))[f1_class]["f1"]
+        out["f1"] = per_class_scores(matrix)[f1_class]["f1"]
     return out
 
 
@@ -492,16 +470,11 @@ def _finish(task: TextClassificationTask, run_dir: Path, state: Any, options: di
 def report(kind: TextTask, path: Path, gold: Sequence[int], predicted: Sequence[int]) -> str:
     """Accuracy (and F1), per-class precision/recall/F1 and the confusion matrix (rows gold, columns predicted)."""
     labels = kind.fmt.labels
-    matrix = confusion_matrix(gold, predicted, len(labels))
     summary = metrics(gold, predicted, len(labels), kind.f1_class)
     head = f"{kind.name} on {path} ({len(gold)} examples): accuracy {summary['accuracy']:.2f}"
     if "f1" in summary:
         head += f"  F1 ({labels[kind.f1_class]}) {summary['f1']:.2f}"
-    rows = [[label, f"{s['precision']:.2f}", f"{s['recall']:.2f}", f"{s['f1']:.2f}", s["support"]]
-            for label, s in zip(labels, per_class_scores(matrix))]
-    confusion = [[f"gold {label}", *row] for label, row in zip(labels, matrix)]
-    return "\n\n".join([head, format_table(["class", "precision", "recall", "F1", "support"], rows),
-                        format_table(["", *(f"pred {label}" for label in labels)], confusion)])
+    return format_report(head, confusion_matrix(gold, predicted, len(labels)), labels)
 
 
 def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], list[str]]:
