@@ -20,7 +20,7 @@ import torch
 from interlayer.tasks.graph import report as graph_report
 from interlayer.tasks.metrics import (accuracy, confusion_matrix, format_report, per_class_scores, percent_correct,
                                       summary)
-from interlayer.tasks.text_classification import TASKS, metrics, report
+from interlayer.tasks.text_classification import MRPCSpec, metrics, report
 
 GOLD = [0, 0, 0, 1, 1, 2, 2, 2, 2, 3]
 PREDICTED = [0, 1, 0, 1, 2, 2, 2, 0, 2, 0]
@@ -72,8 +72,7 @@ def test_each_task_reports_through_the_shared_helper():
     gold, predicted = [1, 1, 1, 0, 0], [1, 1, 0, 0, 1]
     assert metrics(gold, predicted, 2, f1_class=1) == {"accuracy": 60.0, "f1": pytest.approx(200 / 3)}
     assert "f1" not in metrics(gold, predicted, 2, f1_class=None)
-    mrpc = next(k for k in TASKS if k.name == "mrpc")
-    text = report(mrpc, Path("x.tsv"), gold, predicted)
+    text = report(MRPCSpec(), Path("x.tsv"), gold, predicted)
     assert "accuracy 60.00  F1 (paraphrase) 66.67" in text and "| gold paraphrase     | 1" in text
     logits = torch.nn.functional.one_hot(torch.tensor(PREDICTED), 5).float()
     graph = graph_report("cora", logits, torch.tensor(GOLD), 5)

@@ -7,11 +7,8 @@ A section left ``None`` means the method is off. Configs round-trip through JSON
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import types
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
