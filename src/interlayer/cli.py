@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
 from .training.concurrency import DirectoryBusy
+from .training.config import PrecisionSetting
 from .tasks import task_specs
 from .training.engine import DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
@@ -55,7 +56,7 @@ def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> No
                         + ("; compare --jobs N spreads runs over the GPUs when --device is auto or cuda"
                            if training else ""))
     if training:
-        parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+        parser.add_argument("--precision", choices=get_args(PrecisionSetting),
                             help="auto (default: bf16 on GPUs that have it, else fp32), fp32, bf16, or fp16 with a "
                                  "gradient scaler")
         parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
