@@ -13,7 +13,7 @@ import time
 import torch
 
 from interlayer.data.parallel import bundled_dir, read_parallel
-from interlayer.decoding import DecodeOptions
+from interlayer.tasks.translation_decoding import DecodeOptions
 from interlayer.tables import format_table
 from interlayer.tasks.translation import load_translator, score, translate
 

@@ -109,7 +109,7 @@ def test_decoding_creates_every_tensor_on_its_input_device():
     """Greedy and beam search, with and without the cache, on CPU inputs while the default device is meta: a
     tensor created without ``device=`` would land on meta and fail to meet the CPU ones."""
     from interlayer import create_model
-    from interlayer.decoding import DecodeOptions, decode
+    from interlayer.tasks.translation_decoding import DecodeOptions, decode
 
     model = create_model("transformer_small", src_vocab_size=40, d_model=32, d_ffn=64, n_heads=2, enc_layers=1,
                          dec_layers=1).eval()

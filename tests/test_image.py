@@ -25,8 +25,8 @@ from interlayer.methods.lightweight import GroupedMultiHeadAttention
 from interlayer.methods.multipass import MultiPassEncoder
 from interlayer.methods.predictive import PredictiveMixer
 from interlayer.tasks import task_specs
-from interlayer.tasks.image import (FASHION_MNIST_CLASSES, ImageData, ImageTask, augment, class_metrics,
-                                    confusion_matrix, percent_correct, stratified_split, write_balanced_subset)
+from interlayer.tasks.image import (FASHION_MNIST_CLASSES, ImageData, ImageTask, augment, stratified_split,
+                                    write_balanced_subset)
 from interlayer.training import TrainConfig, Trainer
 from interlayer.vision import VISION_FIELDS, ConvMixer, create_vision_model, get_vision_config
 from interlayer.config import ModelConfig
@@ -476,21 +476,3 @@ def test_cli_reports_config_and_data_errors(idx_dir, tmp_path, capsys):
     assert "patch_size=5 must divide the image size 12x12" in capsys.readouterr().err
     assert main(base + ["--run-dir", str(tmp_path / "b"), "--set", "data.augment=rotate"]) == 2
     assert "data.augment='rotate' is not valid" in capsys.readouterr().err
-
-
-def test_percent_correct_is_exact_from_the_count():
-    labels = torch.zeros(200, dtype=torch.long)
-    logits = torch.zeros(200, 2)
-    logits[:39, 1] = 1.0  # 161 of 200 right
-    assert percent_correct(logits, labels) == 80.5  # exactly: float32's mean gives 80.50000071525574
-
-
-def test_class_metrics_and_confusion():
-    predictions, labels = torch.tensor([0, 1, 1, 2, 2, 2]), torch.tensor([0, 1, 2, 2, 2, 0])
-    confusion = confusion_matrix(predictions, labels, 3)
-    assert confusion.tolist() == [[1, 0, 1], [0, 1, 0], [0, 1, 2]]
-    metrics = class_metrics(confusion, ["a", "b", "c"])
-    assert metrics["accuracy"] == pytest.approx(100 * 4 / 6)  # percent, as in every task
-    assert metrics["per_class"]["c"] == {"precision": pytest.approx(200 / 3), "recall": pytest.approx(200 / 3),
-                                         "support": 3}
-    assert metrics["per_class"]["b"]["precision"] == pytest.approx(50.0)

@@ -18,7 +18,6 @@ from interlayer.data.classification import (CLS_ID, MRPC, SEP_ID, SICK, SST2, SS
 from interlayer.data.text import DataError
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
-from interlayer.tasks.text_classification import TASKS, confusion_matrix, metrics, per_class_scores, report
 from interlayer.training import TrainConfig
 
 SICK_HEAD = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"
@@ -215,19 +214,6 @@ def test_sample_input_feeds_attention_pictures(mrpc_files):
     assert "predicted" in attentions[1].extras
     first_sep = labels.index("[SEP]")
     assert kwargs["segments"][0].tolist() == [0] * (first_sep + 1) + [1] * (len(labels) - first_sep - 1)
-
-
-def test_metrics_and_report():
-    gold, predicted = [1, 1, 1, 0, 0], [1, 1, 0, 0, 1]
-    matrix = confusion_matrix(gold, predicted, 2)
-    assert matrix == [[1, 1], [1, 2]]
-    positive = per_class_scores(matrix)[1]
-    assert positive["precision"] == pytest.approx(200 / 3) and positive["recall"] == pytest.approx(200 / 3)
-    assert metrics(gold, predicted, 2, f1_class=1) == {"accuracy": 60.0, "f1": pytest.approx(200 / 3)}
-    assert "f1" not in metrics(gold, predicted, 2, f1_class=None)
-    kind = next(k for k in TASKS if k.name == "mrpc")
-    text = report(kind, Path("x.tsv"), gold, predicted)
-    assert "accuracy 60.00  F1 (paraphrase) 66.67" in text and "| gold paraphrase     | 1" in text
 
 
 # -- model resolution ------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from interlayer.data.batching import epoch_order, length_buckets
 from interlayer.data.bpe import VocabPair
 from interlayer.data.parallel import read_parallel
 from interlayer.data.text import DataError
-from interlayer.decoding import DecodeOptions, beam_search, greedy_decode
+from interlayer.tasks.translation_decoding import DecodeOptions, beam_search, greedy_decode
 from interlayer.tasks.translation import TranslationData, TranslationTask, pad_batch, score
 from interlayer.training import TrainConfig, Trainer
 

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
@@ -17,10 +17,11 @@ from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines, read_stream_lines
 from .fileio import read_json
-from .decoding import DecodeOptions
+from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
 from .training.concurrency import DirectoryBusy
+from .training.config import PrecisionSetting
 from .tasks import task_specs
 from .training.engine import DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
@@ -55,7 +56,7 @@ def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> No
                         + ("; compare --jobs N spreads runs over the GPUs when --device is auto or cuda"
                            if training else ""))
     if training:
-        parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+        parser.add_argument("--precision", choices=get_args(PrecisionSetting),
                             help="auto (default: bf16 on GPUs that have it, else fp32), fp32, bf16, or fp16 with a "
                                  "gradient scaler")
         parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
@@ -200,7 +201,7 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     _add_device_arguments(generate, training=False)
 
 
-def _generate(args: argparse.Namespace) -> None:
+def _generate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .core.generation import SamplingOptions
     from .tasks.language_modeling import generate_text
 
@@ -253,7 +254,23 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     _add_device_arguments(mpt, training=True)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _models(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    print(model_catalog(args.length, args.names))
+
+
+def _tables(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    print(paper_tables())
+
+
+def _config(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    cfg = get_config(args.preset, **_parse_sets(args.sets))
+    if args.output:
+        cfg.save(args.output)
+    else:
+        print(json.dumps(cfg.to_dict(), indent=2))
+
+
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Exit code 0 when the run finished; 128 + the signal's number when a signal stopped it (SIGINT 130, SIGTERM
     143), as a shell reports a process the signal killed, so scripts and schedulers see the run did not finish."""
     spec = task_specs()[args.task]
@@ -270,7 +287,7 @@ def _train(args: argparse.Namespace) -> int:
     return 128 + signal.Signals[results.get("signal", "SIGINT")]
 
 
-def _translate(args: argparse.Namespace) -> None:
+def _translate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     model, vocab = load_translator(Path(args.checkpoint), args.device)
     source = args.input or "<stdin>"
     lines = read_lines(args.input) if args.input else read_stream_lines(sys.stdin.buffer, source)
@@ -282,7 +299,7 @@ def _translate(args: argparse.Namespace) -> None:
         sys.stdout.write(text)
 
 
-def _evaluate(args: argparse.Namespace) -> None:
+def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     directory = Path(args.checkpoint)
     info = directory / "task.json"
     if not info.is_file():
@@ -293,10 +310,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     if name not in specs:
         raise CheckpointError(f"{info} names the task {name!r}; known tasks: {', '.join(specs)} (pass a model "
                               "folder written by `interlayer train`)")
-    spec = specs[name]
-    if spec.evaluate is None:
-        raise ConfigError(f"task {name!r} has no evaluate command")
-    print(spec.evaluate(directory, args))
+    print(specs[name].evaluate(directory, args))
 
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -328,7 +342,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 1 if result.failed else 0
 
 
-def _search(args: argparse.Namespace) -> int:
+def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .search.mpt import DEFAULT_OUTPUT, SearchSettings, run_search, write_report
 
     needed = [("--output or --task", args.output or args.task)] if args.report_only else [
@@ -351,6 +365,11 @@ def _search(args: argparse.Namespace) -> int:
     return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
 
 
+# The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
+COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]] = {
+    "models": _models, "tables": _tables, "config": _config, "train": _train, "translate": _translate,
+    "evaluate": _evaluate, "generate": _generate, "compare": _compare, "search": _search}
+
 # Bad input, named by the message: exit code 2 and one line.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,
                    FileExistsError)
@@ -372,30 +391,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (non-finite loss or gradients; the step is named), 1 an unexpected
     error (one line; ``--debug`` adds the traceback), 130/143 stopped by SIGINT/SIGTERM, 141 the reader of stdout
     went away (``| head``: ends quietly, as a program killed by SIGPIPE), compare/search: 1 when a run failed."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "models":
-            print(model_catalog(args.length, args.names))
-        elif args.command == "tables":
-            print(paper_tables())
-        elif args.command == "config":
-            cfg = get_config(args.preset, **_parse_sets(args.sets))
-            if args.output:
-                cfg.save(args.output)
-            else:
-                print(json.dumps(cfg.to_dict(), indent=2))
-        elif args.command == "train":
-            return _train(args)
-        elif args.command == "translate":
-            _translate(args)
-        elif args.command == "evaluate":
-            _evaluate(args)
-        elif args.command == "generate":
-            _generate(args)
-        elif args.command == "compare":
-            return _compare(args, sys.argv[1:] if argv is None else argv)
-        elif args.command == "search":
-            return _search(args)
+        code = COMMANDS[args.command](args, argv) or 0
+        sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
+        return code
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
@@ -417,7 +418,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"interlayer: run it again with --debug (interlayer --debug {args.command} ...) for the traceback",
               file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

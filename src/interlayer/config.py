@@ -7,17 +7,14 @@ A section left ``None`` means the method is off. Configs round-trip through JSON
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import types
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
 
-from .core.config import ConfigError, TransformerConfig, check_finite
+from .core.config import ConfigError, TransformerConfig, dataclass_from_dict, unknown_key
 from .fileio import load_yaml, read_yaml_or_json
 from .methods import METHODS
 from .methods.conv_branch import ConvBranchConfig
@@ -119,14 +116,14 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
         if rest:
             section = data.get(head)
             if head not in data:
-                _unknown(head, list(data), "")
+                raise unknown_key(head, list(data), "")
             if section is None:
                 section = {}
                 data[head] = section
             section[rest] = value
         else:
             if head not in data:
-                _unknown(head, list(data), "")
+                raise unknown_key(head, list(data), "")
             data[head] = {} if value is True and _is_section(head) else value
     return config_from_dict(data, source="overrides")
 
@@ -159,64 +156,3 @@ def flatten_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _is_section(name: str) -> bool:
     return any(m.name == name for m in METHODS)
-
-
-def _unknown(key: str, valid: list[str], prefix: str) -> None:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-    raise ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}")
-
-
-def dataclass_from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Instantiate dataclass ``cls`` from a mapping, checking keys and value types (errors name ``prefix+key``)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            _unknown(key, names, prefix)
-        kwargs[key] = _coerce(value, hints[key], prefix + key)
-    obj = cls(**kwargs)
-    check_finite(obj, prefix)
-    return obj
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if dataclasses.is_dataclass(hint):
-        return dataclass_from_dict(hint, {} if value is True else value, key + ".")
-    if origin is typing.Literal:
-        if value not in args:
-            raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, args))}")
-        return value
-    if origin in (list, tuple):
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        item = args[0] if args else Any
-        return origin(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return value
-    return value

@@ -73,8 +73,7 @@ def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: in
     alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one)."""
     torch.manual_seed(seed)
     model = spec.model_from_dict(model_cfg)
-    if spec.initialise is not None:
-        spec.initialise(model, task)
+    spec.initialise(model, task)
     return model
 
 

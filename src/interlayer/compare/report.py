@@ -290,22 +290,24 @@ def _baseline_attentions(plan: Plan, baseline: VariantSummary, summary: VariantS
     """The baseline's encoder attentions for the same sample (read with the baseline run's own vocabulary, and
     used only if it yields the same tokens); empty when there is no such model or it has no attention maps."""
     record, model = _best_model(baseline) if baseline is not summary else (None, None)
-    if model is None:
+    sample = plan.spec.sample_input(load_run_task(plan, record.run_dir)) if model is not None else None
+    if sample is None:
         return []
-    args, kwargs, base_tokens = plan.spec.sample_input(load_run_task(plan, record.run_dir))
+    args, kwargs, base_tokens = sample
     return encoder_attentions(model, args, kwargs)[0] if list(base_tokens) == list(tokens) else []
 
 
 def _pa_picture(plan: Plan, summary: VariantSummary, baseline: VariantSummary, path: Path
                 ) -> tuple[Optional[plots.Picture], str]:
     name = summary.name
-    if plan.spec.sample_input is None:
-        return None, f"PA attention maps of {name}: skipped, task {plan.spec.name!r} offers no sample input " \
-                     "(TaskSpec.sample_input)."
     record, model = _best_model(summary)
     if model is None:
         return None, f"PA attention maps of {name}: skipped, no finished run with a best/ model yet."
-    args, kwargs, tokens = plan.spec.sample_input(load_run_task(plan, record.run_dir))
+    sample = plan.spec.sample_input(load_run_task(plan, record.run_dir))
+    if sample is None:
+        return None, f"PA attention maps of {name}: skipped, task {plan.spec.name!r} offers no sample input " \
+                     "(TaskSpec.sample_input)."
+    args, kwargs, tokens = sample
     attentions, mask = encoder_attentions(model, args, kwargs)
     layers = [i for i, a in enumerate(attentions) if a is not None and "predicted" in a.extras]
     if not layers:

@@ -52,10 +52,6 @@ from ..core.config import ConfigError
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
-SIDES = ("encoder",)
-BRANCH_ACTIVATIONS = ("relu", "gelu", "none")
-OUT_PROJS = ("none", "attention", "joint")
-
 
 @dataclass
 class ConvBranchConfig:
@@ -102,12 +98,6 @@ class ConvBranchConfig:
                               f"{qk_total / cfg.d_model:g}) must be an integer divisible by conv_branch.heads="
                               f"{self.heads}")
         check_kernel("conv_branch.kernel_size", self.kernel_size)
-        if self.activation not in BRANCH_ACTIVATIONS:
-            raise ConfigError(f"conv_branch.activation={self.activation!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, BRANCH_ACTIVATIONS))}")
-        if self.out_proj not in OUT_PROJS:
-            raise ConfigError(f"conv_branch.out_proj={self.out_proj!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, OUT_PROJS))}")
         if (cfg.grid_height > 0) != (cfg.grid_width > 0):
             raise ConfigError(f"conv_branch runs a 2-D convolution over the token grid, which needs both "
                               f"grid_height and grid_width; got {cfg.grid_height}x{cfg.grid_width} (set both, or "

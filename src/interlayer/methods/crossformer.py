@@ -70,7 +70,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional, get_args
 
 import torch
 from torch import Tensor, nn
@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 Pair = Literal["kq", "qk", "qq", "kk", "vf", "ffn"]
 Side = Literal["encoder", "decoder", "cross"]
 SoftTarget = Literal["weights", "states"]
+FFNOrder = Literal["w2_w1", "w1_w2"]
+SGNorm = Literal["power", "root"]
+Reduction = Literal["sum", "mean"]
 
 # Attention order "X-Y" (Eq. 3 / Table 6): the projection of layer t (lower) and of layer t+1 (upper) tied.
 ATTENTION_ORDERS: dict[str, tuple[str, str]] = {"kq": ("k_proj", "q_proj"), "qk": ("q_proj", "k_proj"),
@@ -93,12 +96,8 @@ ATTENTION_ORDERS: dict[str, tuple[str, str]] = {"kq": ("k_proj", "q_proj"), "qk"
 # Alternated pairs: (matrix shared between t and t+1 for odd t, for even t), t counted from 1 as in Eq. 5-6.
 ALTERNATIONS: dict[str, tuple[str, str]] = {"vf": ("out_proj", "v_proj"), "w2_w1": ("fc2", "fc1"),
                                             "w1_w2": ("fc1", "fc2")}
-PAIRS: tuple[str, ...] = (*ATTENTION_ORDERS, "vf", "ffn")
-SIDES: tuple[str, ...] = ("encoder", "decoder", "cross")
-FFN_ORDERS: tuple[str, ...] = ("w2_w1", "w1_w2")
-SG_NORMS: tuple[str, ...] = ("power", "root")
-SG_REDUCTIONS: tuple[str, ...] = ("sum", "mean")
-SOFT_TARGETS: tuple[str, ...] = ("weights", "states")
+PAIRS: tuple[str, ...] = get_args(Pair)
+SIDES: tuple[str, ...] = get_args(Side)
 # Projections a MultiHeadAttention applies to its input; fused self-attention computes them in one product, so
 # their states are read from the attention's input (StateGuidance), not from a call of the nn.Linear itself.
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -120,13 +119,13 @@ class CrossformerConfig:
 
     hard: list[Pair] = field(default_factory=list)
     soft: list[Pair] = field(default_factory=list)
-    ffn_order: Literal["w2_w1", "w1_w2"] = "w2_w1"
+    ffn_order: FFNOrder = "w2_w1"
     sides: Optional[list[Side]] = None
     include_bias: bool = True
     p: int = 2
     alpha: float = 0.01
-    sg_norm: Literal["power", "root"] = "power"
-    reduction: Literal["sum", "mean"] = "sum"
+    sg_norm: SGNorm = "power"
+    reduction: Reduction = "sum"
     soft_target: SoftTarget = "weights"
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
@@ -136,8 +135,8 @@ class CrossformerConfig:
         return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
 
     def validate(self, cfg: "ModelConfig") -> None:
-        _check_names("crossformer.hard", self.hard, PAIRS)
-        _check_names("crossformer.soft", self.soft, PAIRS)
+        _check_unique("crossformer.hard", self.hard)
+        _check_unique("crossformer.soft", self.soft)
         if not self.hard and not self.soft:
             raise ConfigError("crossformer needs at least one pair in crossformer.hard or crossformer.soft, got "
                               f"none; choose from {', '.join(map(repr, PAIRS))} (e.g. hard=['kq', 'vf', 'ffn'] "
@@ -151,10 +150,6 @@ class CrossformerConfig:
         if both:
             raise ConfigError(f"crossformer.soft={self.soft} repeats {both} from crossformer.hard: a tied pair is "
                               "one tensor, so its soft-guidance term is identically zero; drop it from one list")
-        _choice("crossformer.ffn_order", self.ffn_order, FFN_ORDERS)
-        _choice("crossformer.sg_norm", self.sg_norm, SG_NORMS)
-        _choice("crossformer.reduction", self.reduction, SG_REDUCTIONS)
-        _choice("crossformer.soft_target", self.soft_target, SOFT_TARGETS)
         if self.p not in (1, 2) or isinstance(self.p, bool):
             raise ConfigError(f"crossformer.p={self.p!r} is not valid; choose 1 (L1) or 2 (L2)")
         if not self.alpha >= 0.0 or math.isinf(self.alpha):
@@ -182,7 +177,7 @@ class CrossformerConfig:
 
     def _validate_sides(self, cfg: "ModelConfig") -> None:
         if self.sides is not None:
-            _check_names("crossformer.sides", self.sides, SIDES)
+            _check_unique("crossformer.sides", self.sides)
             if not self.sides:
                 raise ConfigError(f"crossformer.sides is empty; choose from {', '.join(map(repr, SIDES))} or "
                                   "leave it unset for every self-attention stack")
@@ -607,20 +602,14 @@ def hard_savings(pair: str, n_layers: int, d_model: int, d_ffn: int, qk_dim: Opt
     return (odd + even) * d_model * d_ffn + (odd * bias_of[odd_t] + even * bias_of[even_t] if bias else 0)
 
 
-def _check_names(key: str, values: Any, valid: tuple[str, ...]) -> None:
+def _check_unique(key: str, values: Any) -> None:
+    """A list field holds a list (its names are checked against the ``Literal`` by ``check_choices``), each name
+    once."""
     if not isinstance(values, (list, tuple)):
         raise ConfigError(f"{key} must be a list, got {values!r}")
-    for i, value in enumerate(values):
-        if value not in valid:
-            raise ConfigError(f"{key}[{i}]={value!r} is not valid; choose from {', '.join(map(repr, valid))}")
     repeated = sorted({value for value in values if list(values).count(value) > 1})
     if repeated:
         raise ConfigError(f"{key}={list(values)} lists {repeated} more than once")
-
-
-def _choice(key: str, value: object, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
 
 
 class _CrossformerMethod:

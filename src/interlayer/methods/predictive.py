@@ -98,9 +98,6 @@ from .conv_branch import attention_heads, check_kernel, check_sides
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
-INITS = ("random", "dirac")
-KERNELS = ("symmetric", "causal")
-
 
 @dataclass
 class PredictiveConfig:
@@ -138,17 +135,11 @@ class PredictiveConfig:
             raise ConfigError(f"predictive.beta={self.beta} must lie in [0, 1] (Evolving Attention's weight of the "
                               "previous layer's map in the CNN's input), or be null for PA's Eq. 4")
         check_kernel("predictive.kernel_size", self.kernel_size)
-        if self.kernel not in (None, *KERNELS):
-            raise ConfigError(f"predictive.kernel={self.kernel!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, KERNELS))}, or null for the architecture's default")
         if cfg.arch == "causal_lm" and self.kernel == "symmetric":
             raise ConfigError("predictive.kernel='symmetric' cannot be used in a causal language model: the centred "
                               f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "
                               "attention map, so a position would see the future; use predictive.kernel='causal' "
                               "(the default in a causal model)")
-        if self.init not in INITS:
-            raise ConfigError(f"predictive.init={self.init!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, INITS))}")
         check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
                      "and future queries' logits into visible positions (the PA paper uses the encoder only)")
         if cfg.enc_layers < 2:

@@ -1,22 +1,28 @@
-"""Tasks: every module here with a module-level ``SPEC`` (:class:`~interlayer.tasks.base.TaskSpec`) is a task."""
+"""Tasks: every module here may define :class:`~interlayer.tasks.base.TaskSpec` subclasses; each one with a
+``name`` is a task (``interlayer train NAME``). ``tasks/base.py`` says how to write one."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 
-from .base import TaskSpec
+from .base import SampleInput, TaskSpec
 
 
 def task_specs() -> dict[str, TaskSpec]:
+    """Every task, by name: the named, concrete :class:`TaskSpec` subclasses defined in this package's modules."""
     specs: dict[str, TaskSpec] = {}
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")
-        spec = getattr(module, "SPEC", None)
-        if isinstance(spec, TaskSpec):
-            specs[spec.name] = spec
-        for extra in getattr(module, "SPECS", ()):
-            specs[extra.name] = extra
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and issubclass(cls, TaskSpec) and cls.__module__ == module.__name__
+                    and cls.name and not inspect.isabstract(cls)):
+                continue
+            if cls.name in specs:
+                raise RuntimeError(f"two tasks are named {cls.name!r}: {type(specs[cls.name]).__qualname__} and "
+                                   f"{cls.__qualname__} ({module.__name__})")
+            specs[cls.name] = cls()
     return dict(sorted(specs.items()))
 
 
-__all__ = ["TaskSpec", "task_specs"]
+__all__ = ["SampleInput", "TaskSpec", "task_specs"]

@@ -1,67 +1,104 @@
-"""What a task module declares so that ``interlayer train <task>`` and the experiment runner can drive it.
+"""The task base class: what ``interlayer train <task>``, ``evaluate``, ``compare`` and ``search`` drive.
 
-A task module (any module of :mod:`interlayer.tasks` with a module-level ``SPEC``) supplies its data settings,
-training defaults, how to build its task object, how to score the final model, and its command-line flags. The
-default model hooks build interlayer Transformers from presets; a task with another kind of model (GAT, a CNN
-baseline) supplies its own.
+How to write a task
+-------------------
+Add a module to :mod:`interlayer.tasks` with a subclass of :class:`TaskSpec` that sets ``name``; the module is
+found by :func:`interlayer.tasks.task_specs` (no registration). A subclass without a ``name`` (or with an abstract
+method left) is a family base, never listed: the text tasks share ``TextClassificationSpec``, and ``SST5Spec`` etc.
+only set their name, files and defaults. Fairseq's ``FairseqTask`` is the model: class attributes say what the task
+is, methods are hooks with defaults that a task overrides where it differs::
+
+    class MyTaskSpec(TaskSpec):
+        name = "mytask"                      # interlayer train mytask
+        description = "one line for --help"
+        default_preset = "transformer_text_cls"
+        data_class = MyData                  # a dataclass; --set data.KEY=VALUE reaches its fields
+        train_defaults = dict(lr=1e-3)       # TrainConfig fields the task changes
+
+        def make_task(self, data, train, run_dir):   # required: the engine's Task (training/engine.py)
+            return MyTask(data, train)
+        def finish(self, task, run_dir, state, options):   # required: the final scores for results.json
+            return {"test_accuracy": ...}
+
+Every other hook is optional: ``add_arguments``/``options_from_args`` (flags of ``interlayer train mytask``),
+``evaluate`` (``interlayer evaluate``), ``sample_input`` (attention-map pictures in ``compare``), ``resolve_model``
+and ``model_from_dict`` (a model other than the interlayer Transformer), ``defaults_for`` (defaults that depend on
+the user's ``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old record
+``SPEC = TaskSpec(name=..., make_task=f, ...)``: each keyword becomes a class attribute or a method of the same
+name taking ``self`` first.
 """
 from __future__ import annotations
 
+import abc
 import argparse
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
 from ..build import build_model
 from ..config import config_from_dict
+from ..core.config import ConfigError
 from ..registry import get_config
 from ..training.config import TrainConfig
 
+if TYPE_CHECKING:
+    from ..training.engine import TrainState
 
-def resolve_transformer(preset: str, model_sets: dict[str, Any], task: Any) -> Any:
-    """A preset (or config file) with the fields the data decides, then the user's overrides."""
-    return get_config(get_config(preset, **task.model_fields()), **model_sets)
-
-
-def transformer_from_dict(data: dict[str, Any]) -> nn.Module:
-    return build_model(config_from_dict(data))
+# (model args, model kwargs, token labels) of one validation example, for attention-map pictures
+SampleInput = tuple[tuple, dict[str, Any], list[str]]
 
 
-def _no_arguments(parser: argparse.ArgumentParser) -> None:
-    """A task without flags of its own."""
+class TaskSpec(abc.ABC):
+    """One task: its name and defaults (class attributes) and the hooks the runner calls (methods)."""
 
+    name: ClassVar[str] = ""  # a subclass without a name is a family base, not a task
+    description: ClassVar[str]
+    default_preset: ClassVar[str]
+    data_class: ClassVar[type]  # dataclass of data settings, reachable as --set data.KEY=VALUE
+    train_defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig fields, as --set train.KEY would give them
 
-def _no_options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    return {}, {}
+    @abc.abstractmethod
+    def make_task(self, data: Any, train: TrainConfig, run_dir: Optional[Path]) -> Any:
+        """The engine's task (:class:`~interlayer.training.engine.Task`) for ``data``; ``run_dir`` is the run being
+        resumed or reloaded, whose saved assets (vocabulary, tokenizer) the task must reuse, or None."""
 
+    @abc.abstractmethod
+    def finish(self, task: Any, run_dir: Path, state: "TrainState", options: dict[str, Any]) -> dict[str, Any]:
+        """The final scores of a finished run (they go to results.json); ``options`` come from
+        :meth:`options_from_args`."""
 
-def _no_defaults(sets: dict[str, Any]) -> dict[str, Any]:
-    return {}
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The task's own flags of ``interlayer train NAME``; none by default."""
 
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        """(data settings as ``--set`` strings, options handed to :meth:`finish`) from the parsed flags."""
+        return {}, {}
 
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    description: str
-    default_preset: str
-    data_class: type  # dataclass of data settings, reachable as --set data.KEY=VALUE
-    make_task: Callable[[Any, TrainConfig, Optional[Path]], Any]  # (data, train, run dir to reload assets from)
-    finish: Callable[[Any, Path, Any, dict[str, Any]], dict[str, Any]]  # (task, run dir, state, options) -> results
-    train_defaults: dict[str, Any] = field(default_factory=dict)
-    add_arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
-    # (parsed args) -> (data settings as --set strings, options handed to ``finish``)
-    options_from_args: Callable[[argparse.Namespace], tuple[dict[str, str], dict[str, Any]]] = _no_options
-    # (saved model folder, parsed `interlayer evaluate` args) -> printed report; the folder's task.json names the task
-    evaluate: Optional[Callable[[Path, argparse.Namespace], str]] = None
-    # (task) -> (model args, model kwargs, token labels) of one validation example, for attention-map pictures
-    sample_input: Optional[Callable[[Any], tuple[tuple, dict[str, Any], list[str]]]] = None
-    resolve_model: Callable[[str, dict[str, Any], Any], Any] = resolve_transformer
-    model_from_dict: Callable[[dict[str, Any]], nn.Module] = transformer_from_dict
-    # (the user's --set) -> defaults, as --set keys, that depend on them (a fine-tuning recipe when a checkpoint is
-    # given); they replace train_defaults and the data class's defaults, and the user's own keys replace them
-    defaults_for: Callable[[dict[str, Any]], dict[str, Any]] = _no_defaults
-    # (model, task): called once on a fresh run's model right after its seeded build (e.g. to load pretrained
-    # weights over it); not on resume, where the weights come from the run's checkpoint
-    initialise: Optional[Callable[[nn.Module, Any], None]] = None
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """``interlayer evaluate``: the printed report of the saved model folder ``directory`` (its task.json names
+        this task)."""
+        raise ConfigError(f"task {self.name!r} has no evaluate command")
+
+    def sample_input(self, task: Any) -> Optional[SampleInput]:
+        """One validation example as model inputs with its token labels (attention-map pictures), or None when the
+        task has none to offer."""
+        return None
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: Any) -> Any:
+        """The model config: a preset (or config file) with the fields the data decides, then the user's
+        ``--set`` overrides."""
+        return get_config(get_config(preset, **task.model_fields()), **model_sets)
+
+    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
+        """The model a saved config (``resolve_model(...).to_dict()``) describes."""
+        return build_model(config_from_dict(data))
+
+    def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
+        """Defaults, as ``--set`` keys, that depend on the user's ``sets`` (a fine-tuning recipe when a checkpoint is
+        given); they replace ``train_defaults`` and the data class's defaults, and the user's own keys win."""
+        return {}
+
+    def initialise(self, model: nn.Module, task: Any) -> None:
+        """Called once on a fresh run's model right after its seeded build (e.g. to load pretrained weights over
+        it); not on resume, where the weights come from the run's checkpoint."""

@@ -24,7 +24,7 @@ import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,11 +35,11 @@ from ..baselines.gat import GATConfig, gat_config, gat_from_dict, with_self_loop
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
+from .metrics import accuracy, confusion_matrix, format_report, percent_correct
 
 
 @dataclass
@@ -171,71 +171,14 @@ class GraphInputs:
     def score(self, model: nn.Module, split: str) -> dict[str, float]:
         """Accuracy in percent and mean cross-entropy (GAT's two early-stopping quantities)."""
         logits, gold = self.predict(model, split)
-        return {"accuracy": 100.0 * float((logits.argmax(-1) == gold).float().mean()),
-                "nll": float(F.cross_entropy(logits.float(), gold))}
-
-
-# -- models ------------------------------------------------------------------------------------------------------
-def resolve_model(preset: str, model_sets: dict[str, Any], task: NodeClassificationTask) -> GATConfig:
-    """A GAT preset or config file, then the data's fields (input width, classes), then the user's ``--set``."""
-    return gat_config(preset, **task.model_fields(), **model_sets)
-
-
-# -- spec hooks --------------------------------------------------------------------------------------------------
-def _finish(task: NodeClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` once on the test nodes."""
-    model = load_pretrained(run_dir / "best", task.device).eval()
-    test, valid = task.inputs.score(model, "test"), task.inputs.score(model, "valid")
-    graph = task.graph
-    return {"test_accuracy": test["accuracy"], "test_nll": test["nll"], "valid_accuracy": valid["accuracy"],
-            "valid_nll": valid["nll"], "test_nodes": len(graph.test), "parameters": count_parameters(model),
-            "madds": count_madds(model, graph.num_nodes, graph.num_edges)}
+        return {"accuracy": percent_correct(logits, gold), "nll": float(F.cross_entropy(logits.float(), gold))}
 
 
 def report(source: str, logits: Tensor, gold: Tensor, num_classes: int) -> str:
-    """Accuracy, per-class precision/recall and the confusion matrix (rows gold, columns predicted)."""
-    predicted = logits.argmax(-1)
-    matrix = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    matrix.index_put_((gold, predicted), torch.ones_like(gold), accumulate=True)
-    correct = matrix.diagonal()
-    accuracy = 100.0 * float(correct.sum()) / max(len(gold), 1)
-    rows = []
-    for c in range(num_classes):
-        predicted_c, gold_c = int(matrix[:, c].sum()), int(matrix[c].sum())
-        precision = 100.0 * int(correct[c]) / predicted_c if predicted_c else 0.0
-        recall = 100.0 * int(correct[c]) / gold_c if gold_c else 0.0
-        rows.append([f"class {c}", f"{precision:.2f}", f"{recall:.2f}", gold_c])
-    confusion = [[f"gold {c}", *matrix[c].tolist()] for c in range(num_classes)]
-    return "\n\n".join([f"{source}: {len(gold)} test nodes, accuracy {accuracy:.2f}",
-                        format_table(["class", "precision", "recall", "support"], rows),
-                        format_table(["", *(f"pred {c}" for c in range(num_classes))], confusion)])
-
-
-def _evaluate(directory: Path, args: argparse.Namespace) -> str:
-    """``interlayer evaluate`` for a graph model: its test nodes of ``--data`` (default: the run's graph)."""
-    model = load_pretrained(directory, getattr(args, "device", None)).eval()
-    data = GraphData(**json.loads((directory / "data.json").read_text()))
-    source = args.data or data.source
-    inputs = GraphInputs(load_planetoid(source), data.normalize_features)
-    inputs.check(model, source)
-    logits, gold = inputs.predict(model, "test")
-    return report(source, logits, gold, model.config.num_classes)
-
-
-def _maker(name: str) -> Callable[[GraphData, TrainConfig, Optional[Path]], NodeClassificationTask]:
-    def make_task(data: GraphData, train: TrainConfig, run_dir: Optional[Path]) -> NodeClassificationTask:
-        return NodeClassificationTask(name, data, train)  # nothing to reload on resume: the data decide everything
-
-    return make_task
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--graph", metavar="PATH", help="a .npz graph or a raw Planetoid prefix DIR/ind.NAME "
-                                                        "(default: the bundled copy)")
-
-
-def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    return ({"data.source": args.graph} if args.graph else {}), {}
+    """Accuracy, per-class precision/recall/F1 and the confusion matrix (rows gold, columns predicted)."""
+    matrix = confusion_matrix(gold, logits.argmax(-1), num_classes)
+    return format_report(f"{source}: {len(gold)} test nodes, accuracy {accuracy(matrix):.2f}", matrix,
+                         [str(c) for c in range(num_classes)])
 
 
 # GAT Sec. 3.3 / Crossformer App. A.3; log and epoch checkpoints every epoch (an epoch is one step), keep one.
@@ -245,14 +188,60 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(lr=0.005, schedule="constant", warmup_step
                                       max_epochs=100_000, patience=100, keep_last=1, average_last=0, log_interval=1,
                                       threads=1)
 
-SPECS = [
-    TaskSpec(name=name, description=description, default_preset=f"gat_{name}", data_class=data_class,
-             make_task=_maker(name), finish=_finish, train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments,
-             options_from_args=_options, evaluate=_evaluate, resolve_model=resolve_model,
-             model_from_dict=gat_from_dict)
-    for name, description, data_class in (
-        ("cora", "Cora node classification, 7 classes, 140/500/1000 nodes (Crossformer Table 5; bundled)", CoraData),
-        ("citeseer", "Citeseer node classification, 6 classes, 120/500/1000 nodes (Crossformer Table 5; bundled)",
-         CiteseerData),
-    )
-]
+
+class NodeClassificationSpec(TaskSpec):
+    """Transductive node classification on a Planetoid graph with GAT (Crossformer Table 5); one subclass per
+    graph."""
+
+    train_defaults = TRAIN_DEFAULTS
+
+    def make_task(self, data: GraphData, train: TrainConfig, run_dir: Optional[Path]) -> NodeClassificationTask:
+        return NodeClassificationTask(self.name, data, train)  # nothing to reload on resume: the data decide all
+
+    def finish(self, task: NodeClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]
+               ) -> dict[str, Any]:
+        """Score ``best/`` once on the test nodes."""
+        model = load_pretrained(run_dir / "best", task.device).eval()
+        test, valid = task.inputs.score(model, "test"), task.inputs.score(model, "valid")
+        graph = task.graph
+        return {"test_accuracy": test["accuracy"], "test_nll": test["nll"], "valid_accuracy": valid["accuracy"],
+                "valid_nll": valid["nll"], "test_nodes": len(graph.test), "parameters": count_parameters(model),
+                "madds": count_madds(model, graph.num_nodes, graph.num_edges)}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--graph", metavar="PATH", help="a .npz graph or a raw Planetoid prefix DIR/ind.NAME "
+                                                            "(default: the bundled copy)")
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        return ({"data.source": args.graph} if args.graph else {}), {}
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """The saved model on the test nodes of ``--data`` (default: the run's graph)."""
+        model = load_pretrained(directory, getattr(args, "device", None)).eval()
+        data = GraphData(**json.loads((directory / "data.json").read_text()))
+        source = args.data or data.source
+        inputs = GraphInputs(load_planetoid(source), data.normalize_features)
+        inputs.check(model, source)
+        logits, gold = inputs.predict(model, "test")
+        return report(source, logits, gold, model.config.num_classes)
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: NodeClassificationTask) -> GATConfig:
+        """A GAT preset or config file, then the data's fields (input width, classes), then the user's ``--set``."""
+        return gat_config(preset, **task.model_fields(), **model_sets)
+
+    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
+        return gat_from_dict(data)
+
+
+class CoraSpec(NodeClassificationSpec):
+    name = "cora"
+    description = "Cora node classification, 7 classes, 140/500/1000 nodes (Crossformer Table 5; bundled)"
+    default_preset = "gat_cora"
+    data_class = CoraData
+
+
+class CiteseerSpec(NodeClassificationSpec):
+    name = "citeseer"
+    description = "Citeseer node classification, 6 classes, 120/500/1000 nodes (Crossformer Table 5; bundled)"
+    default_preset = "gat_citeseer"
+    data_class = CiteseerData

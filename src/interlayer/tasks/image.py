@@ -35,25 +35,23 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
-from ..config import dataclass_from_dict
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_choices, dataclass_from_dict
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import bundled_dir
 from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
 from ..vision import VisionConfig, get_vision_config, vision_model_from_dict
 from ..training.device import module_device, move
-from .base import TaskSpec
+from .base import SampleInput, TaskSpec
+from .metrics import confusion_matrix, format_report, percent_correct, summary
 
 TASK_NAME = "fashion_mnist"
 BUNDLED = "bundled:fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                          "Bag", "Ankle boot"]
-AUGMENTATIONS = ("none", "flip", "crop", "crop_flip")
 EVAL_BATCH = 1000
 
 
@@ -76,14 +74,12 @@ class ImageData:
     pretrained: str = ""
 
     def validate(self) -> None:
+        check_choices(self, "data.")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1 (the "
                               "engine validates every epoch)")
         if self.batch_size < 1:
             raise ConfigError(f"data.batch_size={self.batch_size} must be a positive number of images")
-        if self.augment not in AUGMENTATIONS:
-            raise ConfigError(f"data.augment={self.augment!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, AUGMENTATIONS))}")
         if self.crop_padding < 0:
             raise ConfigError(f"data.crop_padding={self.crop_padding} must not be negative")
         if len(self.class_names) < 2:
@@ -174,44 +170,6 @@ def predict(model: nn.Module, images: Tensor, batch_size: int = EVAL_BATCH) -> T
                       for i in range(0, len(images), batch_size)])
 
 
-def confusion_matrix(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """``m[true, predicted]`` counts."""
-    return torch.bincount(labels * num_classes + predictions, minlength=num_classes ** 2).view(num_classes,
-                                                                                               num_classes)
-
-
-def class_metrics(confusion: Tensor, names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy and per-class precision / recall in percent, as every task reports them (0 where a class is never
-    predicted / never present)."""
-    m = confusion.double()
-    hits = m.diag()
-    predicted, present = m.sum(0), m.sum(1)
-    per_class = {name: {"precision": float(100 * hits[i] / predicted[i]) if predicted[i] else 0.0,
-                        "recall": float(100 * hits[i] / present[i]) if present[i] else 0.0,
-                        "support": int(present[i])}
-                 for i, name in enumerate(names)}
-    return {"accuracy": float(100 * hits.sum() / m.sum()), "correct": int(hits.sum()), "total": int(m.sum()),
-            "per_class": per_class, "confusion": confusion.tolist()}
-
-
-def percent_correct(logits: Tensor, labels: Tensor) -> float:
-    """Accuracy in percent from the integer count, so 161/200 reads 80.5 and not float32's 80.50000071525574."""
-    return 100.0 * int((logits.argmax(-1) == labels).sum()) / len(labels)
-
-
-def format_report(metrics: dict[str, Any], names: Sequence[str], source: str) -> str:
-    """Accuracy, a per-class precision/recall table and the confusion matrix (rows true, columns predicted)."""
-    rows = [[name, f"{v['precision']:.2f}", f"{v['recall']:.2f}", v["support"]]
-            for name, v in metrics["per_class"].items()]
-    short = [str(i) for i in range(len(names))]
-    confusion = [[f"{i} {name}"] + counts for i, (name, counts) in enumerate(zip(names, metrics["confusion"]))]
-    return "\n\n".join([
-        f"accuracy {metrics['accuracy']:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}",
-        format_table(["class", "precision %", "recall %", "support"], rows),
-        "confusion matrix (rows: true class, columns: predicted class index)\n"
-        + format_table(["true \\ predicted"] + short, confusion)])
-
-
 class ImageTask:
     """Training and validation splits in memory as uint8 tensors; batches are index lists plus a seed."""
 
@@ -276,48 +234,21 @@ class ImageTask:
 
 
 def score(model: nn.Module, images: Tensor, labels: Tensor, names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy, NLL, per-class precision/recall and the confusion matrix of ``model`` on a labelled split."""
+    """Accuracy, NLL, per-class precision/recall/F1 and the confusion matrix of ``model`` on a labelled split."""
     num_classes = model.config.encoder.num_classes
     if int(labels.max()) >= num_classes:
         raise DataError(f"the labels go up to {int(labels.max())} but the model has {num_classes} classes")
     if len(names) != num_classes:
         names = [str(i) for i in range(num_classes)]
     logits = predict(model, images)
-    metrics = class_metrics(confusion_matrix(logits.argmax(-1), labels, num_classes), names)
-    metrics["nll"] = float(F.cross_entropy(logits, labels))
-    return metrics
+    return {**summary(confusion_matrix(labels, logits.argmax(-1), num_classes), names),
+            "nll": float(F.cross_entropy(logits, labels))}
 
 
-def finish(task: ImageTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` once on the test file; the report with the confusion matrix goes to ``test_report.txt``."""
-    model = load_pretrained(run_dir / "best", task.device)
-    data = task.data
-    images, labels = load_split(data.path(data.test_images), data.path(data.test_labels), len(data.class_names))
-    start = time.perf_counter()
-    metrics = score(model, images, labels, data.class_names)
-    seconds = time.perf_counter() - start
-    (run_dir / "test_report.txt").write_text(format_report(metrics, data.class_names,
-                                                           str(data.path(data.test_images))) + "\n")
-    return {"test_accuracy": metrics["accuracy"], "test_nll": metrics["nll"], "test_per_class": metrics["per_class"],
-            "test_report": "test_report.txt", "test_seconds": seconds, "parameters": count_parameters(model),
-            "madds_per_image": count_madds(model, model.config.tokens)}
-
-
-def evaluate(directory: Path, args: argparse.Namespace) -> str:
-    """``interlayer evaluate`` for images: ``--data`` is a folder (its test files) or an images file with its
-    labels file beside it (``...images-idx3...`` -> ``...labels-idx1...``); default the run's test files."""
-    directory = Path(directory)
-    data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
-    names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
-    model = load_pretrained(directory, getattr(args, "device", None))
-    images_path, labels_path = _evaluation_files(data, args.data)
-    images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)
-    cfg = model.config
-    expected = (cfg.channels, cfg.image_height, cfg.image_width)
-    if tuple(images.shape[1:]) != expected:
-        raise DataError(f"{images_path}: images of shape {tuple(images.shape[1:])} (channels, height, width), but "
-                        f"the model reads {expected}")
-    return format_report(score(model, images, labels, names), names, str(images_path))
+def report(metrics: dict[str, Any], source: str) -> str:
+    """:func:`score`'s accuracy with its counts, the per-class table and the confusion matrix, as text."""
+    head = f"accuracy {metrics['accuracy']:.2f}% ({metrics['correct']}/{metrics['total']}) on {source}"
+    return format_report(head, metrics["confusion"], list(metrics["per_class"]), index_columns=True)
 
 
 def _evaluation_files(data: ImageData, given: Optional[str]) -> tuple[Path, Path]:
@@ -353,57 +284,6 @@ def write_balanced_subset(source: ImageData, out_dir: Path, train_per_class: int
         write_idx(out_dir / f"{labels_name}.gz", labels[keep].astype(np.uint8))
 
 
-def sample_input(task: ImageTask) -> tuple[tuple, dict[str, Any], list[str]]:
-    """The first validation image as model input, for attention-map pictures. No token labels: an image's tokens
-    (patches, grid cells, a CLS token) depend on the model, not the data, and 49 cells are too many to label."""
-    return (task.valid_images[:1],), {}, []
-
-
-def resolve_model(preset: str, model_sets: dict[str, Any], task: ImageTask) -> VisionConfig:
-    """The preset (or a .json/.yaml image-model config) with the data's fields, then the user's overrides. A
-    fine-tuning run (``data.pretrained``) takes the checkpoint's ViT, reading the data's images through
-    ``input_size`` with the checkpoint's own normalisation."""
-    if task.data.pretrained:
-        if preset != SPEC.default_preset:
-            raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: "
-                              "the checkpoint decides the architecture; add a method with --set instead")
-        fields = task.model_fields()
-        size = [fields["channels"], fields["image_height"], fields["image_width"]]
-        return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
-    return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
-
-
-def initialise(model: nn.Module, task: ImageTask) -> None:
-    """A fresh fine-tuning run's model, just built from the seed: load the ViT checkpoint over it (the head and
-    what methods add keep their seeded initialisation)."""
-    if task.data.pretrained:
-        load_checkpoint(model, Path(task.data.pretrained))
-
-
-def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
-    """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
-    return dict(VISION_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
-
-
-def _make_task(data: ImageData, train: TrainConfig, run_dir: Optional[Path]) -> ImageTask:
-    """Nothing to reload on resume: the split and the statistics are recomputed from the data and split_seed."""
-    return ImageTask(data, train)
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", metavar="PATH",
-                        help="folder with the IDX files, e.g. the full Fashion-MNIST or MNIST (default: the bundled "
-                             "3,000 / 1,000 Fashion-MNIST subset); same as --set data.dir=PATH")
-    parser.add_argument("--pretrained", metavar="DIR",
-                        help="fine-tune this Hugging Face ViT folder (images repeated to 3 channels and resized to "
-                             "its size); same as --set data.pretrained=DIR")
-
-
-def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    keys = {"data.dir": args.data_dir, "data.pretrained": args.pretrained}
-    return {key: value for key, value in keys.items() if value}, {}
-
-
 # Swin/DeiT-style recipe scaled to a 20-minute, 2-core budget (docs/classification-image.md): Adam without weight
 # decay (12 epochs of 54,000 images leave little to regularise), lr 2e-3 for batches of 128 images (1e-3 and 4e-3
 # were slightly worse in short probes), 200 warm-up steps (4% of the 5,064 steps on the full set; short enough that
@@ -413,10 +293,90 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(lr=2e-3, schedule="linear", warmup_steps=2
                                       weight_decay=0.0, label_smoothing=0.1, clip_norm=1.0, max_epochs=12,
                                       patience=0, keep_last=1, average_last=0, log_interval=50)
 
-SPEC = TaskSpec(name=TASK_NAME,
-                description="image classification, 28x28 grey (default: bundled Fashion-MNIST subset; the full "
-                            "set or MNIST with --data-dir PATH)",
-                default_preset="vit_fashion_mnist", data_class=ImageData, make_task=_make_task, finish=finish,
-                train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
-                evaluate=evaluate, sample_input=sample_input, resolve_model=resolve_model,
-                model_from_dict=vision_model_from_dict, initialise=initialise, defaults_for=defaults_for)
+
+class ImageClassificationSpec(TaskSpec):
+    """Image classification on IDX files (Fashion-MNIST, MNIST): a ViT or convolutional Transformer from scratch, or a
+    fine-tuned Hugging Face ViT."""
+
+    name = TASK_NAME
+    description = ("image classification, 28x28 grey (default: bundled Fashion-MNIST subset; the full set or MNIST "
+                   "with --data-dir PATH)")
+    default_preset = "vit_fashion_mnist"
+    data_class = ImageData
+    train_defaults = TRAIN_DEFAULTS
+
+    def make_task(self, data: ImageData, train: TrainConfig, run_dir: Optional[Path]) -> ImageTask:
+        """Nothing to reload on resume: the split and the statistics are recomputed from the data and split_seed."""
+        return ImageTask(data, train)
+
+    def finish(self, task: ImageTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """Score ``best/`` once on the test file; the report with the confusion matrix goes to ``test_report.txt``."""
+        model = load_pretrained(run_dir / "best", task.device)
+        data = task.data
+        images, labels = load_split(data.path(data.test_images), data.path(data.test_labels), len(data.class_names))
+        start = time.perf_counter()
+        metrics = score(model, images, labels, data.class_names)
+        seconds = time.perf_counter() - start
+        (run_dir / "test_report.txt").write_text(report(metrics, str(data.path(data.test_images))) + "\n")
+        return {"test_accuracy": metrics["accuracy"], "test_nll": metrics["nll"],
+                "test_per_class": metrics["per_class"], "test_report": "test_report.txt", "test_seconds": seconds,
+                "parameters": count_parameters(model), "madds_per_image": count_madds(model, model.config.tokens)}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--data-dir", metavar="PATH",
+                            help="folder with the IDX files, e.g. the full Fashion-MNIST or MNIST (default: the "
+                                 "bundled 3,000 / 1,000 Fashion-MNIST subset); same as --set data.dir=PATH")
+        parser.add_argument("--pretrained", metavar="DIR",
+                            help="fine-tune this Hugging Face ViT folder (images repeated to 3 channels and resized to "
+                                 "its size); same as --set data.pretrained=DIR")
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        keys = {"data.dir": args.data_dir, "data.pretrained": args.pretrained}
+        return {key: value for key, value in keys.items() if value}, {}
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """``interlayer evaluate`` for images: ``--data`` is a folder (its test files) or an images file with its
+        labels file beside it (``...images-idx3...`` -> ``...labels-idx1...``); default the run's test files."""
+        directory = Path(directory)
+        data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
+        names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
+        model = load_pretrained(directory, getattr(args, "device", None))
+        images_path, labels_path = _evaluation_files(data, args.data)
+        images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)
+        cfg = model.config
+        expected = (cfg.channels, cfg.image_height, cfg.image_width)
+        if tuple(images.shape[1:]) != expected:
+            raise DataError(f"{images_path}: images of shape {tuple(images.shape[1:])} (channels, height, width), but "
+                            f"the model reads {expected}")
+        return report(score(model, images, labels, names), str(images_path))
+
+    def sample_input(self, task: ImageTask) -> SampleInput:
+        """The first validation image as model input, for attention-map pictures. No token labels: an image's tokens
+        (patches, grid cells, a CLS token) depend on the model, not the data, and 49 cells are too many to label."""
+        return (task.valid_images[:1],), {}, []
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: ImageTask) -> VisionConfig:
+        """The preset (or a .json/.yaml image-model config) with the data's fields, then the user's overrides. A
+        fine-tuning run (``data.pretrained``) takes the checkpoint's ViT, reading the data's images through
+        ``input_size`` with the checkpoint's own normalisation."""
+        if task.data.pretrained:
+            if preset != self.default_preset:
+                raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: "
+                                  "the checkpoint decides the architecture; add a method with --set instead")
+            fields = task.model_fields()
+            size = [fields["channels"], fields["image_height"], fields["image_width"]]
+            return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
+        return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
+
+    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
+        return vision_model_from_dict(data)
+
+    def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
+        """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
+        return dict(VISION_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+
+    def initialise(self, model: nn.Module, task: ImageTask) -> None:
+        """A fresh fine-tuning run's model, just built from the seed: load the ViT checkpoint over it (the head and
+        what methods add keep their seeded initialisation)."""
+        if task.data.pretrained:
+            load_checkpoint(model, Path(task.data.pretrained))

@@ -35,7 +35,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union, get_args
 
 import torch
 import torch.nn.functional as F
@@ -44,10 +44,10 @@ from torch import Tensor, nn
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
 from ..config import ModelConfig
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_choices
 from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
-from ..data.lm_tokenizers import LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
@@ -55,7 +55,7 @@ from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
-from .base import TaskSpec, resolve_transformer
+from .base import SampleInput, TaskSpec
 
 SPLITS = ("train", "valid", "test")
 
@@ -65,7 +65,7 @@ class LMData:
     """The corpus and how it becomes training blocks (``--set data.KEY=VALUE``)."""
 
     path: str = "bundled:shakespeare"  # a UTF-8 file, a folder of .txt files, or a folder with train/valid(/test).txt
-    tokenizer: Literal["char", "bpe"] = "char"
+    tokenizer: Kind = "char"
     vocab_size: int = 4096  # BPE only: the size of the trained vocabulary (>= 257: 256 bytes + merges)
     block_size: int = 256  # tokens of context per training example (nanoGPT's block_size); the model's max_positions
     eval_interval: int = 250  # optimiser steps per epoch, i.e. between validations (nanoGPT's eval_interval)
@@ -77,8 +77,7 @@ class LMData:
     pretrained: str = ""
 
     def validate(self) -> None:
-        if self.tokenizer not in ("char", "bpe"):
-            raise ConfigError(f"data.tokenizer={self.tokenizer!r} is not valid; choose 'char' or 'bpe'")
+        check_choices(self, "data.")
         if self.tokenizer == "bpe" and self.vocab_size < 257:
             raise ConfigError(f"data.vocab_size={self.vocab_size} must be at least 257 for byte-level BPE (256 "
                               "bytes plus at least one merge)")
@@ -236,105 +235,6 @@ def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, see
                                                                                       out.lengths.tolist())]
 
 
-def finish(task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` on valid and test (``data.eval_blocks`` of each, or all), and keep a sample of its text."""
-    model, _ = load_language_model(run_dir / "best", task.device)
-    results: dict[str, Any] = {}
-    for split in ("valid", "test"):
-        if len(task.ids[split]) >= 2:
-            results.update({f"{split}_{k}": v for k, v in task.score(model, split).items()})
-    block = task.data.block_size
-    results.update(parameters=count_parameters(model), madds_per_block=count_madds(model, block),
-                   corpus=task.corpus_description)
-    prompt = task.tokenizer.decode(task.ids["valid"][:min(16, block)].tolist())
-    sample_options = SamplingOptions(max_new_tokens=min(200, block), temperature=0.8, top_k=200)
-    started = time.perf_counter()
-    sample = generate_text(run_dir / "best", prompt, sample_options, seed=1, device=task.device)[0]
-    results["sample_seconds"] = time.perf_counter() - started
-    (run_dir / "sample.txt").write_text(sample + "\n")
-    return results
-
-
-def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
-    """``interlayer evaluate`` for a language model: loss, perplexity and bits of the run's valid and test splits,
-    or of the whole text of ``--data FILE``."""
-    model, tokenizer = load_language_model(directory, args.device)
-    data = LMData(**json.loads((directory / "data.json").read_text()))
-    task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
-    if args.data:
-        texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}
-    else:
-        texts = {split: task.ids[split] for split in ("valid", "test")}
-    lines = [f"{name}: " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                     for k, v in task.score_tokens(model, ids).items())
-             for name, ids in texts.items() if len(ids) >= 2]
-    return "\n".join(lines) or "nothing to score: the text has fewer than 2 tokens"
-
-
-def resolve_model(preset: str, model_sets: dict[str, Any], task: LanguageModelingTask) -> ModelConfig:
-    """The preset as a causal language model of the corpus's vocabulary, or a fine-tuning run's checkpoint with
-    the ``--set`` method sections; its context must hold a block."""
-    if task.data.pretrained and preset != SPEC.default_preset:
-        raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: the "
-                          "checkpoint decides the architecture; add a method with --set instead (e.g. --set "
-                          "predictive.alpha_warmup_steps=100)")
-    if task.data.pretrained:
-        cfg = lm_finetune_config(checkpoint_dir(task.data.pretrained), model_sets)
-    else:
-        cfg = resolve_transformer(preset, model_sets, task)
-    if cfg.max_positions < task.data.block_size:
-        raise ConfigError(f"max_positions={cfg.max_positions} is shorter than data.block_size="
-                          f"{task.data.block_size}; the model must read a whole block (raise max_positions or lower "
-                          "data.block_size)")
-    return cfg
-
-
-def sample_input(task: LanguageModelingTask) -> tuple[tuple, dict[str, Any], list[str]]:
-    """The first 32 validation tokens (for attention-map pictures), labelled with the text they spell."""
-    ids = task.ids["valid"][:min(32, task.data.block_size)]
-    return (ids[None],), {}, [task.tokenizer.decode([i]) for i in ids.tolist()]
-
-
-def initialise(model: nn.Module, task: LanguageModelingTask) -> None:
-    """A fresh fine-tuning run's model, just built from the seed: load the GPT-2 over it (what methods add keeps
-    its seeded initialisation); the import report goes to task.json."""
-    if task.data.pretrained:
-        task.imported = load_checkpoint(model, checkpoint_dir(task.data.pretrained)).summary()
-
-
-def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
-    """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
-    return dict(LM_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
-
-
-def _make_task(data: LMData, train: TrainConfig, run_dir: Optional[Path]) -> LanguageModelingTask:
-    if run_dir is None:
-        return LanguageModelingTask(data, train)
-    stored = run_dir / "task.json"
-    imported = json.loads(stored.read_text()).get("pretrained") if stored.is_file() else None
-    return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder (default: the bundled "
-                                                       "complete works of Shakespeare, split by play)")
-    parser.add_argument("--tokenizer", choices=("char", "bpe"), help="characters (default) or byte-level BPE")
-    parser.add_argument("--pretrained", metavar="DIR",
-                        help="fine-tune this Hugging Face GPT-2 folder (its tokenizer and architecture; methods via "
-                             "--set); same as --set data.pretrained=DIR")
-
-
-def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    sets = {}
-    if args.data:
-        sets["data.path"] = args.data
-    if args.tokenizer:
-        sets["data.tokenizer"] = args.tokenizer
-    if args.pretrained:
-        sets["data.pretrained"] = args.pretrained
-    return sets, {}
-
-
 # nanoGPT's config/train_shakespeare_char.py: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a cosine to 1e-4
 # over 5,000 iterations, weight decay 0.1 on matrices and embeddings (not biases or LayerNorms), clipping at 1.0,
 # 64 blocks of 256 characters per step, validation every 250 steps; no label smoothing.
@@ -342,8 +242,102 @@ TRAIN_DEFAULTS = dict(optimizer="adamw", lr=1e-3, betas=[0.9, 0.99], weight_deca
                       schedule="cosine", min_lr=1e-4, warmup_steps=100, label_smoothing=0.0, clip_norm=1.0,
                       max_tokens=64 * 256, max_steps=5000, max_epochs=1_000_000, keep_last=1, log_interval=10)
 
-SPEC = TaskSpec(name="lm", description="language modelling on any UTF-8 text (default: bundled Shakespeare)",
-                default_preset="gpt_shakespeare_char", data_class=LMData, make_task=_make_task, finish=finish,
-                train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
-                evaluate=evaluate_cli, sample_input=sample_input, resolve_model=resolve_model,
-                initialise=initialise, defaults_for=defaults_for)
+class LanguageModelingSpec(TaskSpec):
+    """A causal language model on a UTF-8 corpus: loss, perplexity, bits per character (byte), and a sample."""
+
+    name = "lm"
+    description = "language modelling on any UTF-8 text (default: bundled Shakespeare)"
+    default_preset = "gpt_shakespeare_char"
+    data_class = LMData
+    train_defaults = TRAIN_DEFAULTS
+
+    def make_task(self, data: LMData, train: TrainConfig, run_dir: Optional[Path]) -> LanguageModelingTask:
+        if run_dir is None:
+            return LanguageModelingTask(data, train)
+        stored = run_dir / "task.json"
+        imported = json.loads(stored.read_text()).get("pretrained") if stored.is_file() else None
+        return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
+
+    def finish(self, task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]
+               ) -> dict[str, Any]:
+        """Score ``best/`` on valid and test (``data.eval_blocks`` of each, or all), and keep a sample of its
+        text."""
+        model, _ = load_language_model(run_dir / "best", task.device)
+        results: dict[str, Any] = {}
+        for split in ("valid", "test"):
+            if len(task.ids[split]) >= 2:
+                results.update({f"{split}_{k}": v for k, v in task.score(model, split).items()})
+        block = task.data.block_size
+        results.update(parameters=count_parameters(model), madds_per_block=count_madds(model, block),
+                       corpus=task.corpus_description)
+        prompt = task.tokenizer.decode(task.ids["valid"][:min(16, block)].tolist())
+        sample_options = SamplingOptions(max_new_tokens=min(200, block), temperature=0.8, top_k=200)
+        started = time.perf_counter()
+        sample = generate_text(run_dir / "best", prompt, sample_options, seed=1, device=task.device)[0]
+        results["sample_seconds"] = time.perf_counter() - started
+        (run_dir / "sample.txt").write_text(sample + "\n")
+        return results
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder (default: the bundled "
+                                                           "complete works of Shakespeare, split by play)")
+        parser.add_argument("--tokenizer", choices=get_args(Kind), help="characters (default) or byte-level BPE")
+        parser.add_argument("--pretrained", metavar="DIR",
+                            help="fine-tune this Hugging Face GPT-2 folder (its tokenizer and architecture; methods "
+                                 "via --set); same as --set data.pretrained=DIR")
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        sets = {}
+        if args.data:
+            sets["data.path"] = args.data
+        if args.tokenizer:
+            sets["data.tokenizer"] = args.tokenizer
+        if args.pretrained:
+            sets["data.pretrained"] = args.pretrained
+        return sets, {}
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """Loss, perplexity and bits of the run's valid and test splits, or of the whole text of ``--data FILE``."""
+        model, tokenizer = load_language_model(directory, args.device)
+        data = LMData(**json.loads((directory / "data.json").read_text()))
+        task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
+        if args.data:
+            texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}
+        else:
+            texts = {split: task.ids[split] for split in ("valid", "test")}
+        lines = [f"{name}: " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in task.score_tokens(model, ids).items())
+                 for name, ids in texts.items() if len(ids) >= 2]
+        return "\n".join(lines) or "nothing to score: the text has fewer than 2 tokens"
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: LanguageModelingTask) -> ModelConfig:
+        """The preset as a causal language model of the corpus's vocabulary, or a fine-tuning run's checkpoint with
+        the ``--set`` method sections; its context must hold a block."""
+        if task.data.pretrained and preset != self.default_preset:
+            raise ConfigError(f"--preset {preset} cannot be combined with data.pretrained={task.data.pretrained}: "
+                              "the checkpoint decides the architecture; add a method with --set instead (e.g. --set "
+                              "predictive.alpha_warmup_steps=100)")
+        if task.data.pretrained:
+            cfg = lm_finetune_config(checkpoint_dir(task.data.pretrained), model_sets)
+        else:
+            cfg = super().resolve_model(preset, model_sets, task)
+        if cfg.max_positions < task.data.block_size:
+            raise ConfigError(f"max_positions={cfg.max_positions} is shorter than data.block_size="
+                              f"{task.data.block_size}; the model must read a whole block (raise max_positions or "
+                              "lower data.block_size)")
+        return cfg
+
+    def initialise(self, model: nn.Module, task: LanguageModelingTask) -> None:
+        """A fresh fine-tuning run's model, just built from the seed: load the GPT-2 over it (what methods add keeps
+        its seeded initialisation); the import report goes to task.json."""
+        if task.data.pretrained:
+            task.imported = load_checkpoint(model, checkpoint_dir(task.data.pretrained)).summary()
+
+    def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
+        """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
+        return dict(LM_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+
+    def sample_input(self, task: LanguageModelingTask) -> SampleInput:
+        """The first 32 validation tokens, labelled with the text they spell."""
+        ids = task.ids["valid"][:min(32, task.data.block_size)]
+        return (ids[None],), {}, [task.tokenizer.decode([i]) for i in ids.tolist()]

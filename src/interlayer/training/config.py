@@ -8,11 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..core.config import ConfigError, check_finite
+from ..core.config import ConfigError, check_choices, check_finite
 
-OPTIMIZERS = ("adam", "adamw")
-SCHEDULES = ("inverse_sqrt", "constant", "linear", "cosine", "step")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)
+Optimizer = Literal["adam", "adamw"]
+# after warm-up: "inverse_sqrt" (Vaswani), "constant" (GAT), "linear" decay to 0 (BERT fine-tuning), "cosine"
+# decay to min_lr (PA's SST recipe), "step": times step_gamma every step_epochs epochs (PA's SNLI recipe)
+Schedule = Literal["inverse_sqrt", "constant", "linear", "cosine", "step"]
+# "auto": bf16 autocast on a GPU that supports it, fp32 elsewhere; "fp16" adds a gradient scaler
+PrecisionSetting = Literal["auto", "fp32", "bf16", "fp16"]
 
 # The TrainConfig fields a resumed run may change (``--resume --set train.KEY=VALUE``): when the run stops, how often
 # it logs and saves, and how it uses the machine; every other field is part of the run as it was started, and
@@ -35,11 +39,9 @@ CHANGEABLE_ON_RESUME: frozenset[str] = frozenset({
 
 @dataclass
 class TrainConfig:
-    optimizer: str = "adam"  # "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)
+    optimizer: Optimizer = "adam"
     lr: float = 5e-4
-    # after warm-up: "inverse_sqrt" (Vaswani), "constant" (GAT), "linear" decay to 0 (BERT fine-tuning), "cosine"
-    # decay to min_lr (PA's SST recipe), "step": times step_gamma every step_epochs epochs (PA's SNLI recipe)
-    schedule: str = "inverse_sqrt"
+    schedule: Schedule = "inverse_sqrt"
     min_lr: float = 0.0
     step_epochs: int = 10
     step_gamma: float = 0.1
@@ -74,19 +76,13 @@ class TrainConfig:
     # where and how the steps run (training/device.py): "auto" is CUDA if present (each torchrun rank on the GPU of
     # its LOCAL_RANK), else Apple's MPS, else the CPU; also "cpu", "cuda", "cuda:N", "mps"
     device: str = "auto"
-    # "auto": bf16 autocast on a GPU that supports it, fp32 elsewhere; "fp16" adds a gradient scaler
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: PrecisionSetting = "auto"
     compile: bool = False  # torch.compile the training model (zero graph breaks in every preset: tested)
     tf32: bool = True  # TensorFloat-32 matrix products on GPUs that have them; false for IEEE fp32 products
 
     def validate(self) -> None:
         check_finite(self, "train.")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"train.optimizer={self.optimizer!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, OPTIMIZERS))}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule={self.schedule!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, SCHEDULES))}")
+        check_choices(self, "train.")
         positive = ("lr", "max_tokens", "max_epochs", "log_interval", "update_freq")
         for key in positive:
             if getattr(self, key) <= 0:
@@ -112,12 +108,9 @@ class TrainConfig:
         if self.anneal_to_budget and self.schedule not in ("linear", "cosine"):
             raise ConfigError(f"train.anneal_to_budget=true applies to the decaying schedules 'linear' and 'cosine', "
                               f"not train.schedule={self.schedule!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"train.precision={self.precision!r} is not valid; choose one of "
-                              f"{', '.join(map(repr, PRECISIONS))}")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ConfigError(f"train.device={self.device!r} is not valid; choose auto, cpu, cuda, cuda:N or mps")
-        from .device import resolve_device  # device.py reads this module's PRECISIONS
+        from .device import resolve_device  # device.py reads this module's PrecisionSetting
 
         resolve_device(self.device)  # a device this machine lacks is refused before a run directory is written
         if self.average_last > self.keep_last:

@@ -19,10 +19,10 @@ from typing import Any, ContextManager, Literal, Optional
 import torch
 from torch import nn
 
-from ..core.config import ConfigError
+from ..core.config import ConfigError, coerce
+from .config import PrecisionSetting
 
 Precision = Literal["fp32", "bf16", "fp16"]
-from .config import PRECISIONS
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -73,9 +73,7 @@ def supports_bf16(device: torch.device) -> bool:
 
 def resolve_precision(spec: str, device: torch.device) -> Precision:
     """``auto`` -> bf16 on a GPU with bf16 support, else fp32; an explicit choice is checked against the device."""
-    spec = (spec or "auto").strip().lower()
-    if spec not in PRECISIONS:
-        raise ConfigError(f"train.precision={spec!r} is not valid; choose one of {', '.join(PRECISIONS)}")
+    spec = coerce((spec or "auto").strip().lower(), PrecisionSetting, "train.precision")
     if spec == "auto":
         return "bf16" if device.type == "cuda" and supports_bf16(device) else "fp32"
     if spec == "bf16" and not supports_bf16(device):
