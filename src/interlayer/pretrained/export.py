@@ -34,7 +34,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..core.models import EncoderClassifier
-from ..vision import ImageClassifier
+from ..models.vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
 from .hf import PROCESSOR_FILE, ST_MODULES, PretrainedError, encoder_config
 from .tokenization import PretrainedTokenizer

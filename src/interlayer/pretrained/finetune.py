@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from ..config import ModelConfig
 from ..core.config import ConfigError
 from ..methods import METHODS
-from ..vision import VisionConfig
+from ..models.vision import VisionConfig
 from .bert import PretrainedError, import_bert
 from .hf import from_checkpoint, model_config, read_checkpoint
 

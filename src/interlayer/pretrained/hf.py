@@ -49,7 +49,7 @@ from ..config import ModelConfig, config_from_dict
 from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
 from ..methods import METHODS
-from ..vision import VisionConfig, build_vision_model, get_vision_config
+from ..models.vision import VisionConfig, build_vision_model, get_vision_config
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
@@ -288,7 +288,7 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
     """The interlayer config of a checkpoint: its family's core fields, the head, method sections and overrides.
 
     ``input_size`` (images only) is the ``[channels, height, width]`` of the images the model will be given, when
-    they differ from the checkpoint's (:class:`~interlayer.vision.VisionConfig`'s ``input_size``).
+    they differ from the checkpoint's (:class:`~interlayer.models.vision.VisionConfig`'s ``input_size``).
     """
     family, hf = checkpoint.family, checkpoint.hf
     layout, head_classes = checkpoint_head(checkpoint, num_classes)

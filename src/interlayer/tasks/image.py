@@ -45,7 +45,7 @@ from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_c
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
-from ..vision import VisionConfig, get_vision_config, vision_model_from_dict
+from ..models.vision import VisionConfig, get_vision_config, vision_model_from_dict
 from ..training.device import module_device, move
 from .base import TaskSpec
 

@@ -3,7 +3,7 @@
 The model is the PA paper's text classifier (M=3 blocks, d=256, 8 heads, FFN 1024, Shaw et al. relative
 positions; the core preset ``transformer_text_cls`` and the PA presets ``pa_transformer_text``,
 ``res_transformer_text``, ``conv_transformer_text``, ``pa_conv_transformer_text``), any other preset or config
-file, or the paper's CNN baseline (``--preset cnn_text``, :mod:`interlayer.baselines.cnn_text`). Inputs are word
+file, or the paper's CNN baseline (``--preset cnn_text``, :mod:`interlayer.models.cnn_text`). Inputs are word
 ids, ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with segment embeddings for pairs, at most 64 tokens as in
 PA Sec. 4.1.1 (128 for MRPC, whose pairs are longer; :mod:`interlayer.data.classification`). Embeddings are
 trained from scratch: the paper's frozen GloVe vectors cannot be downloaded here. The paper does not say how the
@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..baselines.cnn_text import MODEL_TYPE as CNN_TYPE
-from ..baselines.cnn_text import CNNTextConfig, cnn_from_dict
+from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
+from ..models.cnn_text import CNNTextConfig, cnn_from_dict
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..fileio import read_yaml_or_json
@@ -59,7 +59,7 @@ from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.tokenization import tokenizer_kind
-from ..registry import get_config
+from ..models.registry import get_config
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
