@@ -161,9 +161,9 @@ def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:
     elif isinstance(source, str) and source in presets():
         preset = _PRESETS[source]
         if preset.family not in {kind.name for kind in allowed}:
-            raise ConfigError(f"{source!r} is a {_FAMILIES[preset.family].title} preset; this takes "
-                              f"{allowed[0].title}: {', '.join(list_models(family=family_name))} (or a .json/.yaml "
-                              "config file)")
+            raise ConfigError(f"{source!r} is a {preset.family} model, not a {family_name} model; "
+                              f"{family_name} presets: {', '.join(list_models(family=family_name))} (or a "
+                              ".json/.yaml config file)")
         kind = _FAMILIES[preset.family]
         return kind, kind.from_dict(copy.deepcopy(preset.fields), f"preset {source}")
     elif isinstance(source, (str, Path)) and Path(source).suffix in CONFIG_SUFFIXES:
