@@ -257,3 +257,17 @@ def test_model_config_has_one_section_per_method() -> None:
     core = {f for f in typing.get_type_hints(TransformerConfig)}
     sections = {name: hint for name, hint in hints.items() if name not in core}
     assert sections == {method.name: Optional[method.config_class] for method in METHODS}
+
+
+def test_one_resolver_reads_bundled_paths(tmp_path: Path) -> None:
+    from interlayer.data.parallel import resolve_path
+    from interlayer.data.text import DataError
+
+    assert resolve_path("bundled:planetoid/cora.npz").is_file()
+    assert resolve_path("bundled:shakespeare").is_dir()
+    assert resolve_path(str(tmp_path / "x.txt")) == tmp_path / "x.txt"
+    with pytest.raises(DataError, match="no bundled data set 'nope'"):
+        resolve_path("bundled:nope/a.txt")
+    elsewhere = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                 if 'startswith("bundled:")' in p.read_text() and p.name != "parallel.py"]
+    assert elsewhere == []

@@ -38,7 +38,7 @@ from ..checkpoint import load_pretrained
 from ..config import dataclass_from_dict
 from ..core.config import ConfigError
 from ..data.idx import read_labelled_images, write_idx
-from ..data.parallel import bundled_dir
+from ..data.parallel import resolve_path
 from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
@@ -90,9 +90,7 @@ class ImageData:
             raise ConfigError(f"data.class_names={self.class_names} must name at least 2 classes")
 
     def folder(self) -> Path:
-        if self.dir.startswith("bundled:"):
-            return bundled_dir(self.dir[len("bundled:"):])
-        return Path(self.dir)
+        return resolve_path(self.dir)
 
     def path(self, name: str) -> Path:
         """``name`` inside ``dir`` (absolute names are used as they are), as given or with ``.gz`` added."""

@@ -53,7 +53,7 @@ from ..core.config import ConfigError
 from ..fileio import read_yaml_or_json
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
-from ..data.parallel import bundled_dir
+from ..data.parallel import resolve_path
 from ..data.text import DataError
 from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
@@ -89,10 +89,7 @@ class TextClassificationData:
     pretrained: str = ""
 
     def resolve(self, path: str) -> Path:
-        if path.startswith("bundled:"):
-            name, _, rest = path[len("bundled:"):].partition("/")
-            return bundled_dir(name) / rest
-        return Path(path)
+        return resolve_path(path)
 
     def validate(self, pair: bool) -> None:
         shortest = 5 if pair else 3
