@@ -15,8 +15,8 @@ The families (each mapping's reasons are on its class):
   ``RobertaForSequenceClassification`` head (dense + tanh + out_proj on ``<s>``) is the core's pooler and head.
 * :class:`DistilBertFamily` -- ``distilbert``: BERT's layer under other names, no token types, no pooler,
   LayerNorm eps fixed at 1e-12 in ``transformers``.
-* :class:`ViTFamily` -- ``vit``: the core's ViT (:mod:`interlayer.models.vision`): stride-p convolution over patches, CLS
-  token, learned positions, pre-LN layers (``layernorm_before``/``after``), the final LayerNorm, the tanh pooler
+* :class:`ViTFamily` -- ``vit``: the core's ViT (:mod:`interlayer.models.vision`): stride-p convolution over patches,
+  CLS token, learned positions, pre-LN layers (``layernorm_before``/``after``), the final LayerNorm, the tanh pooler
   of ``ViTModel`` when present; pixel normalisation from ``preprocessor_config.json``.
 """
 from __future__ import annotations
