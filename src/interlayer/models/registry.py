@@ -147,8 +147,8 @@ def get_config(name_or_config: Union[str, Path, dict[str, Any], Any], *, family:
 def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, family: Optional[str] = None,
                  **overrides: Any) -> nn.Module:
     """Build the model of a preset name, config file, dict or config; ``overrides`` as in :func:`get_config`."""
-    kind, cfg = _resolve(name_or_config, family)
-    return kind.build(kind.override(cfg, flatten_overrides(overrides)) if overrides else cfg)
+    cfg = get_config(name_or_config, family=family, **overrides)
+    return next(kind for kind in families() if isinstance(cfg, kind.config_class)).build(cfg)
 
 
 def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:
@@ -158,7 +158,7 @@ def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:
             return kind, copy.deepcopy(source)
     if isinstance(source, dict):
         data, where = copy.deepcopy(source), "config"
-    elif isinstance(source, str) and source in presets():
+    elif isinstance(source, str) and source in _PRESETS:  # family() / families() above ran discover()
         preset = _PRESETS[source]
         if preset.family not in {kind.name for kind in allowed}:
             raise ConfigError(f"{source!r} is a {preset.family} model, not a {family_name} model; "
