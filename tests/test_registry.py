@@ -271,3 +271,14 @@ def test_one_resolver_reads_bundled_paths(tmp_path: Path) -> None:
     elsewhere = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                  if 'startswith("bundled:")' in p.read_text() and p.name != "parallel.py"]
     assert elsewhere == []
+
+
+def test_load_pretrained_finds_a_family_nothing_has_imported_yet(tmp_path: Path) -> None:
+    """``interlayer`` imports its parts lazily, so ``load_pretrained`` asks the registry for the model types."""
+    create_model("gat_cora", hidden=2, heads=2).save_pretrained(tmp_path / "gat")
+    code = ("import sys, interlayer\n"
+            f"model = interlayer.load_pretrained({str(tmp_path / 'gat')!r})\n"
+            "print(type(model).__name__, 'interlayer.models.gat' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC.parent)}).stdout.split()
+    assert out == ["GAT", "True"]
