@@ -48,12 +48,13 @@ def test_madds_match_flop_counter(overrides):
 def test_the_model_listing_covers_every_family_and_counts_what_it_builds():
     """``interlayer models`` lists the Transformer, text CNN, image and GAT presets, each with the parameter count
     of the model the task would build from that name, and rejects an unknown name by listing the known ones."""
-    from interlayer.baselines.gat import create_gat
-    from interlayer.catalog import all_model_names, model_catalog
+    from interlayer import list_models
     from interlayer.core.config import ConfigError
-    from interlayer.vision import create_vision_model
+    from interlayer.models.gat import create_gat
+    from interlayer.models.registry import model_catalog
+    from interlayer.models.vision import create_vision_model
 
-    names = all_model_names()
+    names = list_models()
     for name in ("transformer_text_cls", "cnn_text", "vit_fashion_mnist", "gat_cora"):
         assert name in names
     table = model_catalog(64, ["transformer_small", "vit_fashion_mnist", "gat_cora"])

@@ -19,8 +19,8 @@ from interlayer.training.engine import LAST, read_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer.accounting import count_madds, count_parameters
-from interlayer.baselines.gat import GAT, GAT_PRESETS, SHARING, GATConfig, GATLayer, create_gat, gat_config, \
-    with_self_loops
+from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, create_gat, gat_config, with_self_loops
+from interlayer.papers.crossformer import GAT_PRESETS
 from interlayer.checkpoint import load_pretrained, save_pretrained, tie_map
 from interlayer.core.config import ConfigError
 from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
@@ -271,7 +271,7 @@ def test_crossformer_ties_layer_two_vectors_to_layer_one(option: str) -> None:
     assert count_parameters(GAT(tiny_config())) - count_parameters(model) == 3 * len(SHARING[option])
 
 
-# This project's adaptation (Crossformer Sec. 3.3 / App. A.3 give no GAT details; baselines/gat.py docstring),
+# This project's adaptation (Crossformer Sec. 3.3 / App. A.3 give no GAT details; models/gat.py docstring),
 # written out: option -> {layer-2 attention vector: the layer-1 vector it is}. a_dst scores the target node (GAT's
 # query term), a_src the source node (its key term); a role not listed keeps layer 2's own vector.
 GAT_MAPPING = {"kq": {"att_dst": "att_src"}, "qk": {"att_src": "att_dst"}, "qq": {"att_dst": "att_dst"},
@@ -349,7 +349,7 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         gat_config("gat_cora", head=4)
     with pytest.raises(ConfigError, match=r"attn_dropout=1.0 must lie in \[0, 1\)"):
         gat_config("gat_cora", attn_dropout=1.0)
-    with pytest.raises(ConfigError, match="unknown GAT preset 'gat_pubmed'"):
+    with pytest.raises(ConfigError, match="unknown preset 'gat_pubmed'"):
         gat_config("gat_pubmed")
     create_gat("gat_cora", crossformer="ffn").config.save(tmp_path / "c.yaml")
     assert gat_config(tmp_path / "c.yaml").crossformer == "ffn"

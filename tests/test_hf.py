@@ -27,7 +27,7 @@ from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.pretrained import BPETokenizer, PretrainedError, from_hf, to_hf
 from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
-from interlayer.vision import ImageClassifier, create_vision_model, get_vision_config
+from interlayer.models.vision import ImageClassifier, create_vision_model, get_vision_config
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))

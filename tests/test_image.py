@@ -28,7 +28,7 @@ from interlayer.tasks import task_specs
 from interlayer.tasks.image import (FASHION_MNIST_CLASSES, ImageData, ImageTask, augment, stratified_split,
                                     write_balanced_subset)
 from interlayer.training import TrainConfig, Trainer
-from interlayer.vision import VISION_FIELDS, ConvMixer, create_vision_model, get_vision_config
+from interlayer.models.vision import VISION_FIELDS, ConvMixer, create_vision_model, get_vision_config
 from interlayer.config import ModelConfig
 
 SMALL = dict(image_height=12, image_width=12, d_model=32, d_ffn=64)  # ViT: 3x3 patches (+ CLS); conv: 12 -> 6 -> 3
@@ -381,7 +381,7 @@ def test_override_and_validation_errors_name_the_key():
         get_vision_config("conv_transformer_fashion_mnist", pooling="cls")
     with pytest.raises(ConfigError, match=r"stage_widths=\[4, 4, 4\] halves the image 3 times"):
         get_vision_config("conv_transformer_fashion_mnist", stage_widths=[4, 4, 4])
-    with pytest.raises(ConfigError, match=r"unknown image model preset 'vit_fashion'"):
+    with pytest.raises(ConfigError, match=r"unknown preset 'vit_fashion'"):
         get_vision_config("vit_fashion")
 
 

@@ -14,9 +14,9 @@ from interlayer import (ConfigError, count_madds, count_parameters, create_model
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.components import Components
 from interlayer.core.models import EncoderClassifier
-from interlayer.methods import lightweight
-from interlayer.methods.lightweight import (METHOD, GroupedFeedForward, GroupedLinear, GroupedMultiHeadAttention,
-                                            layer_counts)
+from interlayer.methods.lightweight import METHOD, GroupedFeedForward, GroupedLinear, GroupedMultiHeadAttention
+from interlayer.papers import lightweight
+from interlayer.papers.lightweight import layer_counts
 
 D, H, DF, V = 32, 4, 64, 50
 TINY = dict(d_model=D, n_heads=H, d_ffn=DF, enc_layers=2, dec_layers=2, src_vocab_size=V, dropout=0.0)

@@ -16,8 +16,9 @@ from interlayer import (ConfigError, build_model, config_from_dict, count_madds,
 from interlayer.core.components import Components
 from interlayer.core.encoder import Encoder
 from interlayer.core.models import EncoderClassifier
-from interlayer.methods.multipass import METHOD, PRESETS, MultiPassEncoder, paper_tables, soft_init_logits
-from interlayer.registry import PRESETS as ALL_PRESETS
+from interlayer.methods.multipass import METHOD, MultiPassEncoder, soft_init_logits
+from interlayer.models.registry import presets
+from interlayer.papers.multipass import PRESETS, paper_tables
 
 N = 3
 TINY: dict[str, Any] = dict(arch="encoder_decoder", src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32,
@@ -485,7 +486,7 @@ def test_composes_with_other_methods(other: str, section: dict) -> None:
 
 def test_presets_are_registered_and_cite_the_paper() -> None:
     for name, (description, fields) in PRESETS.items():
-        assert name in ALL_PRESETS
+        assert presets("transformer")[name].fields == fields
         assert "MPT" in description
         get_config(name)
     assert PRESETS["mpt_hard_base_041523"][1]["multipass"]["permutation"] == [0, 4, 1, 5, 2, 3]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from interlayer import get_config
-from interlayer.baselines.gat import gat_config
+from interlayer.models.gat import gat_config
 from interlayer.cli import main
 from interlayer.compare.runner import Runner
 from interlayer.config import parse_value, read_config_file
@@ -32,7 +32,7 @@ from interlayer.data.text import DataError
 from interlayer.training import TrainConfig
 from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryLock
 from interlayer.training.engine import LAST
-from interlayer.vision import get_vision_config
+from interlayer.models.vision import get_vision_config
 
 from test_compare import corpus  # noqa: F401,E402  (the tiny De-En corpus fixture)
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer import count_madds, count_parameters, get_config, load_pretrained
-from interlayer.baselines import CNNTextClassifier, CNNTextConfig
+from interlayer.models.cnn_text import CNNTextClassifier, CNNTextConfig
 from interlayer.cli import main
 from interlayer.core.config import ConfigError
 from interlayer.data.classification import (CLS_ID, MRPC, SEP_ID, SICK, SST2, SST5, UNK_ID, Example, WordVocab,

@@ -1,22 +1,42 @@
 """interlayer: four published ways of making Transformer layers work together or cost less, on one core.
 
-Start with :func:`create_model` (a preset name or config plus overrides), :func:`count_parameters` and
-:func:`count_madds`; :func:`save_pretrained` / :func:`load_pretrained` keep the config and tied weights (also as
-``model.save_pretrained`` / ``ModelClass.from_pretrained``); :func:`from_hf` / :func:`to_hf` bring Hugging Face
-BERT, ELECTRA, RoBERTa, DistilBERT and ViT models in and back out.
-"""
-from .accounting import count_madds, count_parameters
-from .build import build_model
-from .checkpoint import CheckpointError, load_pretrained, save_pretrained
-from .config import ModelConfig, apply_overrides, config_from_dict
-from .core.config import ConfigError
-from .registry import PRESETS, create_model, get_config, list_presets
+Start with :func:`create_model` (any name :func:`list_models` or ``interlayer models`` lists, or a config, plus
+overrides), :func:`count_parameters` and :func:`count_madds`; :func:`save_pretrained` / :func:`load_pretrained` keep
+the config and tied weights (also as ``model.save_pretrained`` / ``ModelClass.from_pretrained``); :func:`from_hf` /
+:func:`to_hf` bring Hugging Face BERT, ELECTRA, RoBERTa, DistilBERT and ViT models in and back out.
 
-from . import baselines, vision  # noqa: E402,F401  (register the CNN, GAT and image model types with load_pretrained)
-from .pretrained import from_hf, to_hf  # noqa: E402
+The names below are imported when first used (PEP 562), so that importing one part of the package (a method
+module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .core.config import ConfigError
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointError", "ConfigError", "ModelConfig", "PRESETS", "apply_overrides", "build_model",
-           "config_from_dict", "count_madds", "count_parameters", "create_model", "from_hf", "get_config",
-           "list_presets", "load_pretrained", "save_pretrained", "to_hf"]
+# public name -> the module (relative to this package) that defines it
+_LAZY: dict[str, str] = {
+    "count_madds": "accounting", "count_parameters": "accounting", "build_model": "build",
+    "CheckpointError": "checkpoint", "load_pretrained": "checkpoint", "save_pretrained": "checkpoint",
+    "ModelConfig": "config", "apply_overrides": "config", "config_from_dict": "config",
+    "create_model": "models.registry", "get_config": "models.registry", "list_models": "models.registry",
+    "PRESETS": "registry", "list_presets": "registry", "from_hf": "pretrained", "to_hf": "pretrained",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'interlayer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["ConfigError", *sorted(_LAZY)]

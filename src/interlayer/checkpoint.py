@@ -111,6 +111,10 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
     stored_ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
     model_type = metadata.get("model_type", "transformer")
     if model_type not in _BUILDERS:
+        from .models.registry import discover  # imports the model families, which register their types here
+
+        discover()
+    if model_type not in _BUILDERS:
         raise CheckpointError(f"{weights_path} holds a {model_type!r} model; known model types: "
                               f"{', '.join(sorted(_BUILDERS))} (import the module that registers it)")
     data = read_json(config_path, CheckpointError)

@@ -11,8 +11,6 @@ from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
-from . import get_config
-from .catalog import model_catalog
 from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines, read_stream_lines
@@ -20,22 +18,14 @@ from .fileio import read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
+from .models.registry import get_config, model_catalog
+from .papers import paper_tables
 from .training.concurrency import DirectoryBusy
 from .training.config import PrecisionSetting
 from .tasks import task_specs
 from .training.engine import DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
-
-
-def paper_tables() -> str:
-    from .methods import conv_branch, crossformer, lightweight, multipass, predictive
-
-    parts = []
-    for module in (crossformer, multipass, predictive, conv_branch, lightweight):
-        for title, headers, rows in getattr(module, "paper_tables", lambda: [])():
-            parts.append(f"## {title}\n\n{format_table(headers, rows)}")
-    return "\n\n".join(parts)
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""Non-Transformer baselines of the papers' tables. Importing this package registers their model types with
-:func:`interlayer.checkpoint.load_pretrained`."""
-from .cnn_text import CNNTextClassifier, CNNTextConfig
-from .gat import GAT, GATConfig
+"""Kept for compatibility: the text CNN and GAT are :mod:`interlayer.models.cnn_text` and
+:mod:`interlayer.models.gat`."""
+from ..models.cnn_text import CNNTextClassifier, CNNTextConfig
+from ..models.gat import GAT, GATConfig
 
 __all__ = ["CNNTextClassifier", "CNNTextConfig", "GAT", "GATConfig"]

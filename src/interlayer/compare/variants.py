@@ -26,10 +26,11 @@ from typing import Any, Callable, Optional
 
 from ..config import parse_value
 from ..core.config import ConfigError
+from ..methods import METHODS
 
 # Method sections of a Transformer config. A global --set on one of them would switch the method on in every
 # variant, the baseline included, so such keys belong to a variant (ad-hoc syntax) instead.
-SECTIONS = ("crossformer", "multipass", "predictive", "conv_branch", "lightweight")
+SECTIONS: tuple[str, ...] = tuple(method.name for method in METHODS)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 # Training settings a variant may not change: the comparison gives every variant the same seeds and budget.

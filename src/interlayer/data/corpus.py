@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from .parallel import bundled_dir
+from .parallel import resolve_path
 from .text import DataError
 
 PathLike = Union[str, Path]
@@ -101,9 +101,7 @@ def _split_file(folder: Path, name: str) -> Union[Path, None]:
 
 def resolve(path: str) -> Path:
     """``bundled:NAME`` is a corpus shipped inside the package; anything else a file or folder path."""
-    if path.startswith("bundled:"):
-        return bundled_dir(path[len("bundled:"):])
-    return Path(path)
+    return resolve_path(path)
 
 
 def _nonempty(text: str, where: str) -> str:

@@ -53,3 +53,15 @@ def bundled_dir(name: str) -> Path:
     if not path.is_dir():
         raise DataError(f"no bundled data set {name!r} at {path}")
     return path
+
+
+BUNDLED_PREFIX = "bundled:"
+
+
+def resolve_path(path: str) -> Path:
+    """``bundled:NAME`` is a data set shipped inside the package (its folder), ``bundled:NAME/FILE`` a file in
+    it; anything else is a path as given. Every data setting that names a file or folder reads it this way."""
+    if not path.startswith(BUNDLED_PREFIX):
+        return Path(path)
+    name, _, rest = path[len(BUNDLED_PREFIX):].partition("/")
+    return bundled_dir(name) / rest if rest else bundled_dir(name)

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .parallel import bundled_dir
+from .parallel import resolve_path
 from .text import DataError, iter_lines
 
 PathLike = Union[str, Path]
@@ -60,7 +60,6 @@ RAW_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
 NPZ_KEYS = ("name", "feat_data", "feat_indices", "feat_indptr", "feat_shape", "labels", "edges", "train", "valid",
             "test")
 CLASSES_KEY = "num_classes"  # optional in a .npz (files written before it infer the classes from the labels)
-BUNDLED_PREFIX = "bundled:"
 
 
 class CsrRecord:
@@ -420,17 +419,9 @@ def _check_graph(graph: PlanetoidGraph, source: Path) -> None:
 
 
 # -- either format ------------------------------------------------------------------------------------------------
-def resolve(source: str) -> Path:
-    """``bundled:planetoid/cora.npz`` -> the packaged file; anything else is a path."""
-    if source.startswith(BUNDLED_PREFIX):
-        name, _, rest = source[len(BUNDLED_PREFIX):].partition("/")
-        return bundled_dir(name) / rest
-    return Path(source)
-
-
 def load_planetoid(source: str) -> PlanetoidGraph:
     """A ``.npz`` file (see :func:`save_npz`) or a raw prefix ``DIR/ind.NAME``; ``bundled:`` paths allowed."""
-    path = resolve(source)
+    path = resolve_path(source)
     if path.suffix == ".npz":
         return load_npz(path)
     if not path.with_name(f"{path.name}.graph").is_file():

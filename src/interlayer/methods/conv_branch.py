@@ -33,7 +33,7 @@ Wiring (Fig. 4 is an image; the text fixes only the split, the head count and th
 The block implements the core attention protocol and delegates ``wants_prev_logits`` and the intermediates to its
 attention half, so the ``predictive`` method's logit mixer (installed through ``components.logit_mixer``) sits in
 the attention half and predicts its 4 heads' maps. The PA paper's presets, including ``conv_transformer_text``
-and ``pa_conv_transformer_text``, live in :mod:`interlayer.methods.predictive`.
+and ``pa_conv_transformer_text``, live in :mod:`interlayer.papers.predictive`.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from ..config import ModelConfig
 from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
 from ..data.lm_tokenizers import ByteBPETokenizer
-from ..vision import ImageClassifier
+from ..models.vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
 from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config

@@ -16,8 +16,8 @@ The families (each mapping's reasons are on its class):
   ``RobertaForSequenceClassification`` head (dense + tanh + out_proj on ``<s>``) is the core's pooler and head.
 * :class:`DistilBertFamily` -- ``distilbert``: BERT's layer under other names, no token types, no pooler,
   LayerNorm eps fixed at 1e-12 in ``transformers``.
-* :class:`ViTFamily` -- ``vit``: the core's ViT (:mod:`interlayer.vision`): stride-p convolution over patches, CLS
-  token, learned positions, pre-LN layers (``layernorm_before``/``after``), the final LayerNorm, the tanh pooler
+* :class:`ViTFamily` -- ``vit``: the core's ViT (:mod:`interlayer.models.vision`): stride-p convolution over patches,
+  CLS token, learned positions, pre-LN layers (``layernorm_before``/``after``), the final LayerNorm, the tanh pooler
   of ``ViTModel`` when present; pixel normalisation from ``preprocessor_config.json``.
 * :class:`GPT2Family` -- ``gpt2``: the core's decoder-only language model (``arch="causal_lm"``): pre-LN layers,
   learned positions, ``Conv1D`` weights transposed, the fused ``c_attn`` split into query, key and value, the output
@@ -371,7 +371,7 @@ class ViTFamily(Family):
                     attn_dropout=float(hf.get("attention_probs_dropout_prob", 0.0)), act_dropout=0.0)
 
     def vision_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
-        """The :class:`~interlayer.vision.VisionConfig` fields besides the encoder and the normalisation."""
+        """The :class:`~interlayer.models.vision.VisionConfig` fields besides the encoder and the normalisation."""
         height, width = _pair(hf.get("image_size", 224))
         return dict(backbone="vit", image_height=height, image_width=width, channels=int(hf.get("num_channels", 3)),
                     patch_size=_pair(hf.get("patch_size", 16))[0])

@@ -35,7 +35,7 @@ from ..config import ModelConfig
 from ..core.config import ConfigError
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
-from ..vision import VisionConfig
+from ..models.vision import VisionConfig
 from .bert import PretrainedError, import_bert
 from .hf import from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
 

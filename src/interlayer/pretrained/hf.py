@@ -54,7 +54,7 @@ from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
-from ..vision import VisionConfig, build_vision_model, get_vision_config
+from ..models.vision import VisionConfig, build_vision_model, get_vision_config
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
@@ -301,7 +301,7 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
     """The interlayer config of a checkpoint: its family's core fields, the head, method sections and overrides.
 
     ``input_size`` (images only) is the ``[channels, height, width]`` of the images the model will be given, when
-    they differ from the checkpoint's (:class:`~interlayer.vision.VisionConfig`'s ``input_size``).
+    they differ from the checkpoint's (:class:`~interlayer.models.vision.VisionConfig`'s ``input_size``).
     """
     family, hf = checkpoint.family, checkpoint.hf
     if family.arch == "causal_lm":

@@ -39,7 +39,7 @@ from torch import nn
 from ..build import build_model
 from ..config import config_from_dict
 from ..core.config import ConfigError
-from ..registry import get_config
+from ..models.registry import get_config
 from ..training.config import TrainConfig
 
 if TYPE_CHECKING:

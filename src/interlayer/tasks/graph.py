@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..baselines.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
+from ..models.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid

@@ -37,13 +37,13 @@ from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError, check_choices, dataclass_from_dict
 from ..data.idx import read_labelled_images, write_idx
-from ..data.parallel import bundled_dir
+from ..data.parallel import resolve_path
 from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
 from ..training.losses import label_smoothed_nll, total_loss
-from ..vision import VisionConfig, get_vision_config, vision_model_from_dict
+from ..models.vision import VisionConfig, get_vision_config, vision_model_from_dict
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
 from .metrics import confusion_matrix, format_report, percent_correct, summary
@@ -86,9 +86,7 @@ class ImageData:
             raise ConfigError(f"data.class_names={self.class_names} must name at least 2 classes")
 
     def folder(self) -> Path:
-        if self.dir.startswith("bundled:"):
-            return bundled_dir(self.dir[len("bundled:"):])
-        return Path(self.dir)
+        return resolve_path(self.dir)
 
     def path(self, name: str) -> Path:
         """``name`` inside ``dir`` (absolute names are used as they are), as given or with ``.gz`` added."""

@@ -3,7 +3,7 @@
 The model is the PA paper's text classifier (M=3 blocks, d=256, 8 heads, FFN 1024, Shaw et al. relative
 positions; the core preset ``transformer_text_cls`` and the PA presets ``pa_transformer_text``,
 ``res_transformer_text``, ``conv_transformer_text``, ``pa_conv_transformer_text``), any other preset or config
-file, or the paper's CNN baseline (``--preset cnn_text``, :mod:`interlayer.baselines.cnn_text`). Inputs are word
+file, or the paper's CNN baseline (``--preset cnn_text``, :mod:`interlayer.models.cnn_text`). Inputs are word
 ids, ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with segment embeddings for pairs, at most 64 tokens as in
 PA Sec. 4.1.1 (128 for MRPC, whose pairs are longer; :mod:`interlayer.data.classification`). Embeddings are
 trained from scratch: the paper's frozen GloVe vectors cannot be downloaded here. The paper does not say how the
@@ -46,14 +46,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..baselines.cnn_text import MODEL_TYPE as CNN_TYPE
-from ..baselines.cnn_text import CNNTextConfig, cnn_from_dict
+from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
+from ..models.cnn_text import CNNTextConfig, cnn_from_dict
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
 from ..fileio import read_yaml_or_json
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
-from ..data.parallel import bundled_dir
+from ..data.parallel import resolve_path
 from ..data.text import DataError
 from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
@@ -88,10 +88,7 @@ class TextClassificationData:
     pretrained: str = ""
 
     def resolve(self, path: str) -> Path:
-        if path.startswith("bundled:"):
-            name, _, rest = path[len("bundled:"):].partition("/")
-            return bundled_dir(name) / rest
-        return Path(path)
+        return resolve_path(path)
 
     def validate(self, pair: bool) -> None:
         shortest = 5 if pair else 3

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
-from ..data.parallel import bundled_dir, read_parallel
+from ..data.parallel import read_parallel, resolve_path
 from ..data.text import DataError
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import CheckpointError, load_pretrained
@@ -50,10 +50,7 @@ class TranslationData:
     max_tokens_per_sentence: int = 128  # longer *training* pairs are dropped and counted; evaluation never is
 
     def resolve(self, path: str) -> Path:
-        if path.startswith("bundled:"):
-            name, _, rest = path[len("bundled:"):].partition("/")
-            return bundled_dir(name) / rest
-        return Path(path)
+        return resolve_path(path)
 
 
 def pad_batch(rows: Sequence[Sequence[int]]) -> Tensor:

@@ -1,0 +1,218 @@
+"""Every named model of interlayer in one registry: ``create_model(name)`` builds whatever ``interlayer models`` lists.
+
+Models come in *families*, each with its own config class: the Transformer (:class:`~interlayer.config.ModelConfig`,
+translation, language modelling and the text tasks), the text CNN, the image models and GAT. A family module
+registers a :class:`Family` (how a config is read, overridden and built, how its MAdds are counted); a preset is a
+plain dict of config fields with a description, registered under a family by the module that holds it: the
+papers' presets by :mod:`interlayer.papers`, a family's own defaults by its module. Lookups first import every
+module of :mod:`interlayer.models` and :mod:`interlayer.papers` (as :func:`interlayer.tasks.task_specs` finds
+tasks), so a new family is one module in ``models/`` that calls :func:`register_family` and
+:func:`register_presets`, with nothing to edit elsewhere.
+
+One resolver serves every family: a preset name, a ``.json``/``.yaml`` file, a dict or a config object, then the
+overrides (``d_model=128``, dotted or double-underscore keys for nested sections, strings parsed as ``--set``
+values). A dict or file is read as the family whose ``claims`` accepts it (a ``model_type`` key, an image
+``backbone``), else as a Transformer; a task passes ``family=`` so that a preset of another family is refused with
+the names it accepts.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import fnmatch
+import functools
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from torch import nn
+
+from ..accounting import count_parameters
+from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
+from ..core.config import ConfigError
+from ..tables import format_table, human
+
+# Packages whose modules register families and presets when imported.
+PLUGIN_PACKAGES = ("interlayer.models", "interlayer.papers")
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kind of model with its own config class.
+
+    ``from_dict(data, source)`` validates a config dict (errors prefixed with ``source``); ``override(config,
+    overrides)`` returns a new validated config with dotted-key overrides applied (string values are ``--set``
+    text); ``claims(data)`` says whether a config dict describes this family (``None``: the default family, the
+    Transformer); ``madds(preset, model, length)`` is what ``interlayer models`` prints under ``madds_unit``
+    (``{length}`` is filled in); ``rank`` orders the families' tables.
+    """
+
+    name: str
+    title: str
+    tasks: str
+    config_class: type
+    from_dict: Callable[[dict[str, Any], str], Any]
+    override: Callable[[Any, dict[str, Any]], Any]
+    build: Callable[[Any], nn.Module]
+    madds: Callable[[str, nn.Module, int], int]
+    madds_unit: str
+    rank: int
+    claims: Optional[Callable[[dict[str, Any]], bool]] = None
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    fields: dict[str, Any]
+    family: str = "transformer"
+
+
+_FAMILIES: dict[str, Family] = {}
+_PRESETS: dict[str, Preset] = {}
+
+
+def register_family(family: Family) -> Family:
+    if family.name in _FAMILIES:
+        raise RuntimeError(f"model family {family.name!r} is registered twice")
+    if family.claims is None and any(f.claims is None for f in _FAMILIES.values()):
+        raise RuntimeError(f"model family {family.name!r}: only one family may be the default (claims=None)")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def register_presets(family: str, presets: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Register ``name -> (description, fields)`` under ``family``; a name is one model, whatever its family."""
+    for name, (description, fields) in presets.items():
+        if name in _PRESETS:
+            raise RuntimeError(f"preset {name!r} is defined twice ({_PRESETS[name].family} and {family})")
+        _PRESETS[name] = Preset(name, description, fields, family)
+
+
+@functools.lru_cache(maxsize=None)
+def discover() -> None:
+    """Import every module of :data:`PLUGIN_PACKAGES` once, so that all families and presets are registered."""
+    for package_name in PLUGIN_PACKAGES:
+        package = importlib.import_module(package_name)
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package_name}.{info.name}")
+
+
+def families() -> list[Family]:
+    """The registered families in the order of their tables."""
+    discover()
+    return sorted(_FAMILIES.values(), key=lambda f: f.rank)
+
+
+def family(name: str) -> Family:
+    discover()
+    if name not in _FAMILIES:
+        raise ConfigError(f"unknown model family {name!r}; known: {', '.join(f.name for f in families())}")
+    return _FAMILIES[name]
+
+
+def presets(family_name: Optional[str] = None) -> dict[str, Preset]:
+    """Every preset by name (or those of one family), in name order."""
+    discover()
+    wanted = family(family_name).name if family_name is not None else None
+    return {name: _PRESETS[name] for name in sorted(_PRESETS)
+            if wanted is None or _PRESETS[name].family == wanted}
+
+
+def list_models(pattern: Optional[str] = None, family: Optional[str] = None) -> list[str]:
+    """Sorted preset names, optionally filtered by a shell-style ``pattern`` (``"*crossformer*"``, as timm's
+    ``list_models``) and by ``family`` (``"transformer"``, ``"text_cnn"``, ``"image"``, ``"gat"``)."""
+    names = list(presets(family))
+    return [n for n in names if fnmatch.fnmatchcase(n, pattern)] if pattern else names
+
+
+def get_config(name_or_config: Union[str, Path, dict[str, Any], Any], *, family: Optional[str] = None,
+               **overrides: Any) -> Any:
+    """A validated config from a preset name, a config file, a dict or a config, with overrides applied.
+
+    Overrides use field names; a nested section's keys are reached with a double underscore or a dict:
+    ``get_config("transformer_small", d_model=128, crossformer={"hard": ["kq"]})``. ``family`` restricts what is
+    accepted (a task's models) and decides how a dict or file is read.
+    """
+    kind, cfg = _resolve(name_or_config, family)
+    if not overrides:
+        return cfg
+    return kind.override(cfg, flatten_overrides(overrides))
+
+
+def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, family: Optional[str] = None,
+                 **overrides: Any) -> nn.Module:
+    """Build the model of a preset name, config file, dict or config; ``overrides`` as in :func:`get_config`."""
+    cfg = get_config(name_or_config, family=family, **overrides)
+    return next(kind for kind in families() if isinstance(cfg, kind.config_class)).build(cfg)
+
+
+def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:
+    allowed = [family(family_name)] if family_name is not None else families()
+    for kind in allowed:
+        if isinstance(source, kind.config_class):
+            return kind, copy.deepcopy(source)
+    if isinstance(source, dict):
+        data, where = copy.deepcopy(source), "config"
+    elif isinstance(source, str) and source in _PRESETS:  # family() / families() above ran discover()
+        preset = _PRESETS[source]
+        if preset.family not in {kind.name for kind in allowed}:
+            raise ConfigError(f"{source!r} is a {preset.family} model, not a {family_name} model; "
+                              f"{family_name} presets: {', '.join(list_models(family=family_name))} (or a "
+                              ".json/.yaml config file)")
+        kind = _FAMILIES[preset.family]
+        return kind, kind.from_dict(copy.deepcopy(preset.fields), f"preset {source}")
+    elif isinstance(source, (str, Path)) and Path(source).suffix in CONFIG_SUFFIXES:
+        data, where = read_config_file(source), str(source)
+    else:
+        known = [name for kind in allowed for name in list_models(family=kind.name)]
+        close = difflib.get_close_matches(str(source), known, n=3)
+        raise ConfigError(f"unknown preset {str(source)!r}" + (f"; did you mean {close}?" if close else "")
+                          + " (list them with `interlayer models`, or pass a .json/.yaml config file)")
+    kind = allowed[0] if family_name is not None else _claimant(data)
+    return kind, kind.from_dict(data, where)
+
+
+def _claimant(data: dict[str, Any]) -> Family:
+    """The family a config dict describes: the first that claims it, else the default family."""
+    kinds = families()
+    for kind in kinds:
+        if kind.claims is not None and kind.claims(data):
+            return kind
+    return next(kind for kind in kinds if kind.claims is None)
+
+
+def override_flat(cfg: ConfigFile, overrides: dict[str, Any]) -> Any:
+    """A flat config dataclass (no nested sections: GAT, the text CNN) with ``overrides`` applied and validated;
+    string values are parsed as ``--set`` values, a dotted key is refused as an unknown key."""
+    values = {key: parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw for key, raw in overrides.items()}
+    return checked_config(type(cfg), {**dataclasses.asdict(cfg), **values}, "overrides")
+
+
+def model_catalog(length: int = 64, names: Optional[Sequence[str]] = None) -> str:
+    """A table per family of every model (or only ``names``): parameters and the MAdds of one forward pass.
+
+    Text models are counted at their presets' placeholder vocabulary; a task replaces it with the size of the
+    vocabulary it builds, so a run's ``results.json`` holds the exact figures for its data.
+    """
+    wanted = set(names or [])
+    unknown = sorted(wanted - set(list_models()))
+    if unknown:
+        raise ConfigError(f"unknown model preset(s) {unknown}; known: {', '.join(list_models())}")
+    parts = []
+    for kind in families():
+        rows = []
+        for name in list_models(family=kind.name):
+            if wanted and name not in wanted:
+                continue
+            model = create_model(name)
+            rows.append([name, f"{count_parameters(model):,}", human(kind.madds(name, model, length))])
+        if rows:
+            parts.append(f"{kind.title} (tasks: {kind.tasks})\n\n"
+                         + format_table(["preset", "parameters", kind.madds_unit.format(length=length)], rows))
+    return "\n\n".join(parts)
+

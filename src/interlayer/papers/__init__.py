@@ -1,0 +1,24 @@
+"""The papers' configurations and tables, kept apart from the methods so that :mod:`interlayer.methods` depends
+only on the core.
+
+One module per paper (``crossformer``, ``multipass``, ``predictive``, ``lightweight``, and ``transformer`` for the
+plain Transformers they start from) registers its presets with :mod:`interlayer.models.registry` when imported and
+may define ``paper_tables()``: the paper's parameter (and MAdds) tables beside the counts of our builds, as
+``(title, headers, rows)``. :func:`paper_tables` prints them all (``interlayer tables``).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..tables import format_table
+
+
+def paper_tables() -> str:
+    """Every paper module's tables, formatted, in the modules' name order."""
+    parts = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for title, headers, rows in getattr(module, "paper_tables", lambda: [])():
+            parts.append(f"## {title}\n\n{format_table(headers, rows)}")
+    return "\n\n".join(parts)
