@@ -91,7 +91,6 @@ def test_the_device_code_checks_precision_with_the_same_coercer():
         resolve_precision("fp8", torch.device("cpu"))
 
 
-# Files a parallel branch converts to the coercer (the image model config and GAT); the lead empties this at merge.
 def test_no_module_keeps_its_own_choice_check():
     """The message "is not valid; choose one of" is written once, in the coercer; a second copy is a choice list
     kept beside its annotation."""
