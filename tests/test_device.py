@@ -18,11 +18,13 @@ import torch._dynamo
 
 from interlayer import create_model, get_config, list_models
 from interlayer.models.gat import with_self_loops
+from interlayer.models.mcan import create_mcan, get_mcan_config
 from interlayer.core.config import ConfigError
 from interlayer.training.device import autocast, move, resolve_device, resolve_precision
 
 NAMES = list_models()
 TRANSFORMERS = set(list_models(family="transformer"))
+MCANS = set(list_models(family="mcan"))
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -32,6 +34,16 @@ def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
     kind = type(model).__name__
     if kind == "ImageClassifier":
         return (torch.ones(2, cfg.channels, cfg.image_height, cfg.image_width, device=device),), {}
+    if kind == "MCAN":  # padding in the second question and, for region features, in the second image
+        question = torch.full((2, 4), 5, dtype=torch.long, device=device)  # short: the LSTM loop is unrolled
+        padding = torch.zeros(2, 4, dtype=torch.bool, device=device)
+        padding[1, 3:] = True
+        if cfg.image_input == "pixels":
+            return (question, padding, torch.ones(2, cfg.image_channels, cfg.image_size, cfg.image_size,
+                                                  device=device)), {}
+        regions = torch.zeros(2, 10, dtype=torch.bool, device=device)
+        regions[1, 7:] = True
+        return (question, padding, torch.ones(2, 10, cfg.feature_dim, device=device), regions), {}
     if kind == "GAT":  # the graph task adds the self-loops once, outside the forward pass (GAT.forward)
         edges = with_self_loops(torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]), 6).to(device)
         return (torch.ones(6, cfg.in_features, device=device), edges), {"self_loops": True}
@@ -70,6 +82,8 @@ def shallow(name: str) -> torch.nn.Module:
     paths, which 2 layers exercise as 6 do (the cross-layer hooks need 2), while tracing time grows with depth.
     A preset whose method fixes its depth (an MPT permutation of 6 layers) is traced whole."""
     with torch.device("meta"):
+        if name in MCANS:
+            return create_mcan(name, layers=min(get_mcan_config(name).layers, 2))
         if name not in TRANSFORMERS:
             return create_model(name)
         cfg = get_config(name)
