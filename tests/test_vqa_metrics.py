@@ -78,6 +78,7 @@ def test_certainty_picks_the_top_two_answers():
 def test_pavpu_counts():
     score = PAvPU()
     score.add(np.array([True, True, False, False, True]), np.array([True, False, True, False, True]))
+    score.add(np.array([False]), np.array([False]))
     assert (score.accurate_certain, score.accurate_uncertain, score.inaccurate_certain,
-            score.inaccurate_uncertain) == (2, 1, 1, 1)
-    assert score.value == pytest.approx(100 * 3 / 5)
+            score.inaccurate_uncertain) == (2, 1, 1, 2)
+    assert score.value == pytest.approx(100 * (2 + 2) / 6)  # (n_ac + n_iu) / N
