@@ -57,7 +57,7 @@ def by_type(scores: Sequence[float], types: Sequence[str]) -> dict[str, float]:
     for score, kind in zip(scores, types):
         if kind:
             groups[kind].append(score)
-    return {kind: 100.0 * sum(v) / len(v) for kind, v in sorted(groups.items())}
+    return {kind: 100.0 * float(sum(v)) / len(v) for kind, v in sorted(groups.items())}
 
 
 # -- the t-test -----------------------------------------------------------------------------------------------
