@@ -17,6 +17,7 @@ import torch
 import torch._dynamo
 
 from interlayer import catalog, create_model, get_config
+from interlayer.models.mcan import MCAN_PRESETS, create_mcan, get_mcan_config
 from interlayer.registry import PRESETS
 from interlayer.baselines.gat import with_self_loops
 from interlayer.core.config import ConfigError
@@ -32,6 +33,16 @@ def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
     kind = type(model).__name__
     if kind == "ImageClassifier":
         return (torch.ones(2, cfg.channels, cfg.image_height, cfg.image_width, device=device),), {}
+    if kind == "MCAN":  # padding in the second question and, for region features, in the second image
+        question = torch.full((2, 12), 5, dtype=torch.long, device=device)
+        padding = torch.zeros(2, 12, dtype=torch.bool, device=device)
+        padding[1, 9:] = True
+        if cfg.image_input == "pixels":
+            return (question, padding, torch.ones(2, cfg.image_channels, cfg.image_size, cfg.image_size,
+                                                  device=device)), {}
+        regions = torch.zeros(2, 10, dtype=torch.bool, device=device)
+        regions[1, 7:] = True
+        return (question, padding, torch.ones(2, 10, cfg.feature_dim, device=device), regions), {}
     if kind == "GAT":  # the graph task adds the self-loops once, outside the forward pass (GAT.forward)
         edges = with_self_loops(torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]), 6).to(device)
         return (torch.ones(6, cfg.in_features, device=device), edges), {"self_loops": True}
@@ -70,6 +81,8 @@ def shallow(name: str) -> torch.nn.Module:
     paths, which 2 layers exercise as 6 do (the cross-layer hooks need 2), while tracing time grows with depth.
     A preset whose method fixes its depth (an MPT permutation of 6 layers) is traced whole."""
     with torch.device("meta"):
+        if name in MCAN_PRESETS:
+            return create_mcan(name, layers=min(get_mcan_config(name).layers, 2))
         if name not in PRESETS:
             return catalog.build_named(name)
         cfg = get_config(name)

@@ -189,27 +189,31 @@ def test_parameter_counts_follow_the_formulas(k, n, share, opts):
 
 
 def test_paper_scale_counts_closed_form():
-    """Table II's baseline and LW-Transformer1x (dagger), by hand (d=512, d_f=2048, 6+6 layers, 18 attentions):
-    MHA 4*512^2 + 4*512 = 1,050,624; FFN 2*512*2048 + 2048 + 512 = 2,099,712 -> 44,138,496 (paper 44.1M).
-    G-MHA+WS 1.75*512^2 + 3*256 + 512 = 460,032; G-FFN+WS 512*2048 + 2048 + 1024*256 + 256 = 1,313,024
+    """Table II's baseline (MCAN-small) and LW-Transformer1x (dagger), by hand (d=512, d_f=2048, 6+6 layers, 18
+    attentions): MHA 4*512^2 + 4*512 = 1,050,624; FFN 2*512*2048 + 2048 + 512 = 2,099,712 -> 44,138,496 (paper
+    44.1M). G-MHA+WS 1.75*512^2 + 3*256 + 512 = 460,032; G-FFN+WS 512*2048 + 2048 + 1024*256 + 256 = 1,313,024
     -> 6*(460,032 + 1,313,024 + 2048) + 6*(2*460,032 + 1,313,024 + 3072) = 24,067,584 (paper 24.0M)."""
-    base = dict(lightweight._PAPER_BASE)
-    params, _, madds = layer_counts(base)
+    params, _, madds = layer_counts("mcan_small")
     assert params == 6 * (1_050_624 + 2_099_712 + 2048) + 6 * (2 * 1_050_624 + 2_099_712 + 3072) == 44_138_496
     # 14 question tokens (encoder), 100 regions (decoder): 6*(4*14*d^2 + 2*14^2*d + 2*14*d*d_f) + 6*(4*100*d^2
     # + 2*100^2*d + 2*100*d^2 + 2*14*d^2 + 2*100*14*d + 2*100*d*d_f) = 2.58G in Table II
     assert madds == 6 * 44_240_896 + 6 * 386_015_232 == 2_581_536_768
-    params, _, madds = layer_counts(get_config("lw_transformer_1x").to_dict())
+    params, _, madds = layer_counts("lw_mcan_1x")
     assert params == 24_067_584
     assert madds == 1_853_300_736  # 1.85G in Table II
 
 
-def test_presets_and_paper_tables():
-    assert {n for n in lightweight.PRESETS} == {
-        "lw_transformer_1x_gmha", "lw_transformer_1x_gffn", "lw_transformer_1x_gmha_gffn", "lw_transformer_1x",
-        "lw_transformer_2x", "lw_transformer_3x", "lw_transformer_3x_k4", "lw_transformer_3x_k8",
-        "lw_transformer_1x_glml", "lw_transformer_mini_1x", "lw_transformer_1x_glml_gil"}
-    mini = get_config("lw_transformer_mini_1x").lightweight
+def test_paper_rows_and_tables():
+    """The rows are MCAN presets (interlayer.models.mcan; tests/test_mcan.py checks each count against the
+    table); the Transformer registry holds no LW preset any more."""
+    from interlayer.models.mcan import MCAN_PRESETS, get_mcan_config
+
+    assert [row[0] for row in lightweight.LW_TABLE_ROWS] == [
+        "mcan_small", "lw_mcan_1x_gmha", "lw_mcan_1x_gffn", "lw_mcan_1x_gmha_gffn", "lw_mcan_1x", "lw_mcan_2x",
+        "lw_mcan_3x", "lw_mcan_3x_k4", "lw_mcan_3x_k8", "lw_mcan_1x_glml", "lw_mcan_mini", "lw_mcan_1x_glml_gil"]
+    assert set(MCAN_PRESETS) >= {row[0] for row in lightweight.LW_TABLE_ROWS}
+    assert not hasattr(lightweight, "PRESETS")
+    mini = get_mcan_config("lw_mcan_mini").lightweight
     assert mini.group_intermediate and not mini.group_merge and mini.share_weights
     tables = lightweight.paper_tables()
     assert [len(rows) for _, _, rows in tables] == [9, 3]
@@ -218,8 +222,8 @@ def test_presets_and_paper_tables():
     assert tables[1][2][1][1] == "14,618,112"  # mini: 24,067,584 - 12 * (512*2048 + 2048 - 256*1024 - 1024)
 
 
-def test_preset_builds_with_overrides():
-    model = create_model("lw_transformer_3x_k4", **TINY)  # k=4 groups of one head each, queries 3x wider
+def test_section_builds_with_overrides():
+    model = create_model("transformer_small", **TINY, lightweight=dict(qk_expansion=3, groups=4))  # 1 head/group
     attn = model.encoder.layers[0].self_attn
     assert (attn.groups, attn.qk_dim, tuple(attn.q_proj.weight.shape)) == (4, 3 * D, (3 * D // 4, D // 4))
     src, tgt = _tokens(), _tokens(t=5, pad_last=0)

@@ -13,6 +13,7 @@ from .core.config import ConfigError
 from .registry import PRESETS, create_model, get_config, list_presets
 
 from . import baselines, vision  # noqa: E402,F401  (register the CNN, GAT and image model types with load_pretrained)
+from .models import mcan  # noqa: E402,F401  (register the MCAN model type with load_pretrained)
 from .pretrained import from_hf, to_hf  # noqa: E402
 
 __version__ = "0.1.0"

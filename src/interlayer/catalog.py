@@ -1,9 +1,10 @@
 """Every named model of interlayer in one listing: what ``interlayer models`` prints.
 
-The presets live in four registries because they build four kinds of model with their own configs: the
+The presets live in five registries because they build five kinds of model with their own configs: the
 Transformer presets (:mod:`interlayer.registry`, used by translation and the text tasks), the image models
 (:mod:`interlayer.vision`, the ``fashion_mnist`` task), the GAT models (:mod:`interlayer.baselines.gat`, ``cora``
-and ``citeseer``) and the text CNN (:mod:`interlayer.baselines.cnn_text`, the text tasks). A user asking "what
+and ``citeseer``), the text CNN (:mod:`interlayer.baselines.cnn_text`, the text tasks) and MCAN
+(:mod:`interlayer.models.mcan`, visual question answering). A user asking "what
 can I train" should not need to know that, so this module lists all of them, each family with the input size its
 MAdds are counted at: ``length`` tokens for sequences, one image for the image models, the bundled graph for GAT.
 """
@@ -21,6 +22,7 @@ from .baselines.cnn_text import MODEL_TYPE as CNN_TYPE
 from .baselines.cnn_text import CNNTextConfig, cnn_from_dict
 from .baselines.gat import GAT_PRESETS, create_gat
 from .core.config import ConfigError
+from .models.mcan import MCAN_PRESETS, create_mcan
 from .registry import PRESETS, create_model
 from .vision import VISION_PRESETS, create_vision_model
 
@@ -55,6 +57,10 @@ def _graph_size(dataset: str) -> tuple[int, int]:
     return graph.num_nodes, graph.num_edges
 
 
+def _vqa_madds(name: str, model: nn.Module, length: int) -> str:
+    return human(count_madds(model, None))
+
+
 def _graph_madds(name: str, model: nn.Module, length: int) -> str:
     """Over the bundled graph the preset is made for (``gat_cora...`` -> Cora, ``gat_citeseer...`` -> Citeseer)."""
     return human(count_madds(model, *_graph_size("cora" if name.startswith("gat_cora") else "citeseer")))
@@ -71,6 +77,8 @@ def _families(length: int) -> list[Family]:
                create_vision_model, "MAdds per image", _image_madds),
         Family("GAT", "cora, citeseer", tuple(GAT_PRESETS), create_gat,
                "MAdds per pass over the graph", _graph_madds),
+        Family("MCAN (VQA)", "vqa", tuple(MCAN_PRESETS), create_mcan,
+               "MAdds @ 14 question tokens + 100 regions", _vqa_madds),
     ]
 
 

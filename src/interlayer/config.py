@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import yaml
 
@@ -112,23 +112,25 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     String values are parsed as YAML scalars/lists, so ``--set d_model=256`` and ``--set passes=[0,2,1]`` work.
     Setting a key inside a section that is off turns the section on with its defaults first.
     """
-    data = cfg.to_dict()
+    return config_from_dict(set_dotted(cfg.to_dict(), overrides, _is_section), source="overrides")
+
+
+def set_dotted(data: dict[str, Any], overrides: dict[str, Any], is_section: Callable[[str], bool]
+               ) -> dict[str, Any]:
+    """``data`` (a config dict, changed in place and returned) with dotted-key overrides set, as
+    :func:`apply_overrides` describes; ``is_section(name)`` says which keys are method sections."""
     for dotted, raw in overrides.items():
         value = parse_value(raw, f"--set {dotted}") if isinstance(raw, str) else raw
         head, _, rest = dotted.partition(".")
+        if head not in data:
+            _unknown(head, list(data), "")
         if rest:
-            section = data.get(head)
-            if head not in data:
-                _unknown(head, list(data), "")
-            if section is None:
-                section = {}
-                data[head] = section
-            section[rest] = value
+            if data[head] is None:
+                data[head] = {}
+            data[head][rest] = value
         else:
-            if head not in data:
-                _unknown(head, list(data), "")
-            data[head] = {} if value is True and _is_section(head) else value
-    return config_from_dict(data, source="overrides")
+            data[head] = {} if value is True and is_section(head) else value
+    return data
 
 
 def parse_value(text: str, key: str = "--set value") -> Any:

@@ -81,6 +81,9 @@ class TransformerConfig:
     qk_dim: Optional[int] = None
     activation: str = "relu"
     norm_first: bool = False  # False: post-LN (Vaswani, fairseq default); True: pre-LN (+ a final LayerNorm)
+    # False: the decoder's self-attention sees every position, padding masked (a stack over a set that is not
+    # generated, e.g. MCAN's image regions); a translation model so configured would see its own targets
+    causal_decoder: bool = True
     layer_norm_eps: float = 1e-5
     bias: bool = True
 
@@ -170,6 +173,9 @@ class TransformerConfig:
             raise ConfigError(f"position_start='after_pad' numbers learned positions from pad_id + 1 = {first}; it "
                               f"needs positions='learned' (got {self.positions!r}) and max_positions > {first} (got "
                               f"{self.max_positions})")
+        if not self.causal_decoder and self.arch != "encoder_decoder":
+            raise ConfigError(f"causal_decoder=False makes a decoder bidirectional, but arch={self.arch!r} has no "
+                              "decoder; leave causal_decoder=True")
         if self.arch == "encoder_classifier" and self.num_classes < 2:
             raise ConfigError(f"arch='encoder_classifier' needs num_classes >= 2, got {self.num_classes}")
         if not 0 <= self.pad_id < self.src_vocab_size:

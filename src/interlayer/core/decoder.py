@@ -3,6 +3,11 @@
 Incremental decoding keeps a :class:`DecoderCache` (keys/values per layer); feeding one token at a time with a
 cache gives the same logits as the full forward pass (tested). Target padding needs no self-attention mask: with
 right padding, the causal mask already hides every padded position from every real one.
+
+``causal_decoder=False`` (config) makes the self-attention bidirectional: then the padded target positions are
+masked, and a layer whose self-attention mixes in the previous layer's logits (Predictive Attention) receives
+them, as in the encoder. :func:`run_decoder_layers` is that loop, shared with stacks that have no token table
+(MCAN's image stack).
 """
 from __future__ import annotations
 
@@ -40,15 +45,42 @@ class DecoderOutput:
     cross_attentions: list[Optional[AttentionIntermediates]]
 
 
+def decoder_layers(cfg: TransformerConfig, components: Components) -> nn.ModuleList:
+    """The ``dec_layers`` layers built from the components' decoder-side factories."""
+    return nn.ModuleList(
+        DecoderLayer(components.self_attention("decoder", i), components.cross_attention(i),
+                     components.ffn("decoder", i), cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
+                     eps=cfg.layer_norm_eps, bias=cfg.bias, causal=cfg.causal_decoder)
+        for i in range(cfg.dec_layers))
+
+
+def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor],
+                       memory_padding_mask: Optional[Tensor], cache: Optional[DecoderCache] = None,
+                       need_intermediates: bool = False
+                       ) -> tuple[Tensor, list[Optional[AttentionIntermediates]],
+                                  list[Optional[AttentionIntermediates]]]:
+    """Run the stack; each layer's self-attention logits go to the next layer when it mixes them in."""
+    self_attns, cross_attns = [], []
+    prev_logits: Optional[Tensor] = None
+    for i, layer in enumerate(layers):
+        wants = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
+        x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
+                                           memory_padding_mask=memory_padding_mask,
+                                           cache=cache.layers[i] if cache is not None else None,
+                                           need_intermediates=need_intermediates or wants, prev_logits=prev_logits)
+        prev_logits = self_inter.logits if self_inter is not None else None
+        self_attns.append(self_inter if need_intermediates else None)
+        cross_attns.append(cross_inter)
+    return x, self_attns, cross_attns
+
+
 class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, components: Components, tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed = InputEmbedding(cfg, tokens)
-        self.layers = nn.ModuleList(
-            DecoderLayer(components.self_attention("decoder", i), components.cross_attention(i),
-                         components.ffn("decoder", i), cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
-                         eps=cfg.layer_norm_eps, bias=cfg.bias)
-            for i in range(cfg.dec_layers))
+        self.pad_id = cfg.pad_id
+        self.causal = cfg.causal_decoder
+        self.layers = decoder_layers(cfg, components)
         self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
                            else None)
         self.output_projection = nn.Linear(cfg.d_model, tokens.num_embeddings, bias=False)
@@ -64,13 +96,9 @@ class Decoder(nn.Module):
                 cache: Optional[DecoderCache] = None, need_intermediates: bool = False) -> DecoderOutput:
         """``tokens`` (B, T): the whole shifted target, or with ``cache`` only the positions not yet seen."""
         x = self.embed(tokens, offset=cache.length if cache is not None else 0)
-        self_attns, cross_attns = [], []
-        for i, layer in enumerate(self.layers):
-            x, self_inter, cross_inter = layer(x, memory, memory_padding_mask=memory_padding_mask,
-                                               cache=cache.layers[i] if cache is not None else None,
-                                               need_intermediates=need_intermediates)
-            self_attns.append(self_inter)
-            cross_attns.append(cross_inter)
+        x, self_attns, cross_attns = run_decoder_layers(
+            self.layers, x, memory, self_padding_mask=None if self.causal else tokens.eq(self.pad_id),
+            memory_padding_mask=memory_padding_mask, cache=cache, need_intermediates=need_intermediates)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(logits=self.output_projection(x), hidden=x, self_attentions=self_attns,

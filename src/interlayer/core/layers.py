@@ -75,9 +75,14 @@ class DecoderLayerCache:
 
 
 class DecoderLayer(nn.Module):
+    """Self-attention, cross-attention to a memory, feed-forward. ``causal=False`` lets every position attend to
+    every other (a stack over a set that is not generated, e.g. MCAN's image regions); the self-attention then
+    needs ``self_padding_mask`` and may mix in the previous layer's logits (``prev_logits``), as in the encoder."""
+
     def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: nn.Module, d_model: int, *,
-                 dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
+                 dropout: float, norm_first: bool, eps: float, bias: bool = True, causal: bool = True) -> None:
         super().__init__()
+        self.causal = causal
         self.self_attn = self_attn
         self.cross_attn = cross_attn
         self.ffn = ffn
@@ -87,11 +92,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
-                need_intermediates: bool = False
+                need_intermediates: bool = False, prev_logits: Optional[Tensor] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
         attn_out, self_inter = self.self_attn(
-            self.attn_block.branch_input(x), key_padding_mask=self_padding_mask, causal=True,
-            need_intermediates=need_intermediates, cache=cache.self_attn if cache else None)
+            self.attn_block.branch_input(x), key_padding_mask=self_padding_mask, causal=self.causal,
+            prev_logits=prev_logits, need_intermediates=need_intermediates,
+            cache=cache.self_attn if cache else None)
         x = self.attn_block.combine(x, attn_out)
         cross_out, cross_inter = self.cross_attn(
             self.cross_block.branch_input(x), memory, key_padding_mask=memory_padding_mask,

@@ -52,7 +52,9 @@ Choices where the paper leaves room (each documented on its config field):
 * Decoder of an encoder-decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a
   causal map mixes in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries
   into earlier rows; the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer
-  architecture to the encoder").
+  architecture to the encoder"). A decoder built with ``causal_decoder=False`` attends both ways like an
+  encoder, so there ``sides`` may include ``"decoder"`` (its self-attention; cross-attention maps are ``Tq x Tk``
+  between two different sequences and never predicted): MCAN's image stack.
 * Causal language model (``arch="causal_lm"``; not in the paper): ``kernel="causal"``, the default there. Along
   the query axis the kernel sees only the current and the ``k - 1`` earlier rows (padding ``k - 1`` rows above,
   none below); along the key axis it stays centred. Before every convolution the masked upper triangle (key
@@ -131,9 +133,17 @@ class PredictiveConfig:
         if self.init not in INITS:
             raise ConfigError(f"predictive.init={self.init!r} is not valid; choose one of "
                               f"{', '.join(map(repr, INITS))}")
-        check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
-                     "and future queries' logits into visible positions (the PA paper uses the encoder only)")
-        if cfg.enc_layers < 2:
+        if cfg.causal_decoder:
+            check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
+                         "and future queries' logits into visible positions (the PA paper uses the encoder only); "
+                         "a decoder built with causal_decoder=False may take 'decoder'")
+        elif list(self.sides) not in (["encoder"], ["decoder"], ["encoder", "decoder"]):
+            raise ConfigError(f"predictive.sides={self.sides!r} is not valid; choose ['encoder'], ['decoder'] or "
+                              "['encoder', 'decoder'] (the decoder attends both ways: causal_decoder=False)")
+        if "decoder" in self.sides and cfg.dec_layers < 2:
+            raise ConfigError(f"predictive.sides includes 'decoder', which needs dec_layers >= 2, got "
+                              f"{cfg.dec_layers}: the first layer never predicts (PA Sec. 3.3)")
+        if "encoder" in self.sides and cfg.enc_layers < 2:
             raise ConfigError(f"predictive needs enc_layers >= 2, got {cfg.enc_layers}: the first layer never "
                               "predicts (PA Sec. 3.3), so with one layer the method would do nothing")
 
