@@ -101,6 +101,7 @@ class VQAData:
     valid_size: int = 1_000
     test_size: int = 1_000
     batch_size: int = 64  # questions per step (MCAN)
+    pavpu_samples: int = SAMPLES  # attention-weight samples per test question (Crossformer Sec. 3.2: 20)
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
@@ -109,11 +110,13 @@ class VQAData:
             raise ConfigError(f"data.dataset={self.dataset} is read from a folder: give --data-dir DIR (or "
                               "data.dir) holding the publisher's files")
         for key in ("feature_dim", "max_regions", "min_answer_count", "max_question_len", "train_size",
-                    "valid_size", "test_size", "batch_size"):
+                    "valid_size", "test_size", "batch_size", "pavpu_samples"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive number")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1")
+        if self.pavpu_samples < 2:
+            raise ConfigError(f"data.pavpu_samples={self.pavpu_samples}: the t-test needs at least 2 samples")
 
     def file(self, key: str) -> Path:
         name = getattr(self, key) or DEFAULT_FILES[self.dataset][FILE_KEYS.index(key)]
@@ -236,7 +239,7 @@ def region_images(data: VQAData, part: Literal["train", "test"], items: Sequence
     return RegionImages(store, data.max_regions)
 
 
-def test_split(data: VQAData, vocab: Vocab) -> Split:
+def load_test_split(data: VQAData, vocab: Vocab) -> Split:
     if data.dataset == "sort_of_clevr":
         items, images = sort_of_clevr_split(data, "test")
     else:
@@ -463,10 +466,11 @@ def finish(task: VQATask, run_dir: Path, state: Any, options: dict[str, Any]) ->
     """Score ``best/`` on the test split, clean and with noise of variance 1 (Crossformer Sec. 3.2); write
     ``test_report.txt`` and ``attention.png``."""
     model = load_pretrained(run_dir / "best", task.device)
-    split = test_split(task.data, task.vocab)
+    split = load_test_split(task.data, task.vocab)
     start = time.perf_counter()
-    clean = score(model, split, task.vocab, task.data.dataset, seed=task.train_cfg.seed)
-    noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, seed=task.train_cfg.seed)
+    kwargs = dict(samples=task.data.pavpu_samples, seed=task.train_cfg.seed)
+    clean = score(model, split, task.vocab, task.data.dataset, **kwargs)
+    noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
     noisy["noise_std"] = NOISE_STD
     seconds = time.perf_counter() - start
     (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
@@ -493,9 +497,9 @@ def evaluate(directory: Path, args: argparse.Namespace) -> str:
     noise = float(getattr(args, "noise_std", 0.0) or 0.0)
     if noise < 0:
         raise ConfigError(f"--noise-std {noise} must not be negative")
-    split = test_split(data, vocab)
-    clean = score(model, split, vocab, data.dataset)
-    noisy = score(model, split, vocab, data.dataset, noise_std=noise) if noise else None
+    split = load_test_split(data, vocab)
+    clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples)
+    noisy = score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples) if noise else None
     if noisy is not None:
         noisy["noise_std"] = noise
     return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
