@@ -74,7 +74,7 @@ def _vqa_folder(root):
                                                 ("How many cats?", "two"))):
                 qid = image * 10 + k
                 questions.append({"image_id": image, "question": text, "question_id": qid})
-                humans = [answer] * 7 + ["three"] * 3
+                humans = [answer] * 7 + ["no"] * 3
                 annotations.append({"question_id": qid, "image_id": image, "question_type": text.split()[0].lower(),
                                     "answer_type": "other", "multiple_choice_answer": answer,
                                     "answers": [{"answer": a, "answer_id": j} for j, a in enumerate(humans)]})
@@ -96,8 +96,18 @@ def test_train_on_vqa2_files(tmp_path):
     # normalised, min count 1, most frequent first: "2" is the label of 12 training questions, yes / no of 6
     assert (task_info["train_size"], task_info["valid_size"]) == (12, 4)  # 2 of 8 images held out
     assert set(results["test_per_type"]) == {"is", "how"}
-    # every test answer is right for 7 of 10 humans (1.0) or wrong ("three": 0.9 when predicted, never in vocab)
-    assert results["test_accuracy"] in (0.0, 25.0, 50.0, 75.0, 100.0)
+    # each test question scores 1.0 (its label, 7 of 10 humans), 0.9 ("no", 3 humans) or 0
+    possible = {round(25 * (right + 0.9 * partly), 6) for right in range(5) for partly in range(5 - right)}
+    assert round(results["test_accuracy"], 6) in possible
+
+
+def test_validation_holds_out_whole_images(tmp_path):
+    _vqa_folder(tmp_path)
+    task = VQATask(VQAData(dataset="vqa2", dir=str(tmp_path), feature_dim=4, min_answer_count=1,
+                           valid_fraction=0.25), TrainConfig())
+    train_images = {item.image for item in task.train_set.items}
+    valid_images = {item.image for item in task.valid_set.items}
+    assert len(valid_images) == 2 and len(train_images) == 6 and not train_images & valid_images
 
 
 def test_region_batches_are_padded(tmp_path):
@@ -191,7 +201,8 @@ def test_bce_on_soft_scores(tmp_path):
     loss, logs, n = task.loss(model_module, rows)
     target = torch.zeros(4, 3)
     for i, item in enumerate(task.train_set.items[:4]):
-        target[i, task.vocab.answer_index[item.label]] = 1.0  # 7 of 10 humans: min(0.3 * 7, 1)
+        target[i, task.vocab.answer_index["no"]] = 0.9  # 3 of 10 humans: 0.3 each
+        target[i, task.vocab.answer_index[item.label]] = 1.0  # 7 of 10 humans (10 for "no"): min(0.3 * 7, 1)
     manual = -(target * torch.log(torch.sigmoid(logits[:4])) + (1 - target) * torch.log(1 - torch.sigmoid(logits[:4])))
     assert logs["bce"] == pytest.approx(float(manual.sum(1).mean()), rel=1e-5)
     assert float(loss) == pytest.approx(logs["bce"] + 0.5, rel=1e-5) and logs["sg"] == 0.5 and n == 4
