@@ -122,3 +122,28 @@ def test_segments_and_inputs_embeds():
     torch.testing.assert_close(model(tokens).logits, model(tokens, segments=seg_b).logits)  # default: segment 0
     vectors = torch.randn(1, 4, 32)
     assert model(inputs_embeds=vectors, segments=seg_a).logits.shape == (1, 5)
+
+
+def test_a_bidirectional_decoder_sees_later_positions_but_not_padding():
+    """``causal_decoder=False``: position 0 depends on later targets; padded targets change nothing real."""
+    from interlayer import ConfigError
+
+    model = create_model("transformer_small", d_model=32, n_heads=4, d_ffn=64, enc_layers=1, dec_layers=2,
+                         src_vocab_size=50, dropout=0.0, causal_decoder=False).eval()
+    causal = create_model("transformer_small", d_model=32, n_heads=4, d_ffn=64, enc_layers=1, dec_layers=2,
+                          src_vocab_size=50, dropout=0.0).eval()
+    causal.load_state_dict(model.state_dict())
+    src, tgt = torch.randint(1, 50, (2, 6)), torch.randint(1, 50, (2, 5))
+    later = tgt.clone()
+    later[:, 3] = (tgt[:, 3] % 40) + 5
+    padded = tgt.clone()
+    padded[1, 3:] = 0
+    with torch.no_grad():
+        first = model(src, tgt).logits[:, 0]
+        assert not torch.allclose(model(src, later).logits[:, 0], first)
+        assert torch.equal(causal(src, later).logits[:, 0], causal(src, tgt).logits[:, 0])
+        out = model(src, padded).logits[1, :3]
+        with_other_rows = model(src[1:], padded[1:, :3]).logits[0]
+    torch.testing.assert_close(out, with_other_rows, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="causal_decoder=False"):
+        create_model("transformer_text_cls", causal_decoder=False)

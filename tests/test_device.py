@@ -34,9 +34,9 @@ def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
     if kind == "ImageClassifier":
         return (torch.ones(2, cfg.channels, cfg.image_height, cfg.image_width, device=device),), {}
     if kind == "MCAN":  # padding in the second question and, for region features, in the second image
-        question = torch.full((2, 12), 5, dtype=torch.long, device=device)
-        padding = torch.zeros(2, 12, dtype=torch.bool, device=device)
-        padding[1, 9:] = True
+        question = torch.full((2, 4), 5, dtype=torch.long, device=device)  # short: the LSTM loop is unrolled
+        padding = torch.zeros(2, 4, dtype=torch.bool, device=device)
+        padding[1, 3:] = True
         if cfg.image_input == "pixels":
             return (question, padding, torch.ones(2, cfg.image_channels, cfg.image_size, cfg.image_size,
                                                   device=device)), {}

@@ -364,3 +364,22 @@ def test_checkpoint_round_trip_keeps_shared_conv(tmp_path) -> None:
     assert one is two
     x = tokens()
     assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+def test_a_bidirectional_decoder_may_take_pa_and_chains_its_logits() -> None:
+    """``causal_decoder=False`` (MCAN's image stack): PA in decoder self-attention 2..L, fed layer 1's logits."""
+    model = create_model("pa_transformer_iwslt_de_en", d_model=32, n_heads=4, d_ffn=32, enc_layers=2, dec_layers=3,
+                         src_vocab_size=50, dropout=0.0, causal_decoder=False,
+                         predictive={"sides": ["decoder"], "alpha": 0.4}).eval()
+    layers = list(model.decoder.layers)
+    assert layers[0].self_attn.logit_mixer is None and all(l.self_attn.logit_mixer for l in layers[1:])
+    assert all(layer.self_attn.logit_mixer is None for layer in model.encoder.layers)
+    src, tgt = torch.randint(1, 50, (2, T)), torch.randint(1, 50, (2, 5))
+    with torch.no_grad():
+        out = model.decode(tgt, model.encode(src), need_intermediates=True)
+    for prev, now, layer in zip(out.self_attentions, out.self_attentions[1:], layers[1:]):
+        predicted = layer.self_attn.logit_mixer.predict(prev.logits, None)
+        torch.testing.assert_close(now.logits, 0.4 * predicted + 0.6 * now.extras["self"])
+    with pytest.raises(ConfigError, match="dec_layers >= 2"):
+        create_model("pa_transformer_iwslt_de_en", dec_layers=1, causal_decoder=False,
+                     predictive={"sides": ["decoder"]})

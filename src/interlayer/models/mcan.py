@@ -442,21 +442,22 @@ for _name, _row, _section, _params, _madds in LW_TABLE_ROWS:
 def get_mcan_config(name_or_config: Union[str, Path, MCANConfig, dict], **overrides: Any) -> MCANConfig:
     """A validated config from a preset name, a .json/.yaml file, a dict or a config, plus overrides (fields, or a
     section's keys as ``lightweight={"groups": 4}`` / ``lightweight__groups=4`` / ``**{"lightweight.groups": 4}``)."""
+    source = "config"
     if isinstance(name_or_config, MCANConfig):
         data = name_or_config.to_dict()
     elif isinstance(name_or_config, dict):
         data = copy.deepcopy(name_or_config)
     elif isinstance(name_or_config, str) and name_or_config in MCAN_PRESETS:
-        data = copy.deepcopy(MCAN_PRESETS[name_or_config][1])
+        data, source = copy.deepcopy(MCAN_PRESETS[name_or_config][1]), f"preset {name_or_config}"
     elif Path(name_or_config).suffix in (".json", ".yaml", ".yml"):
-        data = read_config_file(name_or_config)
+        data, source = read_config_file(name_or_config), str(name_or_config)
     else:
         close = difflib.get_close_matches(str(name_or_config), list(MCAN_PRESETS), n=3)
         raise ConfigError(f"unknown MCAN preset {name_or_config!r}" + (f"; did you mean {close}?" if close else "")
                           + f" (presets: {', '.join(MCAN_PRESETS)}; or a .json/.yaml config file)")
-    full = mcan_config_from_dict(data, source=str(name_or_config)).to_dict()
+    full = mcan_config_from_dict(data, source=source).to_dict()
     if not overrides:
-        return mcan_config_from_dict(full, source=str(name_or_config))
+        return mcan_config_from_dict(full, source=source)
     return mcan_config_from_dict(set_dotted(full, flatten_overrides(overrides), lambda key: key in SECTIONS),
                                  source="overrides")
 
