@@ -36,7 +36,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -358,4 +358,3 @@ def check_images(items: Sequence[VQAItem], store: FeatureStore, source: str) -> 
                             "features in the feature store")
 
 
-READERS: dict[str, Callable[..., list[VQAItem]]] = {"vqa2": read_vqa2, "clevr": read_clevr, "gqa": read_gqa}
