@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--src", help="translation: source file (default: the run's test source)")
     evaluate.add_argument("--ref", help="translation: reference file (default: the run's test target)")
     evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split); "
-                                         "language model: a UTF-8 text file (default: the run's valid and test)")
+                                         "language model: a UTF-8 text file (default: the run's valid and test); "
+                                         "vqa: the folder of the run's data set files")
+    evaluate.add_argument("--noise-std", type=float, default=0.0, metavar="STD",
+                          help="vqa: also score with Gaussian noise of this standard deviation on the image features "
+                               "(Crossformer Sec. 3.2: 1.0)")
     _add_device_arguments(evaluate, training=False)
     add_decode_arguments(evaluate)
 

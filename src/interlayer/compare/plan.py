@@ -122,6 +122,7 @@ def build_task(spec: TaskSpec, sets: dict[str, Any], max_minutes: Optional[float
 def typical_lengths(task: Any, model: Any) -> tuple[list[int], str]:
     """The lengths the MAdds column is counted at, by what the task holds (first match):
 
+    * the task's own ``madds_lengths()`` when it has one (VQA: a mean question and one image);
     * a graph (``task.graph``): the whole graph, ``(nodes, edges)``, GAT's ``madds`` arguments;
     * an image model (``model.config.tokens``): the tokens the encoder reads per image;
     * parallel text (``task.train_src``/``train_tgt``): the mean training source length and target length + 1
@@ -130,6 +131,9 @@ def typical_lengths(task: Any, model: Any) -> tuple[list[int], str]:
     * a language model (``task.data.block_size``): one training block;
     * otherwise 64 tokens.
     """
+    own = getattr(task, "madds_lengths", None)
+    if own is not None:
+        return own()
     graph = getattr(task, "graph", None)
     if graph is not None:
         return [graph.num_nodes, graph.num_edges], f"whole graph ({graph.num_nodes} nodes, {graph.num_edges} edges)"

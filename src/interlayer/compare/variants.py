@@ -80,9 +80,15 @@ class Variant:
 
 
 # -- the Transformer inside a config, whatever wraps it ----------------------------------------------------------
+def is_mcan(ctx: Context) -> bool:
+    """An MCAN config (``interlayer.models.mcan``): its method sections sit at the top, as a Transformer's do."""
+    return "image_input" in ctx.base and "layers" in ctx.base
+
+
 def encoder_fields(ctx: Context, method: str) -> dict[str, Any]:
-    """The Transformer fields of the base config: the config itself, or a vision model's ``encoder``."""
-    if "enc_layers" in ctx.base:
+    """The Transformer fields of the base config: the config itself, or a vision model's ``encoder``; an MCAN
+    config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections take the same keys."""
+    if "enc_layers" in ctx.base or is_mcan(ctx):
         return ctx.base
     if isinstance(ctx.base.get("encoder"), dict) and "enc_layers" in ctx.base["encoder"]:
         return ctx.base["encoder"]
@@ -138,6 +144,8 @@ def hard_permutation(n_layers: int) -> list[int]:
 
 def _multipass(connection: str) -> Callable[[Context], dict]:
     def overrides(ctx: Context) -> dict[str, Any]:
+        if is_mcan(ctx):
+            raise VariantError("MPT has no MCAN form: the papers put MCAN only under LW, Crossformer and PA")
         fields = encoder_fields(ctx, "MPT")
         out: dict[str, Any] = {"multipass.passes": 2, "multipass.connection": connection}
         if connection == "hard":

@@ -1,0 +1,542 @@
+"""Visual question answering with MCAN (Yu et al. 2019): ``interlayer train vqa --dataset sort_of_clevr|vqa2|clevr|gqa``.
+
+The setting of LW-Transformer Sec. IV (MCAN on VQA2.0, GQA, CLEVR) and Crossformer Sec. 3.2 / App. A.2 (a
+four-layer MCAN on VQA-v2, clean and noisy, with PAvPU); the model is :mod:`interlayer.models.mcan`.
+
+* **Data.** ``sort_of_clevr`` (default) is generated here (:mod:`interlayer.data.sort_of_clevr`: 10,000 / 1,000 /
+  1,000 questions from release seed 0); its 75 x 75 pixels go to MCAN's CNN stem, trained end to end
+  (``image_input="pixels"``), scaled to [0, 1] as in Santoro et al.'s code. ``vqa2``, ``clevr`` and ``gqa`` are read
+  from ``--data-dir`` in their publishers' formats with precomputed region features
+  (:mod:`interlayer.data.vqa_formats`). The training file is split by image into training and validation
+  (``valid_fraction``, fixed ``split_seed``); the test split is the official validation set for VQA v2 and CLEVR
+  (whose test answers are not public; Crossformer App. A.2 evaluates on VQA v2 val too) and test-dev for GQA.
+* **Training.** Sigmoid outputs and binary cross-entropy on soft scores (MCAN; Teney et al. 2018): an answer's
+  target is its official VQA accuracy, 0.3 per agreeing annotator up to 1 (one-hot for the single-answer sets),
+  summed over the answers and averaged over the questions. MCAN's recipe: Adam (0.9, 0.98), batch 64, learning
+  rate ``min(2.5e-5 * epoch, 1e-4)`` then x0.2 every 2 epochs after epoch 10, 13 epochs; here a linear warm-up and
+  decay (``train.*``) stand in for the epoch-wise steps.
+* **Evaluation** (:func:`score`): accuracy (VQA v2: the official VQA accuracy) overall and per question type
+  (Sort-of-CLEVR: also relational / non-relational), and PAvPU from 20 passes with attention dropout on
+  (:mod:`.vqa_metrics`; ``model.mc_attention``: Monte-Carlo dropout of the attention weights is the sampling of
+  attention weights a deterministic-attention model offers, Fan et al.'s stochastic attention being a different
+  model). ``noise_std`` adds Gaussian noise (mean 0, variance ``noise_std^2``, Crossformer Sec. 3.2: variance 1)
+  to the region features where MCAN projects them to ``d_model``: the input features, or for pixels the CNN
+  stem's output cells (the "image features" MCAN's attention reads), never the pixels; drawn once per question, the
+  same in all 21 passes. ``finish`` scores the test split clean and with noise 1.0 and draws ``attention.png``: a
+  test image, its question and answers, and MCAN's attention over the image regions.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from ..accounting import count_madds, count_parameters
+from ..checkpoint import load_pretrained
+from ..config import dataclass_from_dict
+from ..core.config import ConfigError
+from ..data import sort_of_clevr as soc
+from ..data.text import DataError
+from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
+                                open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
+from ..fileio import read_json
+from ..models.mcan import MCANConfig, get_mcan_config, mcan_from_dict
+from ..tables import format_table
+from ..training.config import TrainConfig
+from ..training.device import module_device, move
+from .base import TaskSpec
+from .vqa_metrics import PAvPU, SAMPLES, by_type, certainty, soft_scores, vqa_accuracy
+
+TASK_NAME = "vqa"
+Dataset = Literal["sort_of_clevr", "vqa2", "clevr", "gqa"]
+DATASETS = ("sort_of_clevr", "vqa2", "clevr", "gqa")
+SPECIALS = ("<pad>", "<unk>")
+PAD, UNK = 0, 1
+EVAL_BATCH = 256
+NOISE_STD = 1.0  # Crossformer Sec. 3.2: Gaussian noise of mean 0 and variance 1
+# The publishers' file names inside --data-dir: (train questions, train annotations, test questions, test
+# annotations, train features, test features); annotations only for VQA v2.
+DEFAULT_FILES: dict[str, tuple[str, str, str, str, str, str]] = {
+    "vqa2": ("v2_OpenEnded_mscoco_train2014_questions.json", "v2_mscoco_train2014_annotations.json",
+             "v2_OpenEnded_mscoco_val2014_questions.json", "v2_mscoco_val2014_annotations.json", "train2014",
+             "val2014"),
+    "clevr": ("questions/CLEVR_train_questions.json", "", "questions/CLEVR_val_questions.json", "",
+              "train_features.h5", "val_features.h5"),
+    "gqa": ("train_balanced_questions.json", "", "testdev_balanced_questions.json", "", "features", "features"),
+}
+FILE_KEYS = ("train_questions", "train_annotations", "test_questions", "test_annotations", "train_features",
+             "test_features")
+
+
+@dataclass
+class VQAData:
+    """Which data set, where, and how it is batched (``--set data.KEY=VALUE``)."""
+
+    dataset: Dataset = "sort_of_clevr"
+    dir: str = ""  # vqa2 / clevr / gqa: the folder holding the files below
+    train_questions: str = ""  # file names inside ``dir`` (or full paths); empty: the publisher's name
+    train_annotations: str = ""
+    test_questions: str = ""
+    test_annotations: str = ""
+    train_features: str = ""  # a folder of .npz, a .tsv, or one .npz/.h5 array file
+    test_features: str = ""
+    feature_dim: int = 2048  # size of a region feature (bottom-up attention: 2048; CLEVR's ResNet-101 grid: 1024)
+    max_regions: int = 100  # regions kept per image (bottom-up attention: 10-100)
+    min_answer_count: int = 9  # answers seen this often in training form the vocabulary (VQA v2: 3,129)
+    max_question_len: int = 14  # words (MCAN)
+    valid_fraction: float = 0.05  # share of the training images held out for validation (path data sets)
+    split_seed: int = 0
+    release_seed: int = 0  # Sort-of-CLEVR: the release (another seed is another data set)
+    train_size: int = 10_000  # Sort-of-CLEVR questions per split
+    valid_size: int = 1_000
+    test_size: int = 1_000
+    batch_size: int = 64  # questions per step (MCAN)
+    pavpu_samples: int = SAMPLES  # attention-weight samples per test question (Crossformer Sec. 3.2: 20)
+
+    def validate(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"data.dataset={self.dataset!r} is not valid; choose one of {', '.join(DATASETS)}")
+        if self.dataset != "sort_of_clevr" and not self.dir:
+            raise ConfigError(f"data.dataset={self.dataset} is read from a folder: give --data-dir DIR (or "
+                              "data.dir) holding the publisher's files")
+        for key in ("feature_dim", "max_regions", "min_answer_count", "max_question_len", "train_size",
+                    "valid_size", "test_size", "batch_size", "pavpu_samples"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive number")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1")
+        if self.pavpu_samples < 2:
+            raise ConfigError(f"data.pavpu_samples={self.pavpu_samples}: the t-test needs at least 2 samples")
+
+    def file(self, key: str) -> Path:
+        name = getattr(self, key) or DEFAULT_FILES[self.dataset][FILE_KEYS.index(key)]
+        path = Path(self.dir) / name
+        if not path.exists():
+            raise DataError(f"{path}: no such file or folder; set data.{key} to the {key.replace('_', ' ')} of "
+                            f"{self.dataset}")
+        return path
+
+
+# -- splits ---------------------------------------------------------------------------------------------------
+@dataclass
+class Vocab:
+    words: list[str]
+    answers: list[str]
+    word_index: dict[str, int] = field(init=False)
+    answer_index: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.word_index = {w: i for i, w in enumerate(self.words)}
+        self.answer_index = {a: i for i, a in enumerate(self.answers)}
+
+
+class PixelImages:
+    """Sort-of-CLEVR: uint8 images in memory, read as floats in [0, 1]."""
+
+    def __init__(self, images: np.ndarray) -> None:
+        self.images = torch.from_numpy(images)
+
+    def batch(self, keys: Sequence[str]) -> tuple[Tensor, Optional[Tensor]]:
+        return self.images[[int(k) for k in keys]].float().div_(255.0), None
+
+    def picture(self, key: str) -> np.ndarray:
+        return self.images[int(key)].permute(1, 2, 0).numpy()
+
+
+class RegionImages:
+    """Region features from a store, padded to the batch's most regions (at most ``max_regions``)."""
+
+    def __init__(self, store: FeatureStore, max_regions: int) -> None:
+        self.store, self.max_regions = store, max_regions
+
+    def batch(self, keys: Sequence[str]) -> tuple[Tensor, Optional[Tensor]]:
+        arrays = [self.store[k][:self.max_regions] for k in keys]
+        regions = max(len(a) for a in arrays)
+        features = torch.zeros(len(arrays), regions, arrays[0].shape[1])
+        padding = torch.ones(len(arrays), regions, dtype=torch.bool)
+        for i, array in enumerate(arrays):
+            features[i, :len(array)] = torch.from_numpy(array)
+            padding[i, :len(array)] = False
+        return features, padding
+
+    def picture(self, key: str) -> None:
+        return None
+
+
+@dataclass
+class Split:
+    items: list[VQAItem]
+    questions: Tensor  # (N, max_question_len) word ids, PAD after the question
+    targets: list[dict[int, float]]  # soft scores by answer index
+    images: Any  # PixelImages | RegionImages
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def inputs(self, rows: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """(question, question_padding, image, image_padding) of ``rows`` as MCAN reads them."""
+        question = self.questions[list(rows)]
+        image, image_padding = self.images.batch([self.items[r].image for r in rows])
+        return question, question.eq(PAD), image, image_padding
+
+    def target_matrix(self, rows: Sequence[int], num_answers: int) -> Tensor:
+        target = torch.zeros(len(rows), num_answers)
+        for i, r in enumerate(rows):
+            for answer, value in self.targets[r].items():
+                target[i, answer] = value
+        return target
+
+
+def make_split(items: list[VQAItem], images: Any, vocab: Vocab, max_len: int, dataset: str) -> Split:
+    questions = torch.full((len(items), max_len), PAD, dtype=torch.long)
+    for i, item in enumerate(items):
+        ids = [vocab.word_index.get(w, UNK) for w in tokenize_question(item.question)][:max_len]
+        if not ids:
+            raise DataError(f"{dataset}: question {item.question_id} has no words: {item.question!r}")
+        questions[i, :len(ids)] = torch.tensor(ids)
+    return Split(items, questions, [soft_scores(item.answers, vocab.answer_index) for item in items], images)
+
+
+def sort_of_clevr_split(data: VQAData, split: Literal["train", "valid", "test"]) -> tuple[list[VQAItem], Any]:
+    size = {"train": data.train_size, "valid": data.valid_size, "test": data.test_size}[split]
+    made = soc.generate(size, data.release_seed, split)
+    items = [VQAItem(f"{split}-{i}", str(int(made.image_index[i])), q, [soc.ANSWERS[a]], soc.ANSWERS[a], kind)
+             for i, (q, a, kind) in enumerate(zip(made.questions, made.answers, made.kinds))]
+    return items, PixelImages(made.images)
+
+
+def read_items(data: VQAData, part: Literal["train", "test"]) -> list[VQAItem]:
+    questions = data.file(f"{part}_questions")
+    if data.dataset == "vqa2":
+        return read_vqa2(questions, data.file(f"{part}_annotations"))
+    return read_clevr(questions) if data.dataset == "clevr" else read_gqa(questions)
+
+
+def held_out(items: list[VQAItem], fraction: float, seed: int) -> tuple[list[VQAItem], list[VQAItem]]:
+    """(train, valid): the questions of a random ``fraction`` of the images go to validation."""
+    images = sorted({item.image for item in items})
+    rng = np.random.RandomState(seed)
+    valid_images = set(rng.permutation(images)[:max(1, int(round(fraction * len(images))))].tolist())
+    train = [item for item in items if item.image not in valid_images]
+    if not train:
+        raise DataError(f"data.valid_fraction={fraction} of {len(images)} images leaves none for training")
+    return train, [item for item in items if item.image in valid_images]
+
+
+def region_images(data: VQAData, part: Literal["train", "test"], items: Sequence[VQAItem]) -> RegionImages:
+    store = open_features(data.file(f"{part}_features"), data.feature_dim)
+    check_images(items, store, str(data.file(f"{part}_questions")))
+    return RegionImages(store, data.max_regions)
+
+
+def load_test_split(data: VQAData, vocab: Vocab) -> Split:
+    if data.dataset == "sort_of_clevr":
+        items, images = sort_of_clevr_split(data, "test")
+    else:
+        items = read_items(data, "test")
+        images = region_images(data, "test", items)
+    return make_split(items, images, vocab, data.max_question_len, data.dataset)
+
+
+# -- scoring --------------------------------------------------------------------------------------------------
+def item_scores(items: Sequence[VQAItem], predicted: Sequence[str], dataset: str) -> np.ndarray:
+    """Per question 0..1: the official VQA accuracy (VQA v2) or whether the answer is right."""
+    if dataset == "vqa2":
+        return np.array([vqa_accuracy(p, item.answers) for item, p in zip(items, predicted)])
+    return np.array([float(normalize_answer(p) == item.label) for item, p in zip(items, predicted)])
+
+
+def accurate(items: Sequence[VQAItem], predicted: Sequence[str], dataset: str) -> np.ndarray:
+    """PAvPU's "accurate": right (single answer), or on VQA v2 fully right, min(#humans / 3, 1) = 1: at least 3 of
+    the 10 humans gave the answer (the metric's own notion of a correct answer)."""
+    if dataset == "vqa2":
+        return np.array([sum(normalize_answer(a) == normalize_answer(p) for a in item.answers) >= 3
+                         for item, p in zip(items, predicted)])
+    return item_scores(items, predicted, dataset) == 1.0
+
+
+@contextlib.contextmanager
+def image_noise(model: nn.Module, std: float, seed: int) -> Iterator[Callable[[], None]]:
+    """Gaussian noise of ``std`` on the region features MCAN projects to ``d_model`` (the input features, or the
+    pixel stem's cells), where ``MCAN.forward(feature_noise=...)`` adds it, but drawn once per batch from a
+    generator seeded with ``seed``: yields ``next_batch()``, to call before each batch's passes, so the 21 passes
+    of one batch (deterministic and MC) read the same noisy features (``feature_noise`` draws anew per call)."""
+    generator = torch.Generator().manual_seed(seed)
+    state: dict[str, Optional[Tensor]] = {"noise": None}
+
+    def add_noise(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        (features,) = args
+        if state["noise"] is None:
+            state["noise"] = (torch.randn(features.shape, generator=generator) * std).to(features.device)
+        return (features + state["noise"].to(features.dtype),)
+
+    def next_batch() -> None:
+        state["noise"] = None
+
+    handle = model.image_proj.register_forward_pre_hook(add_noise) if std else None
+    try:
+        yield next_batch
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@torch.no_grad()
+def score(model: nn.Module, split: Split, vocab: Vocab, dataset: str, *, noise_std: float = 0.0,
+          samples: int = SAMPLES, seed: int = 0, batch_size: int = EVAL_BATCH) -> dict[str, Any]:
+    """Accuracy (percent) overall, per question type and (Sort-of-CLEVR) relational / non-relational; the BCE;
+    the predictions and region attention of the deterministic model; PAvPU from ``samples`` passes with attention
+    dropout on (0: none)."""
+    model.eval()
+    device = module_device(model)
+    predicted: list[int] = []
+    attention: list[Tensor] = []
+    bce = 0.0
+    pavpu = PAvPU()
+    samples = samples if model.config.attn_dropout > 0 else 0  # nothing to sample without attention dropout
+    with image_noise(model, noise_std, seed) as next_batch, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(split), batch_size):
+            rows = range(start, min(start + batch_size, len(split)))
+            question, question_padding, image, image_padding = move(split.inputs(rows), device)
+            next_batch()
+            output = model(question, question_padding, image, image_padding)
+            logits = output.logits.float()
+            bce += float(F.binary_cross_entropy_with_logits(
+                logits, split.target_matrix(rows, len(vocab.answers)).to(device), reduction="sum"))
+            predicted += logits.argmax(-1).tolist()
+            attention += list(output.region_attention.float().cpu())
+            if samples:
+                model.mc_attention(True)
+                try:
+                    probs = torch.stack([torch.sigmoid(model(question, question_padding, image, image_padding)
+                                                       .logits.float()).cpu() for _ in range(samples)])
+                finally:
+                    model.mc_attention(False)
+                choice, certain = certainty(probs.numpy())
+                pavpu.add(accurate([split.items[r] for r in rows], [vocab.answers[c] for c in choice], dataset),
+                          certain)
+    answers = [vocab.answers[p] for p in predicted]
+    scores = item_scores(split.items, answers, dataset)
+    types = [item.question_type for item in split.items]
+    metrics: dict[str, Any] = {"accuracy": 100.0 * float(scores.mean()), "bce": bce / len(split),
+                               "per_type": by_type(scores, types), "predicted": answers, "attention": attention}
+    if dataset == "sort_of_clevr":
+        relational = np.array([t in soc.RELATIONAL for t in types])
+        metrics["accuracy_relational"] = 100.0 * float(scores[relational].mean())
+        metrics["accuracy_non_relational"] = 100.0 * float(scores[~relational].mean())
+    if samples:
+        metrics["pavpu"] = pavpu.value
+        metrics["pavpu_counts"] = asdict(pavpu)
+    return metrics
+
+
+SUMMARY_KEYS = ("accuracy", "accuracy_relational", "accuracy_non_relational", "pavpu")
+
+
+def format_report(clean: dict[str, Any], noisy: Optional[dict[str, Any]], source: str) -> str:
+    """The metrics as a table (clean, and with noise when scored), then accuracy per question type."""
+    columns = [("clean", clean)] + ([(f"noise std {noisy['noise_std']}", noisy)] if noisy else [])
+    rows = [[key] + [f"{m[key]:.2f}" if key in m else "–" for _, m in columns] for key in SUMMARY_KEYS
+            if key in clean]
+    types = [[kind] + [f"{m['per_type'].get(kind, 0.0):.2f}" for _, m in columns] for kind in clean["per_type"]]
+    parts = [f"VQA metrics (percent) on {source}", format_table(["metric"] + [c for c, _ in columns], rows)]
+    if types:
+        parts.append("accuracy per question type\n" + format_table(["type"] + [c for c, _ in columns], types))
+    return "\n\n".join(parts)
+
+
+def attention_picture(split: Split, index: int, metrics: dict[str, Any], path: Path) -> Path:
+    """A test image (pixels; region-feature data sets have none: a bar chart of the regions then) with MCAN's
+    attention over its regions (the image AttFlat weights) and the question, answer and prediction."""
+    item = split.items[index]
+    weights = metrics["attention"][index].numpy()
+    image = split.images.picture(item.image)
+    fig = Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
+    left, right = fig.subplots(1, 2)
+    side = int(round(np.sqrt(len(weights))))
+    if image is not None and side * side == len(weights):
+        left.imshow(image)
+        left.set_title("image")
+        right.imshow(image)
+        right.imshow(weights.reshape(side, side), cmap="inferno", alpha=0.6, interpolation="nearest",
+                     extent=(0, image.shape[1], image.shape[0], 0))
+        right.set_title(f"attention over the {side} x {side} grid")
+    else:
+        left.axis("off")
+        right.bar(np.arange(len(weights)), weights)
+        right.set_xlabel("region")
+        right.set_title("attention over the regions")
+    if image is not None:
+        for axis in (left, right):
+            axis.set_xticks([])
+            axis.set_yticks([])
+    fig.suptitle(f"Q: {item.question}\nanswer: {item.label}   predicted: {metrics['predicted'][index]}", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+# -- the task -------------------------------------------------------------------------------------------------
+class VQATask:
+    device = torch.device("cpu")
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, data: VQAData, train: TrainConfig) -> None:
+        data.validate()
+        self.data, self.train_cfg = data, train
+        if data.dataset == "sort_of_clevr":
+            self.vocab = Vocab(list(SPECIALS) + list(soc.WORDS), list(soc.ANSWERS))
+            parts = {name: sort_of_clevr_split(data, name) for name in ("train", "valid")}
+        else:
+            items = read_items(data, "train")
+            train_items, valid_items = held_out(items, data.valid_fraction, data.split_seed)
+            self.vocab = Vocab(word_vocabulary(train_items, SPECIALS),
+                               answer_vocabulary(train_items, data.min_answer_count))
+            images = region_images(data, "train", items)
+            parts = {"train": (train_items, images), "valid": (valid_items, images)}
+        self.train_set, self.valid_set = (make_split(items, images, self.vocab, data.max_question_len, data.dataset)
+                                          for items, images in parts.values())
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """The test metrics beside accuracy in a comparison's table."""
+        split = ("accuracy_relational", "accuracy_non_relational") if self.data.dataset == "sort_of_clevr" else ()
+        return split + ("pavpu", "noisy_accuracy") + tuple(f"noisy_{k}" for k in split) + ("noisy_pavpu",)
+
+    def model_fields(self) -> dict[str, Any]:
+        pixels = self.data.dataset == "sort_of_clevr"
+        fields = {"vocab_size": len(self.vocab.words), "num_answers": len(self.vocab.answers),
+                  "max_question_len": self.data.max_question_len, "pad_id": PAD}
+        if pixels:  # the RN's stem: 24 channels (Santoro et al. 2017), over 75 x 75 RGB
+            return {**fields, "image_input": "pixels", "feature_dim": 24, "image_size": soc.IMAGE_SIZE,
+                    "image_channels": 3}
+        return {**fields, "image_input": "features", "feature_dim": self.data.feature_dim,
+                "max_regions": self.data.max_regions}
+
+    def madds_lengths(self) -> tuple[list[int], str]:
+        """The MAdds column's lengths: the mean training question (MCAN's ``madds(question_len)``)."""
+        length = round(float(self.train_set.questions.ne(PAD).sum(1).float().mean()))
+        return [length], f"mean training question of {length} words, one image"
+
+    def train_batches(self, epoch: int, seed: int) -> list[Tensor]:
+        generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        return list(torch.randperm(len(self.train_set), generator=generator).split(self.data.batch_size))
+
+    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, float], int]:
+        rows = batch.tolist()
+        device = module_device(model)
+        output = model(*move(self.train_set.inputs(rows), device))
+        target = self.train_set.target_matrix(rows, len(self.vocab.answers)).to(device)
+        logits = output.logits.float()
+        bce = F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(rows)
+        total = bce
+        logs = {"bce": float(bce.detach())}
+        for name, value in output.aux_losses.items():
+            total = total + value
+            logs[name] = float(value.detach())
+        logs["loss"] = float(total.detach())
+        logs["score"] = 100.0 * float(target.gather(1, logits.argmax(-1, keepdim=True)).mean())
+        return total, logs, len(rows)
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        metrics = score(model, self.valid_set, self.vocab, self.data.dataset, samples=0)
+        return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+    def save_assets(self, directory: Path) -> None:
+        directory = Path(directory)
+        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
+        (directory / "task.json").write_text(json.dumps({
+            "task": TASK_NAME, "dataset": self.data.dataset, "words": self.vocab.words,
+            "answers": self.vocab.answers, "train_size": len(self.train_set), "valid_size": len(self.valid_set)}))
+
+
+def finish(task: VQATask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Score ``best/`` on the test split, clean and with noise of variance 1 (Crossformer Sec. 3.2); write
+    ``test_report.txt`` and ``attention.png``."""
+    model = load_pretrained(run_dir / "best", task.device)
+    split = load_test_split(task.data, task.vocab)
+    start = time.perf_counter()
+    kwargs = dict(samples=task.data.pavpu_samples, seed=task.train_cfg.seed)
+    clean = score(model, split, task.vocab, task.data.dataset, **kwargs)
+    noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
+    noisy["noise_std"] = NOISE_STD
+    seconds = time.perf_counter() - start
+    (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
+    attention_picture(split, 0, clean, run_dir / "attention.png")
+    results: dict[str, Any] = {f"test_{k}": v for k, v in clean.items() if isinstance(v, (float, dict))
+                               and k != "pavpu_counts"}
+    results.update({f"test_noisy_{k}": v for k, v in noisy.items() if isinstance(v, float) and k != "noise_std"})
+    results.update(test_pavpu_counts=clean["pavpu_counts"], test_noisy_pavpu_counts=noisy["pavpu_counts"],
+                   test_report="test_report.txt", attention_picture="attention.png", test_seconds=seconds,
+                   parameters=count_parameters(model), madds_per_question=count_madds(model, *task.madds_lengths()[0]))
+    return results
+
+
+def evaluate(directory: Path, args: argparse.Namespace) -> str:
+    """``interlayer evaluate`` for VQA: the run's test split (``--data DIR``: the same files in another folder),
+    clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features."""
+    directory = Path(directory)
+    data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
+    info = read_json(directory / "task.json", DataError)
+    if args.data:
+        data.dir = args.data
+    vocab = Vocab(info["words"], info["answers"])
+    model = load_pretrained(directory, getattr(args, "device", None))
+    noise = float(getattr(args, "noise_std", 0.0) or 0.0)
+    if noise < 0:
+        raise ConfigError(f"--noise-std {noise} must not be negative")
+    split = load_test_split(data, vocab)
+    clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples)
+    noisy = score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples) if noise else None
+    if noisy is not None:
+        noisy["noise_std"] = noise
+    return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
+
+
+def resolve_model(preset: str, model_sets: dict[str, Any], task: VQATask) -> MCANConfig:
+    """An MCAN preset (or config file) with the fields the data decides, then the user's overrides."""
+    return get_mcan_config(get_mcan_config(preset, **task.model_fields()), **model_sets)
+
+
+def _make_task(data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:
+    """Nothing to reload on resume: vocabularies and splits are recomputed from the data and its seeds."""
+    return VQATask(data, train)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", choices=DATASETS,
+                        help="sort_of_clevr (default; generated here) or a data set read from --data-dir; same as "
+                             "--set data.dataset=NAME")
+    parser.add_argument("--data-dir", metavar="PATH", help="folder of the vqa2 / clevr / gqa files (docs/vqa.md); "
+                                                           "same as --set data.dir=PATH")
+
+
+def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+    keys = {"data.dataset": args.dataset, "data.dir": args.data_dir}
+    return {key: value for key, value in keys.items() if value}, {}
+
+
+# MCAN's recipe (Yu et al. 2019; Crossformer App. A.2): Adam (0.9, 0.98), base lr 1e-4 for batches of 64, 13
+# epochs; a linear warm-up over 5% of the steps and a linear decay stand in for the epoch-wise warm-up and steps.
+TRAIN_DEFAULTS: dict[str, Any] = dict(lr=1e-4, betas=[0.9, 0.98], schedule="linear", warmup_steps=0,
+                                      warmup_fraction=0.05, weight_decay=0.0, label_smoothing=0.0, clip_norm=0.0, max_epochs=13, patience=0, keep_last=1,
+                                      average_last=0, log_interval=50)
+
+SPEC = TaskSpec(name=TASK_NAME,
+                description="visual question answering with MCAN (default: Sort-of-CLEVR, generated; VQA v2, CLEVR, "
+                            "GQA with --dataset and --data-dir)",
+                default_preset="mcan_4layer", data_class=VQAData, make_task=_make_task, finish=finish,
+                train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
+                evaluate=evaluate, resolve_model=resolve_model, model_from_dict=mcan_from_dict)
