@@ -14,7 +14,7 @@ from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpe
 from interlayer.training.config import TrainConfig
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation"]
+TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
 
 
 def test_every_named_subclass_is_a_task_and_family_bases_are_not():

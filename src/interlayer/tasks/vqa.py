@@ -1,4 +1,5 @@
-"""Visual question answering with MCAN (Yu et al. 2019): ``interlayer train vqa --dataset sort_of_clevr|vqa2|clevr|gqa``.
+"""Visual question answering with MCAN (Yu et al. 2019):
+``interlayer train vqa --dataset sort_of_clevr|vqa2|clevr|gqa``.
 
 The setting of LW-Transformer Sec. IV (MCAN on VQA2.0, GQA, CLEVR) and Crossformer Sec. 3.2 / App. A.2 (a
 four-layer MCAN on VQA-v2, clean and noisy, with PAvPU); the model is :mod:`interlayer.models.mcan`.
@@ -33,7 +34,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence, get_args
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ from torch import Tensor, nn
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
 from ..config import dataclass_from_dict
-from ..core.config import ConfigError
+from ..core.config import ConfigError, check_choices
 from ..data import sort_of_clevr as soc
 from ..data.text import DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
@@ -59,7 +60,7 @@ from .vqa_metrics import PAvPU, SAMPLES, by_type, certainty, soft_scores, vqa_ac
 
 TASK_NAME = "vqa"
 Dataset = Literal["sort_of_clevr", "vqa2", "clevr", "gqa"]
-DATASETS = ("sort_of_clevr", "vqa2", "clevr", "gqa")
+DATASETS: tuple[str, ...] = get_args(Dataset)
 SPECIALS = ("<pad>", "<unk>")
 PAD, UNK = 0, 1
 EVAL_BATCH = 256
@@ -104,8 +105,7 @@ class VQAData:
     pavpu_samples: int = SAMPLES  # attention-weight samples per test question (Crossformer Sec. 3.2: 20)
 
     def validate(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ConfigError(f"data.dataset={self.dataset!r} is not valid; choose one of {', '.join(DATASETS)}")
+        check_choices(self, "data.")
         if self.dataset != "sort_of_clevr" and not self.dir:
             raise ConfigError(f"data.dataset={self.dataset} is read from a folder: give --data-dir DIR (or "
                               "data.dir) holding the publisher's files")
@@ -462,81 +462,82 @@ class VQATask:
             "answers": self.vocab.answers, "train_size": len(self.train_set), "valid_size": len(self.valid_set)}))
 
 
-def finish(task: VQATask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Score ``best/`` on the test split, clean and with noise of variance 1 (Crossformer Sec. 3.2); write
-    ``test_report.txt`` and ``attention.png``."""
-    model = load_pretrained(run_dir / "best", task.device)
-    split = load_test_split(task.data, task.vocab)
-    start = time.perf_counter()
-    kwargs = dict(samples=task.data.pavpu_samples, seed=task.train_cfg.seed)
-    clean = score(model, split, task.vocab, task.data.dataset, **kwargs)
-    noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
-    noisy["noise_std"] = NOISE_STD
-    seconds = time.perf_counter() - start
-    (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
-    attention_picture(split, 0, clean, run_dir / "attention.png")
-    results: dict[str, Any] = {f"test_{k}": v for k, v in clean.items() if isinstance(v, (float, dict))
-                               and k != "pavpu_counts"}
-    results.update({f"test_noisy_{k}": v for k, v in noisy.items() if isinstance(v, float) and k != "noise_std"})
-    results.update(test_pavpu_counts=clean["pavpu_counts"], test_noisy_pavpu_counts=noisy["pavpu_counts"],
-                   test_report="test_report.txt", attention_picture="attention.png", test_seconds=seconds,
-                   parameters=count_parameters(model), madds_per_question=count_madds(model, *task.madds_lengths()[0]))
-    return results
-
-
-def evaluate(directory: Path, args: argparse.Namespace) -> str:
-    """``interlayer evaluate`` for VQA: the run's test split (``--data DIR``: the same files in another folder),
-    clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features."""
-    directory = Path(directory)
-    data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
-    info = read_json(directory / "task.json", DataError)
-    if args.data:
-        data.dir = args.data
-    vocab = Vocab(info["words"], info["answers"])
-    model = load_pretrained(directory, getattr(args, "device", None))
-    noise = float(getattr(args, "noise_std", 0.0) or 0.0)
-    if noise < 0:
-        raise ConfigError(f"--noise-std {noise} must not be negative")
-    split = load_test_split(data, vocab)
-    clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples)
-    noisy = score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples) if noise else None
-    if noisy is not None:
-        noisy["noise_std"] = noise
-    return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
-
-
-def resolve_model(preset: str, model_sets: dict[str, Any], task: VQATask) -> MCANConfig:
-    """An MCAN preset (or config file) with the fields the data decides, then the user's overrides."""
-    return get_mcan_config(get_mcan_config(preset, **task.model_fields()), **model_sets)
-
-
-def _make_task(data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:
-    """Nothing to reload on resume: vocabularies and splits are recomputed from the data and its seeds."""
-    return VQATask(data, train)
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", choices=DATASETS,
-                        help="sort_of_clevr (default; generated here) or a data set read from --data-dir; same as "
-                             "--set data.dataset=NAME")
-    parser.add_argument("--data-dir", metavar="PATH", help="folder of the vqa2 / clevr / gqa files (docs/vqa.md); "
-                                                           "same as --set data.dir=PATH")
-
-
-def _options(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
-    keys = {"data.dataset": args.dataset, "data.dir": args.data_dir}
-    return {key: value for key, value in keys.items() if value}, {}
-
-
 # MCAN's recipe (Yu et al. 2019; Crossformer App. A.2): Adam (0.9, 0.98), base lr 1e-4 for batches of 64, 13
 # epochs; a linear warm-up over 5% of the steps and a linear decay stand in for the epoch-wise warm-up and steps.
 TRAIN_DEFAULTS: dict[str, Any] = dict(lr=1e-4, betas=[0.9, 0.98], schedule="linear", warmup_steps=0,
-                                      warmup_fraction=0.05, weight_decay=0.0, label_smoothing=0.0, clip_norm=0.0, max_epochs=13, patience=0, keep_last=1,
-                                      average_last=0, log_interval=50)
+                                      warmup_fraction=0.05, weight_decay=0.0, label_smoothing=0.0, clip_norm=0.0,
+                                      max_epochs=13, patience=0, keep_last=1, average_last=0, log_interval=50)
 
-SPEC = TaskSpec(name=TASK_NAME,
-                description="visual question answering with MCAN (default: Sort-of-CLEVR, generated; VQA v2, CLEVR, "
-                            "GQA with --dataset and --data-dir)",
-                default_preset="mcan_4layer", data_class=VQAData, make_task=_make_task, finish=finish,
-                train_defaults=TRAIN_DEFAULTS, add_arguments=_add_arguments, options_from_args=_options,
-                evaluate=evaluate, resolve_model=resolve_model, model_from_dict=mcan_from_dict)
+class VQASpec(TaskSpec):
+    """Visual question answering with MCAN: BCE on soft scores, VQA accuracy, PAvPU, clean and noisy features."""
+
+    name = TASK_NAME
+    description = ("visual question answering with MCAN (default: Sort-of-CLEVR, generated; VQA v2, CLEVR, GQA with "
+                   "--dataset and --data-dir)")
+    default_preset = "mcan_4layer"
+    data_class = VQAData
+    train_defaults = TRAIN_DEFAULTS
+
+    def finish(self, task: VQATask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """Score ``best/`` on the test split, clean and with noise of variance 1 (Crossformer Sec. 3.2); write
+        ``test_report.txt`` and ``attention.png``."""
+        model = load_pretrained(run_dir / "best", task.device)
+        split = load_test_split(task.data, task.vocab)
+        start = time.perf_counter()
+        kwargs = dict(samples=task.data.pavpu_samples, seed=task.train_cfg.seed)
+        clean = score(model, split, task.vocab, task.data.dataset, **kwargs)
+        noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
+        noisy["noise_std"] = NOISE_STD
+        seconds = time.perf_counter() - start
+        (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
+        attention_picture(split, 0, clean, run_dir / "attention.png")
+        results: dict[str, Any] = {f"test_{k}": v for k, v in clean.items() if isinstance(v, (float, dict))
+                                   and k != "pavpu_counts"}
+        results.update({f"test_noisy_{k}": v for k, v in noisy.items() if isinstance(v, float) and k != "noise_std"})
+        results.update(test_pavpu_counts=clean["pavpu_counts"], test_noisy_pavpu_counts=noisy["pavpu_counts"],
+                       test_report="test_report.txt", attention_picture="attention.png", test_seconds=seconds,
+                       parameters=count_parameters(model), madds_per_question=count_madds(model, *task.madds_lengths()[0]))
+        return results
+
+    def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
+        """``interlayer evaluate`` for VQA: the run's test split (``--data DIR``: the same files in another folder),
+        clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features."""
+        directory = Path(directory)
+        data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
+        info = read_json(directory / "task.json", DataError)
+        if args.data:
+            data.dir = args.data
+        vocab = Vocab(info["words"], info["answers"])
+        model = load_pretrained(directory, getattr(args, "device", None))
+        noise = float(getattr(args, "noise_std", 0.0) or 0.0)
+        if noise < 0:
+            raise ConfigError(f"--noise-std {noise} must not be negative")
+        split = load_test_split(data, vocab)
+        clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples)
+        noisy = (score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples) if noise
+                 else None)
+        if noisy is not None:
+            noisy["noise_std"] = noise
+        return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
+
+    def resolve_model(self, preset: str, model_sets: dict[str, Any], task: VQATask) -> MCANConfig:
+        """An MCAN preset (or config file) with the fields the data decides, then the user's overrides."""
+        return get_mcan_config(get_mcan_config(preset, **task.model_fields()), **model_sets)
+
+    def make_task(self, data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:
+        """Nothing to reload on resume: vocabularies and splits are recomputed from the data and its seeds."""
+        return VQATask(data, train)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dataset", choices=DATASETS,
+                            help="sort_of_clevr (default; generated here) or a data set read from --data-dir; "
+                                 "same as --set data.dataset=NAME")
+        parser.add_argument("--data-dir", metavar="PATH",
+                            help="folder of the vqa2 / clevr / gqa files (docs/vqa.md); same as --set data.dir=PATH")
+
+    def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
+        keys = {"data.dataset": args.dataset, "data.dir": args.data_dir}
+        return {key: value for key, value in keys.items() if value}, {}
+
+    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
+        return mcan_from_dict(data)
