@@ -251,6 +251,27 @@ def roberta_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TEXTS = ["the film is good", " Hello wörld, a dull plot!", "he said <mask> the man runs", "x" * 40]
 
 
+def test_saved_tokenizers_keep_their_length_cap_and_no_baked_in_truncation(roberta_folder: Path,
+                                                                           tmp_path: Path) -> None:
+    """Both tokenizers write through PretrainedTokenizer._write_files: the cap is ``model_max_length`` in
+    tokenizer_config.json (transformers truncates to it), and tokenizer.json carries no truncation of its own."""
+    from interlayer.pretrained.wordpiece import WordPieceTokenizer
+    from test_pretrained import tiny_state, write_bert
+
+    bert = write_bert(tmp_path / "bert", tiny_state())
+    for name, tokenizer in [("bpe", BPETokenizer.from_pretrained(roberta_folder, max_length=9)),
+                            ("wordpiece", WordPieceTokenizer.from_pretrained(bert, max_length=7))]:
+        tokenizer.encode("the cat " * 20)  # truncation on the backend while encoding must not reach the file
+        directory = tmp_path / name
+        paths = tokenizer.save_pretrained(directory)
+        assert [p.name for p in paths][-3:] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+        settings = json.loads((directory / "tokenizer_config.json").read_text())
+        assert settings["model_max_length"] == tokenizer.max_length
+        assert json.loads((directory / "tokenizer.json").read_text())["truncation"] is None
+        theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+        assert len(theirs("the cat " * 20, truncation=True)["input_ids"]) == tokenizer.max_length
+
+
 @pytest.mark.parametrize("files", ["vocab_and_merges", "tokenizer_json", "saved"])
 def test_bpe_tokenizer_ids_equal_transformers(roberta_folder: Path, tmp_path: Path, files: str) -> None:
     directory = roberta_folder
@@ -571,3 +592,20 @@ def test_from_pretrained_fetches_other_names_from_the_hub(folders: dict[str, Pat
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(CheckpointError, match="needs the optional package huggingface_hub"):
         ImageClassifier.from_pretrained("someone/tiny-vit")
+
+
+def test_fine_tuning_configs_refuse_a_checkpoint_of_another_kind_and_pooling(tmp_path: Path) -> None:
+    """The image and language-model fine-tuning configs take only their own kind of checkpoint, naming it and
+    where the checkpoint does fit, and refuse a pooling setting (the checkpoint's head decides it)."""
+    from interlayer.pretrained.finetune import lm_finetune_config, vision_finetune_config
+    from test_pretrained import tiny_state, write_bert
+
+    bert = write_bert(tmp_path / "bert", tiny_state())
+    with pytest.raises(PretrainedError, match=r"holds a .*BERT.*, not an image model: fine-tune it on a text task"):
+        vision_finetune_config(bert, 10, [1, 28, 28], {})
+    with pytest.raises(PretrainedError, match=r"not a language model: fine-tune it on a classification task"):
+        lm_finetune_config(bert, {})
+    with pytest.raises(ConfigError, match=r"pooling='mean': a pretrained ViT classifies from its CLS token"):
+        vision_finetune_config(bert, 10, [1, 28, 28], {"pooling": "mean"})
+    with pytest.raises(ConfigError, match=r"pooling='mean': a language model has no pooling"):
+        lm_finetune_config(bert, {"pooling": "mean"})

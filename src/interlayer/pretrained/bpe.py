@@ -101,17 +101,9 @@ class BPETokenizer(PretrainedTokenizer):
         settings: dict[str, Any] = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": self.add_prefix_space,
                                     "trim_offsets": self.trim_offsets, "errors": "replace",
                                     "added_tokens_decoder": added, **self.special_tokens}
-        if self.max_length is not None:
-            settings["model_max_length"] = self.max_length
-        self._backend.no_truncation()
-        files = {BPE_VOCAB_FILE: json.dumps(self.vocab, ensure_ascii=False) + "\n",
-                 BPE_MERGES_FILE: "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges),
-                 TOKENIZER_FILE: self._backend.to_str(),
-                 TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
-                 SPECIAL_TOKENS_FILE: json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n"}
-        for name, text in files.items():
-            (directory / name).write_text(text, encoding="utf-8")
-        return [directory / name for name in files]
+        return self._write_files(directory, {
+            BPE_VOCAB_FILE: json.dumps(self.vocab, ensure_ascii=False) + "\n",
+            BPE_MERGES_FILE: "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self.merges)}, settings)
 
 
 def byte_level_backend(vocab: dict[str, int], merges: Sequence[tuple[str, str]], add_prefix_space: bool

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
 from ..core.config import ConfigError
@@ -169,17 +169,26 @@ def finetune_config(directory: Path, num_classes: int, model_sets: dict[str, Any
     return model.config
 
 
+def _checkpoint_of_kind(directory: Path, keywords: dict[str, Any], fits: Callable[[Any], bool], kind: str,
+                        elsewhere: str, no_pooling: str) -> Any:
+    """The checkpoint of ``directory`` when its family ``fits`` the task (else the error names ``kind`` and where
+    to fine-tune it instead); ``pooling`` is refused, with ``no_pooling`` as the reason."""
+    if "pooling" in keywords:
+        raise ConfigError(f"pooling={keywords['pooling']!r}: {no_pooling}")
+    checkpoint = read_checkpoint(directory)
+    if not fits(checkpoint.family):
+        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not {kind}: fine-tune it on "
+                              f"{elsewhere}")
+    return checkpoint
+
+
 def vision_finetune_config(directory: Path, num_classes: int, input_size: list[int], model_sets: dict[str, Any]
                            ) -> VisionConfig:
     """The image model config of a fine-tuning run on a ViT checkpoint: the task's classes, ``input_size`` (the
     task's ``[channels, height, width]``), the ``--set`` sections and dropouts; checked by a complete import."""
     keywords, sections, overrides = split_model_sets(model_sets)
-    if "pooling" in keywords:
-        raise ConfigError(f"pooling={keywords['pooling']!r}: a pretrained ViT classifies from its CLS token")
-    checkpoint = read_checkpoint(directory)
-    if checkpoint.family.modality != "image":
-        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not an image model: fine-tune it on a "
-                              "text task")
+    checkpoint = _checkpoint_of_kind(directory, keywords, lambda family: family.modality == "image", "an image model",
+                                     "a text task", "a pretrained ViT classifies from its CLS token")
     options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size)
     from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
     return model_config(checkpoint, **options)
@@ -202,11 +211,7 @@ def lm_finetune_config(directory: Path, model_sets: dict[str, Any]) -> ModelConf
     """The model config of a language-model fine-tuning run: the GPT-2's, with the ``--set`` method sections
     (e.g. ``predictive.alpha_warmup_steps=100``) and dropouts; checked by a complete import."""
     keywords, sections, overrides = split_model_sets(model_sets)
-    if "pooling" in keywords:
-        raise ConfigError(f"pooling={keywords['pooling']!r}: a language model has no pooling")
-    checkpoint = read_checkpoint(directory)
-    if checkpoint.family.arch != "causal_lm":
-        raise PretrainedError(f"{directory} holds a {checkpoint.family.title}, not a language model: fine-tune it on "
-                              "a classification task")
+    checkpoint = _checkpoint_of_kind(directory, keywords, lambda family: family.arch == "causal_lm",
+                                     "a language model", "a classification task", "a language model has no pooling")
     return from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)),
                            extra_sections=sections, overrides=overrides).config

@@ -90,6 +90,21 @@ class PretrainedTokenizer(ABC):
     def save_pretrained(self, directory: Union[str, Path]) -> list[Path]:
         """Write files ``transformers.AutoTokenizer`` loads with the same ids."""
 
+    def _write_files(self, directory: Path, vocabulary_files: dict[str, str], settings: dict[str, Any]
+                     ) -> list[Path]:
+        """Write ``vocabulary_files`` (name -> text), then ``tokenizer.json``, ``tokenizer_config.json`` (``settings``
+        plus ``model_max_length`` when capped) and ``special_tokens_map.json``; the backend is saved untruncated,
+        because truncation is applied per call here and a saved limit would shorten what ``transformers`` reads."""
+        if self.max_length is not None:
+            settings = {**settings, "model_max_length": self.max_length}
+        self._backend.no_truncation()
+        files = {**vocabulary_files, TOKENIZER_FILE: self._backend.to_str(),
+                 TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
+                 SPECIAL_TOKENS_FILE: json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n"}
+        for name, text in files.items():
+            (directory / name).write_text(text, encoding="utf-8")
+        return [directory / name for name in files]
+
     @property
     @abstractmethod
     def tokens(self) -> list[str]:

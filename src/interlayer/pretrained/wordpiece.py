@@ -21,7 +21,6 @@ Choices, each matching what ``transformers`` does so that ids are identical:
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -114,16 +113,7 @@ class WordPieceTokenizer(PretrainedTokenizer):
         settings: dict[str, Any] = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
                                     "strip_accents": self.strip_accents,
                                     "tokenize_chinese_chars": self.tokenize_chinese_chars, **self.special_tokens}
-        if self.max_length is not None:
-            settings["model_max_length"] = self.max_length
-        self._backend.no_truncation()
-        files = {VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens),
-                 TOKENIZER_FILE: self._backend.to_str(),
-                 TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
-                 SPECIAL_TOKENS_FILE: json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n"}
-        for name, text in files.items():
-            (directory / name).write_text(text, encoding="utf-8")
-        return [directory / name for name in files]
+        return self._write_files(directory, {VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens)}, settings)
 
 
 def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
