@@ -49,6 +49,8 @@ def test_images_and_answers_follow_the_pixels():
             continue
         checked += 1
         shape = "rectangle" if count == 121 else "circle"
+        assert soc.SHAPES[data.shapes[data.image_index[i], colour]] == shape
+        assert tuple(data.centres[data.image_index[i], colour]) == (x, y)
         expected = {"shape": shape, "left": "yes" if x < 37.5 else "no", "top": "yes" if y < 37.5 else "no"}
         if kind in expected:
             assert soc.ANSWERS[answer] == expected[kind], (i, question)
@@ -66,6 +68,32 @@ def test_relational_answers_by_hand():
     assert name("furthest", 2) == "rectangle"  # red at 84.9
     assert name("count", 0) == "2" and name("count", 1) == "4"
     assert name("left", 4) == "no" and name("top", 5) == "yes" and name("shape", 3) == "rectangle"
+
+
+def test_object_regions_are_the_objects_windows_and_centres():
+    """Each image's six regions: exactly its objects' 11 x 11 windows (read back from the pixels: the window's
+    centre pixel has the object's colour) and box centres, in an order of their own that is the same on every call
+    and differs between images; no region sits at its colour's index in every image."""
+    data = soc.generate(200, 0, "valid")
+    features = soc.object_features(data)
+    assert features.shape == (100, 6, soc.OBJECT_FEATURE_DIM) == (100, 6, 365) and features.dtype == np.float32
+    assert np.array_equal(features, soc.object_features(data))
+    side = 2 * soc.OBJECT_SIZE + 1
+    orders = []
+    for i in range(len(data.images)):
+        order = []
+        for row in features[i]:
+            x, y = np.rint((row[-2:] + 1.0) / 2.0 * (soc.IMAGE_SIZE - 1)).astype(int)
+            window = data.images[i, :, y - 5:y + 6, x - 5:x + 6].reshape(-1) / 255.0
+            assert np.allclose(row[:-2], window)
+            colour = next(c for c in range(6) if (data.centres[i, c] == (x, y)).all())
+            centre_pixel = row[:-2].reshape(3, side, side)[:, 5, 5] * 255
+            assert any(np.allclose(centre_pixel, soc.RGB[c]) for c in range(colour, 6))  # or a later colour on top
+            order.append(colour)
+        assert sorted(order) == list(range(6))
+        orders.append(order)
+    assert len({tuple(o) for o in orders}) > 50
+    assert not any(all(o[c] == c for o in orders) for c in range(6))
 
 
 def test_vocabulary_covers_the_questions():

@@ -52,6 +52,27 @@ def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys):
     assert f"{results['test_accuracy']:.2f}" in report.split("accuracy ")[1].split("\n")[0]
 
 
+def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
+    """``data.image_features=objects``: MCAN reads six 365-d regions (no stem), noise goes onto those features,
+    the checkpoint's evaluation rebuilds the same regions, and the option is refused for the path data sets."""
+    run = tmp_path / "run"
+    assert main(["train", "vqa", "--run-dir", str(run), "--no-progress",
+                 *_sets(TINY_MODEL + TINY_SOC[:-1] + ["data.image_features=objects"])]) == 0
+    config = json.loads((run / "best" / "config.json").read_text())
+    assert (config["image_input"], config["feature_dim"], config["max_regions"]) == ("features", 365, 6)
+    results = json.loads((run / "results.json").read_text())
+    assert (run / "attention.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run / "best")]) == 0
+    assert f"{results['test_accuracy']:.2f}" in capsys.readouterr().out.split("accuracy ")[1].split("\n")[0]
+    assert main(["train", "vqa", "--dataset", "vqa2", "--data-dir", str(tmp_path), "--run-dir", str(tmp_path / "r"),
+                 "--set", "data.image_features=objects"]) == 2
+    assert "data.image_features=objects" in capsys.readouterr().err
+    assert main(["train", "vqa", "--run-dir", str(tmp_path / "r2"), "--set", "data.image_features=objects",
+                 "--set", "feature_dim=24"]) == 2
+    assert "feature_dim=24" in capsys.readouterr().err
+
+
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main(["train", "vqa", "--dataset", "vqa2", "--run-dir", str(tmp_path / "r")]) == 2
     assert "--data-dir" in capsys.readouterr().err

@@ -24,6 +24,13 @@ arithmetic (a pixel belongs to a circle when its distance to the centre is at mo
 anti-aliasing-free raster, which differs on a few boundary pixels. Each split has its own random stream
 (``numpy.random.default_rng([seed, split])``), so the test set does not change when the training size does;
 ``tests/test_vqa_data.py`` pins a checksum of the first items, so the release cannot drift.
+
+**Object regions** (:func:`object_features`): besides the pixels, each image can be read as its six objects, the
+way MCAN reads VQA v2 through a detector's bottom-up-attention regions: one region per object, its feature the
+object's 11 x 11 RGB window (what a perfect detector's box holds, neighbours' pixels included where objects
+touch), scaled to [0, 1], with the box centre in [-1, 1] appended: ``3 * 11 * 11 + 2 = 365`` values. The regions
+of an image are in a random order of their own (``default_rng([seed, split, 1])``), as a detector's are: MCAN has
+no region positions and is invariant to that order, but another model must not find the colour by its index.
 """
 from __future__ import annotations
 
@@ -70,6 +77,10 @@ class SortOfClevr:
     answers: np.ndarray  # (N,) int64 index into ANSWERS
     kinds: list[str]  # a key of TEMPLATES
     relational: np.ndarray  # (N,) bool
+    centres: np.ndarray  # (N_images, 6, 2) int64 (x, y) pixel centres, in the order of COLOURS
+    shapes: np.ndarray  # (N_images, 6) int64: 0 square, 1 circle, in the order of COLOURS
+    split: Literal["train", "valid", "test"]
+    seed: int
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -119,10 +130,13 @@ def generate(size: int, seed: int, split: Literal["train", "valid", "test"]) -> 
     rng = np.random.default_rng([seed, SPLITS[split]])
     n_images = (size + 1) // 2
     images = np.empty((n_images, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
+    all_centres = np.empty((n_images, len(COLOURS), 2), dtype=np.int64)
+    all_shapes = np.empty((n_images, len(COLOURS)), dtype=np.int64)
     image_index, questions, answers, kinds, relational = [], [], [], [], []
     for i in range(n_images):
         centres, shapes = place_objects(rng)
         images[i] = draw(centres, shapes)
+        all_centres[i], all_shapes[i] = centres, shapes
         for group, is_relational in ((NON_RELATIONAL, False), (RELATIONAL, True)):
             if len(questions) == size:
                 break
@@ -134,7 +148,26 @@ def generate(size: int, seed: int, split: Literal["train", "valid", "test"]) -> 
             kinds.append(kind)
             relational.append(is_relational)
     return SortOfClevr(images, np.array(image_index, dtype=np.int64), questions, np.array(answers, dtype=np.int64),
-                       kinds, np.array(relational, dtype=bool))
+                       kinds, np.array(relational, dtype=bool), all_centres, all_shapes, split, seed)
+
+
+OBJECT_FEATURE_DIM = 3 * (2 * OBJECT_SIZE + 1) ** 2 + 2
+
+
+def object_features(data: SortOfClevr) -> np.ndarray:
+    """The images as object regions (module docstring): float32 ``(N_images, 6, 365)``, each row an object's
+    11 x 11 RGB window in [0, 1] (channel, row, column order) and its centre (x, y) in [-1, 1]; the six rows of
+    an image in a random order drawn from ``default_rng([seed, split, 1])``, the same for every call."""
+    rng = np.random.default_rng([data.seed, SPLITS[data.split], 1])
+    n_images, n_objects = data.centres.shape[:2]
+    features = np.empty((n_images, n_objects, OBJECT_FEATURE_DIM), dtype=np.float32)
+    for i in range(n_images):
+        for row, colour in enumerate(rng.permutation(n_objects)):
+            x, y = data.centres[i, colour]
+            window = data.images[i, :, y - OBJECT_SIZE:y + OBJECT_SIZE + 1, x - OBJECT_SIZE:x + OBJECT_SIZE + 1]
+            features[i, row, :-2] = window.reshape(-1) / 255.0
+            features[i, row, -2:] = data.centres[i, colour] / (IMAGE_SIZE - 1) * 2.0 - 1.0
+    return features
 
 
 def checksum(data: SortOfClevr, count: int) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
 from torch import nn
 
 from ..accounting import count_parameters
@@ -209,7 +210,8 @@ def model_catalog(length: int = 64, names: Optional[Sequence[str]] = None) -> st
         for name in list_models(family=kind.name):
             if wanted and name not in wanted:
                 continue
-            model = create_model(name)
+            with torch.device("meta"):  # shapes are all the table needs: no memory, no initialisation
+                model = create_model(name)
             rows.append([name, f"{count_parameters(model):,}", human(kind.madds(name, model, length))])
         if rows:
             parts.append(f"{kind.title} (tasks: {kind.tasks})\n\n"

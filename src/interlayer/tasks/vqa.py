@@ -6,7 +6,9 @@ four-layer MCAN on VQA-v2, clean and noisy, with PAvPU); the model is :mod:`inte
 
 * **Data.** ``sort_of_clevr`` (default) is generated here (:mod:`interlayer.data.sort_of_clevr`: 10,000 / 1,000 /
   1,000 questions from release seed 0); its 75 x 75 pixels go to MCAN's CNN stem, trained end to end
-  (``image_input="pixels"``), scaled to [0, 1] as in Santoro et al.'s code. ``vqa2``, ``clevr`` and ``gqa`` are read
+  (``image_input="pixels"``), scaled to [0, 1] as in Santoro et al.'s code, or with ``data.image_features=objects``
+  each image is its six object regions (window and centre, as a perfect detector's boxes), read as region
+  features like VQA v2's. ``vqa2``, ``clevr`` and ``gqa`` are read
   from ``--data-dir`` in their publishers' formats with precomputed region features
   (:mod:`interlayer.data.vqa_formats`). The training file is split by image into training and validation
   (``valid_fraction``, fixed ``split_seed``); the test split is the official validation set for VQA v2 and CLEVR
@@ -61,6 +63,7 @@ from .vqa_metrics import PAvPU, SAMPLES, by_type, certainty, soft_scores, vqa_ac
 TASK_NAME = "vqa"
 Dataset = Literal["sort_of_clevr", "vqa2", "clevr", "gqa"]
 DATASETS: tuple[str, ...] = get_args(Dataset)
+SortOfClevrImages = Literal["pixels", "objects"]
 SPECIALS = ("<pad>", "<unk>")
 PAD, UNK = 0, 1
 EVAL_BATCH = 256
@@ -102,10 +105,16 @@ class VQAData:
     valid_size: int = 1_000
     test_size: int = 1_000
     batch_size: int = 64  # questions per step (MCAN)
+    # Sort-of-CLEVR's images as MCAN reads them: "pixels" through the RN's CNN stem, trained end to end, or
+    # "objects": one region per object (its 11 x 11 window and centre), as a perfect detector's regions
+    image_features: SortOfClevrImages = "pixels"
     pavpu_samples: int = SAMPLES  # attention-weight samples per test question (Crossformer Sec. 3.2: 20)
 
     def validate(self) -> None:
         check_choices(self, "data.")
+        if self.dataset != "sort_of_clevr" and self.image_features != "pixels":
+            raise ConfigError(f"data.image_features={self.image_features} chooses how Sort-of-CLEVR's images are read; "
+                              f"{self.dataset} is read from its region-feature files: leave it at 'pixels'")
         if self.dataset != "sort_of_clevr" and not self.dir:
             raise ConfigError(f"data.dataset={self.dataset} is read from a folder: give --data-dir DIR (or "
                               "data.dir) holding the publisher's files")
@@ -151,6 +160,22 @@ class PixelImages:
 
     def picture(self, key: str) -> np.ndarray:
         return self.images[int(key)].permute(1, 2, 0).numpy()
+
+
+class ObjectImages(PixelImages):
+    """Sort-of-CLEVR as object regions (:func:`~interlayer.data.sort_of_clevr.object_features`), six per image,
+    none padded; the pixels are kept for the attention picture, the centres to mark each region on it."""
+
+    def __init__(self, made: soc.SortOfClevr) -> None:
+        super().__init__(made.images)
+        self.features = torch.from_numpy(soc.object_features(made))
+
+    def batch(self, keys: Sequence[str]) -> tuple[Tensor, Optional[Tensor]]:
+        return self.features[[int(k) for k in keys]], None
+
+    def region_centres(self, key: str) -> np.ndarray:
+        """(6, 2) pixel centres (x, y) of the image's regions, in their row order."""
+        return (self.features[int(key), :, -2:].numpy() + 1.0) / 2.0 * (soc.IMAGE_SIZE - 1)
 
 
 class RegionImages:
@@ -212,7 +237,7 @@ def sort_of_clevr_split(data: VQAData, split: Literal["train", "valid", "test"])
     made = soc.generate(size, data.release_seed, split)
     items = [VQAItem(f"{split}-{i}", str(int(made.image_index[i])), q, [soc.ANSWERS[a]], soc.ANSWERS[a], kind)
              for i, (q, a, kind) in enumerate(zip(made.questions, made.answers, made.kinds))]
-    return items, PixelImages(made.images)
+    return items, ObjectImages(made) if data.image_features == "objects" else PixelImages(made.images)
 
 
 def read_items(data: VQAData, part: Literal["train", "test"]) -> list[VQAItem]:
@@ -357,15 +382,25 @@ def format_report(clean: dict[str, Any], noisy: Optional[dict[str, Any]], source
 
 
 def attention_picture(split: Split, index: int, metrics: dict[str, Any], path: Path) -> Path:
-    """A test image (pixels; region-feature data sets have none: a bar chart of the regions then) with MCAN's
-    attention over its regions (the image AttFlat weights) and the question, answer and prediction."""
+    """A test image with MCAN's attention over its regions (the image AttFlat weights: over the grid cells, or
+    circles on Sort-of-CLEVR's object regions; region-feature data sets have no pixels here: a bar chart), and the
+    question, answer and prediction."""
     item = split.items[index]
     weights = metrics["attention"][index].numpy()
     image = split.images.picture(item.image)
     fig = Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
     left, right = fig.subplots(1, 2)
     side = int(round(np.sqrt(len(weights))))
-    if image is not None and side * side == len(weights):
+    if image is not None and hasattr(split.images, "region_centres"):
+        left.imshow(image)
+        left.set_title("image")
+        right.imshow(image)
+        xs, ys = split.images.region_centres(item.image).T
+        right.scatter(xs, ys, s=2000 * weights, facecolors="none", edgecolors="black", linewidths=2)
+        for x, y, w in zip(xs, ys, weights):
+            right.annotate(f"{w:.2f}", (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+        right.set_title("attention over the object regions")
+    elif image is not None and side * side == len(weights):
         left.imshow(image)
         left.set_title("image")
         right.imshow(image)
@@ -416,10 +451,13 @@ class VQATask:
         return split + ("pavpu", "noisy_accuracy") + tuple(f"noisy_{k}" for k in split) + ("noisy_pavpu",)
 
     def model_fields(self) -> dict[str, Any]:
-        pixels = self.data.dataset == "sort_of_clevr"
+        sort_of_clevr = self.data.dataset == "sort_of_clevr"
         fields = {"vocab_size": len(self.vocab.words), "num_answers": len(self.vocab.answers),
                   "max_question_len": self.data.max_question_len, "pad_id": PAD}
-        if pixels:  # the RN's stem: 24 channels (Santoro et al. 2017), over 75 x 75 RGB
+        if sort_of_clevr and self.data.image_features == "objects":
+            return {**fields, "image_input": "features", "feature_dim": soc.OBJECT_FEATURE_DIM,
+                    "max_regions": len(soc.COLOURS)}
+        if sort_of_clevr:  # the RN's stem: 24 channels (Santoro et al. 2017), over 75 x 75 RGB
             return {**fields, "image_input": "pixels", "feature_dim": 24, "image_size": soc.IMAGE_SIZE,
                     "image_channels": 3}
         return {**fields, "image_input": "features", "feature_dim": self.data.feature_dim,
@@ -496,7 +534,8 @@ class VQASpec(TaskSpec):
         results.update({f"test_noisy_{k}": v for k, v in noisy.items() if isinstance(v, float) and k != "noise_std"})
         results.update(test_pavpu_counts=clean["pavpu_counts"], test_noisy_pavpu_counts=noisy["pavpu_counts"],
                        test_report="test_report.txt", attention_picture="attention.png", test_seconds=seconds,
-                       parameters=count_parameters(model), madds_per_question=count_madds(model, *task.madds_lengths()[0]))
+                       parameters=count_parameters(model),
+                       madds_per_question=count_madds(model, *task.madds_lengths()[0]))
         return results
 
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
@@ -521,8 +560,17 @@ class VQASpec(TaskSpec):
         return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
 
     def resolve_model(self, preset: str, model_sets: dict[str, Any], task: VQATask) -> MCANConfig:
-        """An MCAN preset (or config file) with the fields the data decides, then the user's overrides."""
-        return get_mcan_config(get_mcan_config(preset, **task.model_fields()), **model_sets)
+        """An MCAN preset (or config file) with the fields the data decides, then the user's overrides; region
+        features fix the input width, so an override of it is refused here rather than at the first batch."""
+        fields = task.model_fields()
+        config = get_mcan_config(get_mcan_config(preset, **fields), **model_sets)
+        if fields["image_input"] == "features":
+            for key in ("image_input", "feature_dim"):
+                if getattr(config, key) != fields[key]:
+                    raise ConfigError(f"{key}={getattr(config, key)}: this data gives region features of "
+                                      f"{fields['feature_dim']} values (image_input='features'); drop the override"
+                                      " (VQA v2 / CLEVR / GQA: set data.feature_dim to the files' width)")
+        return config
 
     def make_task(self, data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:
         """Nothing to reload on resume: vocabularies and splits are recomputed from the data and its seeds."""
