@@ -314,6 +314,31 @@ def test_feature_noise_is_gaussian_noise_on_the_region_features():
         torch.manual_seed(5)
         by_hand = model(question, question_padding, image + torch.randn_like(image), image_padding).logits
     torch.testing.assert_close(noisy, by_hand)
+    noise = torch.randn(model.region_feature_shape(image))  # a given noise tensor is added as it is
+    with torch.no_grad():
+        given = model(question, question_padding, image, image_padding, feature_noise=noise).logits
+        by_hand = model(question, question_padding, image + noise, image_padding).logits
+    torch.testing.assert_close(given, by_hand)
+    with pytest.raises(ValueError, match="region_feature_shape"):
+        model(question, question_padding, image, image_padding, feature_noise=noise[:, :1])
+
+
+def test_feature_noise_on_pixels_goes_onto_the_stem_cells():
+    """For pixels the noise tensor has the cells' shape (B, 25, channels + 2) and is added to the stem's output."""
+    model = tiny(image_input="pixels", feature_dim=6).eval()
+    question, question_padding = batch()[:2]
+    images = torch.rand(3, 3, 75, 75)
+    noise = torch.randn(model.region_feature_shape(images))
+    assert noise.shape == (3, 25, 8)
+    with torch.no_grad():
+        given = model(question, question_padding, images, feature_noise=noise).logits
+        cells = model.stem(images) + noise
+        handle = model.stem.register_forward_hook(lambda module, args, output: cells)
+        try:
+            by_hand = model(question, question_padding, images).logits
+        finally:
+            handle.remove()
+    torch.testing.assert_close(given, by_hand)
 
 
 def test_pixels_make_a_grid_of_coordinate_tagged_cells():

@@ -1,6 +1,7 @@
 """The ``vqa`` task: training and evaluating MCAN from the command line on a tiny Sort-of-CLEVR and on VQA v2 files,
 the BCE on soft scores, the fixed noise of the noisy evaluation, PAvPU through ``score``, and the MCAN variants of
 ``compare``. Models are tiny (d_model 16, one layer) and data sets a few dozen questions."""
+import collections
 import json
 import types
 
@@ -16,7 +17,8 @@ from interlayer.data import sort_of_clevr as soc
 from interlayer.data.vqa_formats import open_features
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
-from interlayer.tasks.vqa import (PAD, RegionImages, VQAData, VQATask, image_noise, score, load_test_split)
+from interlayer.tasks import vqa as vqa_task
+from interlayer.tasks.vqa import PAD, RegionImages, VQAData, VQATask, load_test_split, score
 from interlayer.training import TrainConfig
 
 TINY_MODEL = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16"]
@@ -28,10 +30,10 @@ def _sets(items):
     return [arg for item in items for arg in ("--set", item)]
 
 
-def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys):
+def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     assert main(["train", "vqa", "--dataset", "sort_of_clevr", "--run-dir", str(run), "--no-progress",
-                 *_sets(TINY_MODEL + TINY_SOC)]) == 0
+                 *_sets(TINY_MODEL + TINY_SOC + ["train.seed=7"])]) == 0
     results = json.loads((run / "results.json").read_text())
     for key in ("test_accuracy", "test_accuracy_relational", "test_accuracy_non_relational", "test_pavpu",
                 "test_noisy_accuracy", "test_noisy_accuracy_relational", "test_noisy_pavpu"):
@@ -49,7 +51,17 @@ def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys):
     assert main(["evaluate", "--checkpoint", str(run / "best"), "--noise-std", "1.0"]) == 0
     report = capsys.readouterr().out
     assert "noise std 1.0" in report and "accuracy_relational" in report and "closest" in report
-    assert f"{results['test_accuracy']:.2f}" in report.split("accuracy ")[1].split("\n")[0]
+    row = [cell.strip() for cell in report.split("| accuracy ")[1].split("\n")[0].split("|")]
+    # the run's seed: the same noise and attention samples as the run's own scoring
+    assert row[1:3] == [f"{results['test_accuracy']:.2f}", f"{results['test_noisy_accuracy']:.2f}"]
+    pavpu = [cell.strip() for cell in report.split("| pavpu ")[1].split("\n")[0].split("|")]
+    assert pavpu[1:3] == [f"{results['test_pavpu']:.2f}", f"{results['test_noisy_pavpu']:.2f}"]
+    seeds = []
+    real_score = vqa_task.score
+    monkeypatch.setattr(vqa_task, "score", lambda *args, **kwargs: seeds.append(kwargs["seed"]) or real_score(
+        *args, **kwargs))
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--noise-std", "0.5"]) == 0
+    assert seeds == [7, 7]
 
 
 def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
@@ -148,14 +160,18 @@ class Stub(nn.Module):
         super().__init__()
         self.answers = answers
         self.config = types.SimpleNamespace(image_input="pixels", attn_dropout=0.1)
-        self.image_proj = nn.Identity()
         self.sampling = False
+        self.noise_seen = []
 
     def mc_attention(self, enabled=True):
         self.sampling = enabled
 
-    def forward(self, question, question_padding, image, image_padding=None):
-        image = self.image_proj(image)
+    def region_feature_shape(self, image):
+        return tuple(image.shape)
+
+    def forward(self, question, question_padding, image, image_padding=None, feature_noise=0.0):
+        self.noise_seen.append(feature_noise)
+        image = image + feature_noise
         logits = torch.full((len(question), len(soc.ANSWERS)), -5.0)
         for i, (q, picture) in enumerate(zip(question, image)):
             answer, relational = self.answers[(tuple(q.tolist()), round(float(picture.sum()), 1))]
@@ -187,21 +203,25 @@ def test_score_accuracy_and_pavpu_by_hand():
 
 
 def test_noise_is_drawn_once_per_batch():
-    """Every pass over a batch (the deterministic one and the 20 samples) reads the same noisy features; the next
-    batch gets fresh noise; the hook is gone afterwards. Noise of std 1 has variance 1 (Crossformer Sec. 3.2)."""
-    model = Stub({})  # image_proj is an identity: what it returns is what it was given
-    x = torch.zeros(1000, 3)
-    with image_noise(model, 1.0, seed=0) as next_batch:
-        next_batch()
-        first, again = model.image_proj(x), model.image_proj(x)
-        next_batch()
-        other = model.image_proj(x)
-    assert torch.equal(first, again) and not torch.allclose(first, other)
-    assert torch.equal(model.image_proj(x), x)
-    assert first.var().item() == pytest.approx(1.0, abs=0.05) and first.mean().abs() < 0.05
-    with image_noise(model, 0.0, seed=0) as next_batch:
-        next_batch()
-        assert torch.equal(model.image_proj(x), x)
+    """``score`` hands MCAN one noise tensor per batch, read by the deterministic pass and all 20 samples; the next
+    batch gets fresh noise; the same seed gives the same noise. Noise of std 1 has variance 1 (Crossformer Sec. 3.2);
+    without noise none is passed."""
+    data = VQAData(train_size=16, valid_size=4, test_size=40, batch_size=8)
+    split = load_test_split(data, VQATask(data, TrainConfig()).vocab)
+    model = Stub(collections.defaultdict(lambda: (0, True)))
+    score(model, split, VQATask(data, TrainConfig()).vocab, "sort_of_clevr", noise_std=1.0, samples=20,
+          batch_size=20)
+    seen = model.noise_seen
+    assert len(seen) == 2 * 21 and all(seen[i] is seen[0] for i in range(21)) and seen[21] is seen[41]
+    assert seen[0].shape == (20, 3, 75, 75) and not torch.allclose(seen[0], seen[21])
+    noise = torch.cat([seen[0].flatten(), seen[21].flatten()])
+    assert noise.var().item() == pytest.approx(1.0, abs=0.01) and noise.mean().abs() < 0.01
+    again = Stub(collections.defaultdict(lambda: (0, True)))
+    score(again, split, VQATask(data, TrainConfig()).vocab, "sort_of_clevr", noise_std=1.0, samples=0, batch_size=20)
+    assert torch.equal(again.noise_seen[0], seen[0]) and torch.equal(again.noise_seen[1], seen[21])
+    clean = Stub(collections.defaultdict(lambda: (0, True)))
+    score(clean, split, VQATask(data, TrainConfig()).vocab, "sort_of_clevr", samples=0, batch_size=20)
+    assert clean.noise_seen == [0.0, 0.0]
 
 
 def test_bce_on_soft_scores(tmp_path):

@@ -362,9 +362,18 @@ class MCAN(nn.Module, PretrainedMixin):
                 module.training = True  # its own flag only: the attention-weight dropout, not its submodules
         return self
 
-    def encode_image(self, image: Tensor, feature_noise: float) -> Tensor:
-        """Region features ``(B, R, d_model)`` from features or pixels, with Gaussian noise of standard deviation
-        ``feature_noise`` added to the region features first (Crossformer Sec. 3.2's noisy evaluation: 1.0)."""
+    def region_feature_shape(self, image: Tensor) -> tuple[int, ...]:
+        """The shape of the region features ``image`` gives before the projection to ``d_model``, the tensor
+        ``feature_noise`` is added to: ``(B, cells, feature_dim + 2)`` for pixels, the input's own for features."""
+        if self.stem is not None:
+            return (image.shape[0], self.config.regions, self.config.feature_dim + 2)
+        return tuple(image.shape)
+
+    def encode_image(self, image: Tensor, feature_noise: Union[float, Tensor]) -> Tensor:
+        """Region features ``(B, R, d_model)`` from features or pixels, with noise added to the region features
+        first (Crossformer Sec. 3.2's noisy evaluation): a float is the standard deviation of Gaussian noise drawn
+        here, a tensor is the noise itself (``region_feature_shape``), so that several passes can read the same
+        noisy features."""
         cfg = self.config
         if self.stem is not None:
             expected = (cfg.image_channels, cfg.image_size, cfg.image_size)
@@ -375,12 +384,17 @@ class MCAN(nn.Module, PretrainedMixin):
         elif image.dim() != 3 or image.shape[-1] != cfg.feature_dim:
             raise ValueError(f"image_input='features' expects region features of shape (B, R, {cfg.feature_dim}), "
                              f"got {tuple(image.shape)}")
-        if feature_noise:
+        if isinstance(feature_noise, Tensor):
+            if feature_noise.shape != image.shape:
+                raise ValueError(f"feature_noise of shape {tuple(feature_noise.shape)} does not match the region "
+                                 f"features {tuple(image.shape)} (region_feature_shape gives it)")
+            image = image + feature_noise.to(image.dtype)
+        elif feature_noise:
             image = image + feature_noise * torch.randn_like(image)
         return self.image_proj(image)
 
     def forward(self, question: Tensor, question_padding: Tensor, image: Tensor,
-                image_padding: Optional[Tensor] = None, *, feature_noise: float = 0.0,
+                image_padding: Optional[Tensor] = None, *, feature_noise: Union[float, Tensor] = 0.0,
                 need_intermediates: bool = False) -> MCANOutput:
         """``question`` (B, Lq) token ids, right-padded; ``question_padding`` (B, Lq) True at padding; ``image``
         (B, R, feature_dim) or (B, C, S, S); ``image_padding`` (B, R) True at padded regions (features only)."""

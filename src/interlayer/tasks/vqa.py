@@ -25,18 +25,17 @@ four-layer MCAN on VQA-v2, clean and noisy, with PAvPU); the model is :mod:`inte
   model). ``noise_std`` adds Gaussian noise (mean 0, variance ``noise_std^2``, Crossformer Sec. 3.2: variance 1)
   to the region features where MCAN projects them to ``d_model``: the input features, or for pixels the CNN
   stem's output cells (the "image features" MCAN's attention reads), never the pixels; drawn once per question, the
-  same in all 21 passes. ``finish`` scores the test split clean and with noise 1.0 and draws ``attention.png``: a
+  same in all 21 passes (handed to ``MCAN.forward`` as ``feature_noise``). ``finish`` scores the test split clean and with noise 1.0 and draws ``attention.png``: a
   test image, its question and answers, and MCAN's attention over the image regions.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence, get_args
+from typing import Any, Literal, Optional, Sequence, get_args
 
 import numpy as np
 import torch
@@ -290,38 +289,13 @@ def accurate(items: Sequence[VQAItem], predicted: Sequence[str], dataset: str) -
     return item_scores(items, predicted, dataset) == 1.0
 
 
-@contextlib.contextmanager
-def image_noise(model: nn.Module, std: float, seed: int) -> Iterator[Callable[[], None]]:
-    """Gaussian noise of ``std`` on the region features MCAN projects to ``d_model`` (the input features, or the
-    pixel stem's cells), where ``MCAN.forward(feature_noise=...)`` adds it, but drawn once per batch from a
-    generator seeded with ``seed``: yields ``next_batch()``, to call before each batch's passes, so the 21 passes
-    of one batch (deterministic and MC) read the same noisy features (``feature_noise`` draws anew per call)."""
-    generator = torch.Generator().manual_seed(seed)
-    state: dict[str, Optional[Tensor]] = {"noise": None}
-
-    def add_noise(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        (features,) = args
-        if state["noise"] is None:
-            state["noise"] = (torch.randn(features.shape, generator=generator) * std).to(features.device)
-        return (features + state["noise"].to(features.dtype),)
-
-    def next_batch() -> None:
-        state["noise"] = None
-
-    handle = model.image_proj.register_forward_pre_hook(add_noise) if std else None
-    try:
-        yield next_batch
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
 @torch.no_grad()
 def score(model: nn.Module, split: Split, vocab: Vocab, dataset: str, *, noise_std: float = 0.0,
           samples: int = SAMPLES, seed: int = 0, batch_size: int = EVAL_BATCH) -> dict[str, Any]:
     """Accuracy (percent) overall, per question type and (Sort-of-CLEVR) relational / non-relational; the BCE;
     the predictions and region attention of the deterministic model; PAvPU from ``samples`` passes with attention
-    dropout on (0: none)."""
+    dropout on (0: none). ``noise_std``: Gaussian noise on the region features (module docstring), drawn from
+    ``seed`` once per batch and read by the deterministic pass and every sample."""
     model.eval()
     device = module_device(model)
     predicted: list[int] = []
@@ -329,13 +303,16 @@ def score(model: nn.Module, split: Split, vocab: Vocab, dataset: str, *, noise_s
     bce = 0.0
     pavpu = PAvPU()
     samples = samples if model.config.attn_dropout > 0 else 0  # nothing to sample without attention dropout
-    with image_noise(model, noise_std, seed) as next_batch, torch.random.fork_rng(devices=[]):
+    noise_generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(split), batch_size):
             rows = range(start, min(start + batch_size, len(split)))
             question, question_padding, image, image_padding = move(split.inputs(rows), device)
-            next_batch()
-            output = model(question, question_padding, image, image_padding)
+            # drawn once per batch on the CPU (the same numbers on any device), read by all 1 + samples passes
+            noise = (noise_std * torch.randn(model.region_feature_shape(image), generator=noise_generator)
+                     ).to(device) if noise_std else 0.0
+            output = model(question, question_padding, image, image_padding, feature_noise=noise)
             logits = output.logits.float()
             bce += float(F.binary_cross_entropy_with_logits(
                 logits, split.target_matrix(rows, len(vocab.answers)).to(device), reduction="sum"))
@@ -344,8 +321,9 @@ def score(model: nn.Module, split: Split, vocab: Vocab, dataset: str, *, noise_s
             if samples:
                 model.mc_attention(True)
                 try:
-                    probs = torch.stack([torch.sigmoid(model(question, question_padding, image, image_padding)
-                                                       .logits.float()).cpu() for _ in range(samples)])
+                    probs = torch.stack([torch.sigmoid(model(question, question_padding, image, image_padding,
+                                                             feature_noise=noise).logits.float()).cpu()
+                                         for _ in range(samples)])
                 finally:
                     model.mc_attention(False)
                 choice, certain = certainty(probs.numpy())
@@ -540,7 +518,8 @@ class VQASpec(TaskSpec):
 
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """``interlayer evaluate`` for VQA: the run's test split (``--data DIR``: the same files in another folder),
-        clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features."""
+        clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features, drawn from the
+        run's seed (``train_config.json``), so that ``--noise-std 1.0`` repeats the run's own noisy figures."""
         directory = Path(directory)
         data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
         info = read_json(directory / "task.json", DataError)
@@ -552,9 +531,13 @@ class VQASpec(TaskSpec):
         if noise < 0:
             raise ConfigError(f"--noise-std {noise} must not be negative")
         split = load_test_split(data, vocab)
-        clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples)
-        noisy = (score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples) if noise
-                 else None)
+        # the run's seed, as ``finish`` used it: the same noise and attention samples, so the same figures
+        train_config = directory / "train_config.json"
+        seed = int(read_json(train_config, DataError).get("seed", TrainConfig.seed)) if train_config.is_file() \
+            else TrainConfig.seed
+        clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples, seed=seed)
+        noisy = (score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples, seed=seed)
+                 if noise else None)
         if noisy is not None:
             noisy["noise_std"] = noise
         return format_report(clean, noisy, f"{data.dataset} test ({data.dir or 'generated'})")
