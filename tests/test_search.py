@@ -10,6 +10,8 @@ import math
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -339,3 +341,45 @@ def test_one_real_trial_through_experiment_train_and_the_cli(corpus, tmp_path, c
     assert "only 2 patterns" in capsys.readouterr().err
     assert main(args + ["--set", "multipass.permutation=[1,0]"]) == 2
     assert "itself" in capsys.readouterr().err
+
+
+def test_killing_the_search_stops_its_workers(tmp_path):
+    """A SIGKILLed ``search`` forwards nothing; the kernel sends each worker SIGINT (``die_with_parent``), which
+    ends its trial as Ctrl-C does, so no worker trains on as an orphan beside the next search."""
+    script = tmp_path / "search.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from pathlib import Path\n"
+        "from test_search import DEFINITION, Scored, _settings\n"
+        "from interlayer.search.mpt import run_search\n"
+        "if __name__ == '__main__':  # the spawned workers import this file\n"
+        f"    run_search(_settings(Path({str(tmp_path)!r}), trials=20, workers=2), Scored(seconds=60, barrier=2), "
+        "DEFINITION)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids_dir = tmp_path / "search" / "pids"
+    try:
+        deadline = time.time() + 300  # spawned workers import torch: slow on a loaded machine
+        while time.time() < deadline and not (pids_dir.is_dir() and len(list(pids_dir.iterdir())) == 2):
+            assert parent.poll() is None, "the search ended before its workers started"
+            time.sleep(0.1)
+        workers = [int(p.name) for p in pids_dir.iterdir()]
+        assert len(workers) == 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers), f"workers {workers} outlived the search"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped by its dead parent's heir yet, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import signal
 import socket
 import sys
 import warnings
@@ -50,7 +51,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..core.config import ConfigError
-from ..training.concurrency import ForwardedInterrupts, threads_per_run
+from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
 from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PARAM, PHASE_ATTR, STRATEGY_ATTR, Definition, MPTSearchSampler,
@@ -393,6 +394,8 @@ def run_worker(settings: SearchSettings, objective: Objective = train_trial, *, 
 
 
 def _worker_process(settings: SearchSettings, objective: Objective, threads: Optional[int]) -> None:
+    # A SIGKILLed search forwards nothing: the kernel then sends SIGINT, which ends the trial as Ctrl-C does
+    die_with_parent(signal.SIGINT)
     sys.exit(130 if run_worker(settings, objective, threads=threads) == "interrupted" else 0)
 
 
