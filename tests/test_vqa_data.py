@@ -226,6 +226,10 @@ def test_read_clevr_with_grid_features(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(questions))
     with pytest.raises(DataError, match=r"q\.json: question 1: missing field 'answer'"):
         read_clevr(tmp_path / "q.json")
+    questions["questions"][1] = "Is it red?"  # a record that is not a JSON object
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    with pytest.raises(DataError, match=r"q\.json: question 1: expected a JSON object, got str"):
+        read_clevr(tmp_path / "q.json")
 
 
 def test_h5_needs_h5py_or_reads_through_it(tmp_path, monkeypatch):
@@ -249,4 +253,8 @@ def test_read_gqa(tmp_path):
     questions["203"] = {"imageId": 5, "question": "q", "answer": "a"}
     (tmp_path / "q.json").write_text(json.dumps(questions))
     with pytest.raises(DataError, match="question 203: field 'imageId' must be a str"):
+        read_gqa(tmp_path / "q.json")
+    questions["203"] = ["n1", "q", "a"]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    with pytest.raises(DataError, match="question 203: expected a JSON object, got list"):
         read_gqa(tmp_path / "q.json")

@@ -150,19 +150,33 @@ def read_vqa2(questions_path: Path, annotations_path: Path) -> list[VQAItem]:
     return items
 
 
+def _json_object(record: Any, where: str) -> dict[str, Any]:
+    """``record`` when it is a JSON object; otherwise the error naming the file and record."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__} {record!r:.60}")
+    return record
+
+
+def _single_answer_item(record: dict[str, Any], question_id: str, image_field: tuple[str, type], where: str,
+                        question_type: str) -> VQAItem:
+    """A question of a one-answer set (CLEVR, GQA): its image (``image_field``: the key and its type), words
+    and answer, read strictly; the answer is both the one human answer and the normalised label."""
+    image = _field(record, image_field[0], image_field[1], where)
+    text = _field(record, "question", str, where)
+    answer = _field(record, "answer", str, where)
+    return VQAItem(question_id, str(image), text, [answer], normalize_answer(answer), question_type)
+
+
 def read_clevr(questions_path: Path) -> list[VQAItem]:
     """CLEVR questions with answers (the test split's have none and cannot be scored)."""
     items = []
     for i, record in enumerate(_records(questions_path, "questions")):
         where = f"{questions_path}: question {i}"
-        image = _field(record, "image_index", int, where)
-        text = _field(record, "question", str, where)
-        answer = _field(record, "answer", str, where)
+        record = _json_object(record, where)
         program = record.get("program") or [{}]
         last = program[-1] if isinstance(program, list) and isinstance(program[-1], dict) else {}
-        kind = str(last.get("function", last.get("type", "")))
-        items.append(VQAItem(str(record.get("question_index", i)), str(image), text, [answer],
-                             normalize_answer(answer), kind))
+        items.append(_single_answer_item(record, str(record.get("question_index", i)), ("image_index", int), where,
+                                         str(last.get("function", last.get("type", "")))))
     return items
 
 
@@ -174,12 +188,9 @@ def read_gqa(questions_path: Path) -> list[VQAItem]:
     items = []
     for qid, record in data.items():
         where = f"{questions_path}: question {qid}"
-        image = _field(record, "imageId", str, where)
-        text = _field(record, "question", str, where)
-        answer = _field(record, "answer", str, where)
+        record = _json_object(record, where)
         types = record.get("types") if isinstance(record.get("types"), dict) else {}
-        items.append(VQAItem(str(qid), image, text, [answer], normalize_answer(answer),
-                             str(types.get("structural", ""))))
+        items.append(_single_answer_item(record, str(qid), ("imageId", str), where, str(types.get("structural", ""))))
     return items
 
 
