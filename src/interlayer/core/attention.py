@@ -97,6 +97,12 @@ def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, c
     return allowed
 
 
+def _mask_bias(allowed: Tensor) -> Tensor:
+    """``allowed`` as an additive fp32 bias: 0 where allowed, the most negative finite float elsewhere (never
+    ``-inf``: a logit plus it stays finite, and a row with no allowed key gives a uniform softmax, not NaN)."""
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+
+
 def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Tensor], causal: bool
                        ) -> Optional[Tensor]:
     """Broadcastable mask of query rows that may attend no key (their output is set to zero), or None.
@@ -230,14 +236,19 @@ class MultiHeadAttention(nn.Module):
     def _eager(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
                key_padding_mask: Optional[Tensor], prev_logits: Optional[Tensor], context: MixerContext
                ) -> tuple[Tensor, AttentionIntermediates]:
-        logits = (q @ k.transpose(-2, -1)) * self.scale
+        """The explicit path, with as few passes over the ``(B, H, Tq, Tk)`` maps as it can take: the scale is
+        applied to the queries (``Tq x d`` numbers, not ``Tq x Tk``) and the mask is added as a ``0 / min`` bias
+        in fp32 before the softmax (``masked_fill`` with a broadcast mask costs several times an add on CPUs)."""
+        logits = torch.matmul(q * self.scale, k.transpose(-2, -1))
         if bias is not None:
             logits = logits + bias
         extras: dict[str, Tensor] = {}
         if self.logit_mixer is not None and prev_logits is not None:
             logits, extras = self.logit_mixer(logits, prev_logits, key_padding_mask, context=context)
-        masked = logits if allowed is None else logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-        probs = torch.softmax(masked, dim=-1, dtype=torch.float32).to(v.dtype)
+        masked = logits.float()
+        if allowed is not None:
+            masked = masked + _mask_bias(allowed)
+        probs = torch.softmax(masked, dim=-1).to(v.dtype)
         dropped = F.dropout(probs, self.dropout, self.training) if self.dropout else probs
         return dropped @ v, AttentionIntermediates(logits=logits, probs=probs, q=q, k=k, v=v, extras=extras)
 

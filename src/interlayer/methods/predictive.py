@@ -167,9 +167,11 @@ class PredictiveMixer(nn.Module):
     """
 
     def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
-                 beta: Optional[float] = None, causal_kernel: bool = False, warmup_steps: int = 0) -> None:
+                 beta: Optional[float] = None, causal_kernel: bool = False, warmup_steps: int = 0,
+                 fast: bool = True) -> None:
         super().__init__()
         self.heads = heads
+        self.fast = fast
         self.alpha = alpha
         self.beta = beta
         self.causal_kernel = causal_kernel
@@ -216,7 +218,28 @@ class PredictiveMixer(nn.Module):
     def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
                 context: MixerContext = MixerContext()) -> Tensor:
         """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, :meth:`hidden_cells` zeroed before the first
-        convolution and after every one (so also in the returned prediction)."""
+        convolution and after every one (so also in the returned prediction).
+
+        Two paths compute it, equal to rounding (``tests/test_predictive_fast.py``, forward and gradients):
+        without a cache (training, evaluation, a prompt) each convolution is :class:`MapConvReLU`, whose backward
+        is two small convolutions instead of the library's generic one; with a cache (incremental decoding, one
+        row at a time, where the input rows kept from earlier steps are needed) the reference path
+        :meth:`predict_reference` runs. ``fast=False`` on the mixer forces the reference path everywhere.
+        """
+        if not self.fast or context.cache is not None:
+            return self.predict_reference(prev_logits, key_padding_mask, context)
+        x = prev_logits.float()
+        hidden = self.hidden_cells(x, key_padding_mask, context)
+        keep = None if hidden is None else (~hidden).to(x.dtype)
+        x = VisibleCells.apply(x, keep)
+        for conv in self.convs:
+            x = MapConvReLU.apply(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv))
+        return x
+
+    def predict_reference(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
+                          context: MixerContext = MixerContext()) -> Tensor:
+        """The CNN as the module doc states it, op by op with the library convolution (and the decoding cache):
+        the definition the fast path of :meth:`predict` is tested against."""
         x = prev_logits.float()
         x = x.masked_fill(~torch.isfinite(x), 0.0)
         hidden = self.hidden_cells(x, key_padding_mask, context)
@@ -224,6 +247,14 @@ class PredictiveMixer(nn.Module):
         for n, conv in enumerate(self.convs):
             x = _zero(F.relu(self._convolve(n, conv, x, context.cache)), hidden)
         return x
+
+    def _padding(self, conv: nn.Conv2d) -> tuple[int, int, int, int]:
+        """``(left, right, top, bottom)`` zeros around the map: centred, or the causal kernel's ``k - 1`` rows
+        above and none below (module doc, "Causal language model")."""
+        k_rows, k_cols = conv.kernel_size
+        if self.causal_kernel:
+            return k_cols // 2, k_cols // 2, k_rows - 1, 0
+        return k_cols // 2, k_cols // 2, k_rows // 2, k_rows // 2
 
     def _convolve(self, n: int, conv: nn.Conv2d, x: Tensor, cache: Optional[KVCache]) -> Tensor:
         """Convolution ``n`` of the CNN. The causal kernel pads ``k - 1`` rows above the map and none below; in
@@ -257,7 +288,8 @@ class PredictiveMixer(nn.Module):
             if beta is not None:  # None or not is a config constant, fixed at build time
                 source = residual = (1.0 - beta) * residual + beta * prev_logits.float()
             predicted = self.predict(source, key_padding_mask, context)
-            mixed = alpha * predicted + (1.0 - alpha) * residual
+            # alpha * predicted + (1 - alpha) * residual in one pass (and two in the backward)
+            mixed = torch.lerp(residual, predicted, alpha)
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
 
     def optimizer_step_done(self) -> None:
@@ -274,6 +306,86 @@ class PredictiveMixer(nn.Module):
 
     def madds(self, t_q: int, t_k: int) -> int:
         return sum(t_q * t_k * conv.weight.numel() for conv in self.convs)
+
+
+class VisibleCells(torch.autograd.Function):
+    """The CNN's input: non-finite values and hidden cells (``keep == 0``) set to zero, in two passes.
+
+    The reference path's ``masked_fill(~isfinite(x))`` and ``masked_fill(hidden)`` cost about ten passes over the
+    map with their backward (``isfinite`` alone is four). Here ``nan_to_num`` zeroes non-finite values in one
+    pass and a multiply by the float ``keep`` mask zeroes the hidden cells; the backward multiplies by ``keep``.
+    It does not zero the gradient of a *visible* non-finite logit: such a logit is also in its own layer's
+    softmax, so the loss is already non-finite and the run stops as diverged; a hidden non-finite logit (a
+    padded or future key) gets zero gradient on both paths.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+        ctx.save_for_backward(keep)
+        out = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        return out if keep is None else out.mul_(keep)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], None]:
+        keep, = ctx.saved_tensors
+        return (grad if keep is None else grad * keep), None
+
+
+class MapConvReLU(torch.autograd.Function):
+    """``ReLU(conv2d(pad(x), weight, bias)) * keep``: one layer of the prediction CNN, hidden cells zeroed.
+
+    Why a function of its own: the CNN has few channels (the heads, e.g. 4) over large maps (T x T), the shape
+    the library convolutions are least tuned for. On the project's CPU the generic convolution backward took 5x
+    its forward, almost all of it in the input gradient. Here the backward is written out as what it is: the
+    input gradient is the forward convolution of the output gradient with the flipped, transposed kernel (one
+    more forward-speed convolution), the weight gradient the library's weight-only backward. The ReLU and the
+    zeroed cells need no mask of their own in the backward: the gradient passes where the saved output is
+    positive, which is exactly the visible cells where the ReLU was active (``threshold_backward``, ReLU's own).
+    The three convolutions read their maps in channels-last layout (heads innermost), which oneDNN runs 1.3-1.6x
+    faster than the default layout for this shape (measured on the project's CPU); cuDNN takes it as well. What
+    leaves the function is in the default layout again, because the elementwise operations that follow (Eq. 4's
+    mix, the softmax) slow down when their inputs' layouts differ.
+    Saved for backward: the padded input and the output, nothing else. ``pads`` is ``(left, right, top,
+    bottom)``; ``keep`` a float mask broadcastable to the output, or None when every cell is visible.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor],
+                pads: tuple[int, int, int, int]) -> Tensor:
+        padded = _pad_channels_last(x, pads)
+        out = F.conv2d(padded, weight, bias).relu_().contiguous()
+        if keep is not None:
+            out.mul_(keep)
+        ctx.pads = pads
+        ctx.save_for_backward(padded, weight, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        padded, weight, out = ctx.saved_tensors
+        grad = torch.ops.aten.threshold_backward(grad, out, 0.0)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            left, right, top, bottom = ctx.pads
+            k_rows, k_cols = weight.shape[-2:]
+            full = _pad_channels_last(grad, (k_cols - 1 - left, k_cols - 1 - right, k_rows - 1 - top,
+                                             k_rows - 1 - bottom))
+            grad_x = F.conv2d(full, weight.flip(2, 3).transpose(0, 1)).contiguous()
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad.contiguous(memory_format=torch.channels_last), padded, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]])
+        return grad_x, grad_w, grad_b, None, None
+
+
+def _pad_channels_last(x: Tensor, pads: tuple[int, int, int, int]) -> Tensor:
+    """``F.pad(x, pads)`` written straight into a channels-last tensor: one zero fill and one copy."""
+    left, right, top, bottom = pads
+    b, c, h, w = x.shape
+    out = torch.empty(b, c, h + top + bottom, w + left + right, dtype=x.dtype, device=x.device,
+                      memory_format=torch.channels_last).zero_()
+    out[:, :, top:top + h, left:left + w] = x
+    return out
 
 
 def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
