@@ -96,6 +96,8 @@ def test_paper_trains_baseline_and_causal_pa_and_times_generation(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for name in ("baseline", "causal_pa"):
         assert record["runs"][name]["results"]["steps"] == 4 and record["runs"][name]["results"]["valid_loss"] > 0
+    runs = {name: record["runs"][name]["results"] for name in ("baseline", "causal_pa")}
+    assert runs["causal_pa"]["parameters"] > runs["baseline"]["parameters"]  # PA's prediction convolutions
     settings = record["generation"]["settings"]
     assert {s["cache"] for s in settings} == {True, False} and all(s["same_tokens"] for s in settings)
 
