@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run models test bench clean
+.PHONY: setup run models test bench gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,16 @@ bench: setup
 	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
 	$(PY) benchmarks/bench_compare.py
 	$(PY) benchmarks/bench_core.py
+
+# The wheels the GPU campaign carries (docs/gpu-campaign.md): Python 3.12 manylinux x86_64 builds of
+# requirements/gpu-wheels.txt, whatever this machine runs. No venv needed: any python3 with pip downloads them.
+GPU_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64)
+
+gpu-wheels:
+	rm -rf .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) --dest .whl -r requirements/gpu-wheels.txt
+	ls -l .whl
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

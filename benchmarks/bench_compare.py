@@ -15,16 +15,20 @@ prints the time ratio beside the MAdds ratio: PA's extra time against its extra 
 MAdds reduction.
 
     python benchmarks/bench_compare.py --device cpu --precision fp32 [--compile]
-    python benchmarks/bench_compare.py --device cuda --precision bf16 --compile --batch 64 --length 64
+    python benchmarks/bench_compare.py --device cuda --precision bf16 --compile --batch 64 --length 64 --json out.json
+
+``--json PATH`` also writes every figure the tables show, unrounded, for the GPU campaign (docs/gpu-campaign.md).
 
 x-transformers is not a dependency of interlayer: ``make bench`` installs it (requirements/bench.txt).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -130,7 +134,7 @@ def interleave(models: dict[str, tuple[nn.Module, Callable]], batch: tuple, args
     compiled = {}
     for name, (model, loss_fn) in models.items():
         model.to(device).train()
-        run = torch.compile(model) if args.compile else model
+        run = torch.compile(model, backend=args.compile_backend) if args.compile else model
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
         compiled[name] = (run, loss_fn, optimizer)
         timed_steps(run, loss_fn, batch, optimizer, 2, device, precision)  # warm-up (and compilation)
@@ -144,8 +148,10 @@ def interleave(models: dict[str, tuple[nn.Module, Callable]], batch: tuple, args
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def part_one(args: argparse.Namespace, device: torch.device, precision: str) -> None:
+def part_one(args: argparse.Namespace, device: torch.device, precision: str) -> dict[str, Any]:
+    """Prints the peers' table per size; returns its figures by size and model."""
     peak, source = matmul_peak(device, precision)
+    record: dict[str, Any] = {"peak_tflops": peak, "peak_source": source, "sizes": {}}
     print(f"## Part 1: {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"{precision}, compile={args.compile}, batch {args.batch} x {args.length} tokens (unpadded), median of "
           f"{args.rounds} rounds x {args.steps} steps; peak {peak:.3g} TFLOP/s ({source})\n")
@@ -164,8 +170,14 @@ def part_one(args: argparse.Namespace, device: torch.device, precision: str) -> 
                 memory[name] = torch.cuda.max_memory_allocated(device) / 2 ** 20
         flops = 6 * count_madds(models["interlayer"][0], args.length) * args.batch  # fwd + bwd, per step
         rows = []
+        figures = record["sizes"][preset] = {}
         for name, (model, _) in models.items():
             tokens = args.batch * args.length / seconds[name]
+            figures[name] = {"parameters": count_parameters(model), "seconds_per_step": seconds[name],
+                             "target_tokens_per_s": tokens,
+                             "speedup_vs_torch": seconds["torch.nn.Transformer"] / seconds[name],
+                             "speedup_vs_x_transformers": seconds["x-transformers"] / seconds[name],
+                             "mfu": flops / seconds[name] / (peak * 1e12), "peak_mib": memory.get(name)}
             rows.append([name, f"{count_parameters(model):,}", f"{tokens:,.0f}",
                          f"{seconds['torch.nn.Transformer'] / seconds[name]:.2f}x",
                          f"{seconds['x-transformers'] / seconds[name]:.2f}x",
@@ -174,6 +186,7 @@ def part_one(args: argparse.Namespace, device: torch.device, precision: str) -> 
         print(f"### {preset}\n")
         print(format_table(["model", "parameters", "target tokens/s", "vs torch", "vs x-transformers", "MFU",
                             "peak MiB"], rows) + "\n")
+    return record
 
 
 # LW's presets are MCAN models (interlayer.models.mcan), which this translation benchmark cannot feed; the model
@@ -185,10 +198,11 @@ METHOD_PRESETS = {"predictive": "pa_transformer_iwslt_de_en", "lightweight": _LW
                   "crossformer": "crossformer_iwslt_key_query", "multipass": "mpt_soft_small"}
 
 
-def part_two(args: argparse.Namespace, device: torch.device, precision: str) -> None:
+def part_two(args: argparse.Namespace, device: torch.device, precision: str) -> list[dict[str, Any]]:
+    """Prints each method's time ratio beside its MAdds ratio; returns the same figures, one dict per preset."""
     print(f"## Part 2: each method's preset against the preset without the method, {precision}, "
           f"compile={args.compile}, batch {args.batch} x {args.length}\n")
-    rows = []
+    rows, records = [], []
     for section, entry in METHOD_PRESETS.items():
         label, preset = entry if isinstance(entry, tuple) else (entry, entry)
         torch.manual_seed(0)
@@ -214,7 +228,10 @@ def part_two(args: argparse.Namespace, device: torch.device, precision: str) -> 
                    f"speed-up / MAdds reduction = {(1 / time_ratio) / (1 / madds):.2f}" if madds < 0.999 else
                    "same MAdds")
         rows.append([label, section, f"{madds:.3f}", f"{time_ratio:.3f}", verdict])
+        records.append({"preset": label, "method": section, "madds_ratio": madds, "time_ratio": time_ratio,
+                        "seconds_per_step": seconds})
     print(format_table(["preset", "method removed for the base", "MAdds ratio", "time ratio", ""], rows))
+    return records
 
 
 def main() -> None:
@@ -222,6 +239,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend with --compile (default inductor; 'eager' checks tracing alone)")
     parser.add_argument("--sizes", nargs="*", default=["transformer_iwslt_de_en", "transformer_base"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=32)
@@ -229,14 +248,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--part", type=int, choices=(1, 2))
     parser.add_argument("--no-tf32", action="store_true", help="IEEE fp32 matrix products on GPUs")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
     configure_tf32(device, not args.no_tf32)
+    record: dict[str, Any] = {
+        "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+        "torch": torch.__version__, "precision": precision, "compile": args.compile,
+        "compile_backend": args.compile_backend if args.compile else None, "batch": args.batch,
+        "length": args.length, "rounds": args.rounds, "steps": args.steps}
     if args.part in (None, 1):
-        part_one(args, device, precision)
+        record["peers"] = part_one(args, device, precision)
     if args.part in (None, 2):
-        part_two(args, device, precision)
+        record["methods"] = part_two(args, device, precision)
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
