@@ -20,11 +20,15 @@ run: setup
 models: setup
 	$(VENV)/bin/interlayer models
 
-test: setup
+# The benchmarks' peers (x-transformers); the suite needs them too, for the GPU campaign's CPU dry run.
+$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
+	touch $@
+
+test: setup $(VENV)/.bench-installed
 	$(PY) -m pytest
 
-bench: setup
-	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
+bench: setup $(VENV)/.bench-installed
 	$(PY) benchmarks/bench_compare.py
 	$(PY) benchmarks/bench_core.py
 

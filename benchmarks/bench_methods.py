@@ -74,6 +74,12 @@ def cases() -> list[Case]:
              target_per_madds=1.15),
         Case("vit: pa_conv_transformer_fashion_mnist", "image", vit, ("pa_conv_transformer_fashion_mnist", {}), 128,
              0, target_per_madds=1.25),
+        # the method alone: the same Conv-Transformer without its attention + convolution block, or without PA
+        Case("vit: conv_branch alone (Conv-Transformer without it as base)", "image",
+             ("conv_transformer_fashion_mnist", {"conv_branch": None}), ("conv_transformer_fashion_mnist", {}), 128,
+             0, target_per_madds=1.15),
+        Case("vit: PA alone on the Conv-Transformer (Conv-Transformer as base)", "image",
+             ("conv_transformer_fashion_mnist", {}), ("pa_conv_transformer_fashion_mnist", {}), 128, 0, target=1.35),
         Case("iwslt: pa_transformer_iwslt_de_en", "seq2seq", iwslt, ("pa_transformer_iwslt_de_en", iwslt[1]), 16, 32,
              target=1.35),
     ]
@@ -148,7 +154,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, precisio
     for role, (preset, overrides) in (("base", case.base), ("method", case.method)):
         torch.manual_seed(0)
         model = create_model(preset, **overrides).to(device).train()
-        run = torch.compile(model) if args.compile else model
+        run = torch.compile(model, backend=args.compile_backend) if args.compile else model
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         entries[role] = (model, run, optimizer)
     batch = make_batch(case, entries["base"][0], device)
@@ -185,7 +191,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16", "fp16"])
-    parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--compile-backend", help="torch.compile backend (default inductor; aot_eager with --tiny, "
+                        "whose dry run checks the traced path, not inductor's code generation)")
     parser.add_argument("--cases", nargs="*", default=None,
                         help="only the cases whose name starts with one of these (lm, text, vit, iwslt)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -202,12 +210,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.tiny:
         args.rounds, args.steps, args.warmup = 1, 1, 1
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.tiny else "inductor")
     selected = [c for c in cases() if args.cases is None or any(c.name.startswith(p) for p in args.cases)]
     if args.tiny:
         selected = [tiny(c) for c in selected]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     load = " ".join(f"{x:.2f}" for x in __import__("os").getloadavg())
-    print(f"## Method cost: {device} ({name}), {precision}, compile={args.compile}, threads="
+    compiled = f"{args.compile} ({args.compile_backend})" if args.compile else "False"
+    print(f"## Method cost: {device} ({name}), {precision}, compile={compiled}, threads="
           f"{torch.get_num_threads()}, median of {args.rounds} rounds x {args.steps} steps, load before {load}\n",
           flush=True)
     rows, results = [], []
@@ -226,6 +236,7 @@ def main() -> None:
                         "peak MiB (base / method)"], rows))
     if args.json:
         environment = {"device": str(device), "device_name": name, "precision": precision, "compile": args.compile,
+                       "compile_backend": args.compile_backend if args.compile else None,
                        "threads": torch.get_num_threads(), "torch": torch.__version__, "load_before": load,
                        "rounds": args.rounds, "steps": args.steps, "tiny": args.tiny}
         with open(args.json, "w", encoding="utf-8") as handle:
