@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from matplotlib.figure import Figure
 from PIL import Image
 
 from interlayer import get_config, save_pretrained
@@ -25,7 +26,8 @@ from interlayer.experiment import split_overrides
 from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
                                 make_settings)
 from interlayer.compare.plan import Plan, build_task, prepare_directory
-from interlayer.compare.report import write_report
+from interlayer.compare import plots
+from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.training.engine import LAST
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
@@ -427,10 +429,20 @@ def _faked_comparison(corpus, out: Path, variants: str) -> Plan:
     return plan
 
 
-def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path):
+def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     plan = _faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
+    drawn_maps, colour_bars = [], []
+    attention_maps, colorbar = plots.attention_maps, Figure.colorbar
+    monkeypatch.setattr(plots, "attention_maps", lambda rows, *a, **k: drawn_maps.append(rows) or attention_maps(
+        rows, *a, **k))
+    monkeypatch.setattr(Figure, "colorbar", lambda self, *a, **k: colour_bars.append(k.get("label")) or colorbar(
+        self, *a, **k))
     report = write_report(plan, out, ["interlayer", "compare", "..."])
+    # the PA maps: the baseline's column is "baseline", not "baseline (baseline)"; every map has its colour bar
+    (row_label, maps), = drawn_maps[0]
+    assert [title for title, _ in maps] == ["baseline", "PA combined (Eq. 4)", "CNN-predicted", "self-attention"]
+    assert colour_bars.count("attention probability") == len(maps)
     names = sorted(p.path.name for p in report.pictures)
     assert names == ["cost.png", "crossformer_sg.png", "learning_curves.png", "mpt_soft_mpt_soft.png",
                      "pa_attention_pa.png"], report.notes
@@ -466,6 +478,35 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert "pa_attention_pa.png" not in [p.path.name for p in report.pictures]
     assert report.notes == ["PA attention maps of pa: skipped, task 'translation' offers no sample input "
                             "(TaskSpec.sample_input)."]
+
+
+def test_still_falling_curves_are_told_apart_from_levelled_ones():
+    steps = [100.0 * i for i in range(1, 21)]
+    levelled = [(x, 2.0 + 1.0 * math.exp(-x / 300)) for x in steps]  # the last quarter brings 0.3% of the fall
+    straight = [(x, 3.0 - x / 2000) for x in steps]  # a straight line: the last quarter brings a quarter
+    slow_end = [(x, 2.0 + 1.0 * math.exp(-x / 1500)) for x in steps]  # about 15%: still learning
+    assert not still_falling([levelled, levelled], higher_is_better=False)
+    assert still_falling([straight], higher_is_better=False) and still_falling([slow_end], False)
+    rising = [(x, 100 - y) for x, y in slow_end]  # accuracy that still rises
+    assert still_falling([rising], higher_is_better=True) and not still_falling([rising], higher_is_better=False)
+    assert not still_falling([straight[:3]], False)  # too few validations to say
+
+
+def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
+    plan = build_plan(make_settings("translation", ["baseline"], budget_minutes=1.0,
+                                    sets={**_sets(corpus), "train.threads": "1"}))
+    env = environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
+    assert re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", env.commit)  # this checkout is a git work tree
+    lines = env.lines()
+    assert f"torch {torch.__version__}" in lines[1] and "CPU" in env.device
+    assert "threads: 1 torch thread(s) per run, 2 run(s) at a time" in lines  # train.threads wins over the 2
+    assert "wall time of this invocation: 2.1 min (125 s)" in lines
+    assert lines[-1].startswith("load average (1 min): 1.50 -> ")
+
+
+def test_a_margin_that_is_not_positive_is_refused(capsys):
+    assert main(["compare", "--task", "sst5", "--variants", "baseline", "--margin", "0"]) == 2
+    assert "--margin=0.0 must be positive" in capsys.readouterr().err
 
 
 # -- choosing on validation (--select) ------------------------------------------------------------------------

@@ -470,7 +470,7 @@ def still_falling(curves: Sequence[Sequence[tuple[float, float]]], higher_is_bet
     x, y = mean[0], mean[1] if higher_is_better else -mean[1]
     total = y[-1] - y[0]
     last = y[-1] - float(np.interp(x[-1] - 0.25 * (x[-1] - x[0]), x, y))
-    return total > 0 and last > STEEP_SHARE * total
+    return bool(total > 0 and last > STEEP_SHARE * total)
 
 
 def steep_warning(plan: Plan, summaries: list[VariantSummary]) -> Optional[str]:
