@@ -592,7 +592,8 @@ def _explanations(plan: Plan, margin: Optional[float]) -> list[str]:
             "Peak memory: growth of the run process's maximum resident set size (ru_maxrss) from the start of the "
             "run, libraries already loaded, to its end (the largest over resumed segments).",
             f"Verdicts: {rule(margin)} Welch's test assumes independent, roughly normal seed results; seeds give "
-            "every variant the same data order but not the same initial weights (docs/compare.md).",
+            "every variant the same data order but not the same initial weights (docs/compare.md). The intervals are "
+            "per variant: one that just excludes 0 may still be undecided after Holm's correction.",
             f"Detectable Δ: the smallest difference these seeds would find with power {POWER} at the seed spread "
             "observed (pooled standard deviation, two-sided t-test at 0.05)."]
 
