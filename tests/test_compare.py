@@ -464,6 +464,7 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert markdown.index("## What won") < markdown.index("## Environment") < markdown.index("## Results")
     assert any(line.startswith("**pa** gets **no verdict** against baseline: Δ test bleu ") and
                "% of the parameters" in line and "x the measured training throughput" in line
+               and line.endswith(", 30 s of training per run (measured).")
                for line in report.verdicts), report.verdicts
     assert report.warning and "still falling steeply" in report.warning and "Warning: still learning" in markdown
     assert "not recorded: this report was written outside a compare run" in markdown

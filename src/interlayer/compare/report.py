@@ -436,12 +436,22 @@ def _ratio(value: Optional[float], base: Optional[float]) -> Optional[float]:
     return value / base if value is not None and base else None
 
 
+def train_seconds(s: VariantSummary) -> Optional[float]:
+    """The mean measured training time of the variant's finished runs (``train_minutes`` of results.json)."""
+    minutes = [r.results["train_minutes"] for r in s.finished()
+               if isinstance(r.results.get("train_minutes"), (int, float))]
+    return 60 * sum(minutes) / len(minutes) if minutes else None
+
+
 def cost_words(s: VariantSummary, base: VariantSummary) -> str:
-    """The variant's cost relative to the baseline's: parameters, MAdds, measured training throughput."""
+    """The variant's cost relative to the baseline's: parameters, MAdds, measured training throughput and time."""
     parts = [f"{_ratio(s.planned.parameters, base.planned.parameters):.0%} of the parameters",
              f"{_ratio(s.planned.madds, base.planned.madds):.0%} of the MAdds"]
     speed = _ratio(s.speed, base.speed)
     parts.append("throughput not measured" if speed is None else f"{speed:.2f}x the measured training throughput")
+    seconds = train_seconds(s)
+    if seconds is not None:
+        parts.append(f"{seconds:.0f} s of training per run (measured)")
     return ", ".join(parts)
 
 
