@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--budget-minutes", type=float,
                          help="training minutes per run (train.max_minutes; validation excluded)")
     compare.add_argument("--budget-steps", type=int,
-                         help="optimiser steps per run (train.max_steps): the same table on any load")
+                         help="optimiser steps per run (train.max_steps): the same table on any load of the same "
+                              "machine and software")
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
