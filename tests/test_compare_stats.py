@@ -102,6 +102,13 @@ def test_verdicts_holm_equivalence_and_the_seed_floor():
     sd = math.sqrt((mean_std([2.01, 2.03, 1.99, 2.02, 2.00])[1] ** 2 + mean_std(base)[1] ** 2) / 2)
     assert near.seeds_for_target == seeds_needed(0.01, sd) and f"run {near.seeds_for_target - 5} more" in near.reason
     assert near.detectable == pytest.approx(detectable_difference(sd, 5))
+    # seeds that already had the power: said so, not "run 0 more"
+    big = compare_to_baseline({"v": [2.0, 2.2, 1.8]}, [1.9, 2.1, 2.3], False, margin=5.0)["v"]
+    assert big.verdict == "equivalent"
+    # Δ half the margin, which 3 seeds detect (0.32 > 3.07 sd): neither the difference nor the equivalence shows
+    short = compare_to_baseline({"v": [2.06, 2.16, 2.26]}, [1.9, 2.0, 2.1], False, margin=0.32)["v"]
+    assert short.verdict == "undecided" and short.seeds_for_target == 3, short
+    assert short.reason == "3 seeds detect 0.32 with power 0.8, yet neither test reached p < 0.05"
 
 
 def test_a_bad_margin_is_refused():

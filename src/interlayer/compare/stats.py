@@ -164,10 +164,6 @@ class Comparison:
     reason: str = ""  # why no verdict, or what to run for one
 
     @property
-    def tested(self) -> bool:
-        return self.p is not None
-
-    @property
     def words(self) -> str:
         """The verdict as the table shows it: the word and its reason."""
         return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
@@ -178,7 +174,9 @@ def _undecided_reason(n: int, needed: Optional[int], target: float) -> str:
         return "no difference observed; give --margin to test equivalence"
     if needed is None:
         return f"a difference of {target:.3g} needs more than {MAX_SEEDS_PLANNED} seeds"
-    return f"run {max(needed - n, 1)} more seed(s) per variant to detect {target:.3g} at power {POWER}"
+    if needed <= n:  # the seeds had the power, but Holm's correction or chance left the test short of 0.05
+        return f"{n} seeds detect {target:.3g} with power {POWER}, yet neither test reached p < {ALPHA}"
+    return f"run {needed - n} more seed(s) per variant to detect {target:.3g} at power {POWER}"
 
 
 def compare_to_baseline(variants: dict[str, Sequence[float]], baseline: Sequence[float], higher_is_better: bool,
