@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from matplotlib.figure import Figure
 from PIL import Image
 
 from interlayer import get_config, save_pretrained
@@ -22,13 +23,14 @@ from interlayer.cli import main
 from interlayer.config import dataclass_from_dict
 from interlayer.core.config import ConfigError
 from interlayer.experiment import split_overrides
-from interlayer.compare import DEFAULT, build_plan, hard_permutation, make_settings
+from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
+                                make_settings)
 from interlayer.compare.plan import Plan, build_task, prepare_directory
-from interlayer.compare.report import write_report
+from interlayer.compare import plots
+from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.training.engine import LAST
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
-from interlayer.compare.stats import difference, mean_std, t_two_sided_p, welch_p
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
 from interlayer.registry import PRESETS
 from interlayer.training.concurrency import threads_per_run
@@ -176,8 +178,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs, selections):
-        seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections)
+    def fake_run(settings, output, *, command, jobs, selections, margin):
+        seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections,
+                    margin=margin)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -185,10 +188,17 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     settings = seen["settings"]
     assert (settings.task, settings.variants, settings.seeds, settings.budget_minutes) == (
         "lm", ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"], [1, 2], None)
-    assert settings.sets["train.max_steps"] == "160" and settings.sets["data.eval_interval"] == "16"  # 10 points
+    assert settings.sets["train.max_steps"] == str(MAIN_JOB_STEPS)
+    assert int(settings.sets["data.eval_interval"]) * MAIN_JOB_VALIDATIONS == MAIN_JOB_STEPS
     assert settings.sets["train.threads"] == "1"  # the same numbers whatever --jobs and the cores
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
-    assert seen["jobs"] == 2 and seen["selections"] == []
+    assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None
+    assert main(["compare", "--default", "--margin", "0.02"]) == 0 and seen["margin"] == 0.02
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # the help states the default budget the code uses
+        main(["compare", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{DEFAULT['seeds']} seeds, {DEFAULT['budget_steps']} steps each, {DEFAULT['jobs']} jobs" in help_text
     assert main(["compare", "--default", "--budget-minutes", "2", "--jobs", "1"]) == 0
     assert seen["settings"].budget_minutes == 2 and "train.max_steps" not in seen["settings"].sets
     assert seen["jobs"] == 1
@@ -234,27 +244,6 @@ def test_default_comparison_applies_to_its_bundled_task():
     assert models["crossformer_sg"]["crossformer"]["soft"] == ["kq", "vf", "ffn"]
     sizes = {v.variant.name: v.parameters for v in plan.variants}
     assert sizes["lw_1x"] < sizes["crossformer_kq"] < sizes["baseline"] == sizes["crossformer_sg"]
-
-
-# -- statistics ----------------------------------------------------------------------------------------------
-def test_t_distribution_and_welch_match_closed_forms():
-    for t in (0.3, 1.0, 2.5, 10.0):
-        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-10)
-        assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-10)
-    assert t_two_sided_p(2.228, 10) == pytest.approx(0.05, abs=2e-4)  # the 97.5% quantile of t_10
-    # Welch: t = -3.4126, df = 3.805 (computed by hand from the means and variances)
-    assert welch_p([1, 2, 3], [4, 5, 6.5]) == pytest.approx(0.0291, abs=5e-4)
-    assert mean_std([1.0]) == (1.0, None) and mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
-
-
-def test_difference_rule_by_number_of_seeds():
-    assert difference([1.0], [0.0]).verdict == "n/a (1 seed)"
-    two = difference([3.0, 3.2], [1.0, 1.2])
-    assert two.exceeds and two.delta == pytest.approx(2.0) and two.verdict.startswith("yes (spread")
-    assert not difference([1.0, 3.0], [0.0, 2.0]).exceeds  # |1| < sqrt(2 + 2)
-    three = difference([4, 5, 6.5], [1, 2, 3])
-    assert three.exceeds and "Welch p=0.029" in three.verdict
-    assert not difference([1, 2, 3], [1.5, 2.5, 2.0]).exceeds
 
 
 # -- a real comparison: 2 variants x 2 seeds, interrupted in the last run, then continued --------------------
@@ -440,10 +429,20 @@ def _faked_comparison(corpus, out: Path, variants: str) -> Plan:
     return plan
 
 
-def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path):
+def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     plan = _faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
+    drawn_maps, colour_bars = [], []
+    attention_maps, colorbar = plots.attention_maps, Figure.colorbar
+    monkeypatch.setattr(plots, "attention_maps", lambda rows, *a, **k: drawn_maps.append(rows) or attention_maps(
+        rows, *a, **k))
+    monkeypatch.setattr(Figure, "colorbar", lambda self, *a, **k: colour_bars.append(k.get("label")) or colorbar(
+        self, *a, **k))
     report = write_report(plan, out, ["interlayer", "compare", "..."])
+    # the PA maps: the baseline's column is "baseline", not "baseline (baseline)"; every map has its colour bar
+    (row_label, maps), = drawn_maps[0]
+    assert [title for title, _ in maps] == ["baseline", "PA combined (Eq. 4)", "CNN-predicted", "self-attention"]
+    assert colour_bars.count("attention probability") == len(maps)
     names = sorted(p.path.name for p in report.pictures)
     assert names == ["cost.png", "crossformer_sg.png", "learning_curves.png", "mpt_soft_mpt_soft.png",
                      "pa_attention_pa.png"], report.notes
@@ -458,8 +457,17 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert page.count("src=\"data:image/png;base64,") == len(report.pictures)
     assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page), "external resource in the HTML"
     assert "<link" not in page and "<script" not in page
-    assert "| baseline " in report.table and "(spread" in report.table
+    assert "| baseline " in report.table
+    assert "| no verdict (2 seed(s); a verdict needs at least 3 per variant) |" in report.table  # 2 seeds: no "yes"
     markdown = report.markdown.read_text()
+    # what won comes first, in words, with the cost beside it; then the environment; the curves still rise
+    assert markdown.index("## What won") < markdown.index("## Environment") < markdown.index("## Results")
+    assert any(line.startswith("**pa** gets **no verdict** against baseline: Δ test bleu ") and
+               "% of the parameters" in line and "x the measured training throughput" in line
+               and line.endswith(", 30 s of training per run (measured).")
+               for line in report.verdicts), report.verdicts
+    assert report.warning and "still falling steeply" in report.warning and "Warning: still learning" in markdown
+    assert "not recorded: this report was written outside a compare run" in markdown
     assert all(f"figures/{name}" in markdown for name in names)
 
     class NoSample(type(plan.spec)):
@@ -471,6 +479,35 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert "pa_attention_pa.png" not in [p.path.name for p in report.pictures]
     assert report.notes == ["PA attention maps of pa: skipped, task 'translation' offers no sample input "
                             "(TaskSpec.sample_input)."]
+
+
+def test_still_falling_curves_are_told_apart_from_levelled_ones():
+    steps = [100.0 * i for i in range(1, 21)]
+    levelled = [(x, 2.0 + 1.0 * math.exp(-x / 300)) for x in steps]  # the last quarter brings 0.3% of the fall
+    straight = [(x, 3.0 - x / 2000) for x in steps]  # a straight line: the last quarter brings a quarter
+    slow_end = [(x, 2.0 + 1.0 * math.exp(-x / 1500)) for x in steps]  # about 15%: still learning
+    assert not still_falling([levelled, levelled], higher_is_better=False)
+    assert still_falling([straight], higher_is_better=False) and still_falling([slow_end], False)
+    rising = [(x, 100 - y) for x, y in slow_end]  # accuracy that still rises
+    assert still_falling([rising], higher_is_better=True) and not still_falling([rising], higher_is_better=False)
+    assert not still_falling([straight[:3]], False)  # too few validations to say
+
+
+def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
+    plan = build_plan(make_settings("translation", ["baseline"], budget_minutes=1.0,
+                                    sets={**_sets(corpus), "train.threads": "1"}))
+    env = environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
+    assert re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", env.commit)  # this checkout is a git work tree
+    lines = env.lines()
+    assert f"torch {torch.__version__}" in lines[1] and "CPU" in env.device
+    assert "threads: 1 torch thread(s) per run, 2 run(s) at a time" in lines  # train.threads wins over the 2
+    assert "wall time of this invocation: 2.1 min (125 s)" in lines
+    assert lines[-1].startswith("load average (1 min): 1.50 -> ")
+
+
+def test_a_margin_that_is_not_positive_is_refused(capsys):
+    assert main(["compare", "--task", "sst5", "--variants", "baseline", "--margin", "0"]) == 2
+    assert "--margin=0.0 must be positive" in capsys.readouterr().err
 
 
 # -- choosing on validation (--select) ------------------------------------------------------------------------

@@ -60,3 +60,5 @@ def test_lm_report_under_a_step_budget(plan, tmp_path):
     record = read_run(plan, out, "baseline", 1, {})
     assert [x for x, _ in record.curve] == [4.0 * e for e in range(1, 11)]
     assert {p.path.name for p in report.pictures} >= {"learning_curves.png", "pa_attention_pa.png"}
+    curves = next(p for p in report.pictures if p.path.name == "learning_curves.png")
+    assert curves.caption.startswith("Validation loss (nats per token) against optimiser steps")  # axis with unit

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence, get_args
 from pathlib import Path
 
 from .checkpoint import CheckpointError
+from .compare import DEFAULT as COMPARE_DEFAULT
 from .core.config import ConfigError
 from .data.text import DataError, read_lines, read_stream_lines
 from .fileio import read_json
@@ -155,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--budget-minutes", type=float,
                          help="training minutes per run (train.max_minutes; validation excluded)")
     compare.add_argument("--budget-steps", type=int,
-                         help="optimiser steps per run (train.max_steps): the same table on any load")
+                         help="optimiser steps per run (train.max_steps): the same table on any load of the same "
+                              "machine and software")
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
@@ -163,12 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="variants that are candidate values of one hyper-parameter (e.g. pa=pa,pa_a0.3): the "
                               "report names the one with the best validation mean and marks its row (repeatable; "
                               "report only, so it may be added to a comparison under way)")
+    compare.add_argument("--margin", type=float, metavar="DELTA",
+                         help="equivalence margin for the verdicts, absolute, in the units of the task's metric "
+                              "(nats for lm's loss, percentage points for accuracy, BLEU points): a variant whose "
+                              "difference to the baseline two one-sided tests place inside ±DELTA is 'equivalent' "
+                              "(report only; default: no equivalence test)")
     compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
                          help="the README's comparison: a character-level language model on the bundled "
-                              "Shakespeare, baseline,pa,crossformer_kq,crossformer_sg,lw_1x, 3 seeds, 200 steps each, "
-                              "2 jobs (docs/compare.md; any flag given overrides its part)")
+                              "Shakespeare, baseline,pa,crossformer_kq,crossformer_sg,lw_1x, "
+                              f"{COMPARE_DEFAULT['seeds']} seeds, {COMPARE_DEFAULT['budget_steps']} steps each, "
+                              f"{COMPARE_DEFAULT['jobs']} jobs (docs/compare.md; any flag given overrides its part)")
     compare.add_argument("--jobs", type=int,
                          help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
                               "(default 1; 2 with --default); keep it the same for every run of one comparison")
@@ -330,7 +338,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
     result = run_compare(settings, output, command=["interlayer", *argv],
                          jobs=1 if chosen["jobs"] is None else chosen["jobs"],
-                         selections=parse_selections(args.select))
+                         selections=parse_selections(args.select), margin=args.margin)
     if result.interrupted:
         return 130
     return 1 if result.failed else 0

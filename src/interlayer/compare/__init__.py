@@ -6,6 +6,7 @@ each (:mod:`.runner`, :mod:`.child`), and write the report (:mod:`.report`, :mod
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -20,17 +21,28 @@ if TYPE_CHECKING:
     from .report import Report
     from .runner import RunOutcome
 
+# The main job's budget (`make run` = `interlayer compare --default`), in one place: optimiser steps per run, seeds
+# per variant, and validations per learning curve (every steps // validations steps). Chosen (issue 30) so that the
+# baseline's validation loss on the held-out plays falls below 2.0 (measured with one seed and one thread, which do not
+# depend on the load: 2.005 after 1,500 steps, 1.907 after 2,000) with 3 seeds for the verdicts; the wall time
+# estimated from tokens/s is in docs/compare.md. Adjust it here after timing `make run` on a quiet machine
+# (5 seeds if it takes under 9 minutes).
+MAIN_JOB_STEPS = 2000
+MAIN_JOB_SEEDS = 3
+MAIN_JOB_VALIDATIONS = 20
+
 # The README's comparison: a character-level language model on the bundled Shakespeare (validation and test on
 # held-out plays), the plain decoder against causal Predictive Attention, Crossformer key-query hard guidance,
-# Crossformer soft guidance and LW-1x, 3 seeds each under a budget of optimiser steps, so the same command gives
-# the same table on a loaded or an idle machine. The model is a small nanoGPT (d=64, 4 layers, 64-character blocks,
-# 16 per step) so that 15 runs, two at a time with one thread each, fit in 15 minutes with the set-up on 2
-# CPU cores; every run validates 10 times (every 16 of its 160 steps) on 128 blocks spread over the validation plays.
-DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg,lw_1x"], "seeds": 3,
-           "budget_minutes": None, "budget_steps": 160, "jobs": 2,
+# Crossformer soft guidance and LW-1x under a budget of optimiser steps, so the same command gives the same table on
+# a loaded or an idle machine (of the same kind and software). The model is a small nanoGPT (d=64, 4 layers,
+# 64-character blocks, 16 per step), two runs at a time with one thread each on 2 CPU cores; every run validates on
+# 128 blocks spread over the validation plays.
+DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg,lw_1x"], "seeds": MAIN_JOB_SEEDS,
+           "budget_minutes": None, "budget_steps": MAIN_JOB_STEPS, "jobs": 2,
            "sets": ["d_model=64", "n_heads=4", "d_ffn=256", "enc_layers=4", "dropout=0.0", "attn_dropout=0.0",
-                    "data.block_size=64", "data.eval_interval=16", "data.eval_blocks=128", "train.max_tokens=1024",
-                    "train.lr=6e-3", "train.min_lr=6e-4", "train.warmup_steps=16", "train.threads=1"]}
+                    "data.block_size=64", f"data.eval_interval={MAIN_JOB_STEPS // MAIN_JOB_VALIDATIONS}",
+                    "data.eval_blocks=128", "train.max_tokens=1024", "train.lr=6e-3", "train.min_lr=6e-4",
+                    "train.warmup_steps=16", "train.threads=1"]}
 DEFAULT_OUTPUT = "runs/compare/{task}"
 
 
@@ -75,10 +87,12 @@ class CompareResult:
 
 
 def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
-                selections: Sequence[Selection] = (), echo: Callable[[str], None] = print) -> CompareResult:
+                selections: Sequence[Selection] = (), margin: Optional[float] = None,
+                echo: Callable[[str], None] = print) -> CompareResult:
     """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
     and still reports. ``selections`` (``--select``, :mod:`.selection`) are checked against the variants before
-    any training and decided in the report.
+    any training and decided in the report; ``margin`` (``--margin``) is the equivalence margin of the verdicts,
+    absolute, in the metric's units (report only, like the selections).
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
@@ -86,11 +100,15 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     naming this one, instead of training the same runs beside it.
     """
     from .plan import prepare_directory
-    from .report import write_report
+    from .report import environment, load_average, write_report
     from .runner import Runner
 
+    started, load_at_start = time.perf_counter(), load_average()
     if jobs < 1:
         raise ConfigError(f"--jobs={jobs} must be at least 1 (the number of runs trained at once)")
+    if margin is not None and not margin > 0:
+        raise ConfigError(f"--margin={margin} must be positive: the equivalence margin, absolute, in the units of the "
+                          "task's metric (e.g. --margin 0.02 for a loss in nats)")
     output = Path(output)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
@@ -98,8 +116,15 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     with DirectoryLock(output, "comparison"):
         continued = prepare_directory(plan, output, list(command))
         echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
-        outcomes, interrupted = Runner(plan, output, jobs=jobs, echo=echo).run_all()
-        report = write_report(plan, output, list(command), selections)
+        runner = Runner(plan, output, jobs=jobs, echo=echo)
+        outcomes, interrupted = runner.run_all()
+        env = environment(plan, runner.threads, jobs, time.perf_counter() - started, load_at_start)
+        report = write_report(plan, output, list(command), selections, margin, env)
+    echo("")
+    for line in report.verdicts:
+        echo(line.replace("**", ""))
+    if report.warning:
+        echo(report.warning.replace("**", ""))
     echo("")
     echo(report.table)
     echo("")

@@ -93,13 +93,13 @@ def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: 
                  "too), for the validations all seeds have; the band spans the seeds' minimum and maximum.")
 
 
-def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[Optional[float]]]], baseline: str,
+def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, str, Sequence[Optional[float]]]], baseline: str,
               path: Path) -> Picture:
-    """One bar chart per (title, value per variant); a missing value is drawn as 'n/a'."""
+    """One bar chart per (title, y-axis unit, value per variant); a missing value is drawn as 'n/a'."""
     fig = _figure(*COST_SIZE)
     axes = fig.subplots(2, 2).ravel()
     colors = ["tab:orange" if name == baseline else "tab:blue" for name in names]
-    for ax, (title, values) in zip(axes, panels):
+    for ax, (title, unit, values) in zip(axes, panels):
         heights = [v if v is not None else 0.0 for v in values]
         bars = ax.bar(range(len(names)), heights, color=colors)
         top = max(heights) if any(heights) else 1.0
@@ -109,6 +109,7 @@ def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[Optiona
                     va="bottom", fontsize=8)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
+        ax.set_ylabel(unit, fontsize=8)
         ax.set_ylim(0, top * 1.15)
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[len(panels):]:
@@ -166,14 +167,15 @@ def attention_maps(rows: Sequence[tuple[str, Sequence[tuple[str, np.ndarray]]]],
                 ax.set_visible(False)
                 continue
             column, matrix = maps[c]
-            ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(float(matrix.max()), 1e-9))
+            image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(float(matrix.max()), 1e-9))
+            fig.colorbar(image, ax=ax, shrink=0.8, label="attention probability")
             ax.set_title(f"{row_label}: {column}", fontsize=8)
             if labels is not None and len(labels) == matrix.shape[-1]:
                 ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
                 ax.set_yticks(range(len(labels)), labels, fontsize=6)
             else:
-                ax.set_xlabel("key", fontsize=7)
-                ax.set_ylabel("query", fontsize=7)
+                ax.set_xlabel("key position", fontsize=7)
+                ax.set_ylabel("query position", fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path, title, caption)
 

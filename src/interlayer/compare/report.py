@@ -8,7 +8,11 @@ Columns: parameters (each tensor once) and MAdds of one forward pass at the task
 :func:`interlayer.compare.plan.typical_lengths`), training throughput (mean of the logged windows), peak memory
 (growth of the run process's maximum RSS from its start), the best validation metric and the test metric of the
 run's ``best/`` model as mean ± sample std over seeds, and the difference of the test mean to the baseline with
-the verdict of :data:`interlayer.compare.stats.RULE`.
+its 95% interval, Holm-corrected p, detectable difference and verdict (:mod:`interlayer.compare.stats`).
+
+Above the table, a paragraph says in words what won (each verdict with the variant's cost beside it), the
+environment that produced the numbers (commit, torch, device, threads, wall time, load), and a warning when the
+learning curves are still falling steeply at the end of the budget (the verdict is then about early training).
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ import functools
 import html
 import inspect
 import json
+import os
+import platform
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -35,9 +42,19 @@ from .child import MEMORY_FILE, RESULTS_FILE
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose
-from .stats import RULE, Difference, difference, mean_std
+from .stats import POWER, Comparison, compare_to_baseline, mean_std, rule
 
 FIGURES = "figures"
+# The metric's unit, for the axes and the --margin (absolute, in these units); tasks report accuracy in percent.
+METRIC_UNITS = {"loss": "nats per token", "accuracy": "%", "bleu": "BLEU points"}
+# A learning curve is "still falling steeply" when its last quarter of the budget brought more than this share of
+# its whole improvement since the first validation (a converging curve brings a few percent there).
+STEEP_SHARE = 0.10
+
+
+def metric_label(metric: str) -> str:
+    unit = METRIC_UNITS.get(metric)
+    return f"{metric} ({unit})" if unit else metric
 
 
 @dataclass
@@ -66,7 +83,7 @@ class VariantSummary:
     valid: list[float]
     speed: Optional[float]
     memory: Optional[float]
-    difference: Optional[Difference] = None
+    comparison: Optional[Comparison] = None  # against the baseline; None for the baseline itself
     extra: dict[str, list[float]] = field(default_factory=dict)  # secondary test metrics (MRPC's F1, chrF)
 
     @property
@@ -140,7 +157,7 @@ def _test_values(runs: list[RunRecord], metric: str) -> list[float]:
             if isinstance(r.results.get(f"test_{metric}"), (int, float))]
 
 
-def summarize(plan: Plan, output: Path) -> list[VariantSummary]:
+def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
     status_path = output / STATUS_FILE
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     summaries = []
@@ -155,9 +172,10 @@ def summarize(plan: Plan, output: Path) -> list[VariantSummary]:
                                         max(memories) if memories else None,
                                         extra={m: _test_values(done, m) for m in extra_metrics(plan)}))
     base = next(s for s in summaries if s.name == plan.settings.baseline)
+    comparisons = compare_to_baseline({s.name: s.test for s in summaries if s is not base}, base.test,
+                                      plan.task.higher_is_better, margin)
     for summary in summaries:
-        if summary is not base:
-            summary.difference = difference(summary.test, base.test)
+        summary.comparison = comparisons.get(summary.name)
     return summaries
 
 
@@ -184,11 +202,13 @@ def mean_pm(values: list[float], places: Optional[int] = None) -> str:
 
 def headers(plan: Plan) -> list[str]:
     """The results table: what the runs' settings and seeds decide (measured speed and memory are in
-    :func:`cost_rows`), so under a step budget the same command prints the same table on any load."""
+    :func:`cost_rows`), so under a step budget the same command prints the same table on any load of the same
+    machine and software."""
     metric = plan.task.metric
     base = plan.variant(plan.settings.baseline)
     return ["variant", "parameters", f"MAdds @ {'/'.join(map(str, base.lengths))}", "runs", f"valid {metric}",
-            f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)), "Δ test", "beyond seed spread"]
+            f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)), "Δ test [95% CI]", "p (Holm)",
+            f"detectable Δ (power {POWER})", "verdict"]
 
 
 def cost_headers(plan: Plan) -> list[str]:
@@ -201,6 +221,21 @@ def cost_rows(summaries: list[VariantSummary]) -> list[list[str]]:
             for s in summaries]
 
 
+def delta_text(c: Optional[Comparison], places: int) -> str:
+    """``+0.012 [-0.004, +0.028]``: the difference and its 95% interval (none with one seed on a side)."""
+    if c is None or c.delta is None:
+        return "–"
+    return f"{c.delta:+.{places}f}" + (f" [{c.interval[0]:+.{places}f}, {c.interval[1]:+.{places}f}]"
+                                       if c.interval else "")
+
+
+def comparison_cells(c: Optional[Comparison], places: int) -> list[str]:
+    if c is None:
+        return ["–"] * 4
+    return [delta_text(c, places), "–" if c.p_holm is None else f"{c.p_holm:.3g}",
+            "–" if c.detectable is None else f"{c.detectable:.{places}f}", c.words]
+
+
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
     chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
@@ -210,15 +245,12 @@ def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Ch
     for s in summaries:
         p = s.planned
         madds = human(p.madds) + ("" if p.lengths == base_lengths else f" @ {'/'.join(map(str, p.lengths))}")
-        delta = s.difference.delta if s.difference else None
         marked = s.name == plan.settings.baseline and s.name != "baseline"
         label = s.name + (" (baseline)" if marked else "") + (f" (chosen for {chosen[s.name]})"
                                                               if s.name in chosen else "")
         rows.append([label, human(p.parameters), madds, f"{len(s.finished())}/{len(s.runs)}",
                      mean_pm(s.valid, plan.task.decimals), mean_pm(s.test, plan.task.decimals),
-                     *(mean_pm(s.extra[m]) for m in extra_metrics(plan)),
-                     "–" if delta is None else f"{delta:+.{places}f}",
-                     s.difference.verdict if s.difference else "–"])
+                     *(mean_pm(s.extra[m]) for m in extra_metrics(plan)), *comparison_cells(s.comparison, places)])
     return rows
 
 
@@ -320,7 +352,8 @@ def _pa_picture(plan: Plan, summary: VariantSummary, baseline: VariantSummary, p
         maps = []
         base = base_attentions[i] if i < len(base_attentions) else None
         if base is not None and base.logits.shape[-2:] == att.logits.shape[-2:]:  # the same tokens
-            maps.append((f"{baseline.name} (baseline)", head_mean_probs(base.logits, mask, causal)))
+            label = "baseline" if baseline.name == "baseline" else f"baseline: {baseline.name}"
+            maps.append((label, head_mean_probs(base.logits, mask, causal)))
         maps += [("PA combined (Eq. 4)", head_mean_probs(att.logits, mask, causal)),
                  ("CNN-predicted", head_mean_probs(att.extras["predicted"], mask, causal)),
                  ("self-attention", head_mean_probs(att.extras["self"], mask, causal))]
@@ -351,7 +384,8 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
     """Every figure that applies, and a one-line note for each that applies but could not be drawn."""
     pictures, notes = [], []
     baseline = next(s for s in summaries if s.name == plan.settings.baseline)
-    curves = plots.learning_curves({s.name: [r.curve for r in s.runs] for s in summaries}, plan.task.metric,
+    curves = plots.learning_curves({s.name: [r.curve for r in s.runs] for s in summaries},
+                                   metric_label(plan.task.metric),
                                    baseline.name, directory / "learning_curves.png", curve_axis(plan)[1])
     if curves is None:
         notes.append("Learning curves: skipped, no run has validated yet.")
@@ -360,10 +394,11 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
     names = [s.name for s in summaries]
     units = plan.task.units
     pictures.append(plots.cost_bars(names, [
-        ("parameters", [float(s.planned.parameters) for s in summaries]),
-        (f"MAdds @ {'/'.join(map(str, baseline.planned.lengths))}", [float(s.planned.madds) for s in summaries]),
-        (f"training {units}/s", [s.speed for s in summaries]),
-        ("peak memory growth (MiB)", [s.memory for s in summaries])], baseline.name, directory / "cost.png"))
+        ("parameters", "parameters (count)", [float(s.planned.parameters) for s in summaries]),
+        (f"MAdds @ {'/'.join(map(str, baseline.planned.lengths))}", "multiply-adds per forward pass",
+         [float(s.planned.madds) for s in summaries]),
+        (f"training {units}/s (measured)", f"{units} per second", [s.speed for s in summaries]),
+        ("peak memory growth", "MiB", [s.memory for s in summaries])], baseline.name, directory / "cost.png"))
     sg = {s.name: [csv_curve(r.run_dir / "train.csv", "step", "crossformer_sg") for r in s.runs] for s in summaries
           if _section(s.planned.model, "crossformer").get("soft")}
     if sg:
@@ -392,6 +427,136 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
     return pictures, notes
 
 
+# -- what won, in words -----------------------------------------------------------------------------------------
+_PHRASES = {"better": "is **better** than", "worse": "is **worse** than", "equivalent": "is **equivalent** to",
+            "undecided": "is **undecided** against", "no verdict": "gets **no verdict** against"}
+
+
+def _ratio(value: Optional[float], base: Optional[float]) -> Optional[float]:
+    return value / base if value is not None and base else None
+
+
+def train_seconds(s: VariantSummary) -> Optional[float]:
+    """The mean measured training time of the variant's finished runs (``train_minutes`` of results.json)."""
+    minutes = [r.results["train_minutes"] for r in s.finished()
+               if isinstance(r.results.get("train_minutes"), (int, float))]
+    return 60 * sum(minutes) / len(minutes) if minutes else None
+
+
+def cost_words(s: VariantSummary, base: VariantSummary) -> str:
+    """The variant's cost relative to the baseline's: parameters, MAdds, measured training throughput and time."""
+    parts = [f"{_ratio(s.planned.parameters, base.planned.parameters):.0%} of the parameters",
+             f"{_ratio(s.planned.madds, base.planned.madds):.0%} of the MAdds"]
+    speed = _ratio(s.speed, base.speed)
+    parts.append("throughput not measured" if speed is None else f"{speed:.2f}x the measured training throughput")
+    seconds = train_seconds(s)
+    if seconds is not None:
+        parts.append(f"{seconds:.0f} s of training per run (measured)")
+    return ", ".join(parts)
+
+
+def verdict_lines(plan: Plan, summaries: list[VariantSummary]) -> list[str]:
+    """What won, one sentence per variant: the verdict, the difference with its interval, the cost beside it."""
+    base = next(s for s in summaries if s.name == plan.settings.baseline)
+    base_mean = mean_std(base.test)[0]
+    places = plan.task.decimals or (decimals(base_mean) if base_mean is not None else 2)
+    lines = []
+    for s in summaries:
+        c = s.comparison
+        if c is None:
+            continue
+        lines.append(f"**{s.name}** {_PHRASES[c.verdict]} {base.name}: Δ test {plan.task.metric} "
+                     f"{delta_text(c, places)}" + (f"; {c.reason}" if c.reason else "")
+                     + f"; {cost_words(s, base)}.")
+    return lines
+
+
+def still_falling(curves: Sequence[Sequence[tuple[float, float]]], higher_is_better: bool) -> bool:
+    """Whether the mean learning curve's last quarter (of its x range) brought more than :data:`STEEP_SHARE` of its
+    improvement since the first validation: training had not levelled off when the budget ended."""
+    mean = plots.mean_curve(curves)
+    if mean is None or len(mean[0]) < 4:
+        return False
+    x, y = mean[0], mean[1] if higher_is_better else -mean[1]
+    total = y[-1] - y[0]
+    last = y[-1] - float(np.interp(x[-1] - 0.25 * (x[-1] - x[0]), x, y))
+    return bool(total > 0 and last > STEEP_SHARE * total)
+
+
+def steep_warning(plan: Plan, summaries: list[VariantSummary]) -> Optional[str]:
+    steep = [s.name for s in summaries if still_falling([r.curve for r in s.runs], plan.task.higher_is_better)]
+    if not steep:
+        return None
+    return (f"**Warning: still learning.** The validation curves of {', '.join(steep)} were still falling steeply when"
+            f" the budget ended (the last quarter brought more than {STEEP_SHARE:.0%} of the improvement since the "
+            "first validation): the verdicts describe early training, not trained models; a larger budget may "
+            "change them.")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What produced the numbers, for the report's reader to judge whether a re-run should match them."""
+
+    commit: str  # interlayer's git commit ("+ local changes" when the work tree differs), or why it is unknown
+    torch: str
+    device: str
+    threads: str  # torch threads per run and runs at a time
+    wall_seconds: Optional[float]  # this invocation of compare, planning to report
+    load: str  # the 1-minute load average at the start and at the end
+
+    def lines(self) -> list[str]:
+        wall = "–" if self.wall_seconds is None else f"{self.wall_seconds / 60:.1f} min ({self.wall_seconds:.0f} s)"
+        return [f"interlayer commit {self.commit}", f"torch {self.torch}, Python {platform.python_version()}",
+                f"device: {self.device}", f"threads: {self.threads}", f"wall time of this invocation: {wall}",
+                f"load average (1 min): {self.load}"]
+
+
+def git_commit() -> str:
+    """The commit of the interlayer source in use, if it is a git checkout."""
+    source = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout, or git is missing)"
+    return head + (" + local changes" if dirty else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def environment(plan: Plan, threads: Optional[int], jobs: int, wall_seconds: Optional[float],
+                load_at_start: Optional[float]) -> Environment:
+    """The environment of a comparison that has just run: ``threads`` is the runner's torch threads per run (a
+    config's ``train.threads`` wins), ``jobs`` the runs at a time."""
+    device = str(plan.settings.sets.get("train.device", "auto"))
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        device_text = f"{device}: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} GPU(s))"
+    else:
+        device_text = f"{device}: CPU, {cpu_name()}, {os.cpu_count()} logical core(s)"
+    per_run = plan.settings.sets.get("train.threads") or threads or torch.get_num_threads()
+    end = load_average()
+    load = " -> ".join("–" if v is None else f"{v:.2f}" for v in (load_at_start, end)) + " (start -> end)"
+    return Environment(git_commit(), torch.__version__, device_text, f"{per_run} torch thread(s) per run, {jobs} "
+                       "run(s) at a time", wall_seconds, load)
+
+
 # -- writing --------------------------------------------------------------------------------------------------
 @dataclass
 class Report:
@@ -403,6 +568,8 @@ class Report:
     notes: list[str]
     complete: bool
     chosen: list[str] = field(default_factory=list)  # one line per --select group
+    verdicts: list[str] = field(default_factory=list)  # what won, one sentence per variant
+    warning: Optional[str] = None  # the curves were still falling steeply
 
 
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
@@ -427,14 +594,18 @@ def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: lis
     return lines
 
 
-def _explanations(plan: Plan) -> list[str]:
+def _explanations(plan: Plan, margin: Optional[float]) -> list[str]:
     base = plan.variant(plan.settings.baseline)
     return [f"MAdds: multiply-adds of one forward pass at {base.length_label}.",
             f"Throughput: training {plan.task.units} per second, the mean of the logged windows of train.csv "
             "(compare them only between runs on the same machine and load).",
             "Peak memory: growth of the run process's maximum resident set size (ru_maxrss) from the start of the "
             "run, libraries already loaded, to its end (the largest over resumed segments).",
-            f"Significance: {RULE}"]
+            f"Verdicts: {rule(margin)} Welch's test assumes independent, roughly normal seed results; seeds give "
+            "every variant the same data order but not the same initial weights (docs/compare.md). The intervals are "
+            "per variant: one that just excludes 0 may still be undecided after Holm's correction.",
+            f"Detectable Δ: the smallest difference these seeds would find with power {POWER} at the seed spread "
+            "observed (pooled standard deviation, two-sided t-test at 0.05)."]
 
 
 def _variant_lines(plan: Plan) -> list[str]:
@@ -445,10 +616,43 @@ def _variant_lines(plan: Plan) -> list[str]:
     return out
 
 
-def _markdown(plan: Plan, table: str, cost: str, runs: str, lines: list[str], pictures: list[plots.Picture],
-              notes: list[str], directory: Path, chosen: list[str]) -> str:
-    parts = [f"# Comparison on {plan.settings.task}", "\n\n".join(lines), "## Results", table,
-             "## Measured cost", cost, "\n".join(f"- {e}" for e in _explanations(plan))]
+@dataclass(frozen=True)
+class Opening:
+    """The top of the report: what won (an introduction, one sentence per variant, the still-learning warning)
+    and the environment."""
+
+    intro: str
+    verdicts: list[str]
+    warning: Optional[str]
+    environment: list[str]
+
+
+def opening(plan: Plan, summaries: list[VariantSummary], margin: Optional[float],
+            env: Optional[Environment]) -> Opening:
+    base = next(s for s in summaries if s.name == plan.settings.baseline)
+    seeds = ", ".join(f"{s.name} {len(s.test)}" for s in summaries)
+    unit = METRIC_UNITS.get(plan.task.metric)
+    better = "higher" if plan.task.higher_is_better else "lower"
+    intro = (f"Verdicts on the test {plan.task.metric}" + (f", in {unit}" if unit else "")
+             + f" ({better} is better), against **{base.name}**; Δ = variant - {base.name} with its 95% interval; "
+             f"finished seeds: {seeds}"
+             + (f"; equivalence margin ±{margin:g}" if margin is not None else "; no equivalence margin (--margin)")
+             + ".")
+    environment_lines = env.lines() if env is not None else [
+        "not recorded: this report was written outside a compare run"]
+    return Opening(intro, verdict_lines(plan, summaries), steep_warning(plan, summaries), environment_lines)
+
+
+def _markdown(plan: Plan, top: Opening, table: str, cost: str, runs: str, lines: list[str],
+              pictures: list[plots.Picture], notes: list[str], directory: Path, chosen: list[str],
+              margin: Optional[float]) -> str:
+    parts = [f"# Comparison on {plan.settings.task}", "## What won", top.intro,
+             "\n".join(f"- {line}" for line in top.verdicts)]
+    if top.warning:
+        parts.append(top.warning)
+    parts += ["## Set-up", "\n\n".join(lines), "## Environment", "\n".join(f"- {e}" for e in top.environment),
+              "## Results", table, "## Measured cost", cost,
+              "\n".join(f"- {e}" for e in _explanations(plan, margin))]
     if chosen:
         parts += ["## Chosen on validation", "\n".join(f"- {line}" for line in chosen)]
     parts += ["## Variants", "\n".join(f"- {line}" for line in _variant_lines(plan)), "## Figures"]
@@ -470,7 +674,8 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
         "table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;"
         "text-align:left}th{background:#f3f3f3}figure{margin:2em 0}img{max-width:100%}"
-        "figcaption{color:#555;font-size:14px}code{background:#f3f3f3;padding:1px 3px}")
+        "figcaption{color:#555;font-size:14px}code{background:#f3f3f3;padding:1px 3px}"
+        ".warning{background:#fff4e5;border-left:4px solid #e69500;padding:6px 10px}")
 
 
 def _inline_markdown(text: str) -> str:
@@ -480,8 +685,12 @@ def _inline_markdown(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)
 
 
-def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], pictures: list[plots.Picture],
-          notes: list[str], choices: Sequence[Choice]) -> str:
+def _bullets(items: Sequence[str]) -> str:
+    return "<ul>" + "".join(f"<li>{_inline_markdown(item)}</li>" for item in items) + "</ul>"
+
+
+def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list[str], pictures: list[plots.Picture],
+          notes: list[str], choices: Sequence[Choice], margin: Optional[float]) -> str:
     figures_html = []
     for picture in pictures:
         data = base64.b64encode(picture.path.read_bytes()).decode("ascii")
@@ -489,11 +698,13 @@ def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], picture
                             f"\" width=\"{picture.size[0]}\" height=\"{picture.size[1]}\" "
                             f"src=\"data:image/png;base64,{data}\"><figcaption>{html.escape(picture.caption)}"
                             "</figcaption></figure>")
-    body = [f"<h1>Comparison on {html.escape(plan.settings.task)}</h1>",
-            *(f"<p>{_inline_markdown(line)}</p>" for line in lines), "<h2>Results</h2>",
+    body = [f"<h1>Comparison on {html.escape(plan.settings.task)}</h1>", "<h2>What won</h2>",
+            f"<p>{_inline_markdown(top.intro)}</p>", _bullets(top.verdicts),
+            *([f"<p class=\"warning\">{_inline_markdown(top.warning)}</p>"] if top.warning else []),
+            "<h2>Set-up</h2>", *(f"<p>{_inline_markdown(line)}</p>" for line in lines),
+            "<h2>Environment</h2>", _bullets(top.environment), "<h2>Results</h2>",
             _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h2>Measured cost</h2>",
-            _html_table(cost_headers(plan), cost_rows(summaries)),
-            "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in _explanations(plan)) + "</ul>"]
+            _html_table(cost_headers(plan), cost_rows(summaries)), _bullets(_explanations(plan, margin))]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
             f"<li>{_inline_markdown(line)}</li>" for line in choice_lines(choices, plan.task.metric)) + "</ul>")
@@ -507,9 +718,20 @@ def _html(plan: Plan, summaries: list[VariantSummary], lines: list[str], picture
             "</body></html>\n")
 
 
-def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice]) -> dict[str, Any]:
+def _comparison_json(c: Optional[Comparison]) -> dict[str, Any]:
+    if c is None:
+        return {"comparison": None}
+    return {"comparison": {"delta": c.delta, "ci95": list(c.interval) if c.interval else None, "p": c.p,
+                           "p_holm": c.p_holm, "p_equivalence_holm": c.p_equivalence_holm,
+                           "detectable_delta": c.detectable, "target_delta": c.target,
+                           "seeds_for_target": c.seeds_for_target, "verdict": c.verdict, "reason": c.reason}}
+
+
+def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice], margin: Optional[float],
+                  top: Opening) -> dict[str, Any]:
     out = {"task": plan.settings.task, "metric": plan.task.metric, "baseline": plan.settings.baseline,
-           "rule": RULE, "variants": {},
+           "rule": rule(margin), "margin": margin, "environment": top.environment,
+           "still_learning_warning": top.warning, "variants": {},
            "selections": {c.selection.group: {"candidates": list(c.selection.candidates), "valid_means": c.valid,
                                               "chosen": c.chosen, "missing_runs": list(c.missing)}
                           for c in choices}}
@@ -521,17 +743,18 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence
             "units_per_s": s.speed, "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()),
             "runs": len(s.runs), "test": s.test, "test_mean": test_mean, "test_std": test_std, "valid": s.valid,
             "valid_mean": valid_mean, "valid_std": valid_std, **{f"test_{m}": v for m, v in s.extra.items()},
-            "delta": s.difference.delta if s.difference else None,
-            "beyond_spread": s.difference.exceeds if s.difference else None,
-            "verdict": s.difference.verdict if s.difference else None}
+            **_comparison_json(s.comparison)}
     return out
 
 
-def write_report(plan: Plan, output: Path, command: list[str], selections: Sequence[Selection] = ()) -> Report:
+def write_report(plan: Plan, output: Path, command: list[str], selections: Sequence[Selection] = (),
+                 margin: Optional[float] = None, env: Optional[Environment] = None) -> Report:
     """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json`` and ``figures/`` into ``output``;
-    ``selections`` are the ``--select`` groups, decided on validation (:mod:`.selection`)."""
+    ``selections`` are the ``--select`` groups, decided on validation (:mod:`.selection`); ``margin`` the
+    equivalence margin (``--margin``, in the metric's units); ``env`` what produced the runs (:func:`environment`)."""
     output = Path(output)
-    summaries = summarize(plan, output)
+    summaries = summarize(plan, output, margin)
+    top = opening(plan, summaries, margin, env)
     complete = all(r.state == "finished" for s in summaries for r in s.runs)
     choices = [choose(selection, summaries, plan.task.higher_is_better) for selection in selections]
     pictures, notes = figures(plan, summaries, output / FIGURES)
@@ -540,9 +763,11 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
-    markdown.write_text(_markdown(plan, table, cost, runs, lines, pictures, notes, output,
-                                  choice_lines(choices, plan.task.metric)))
+    markdown.write_text(_markdown(plan, top, table, cost, runs, lines, pictures, notes, output,
+                                  choice_lines(choices, plan.task.metric), margin))
     page = output / "report.html"
-    page.write_text(_html(plan, summaries, lines, pictures, notes, choices))
-    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices), indent=2) + "\n")
-    return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric))
+    page.write_text(_html(plan, top, summaries, lines, pictures, notes, choices, margin))
+    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices, margin, top), indent=2)
+                                         + "\n")
+    return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric),
+                  top.verdicts, top.warning)

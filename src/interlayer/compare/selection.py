@@ -13,10 +13,10 @@ report says which runs are missing. Ties go to the candidate listed first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import fmean
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..core.config import ConfigError
-from .stats import mean_std
 
 if TYPE_CHECKING:
     from .report import VariantSummary
@@ -76,7 +76,7 @@ def check_selections(selections: Sequence[Selection], variants: Sequence[str]) -
 def choose(selection: Selection, summaries: Sequence["VariantSummary"], higher_is_better: bool) -> Choice:
     """The candidate with the best mean validation metric, once all their runs have finished."""
     by_name = {s.name: s for s in summaries}
-    valid = {c: mean_std(by_name[c].valid)[0] for c in selection.candidates}
+    valid = {c: fmean(by_name[c].valid) if by_name[c].valid else None for c in selection.candidates}
     missing = tuple(r.name for c in selection.candidates for r in by_name[c].runs if r.state != "finished")
     if missing or any(v is None for v in valid.values()):
         return Choice(selection, valid, None, missing)
