@@ -221,7 +221,7 @@ class PredictiveMixer(nn.Module):
         convolution and after every one (so also in the returned prediction).
 
         Two paths compute it, equal to rounding (``tests/test_predictive_fast.py``, forward and gradients):
-        without a cache (training, evaluation, a prompt) each convolution is :class:`MapConvReLU`, whose backward
+        without a cache (training, evaluation, a prompt) each convolution is :func:`map_conv_relu`, whose backward
         is two small convolutions instead of the library's generic one; with a cache (incremental decoding, one
         row at a time, where the input rows kept from earlier steps are needed) the reference path
         :meth:`predict_reference` runs. ``fast=False`` on the mixer forces the reference path everywhere.
@@ -233,7 +233,7 @@ class PredictiveMixer(nn.Module):
         keep = None if hidden is None else (~hidden).to(x.dtype)
         x = VisibleCells.apply(x, keep)
         for conv in self.convs:
-            x = MapConvReLU.apply(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv))
+            x = map_conv_relu(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv))[0]
         return x
 
     def predict_reference(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
@@ -248,13 +248,13 @@ class PredictiveMixer(nn.Module):
             x = _zero(F.relu(self._convolve(n, conv, x, context.cache)), hidden)
         return x
 
-    def _padding(self, conv: nn.Conv2d) -> tuple[int, int, int, int]:
+    def _padding(self, conv: nn.Conv2d) -> list[int]:
         """``(left, right, top, bottom)`` zeros around the map: centred, or the causal kernel's ``k - 1`` rows
         above and none below (module doc, "Causal language model")."""
         k_rows, k_cols = conv.kernel_size
         if self.causal_kernel:
-            return k_cols // 2, k_cols // 2, k_rows - 1, 0
-        return k_cols // 2, k_cols // 2, k_rows // 2, k_rows // 2
+            return [k_cols // 2, k_cols // 2, k_rows - 1, 0]
+        return [k_cols // 2, k_cols // 2, k_rows // 2, k_rows // 2]
 
     def _convolve(self, n: int, conv: nn.Conv2d, x: Tensor, cache: Optional[KVCache]) -> Tensor:
         """Convolution ``n`` of the CNN. The causal kernel pads ``k - 1`` rows above the map and none below; in
@@ -331,54 +331,93 @@ class VisibleCells(torch.autograd.Function):
         return (grad if keep is None else grad * keep), None
 
 
-class MapConvReLU(torch.autograd.Function):
-    """``ReLU(conv2d(pad(x), weight, bias)) * keep``: one layer of the prediction CNN, hidden cells zeroed.
-
-    Why a function of its own: the CNN has few channels (the heads, e.g. 4) over large maps (T x T), the shape
-    the library convolutions are least tuned for. On the project's CPU the generic convolution backward took 5x
-    its forward, almost all of it in the input gradient. Here the backward is written out as what it is: the
-    input gradient is the forward convolution of the output gradient with the flipped, transposed kernel (one
-    more forward-speed convolution), the weight gradient the library's weight-only backward. The ReLU and the
-    zeroed cells need no mask of their own in the backward: the gradient passes where the saved output is
-    positive, which is exactly the visible cells where the ReLU was active (``threshold_backward``, ReLU's own).
-    The three convolutions read their maps in channels-last layout (heads innermost), which oneDNN runs 1.3-1.6x
-    faster than the default layout for this shape (measured on the project's CPU); cuDNN takes it as well. What
-    leaves the function is in the default layout again, because the elementwise operations that follow (Eq. 4's
-    mix, the softmax) slow down when their inputs' layouts differ.
-    Saved for backward: the padded input and the output, nothing else. ``pads`` is ``(left, right, top,
-    bottom)``; ``keep`` a float mask broadcastable to the output, or None when every cell is visible.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor],
-                pads: tuple[int, int, int, int]) -> Tensor:
-        padded = _pad_channels_last(x, pads)
-        out = F.conv2d(padded, weight, bias).relu_().contiguous()
-        if keep is not None:
-            out.mul_(keep)
-        ctx.pads = pads
-        ctx.save_for_backward(padded, weight, out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        padded, weight, out = ctx.saved_tensors
-        grad = torch.ops.aten.threshold_backward(grad, out, 0.0)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            left, right, top, bottom = ctx.pads
-            k_rows, k_cols = weight.shape[-2:]
-            full = _pad_channels_last(grad, (k_cols - 1 - left, k_cols - 1 - right, k_rows - 1 - top,
-                                             k_rows - 1 - bottom))
-            grad_x = F.conv2d(full, weight.flip(2, 3).transpose(0, 1)).contiguous()
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad.contiguous(memory_format=torch.channels_last), padded, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-                [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]])
-        return grad_x, grad_w, grad_b, None, None
+# One layer of the prediction CNN: ``ReLU(conv2d(pad(x), weight, bias)) * keep``, hidden cells zeroed.
+#
+# Why operators of their own: the CNN has few channels (the heads, e.g. 4) over large maps (T x T), the shape the
+# library convolutions are least tuned for. On the project's CPU the generic convolution backward took 5x its
+# forward, almost all of it in the input gradient. Here the backward is written out as what it is: the input
+# gradient is the forward convolution of the output gradient with the flipped, transposed kernel (one more
+# forward-speed convolution), the weight gradient the library's weight-only backward. The ReLU and the zeroed cells
+# need no mask of their own in the backward: the gradient passes where the saved output is positive, which is
+# exactly the visible cells where the ReLU was active (``threshold_backward``, ReLU's own). The convolutions read
+# their maps in channels-last layout (heads innermost), which oneDNN runs 1.3-1.6x faster than the default layout
+# for this shape (measured); cuDNN takes it as well. What leaves is in the default layout again, because the
+# elementwise operations that follow (Eq. 4's mix, the softmax) slow down when their inputs' layouts differ.
+# Saved for backward: the padded input and the output. ``pads`` is ``(left, right, top, bottom)``; ``keep`` a float
+# mask broadcastable to the output, or None when every cell is visible.
+#
+# They are registered operators (``torch.library.custom_op``), not an ``autograd.Function``, so that
+# ``torch.compile`` keeps them whole (no graph break: the fake implementations give the shapes): traced through,
+# inductor fused the padding and layout change into the neighbouring softmax's kernel, which then ran 5x slower
+# than in eager mode (measured on the project's CPU).
+@torch.library.custom_op("interlayer::map_conv_relu", mutates_args=())
+def map_conv_relu(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int]
+                  ) -> tuple[Tensor, Tensor]:
+    """The layer's output and its padded input (kept for the backward)."""
+    padded = _pad_channels_last(x, pads)
+    out = F.conv2d(padded, weight, bias).relu_().contiguous()
+    if keep is not None:
+        out.mul_(keep)
+    return out, padded
 
 
-def _pad_channels_last(x: Tensor, pads: tuple[int, int, int, int]) -> Tensor:
+@map_conv_relu.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int]) -> tuple[Tensor, Tensor]:
+    left, right, top, bottom = pads
+    b, _, h, w = x.shape
+    k_rows, k_cols = weight.shape[-2:]
+    padded = x.new_empty(b, x.shape[1], h + top + bottom, w + left + right,
+                         memory_format=torch.channels_last)
+    return x.new_empty(b, weight.shape[0], h + top + bottom - k_rows + 1, w + left + right - k_cols + 1), padded
+
+
+@torch.library.custom_op("interlayer::map_conv_relu_backward", mutates_args=())
+def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, pads: list[int],
+                           needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`map_conv_relu` w.r.t. ``x``, ``weight`` and ``bias`` (zeros where ``needs`` is False)."""
+    grad = torch.ops.aten.threshold_backward(grad, out, 0.0)
+    left, right, top, bottom = pads
+    k_rows, k_cols = weight.shape[-2:]
+    grad_x = grad_w = grad_b = None
+    if needs[0]:
+        full = _pad_channels_last(grad, [k_cols - 1 - left, k_cols - 1 - right, k_rows - 1 - top,
+                                         k_rows - 1 - bottom])
+        grad_x = F.conv2d(full, weight.flip(2, 3).transpose(0, 1)).contiguous()
+    if needs[1] or needs[2]:
+        _, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad.contiguous(memory_format=torch.channels_last), padded, weight, [weight.shape[0]], [1, 1], [0, 0],
+            [1, 1], False, [0, 0], 1, [False, needs[1], needs[2]])
+    b, c = padded.shape[:2]
+    return (grad_x if grad_x is not None else grad.new_zeros(b, c, out.shape[2], out.shape[3]),
+            grad_w if grad_w is not None else torch.zeros_like(weight),
+            grad_b if grad_b is not None else weight.new_zeros(weight.shape[0]))
+
+
+@map_conv_relu_backward.register_fake
+def _(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, pads: list[int], needs: list[bool]
+      ) -> tuple[Tensor, Tensor, Tensor]:
+    return (grad.new_empty(padded.shape[0], padded.shape[1], out.shape[2], out.shape[3]), torch.empty_like(weight),
+            weight.new_empty(weight.shape[0]))
+
+
+def _map_conv_relu_setup(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    _, weight, _, _, pads = inputs
+    out, padded = output
+    ctx.pads = pads
+    ctx.save_for_backward(padded, weight, out)
+
+
+def _map_conv_relu_grad(ctx: Any, grad: Tensor, _grad_padded: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    padded, weight, out = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:3]]
+    grad_x, grad_w, grad_b = map_conv_relu_backward(grad, padded, weight, out, list(ctx.pads), needs)
+    return (grad_x if needs[0] else None, grad_w if needs[1] else None, grad_b if needs[2] else None, None, None)
+
+
+map_conv_relu.register_autograd(_map_conv_relu_grad, setup_context=_map_conv_relu_setup)
+
+
+def _pad_channels_last(x: Tensor, pads: list[int]) -> Tensor:
     """``F.pad(x, pads)`` written straight into a channels-last tensor: one zero fill and one copy."""
     left, right, top, bottom = pads
     b, c, h, w = x.shape
