@@ -10,11 +10,24 @@ from typing import Any, Optional, TypeVar, Union
 
 import torch
 
+from .positions import LearnedPositions
+
 ModelT = TypeVar("ModelT", bound="PretrainedMixin")
 
 
 class PretrainedMixin:
-    """Saving and loading as methods of a model class (``nn.Module`` subclasses)."""
+    """Saving and loading as methods of a model class (``nn.Module`` subclasses), and ``num_parameters``."""
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """As ``transformers``' ``PreTrainedModel.num_parameters``: each parameter once (a tied one is counted
+        once), only those that train when ``only_trainable``, without the token and absolute position tables
+        (``nn.Embedding`` and ``LearnedPositions`` weights, GPT-2's ``wte`` and ``wpe``) when
+        ``exclude_embeddings``. :func:`interlayer.count_parameters` says more."""
+        tables = (torch.nn.Embedding, LearnedPositions)
+        embeddings = ({id(m.weight) for m in self.modules() if isinstance(m, tables)}  # type: ignore[attr-defined]
+                      if exclude_embeddings else set())
+        return sum(p.numel() for p in self.parameters()  # type: ignore[attr-defined]
+                   if (p.requires_grad or not only_trainable) and id(p) not in embeddings)
 
     def save_pretrained(self, directory: Union[str, Path]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (ties kept); :func:`interlayer.save_pretrained`."""

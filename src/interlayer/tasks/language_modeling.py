@@ -54,7 +54,7 @@ from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_fi
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 
 SPLITS = ("train", "valid", "test")

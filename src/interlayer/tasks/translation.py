@@ -28,7 +28,7 @@ from ..core.config import ConfigError
 from ..fileio import read_json
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .translation_decoding import DecodeOptions, decode
 
