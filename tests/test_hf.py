@@ -582,7 +582,8 @@ def test_from_pretrained_fetches_other_names_from_the_hub(folders: dict[str, Pat
     hub = pytest.importorskip("huggingface_hub")
     calls = []
 
-    def snapshot_download(repo_id: str, revision: Any = None, local_files_only: bool = False) -> str:
+    def snapshot_download(repo_id: str, revision: Any = None, local_files_only: bool = False,
+                          cache_dir: Any = None) -> str:
         calls.append((repo_id, revision, local_files_only))
         return str(folders["vit_classifier"])
 
@@ -592,6 +593,32 @@ def test_from_pretrained_fetches_other_names_from_the_hub(folders: dict[str, Pat
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(CheckpointError, match="needs the optional package huggingface_hub"):
         ImageClassifier.from_pretrained("someone/tiny-vit")
+
+
+def test_hub_ids_load_from_the_local_cache_offline_in_from_hf_and_from_pretrained(folders: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    """A Hub id is read from the Hugging Face cache's layout (models--ORG--NAME/refs/main -> snapshots/COMMIT)
+    without the network, the same by from_hf and from_pretrained; an id that is not cached is named with the
+    cache and the way to fetch it."""
+    pytest.importorskip("huggingface_hub")
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--someone--tiny-vit"
+    shutil.copytree(folders["vit_classifier"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    cache = tmp_path / "cache"
+    imported = from_hf("someone/tiny-vit", cache_dir=cache, local_files_only=True)
+    loaded = ImageClassifier.from_pretrained("someone/tiny-vit", cache_dir=cache, local_files_only=True)
+    images = torch.rand(2, 3, 16, 16)
+    assert torch.equal(imported(images).logits, loaded(images).logits)
+    assert torch.equal(imported(images).logits, from_hf(folders["vit_classifier"])(images).logits)
+    for load in (lambda: from_hf("someone/elsewhere", cache_dir=cache, local_files_only=True),
+                 lambda: ImageClassifier.from_pretrained("someone/elsewhere", cache_dir=cache,
+                                                         local_files_only=True)):
+        with pytest.raises(PretrainedError, match=r"not in the local cache .*cache.* `hf download someone/elsewhere`"):
+            load()
 
 
 def test_fine_tuning_configs_refuse_a_checkpoint_of_another_kind_and_pooling(tmp_path: Path) -> None:

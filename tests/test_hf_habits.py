@@ -145,3 +145,12 @@ def test_num_parameters_counts_tied_weights_once():
     assert model.num_parameters(exclude_embeddings=True) == model.num_parameters() - table
     model.lm_head.requires_grad_(False)
     assert model.num_parameters(only_trainable=True) == model.num_parameters() - model.lm_head.weight.numel()
+
+
+def test_dir_of_the_package_shows_the_public_api_only():
+    import interlayer
+
+    interlayer.create_model  # noqa: B018 (a lazy name once loaded, and the subpackages it imports, stay hidden)
+    shown = dir(interlayer)
+    assert shown == sorted([*interlayer.__all__, "__version__"])
+    assert not {"Any", "importlib", "annotations", "core", "models"} & set(shown)

@@ -38,8 +38,8 @@ class PretrainedMixin:
     @classmethod
     def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
                         device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
-                        revision: Optional[str] = None,
-                        local_files_only: bool = False, **hf_options: Any) -> ModelT:
+                        revision: Optional[str] = None, local_files_only: bool = False,
+                        cache_dir: Optional[Union[str, Path]] = None, **hf_options: Any) -> ModelT:
         """The model saved in ``source`` (an interlayer folder, a Hugging Face folder of a supported family, or a
         Hub repository id; :mod:`interlayer.pretrained.hub`), moved to ``device``, cast to ``dtype`` and in eval
         mode, as ``transformers``' ``from_pretrained`` returns models.
@@ -50,7 +50,8 @@ class PretrainedMixin:
         from ..checkpoint import CheckpointError
         from ..pretrained.hub import load_model
 
-        model = load_model(source, revision=revision, local_files_only=local_files_only, **hf_options)
+        model = load_model(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
+                           **hf_options)
         if not isinstance(model, cls):
             raise CheckpointError(f"{source} holds a {type(model).__name__}, not a {cls.__name__}; load it with "
                                   f"{type(model).__name__}.from_pretrained or interlayer.load_pretrained")
