@@ -154,7 +154,7 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
                "best_epoch": state.best_epoch, "best_valid": state.saved_metrics,
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
     if score_test:
-        results.update(spec.finish(task, run_dir, state, options))
+        results.update(spec.finish(task, run_dir, state, {**options, "progress": progress}))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 

@@ -194,6 +194,18 @@ class _Logs:
             self._writer.close()
 
 
+def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
+                 step_budget: int) -> int:
+    """The optimiser step at which training will stop: the step budget, or sooner when the time budget
+    (``max_minutes``, of which ``elapsed`` seconds are used) runs out first at the pace of this session
+    (``steps_timed`` steps in ``seconds_timed`` seconds). The progress bar's total, so that its ETA is the true
+    time left under ``--max-minutes`` rather than that of steps the budget will never reach."""
+    if steps_timed <= 0 or seconds_timed <= 0:
+        return step_budget
+    left = max(max_minutes * 60 - elapsed, 0.0)
+    return min(step_budget, step + math.ceil(left * steps_timed / seconds_timed))
+
+
 class Trainer:
     stop_signal: Optional[int] = None  # the signal (SIGINT, SIGTERM) that stopped fit(): the CLI's exit code
 
@@ -359,6 +371,16 @@ class Trainer:
     def _loop(self) -> None:
         cfg, state = self.cfg, self.state
         started = time.perf_counter()
+        # one bar for the run, counting optimiser steps against the budget (see budget_steps)
+        bar = tqdm(initial=state.step, unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
+        try:
+            self._epochs(started, bar)
+        finally:
+            bar.close()
+
+    def _epochs(self, started: float, bar: tqdm) -> None:
+        cfg, state = self.cfg, self.state
+        first_step, first_elapsed = state.step, state.elapsed
         while state.epoch <= cfg.max_epochs:
             steps = self._step_batches(self.task.train_batches(state.epoch, cfg.seed))
             if not steps:
@@ -367,8 +389,8 @@ class Trainer:
                                  "train.max_tokens or train.update_freq")
             self._steps_per_epoch = len(steps)
             self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
-            bar = tqdm(total=len(steps), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
-                       disable=not self.progress, dynamic_ncols=True, leave=False)
+            bar.total = self._total_steps
+            bar.set_description(f"epoch {state.epoch}")
             window: dict[str, float] = {}
             window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
             for micro_batches in steps[state.batch_in_epoch:]:
@@ -389,6 +411,10 @@ class Trainer:
                 for key, value in logs.items():
                     window[key] = window.get(key, 0.0) + value
                 bar.update(1)
+                if cfg.max_minutes:  # the step the time budget will end at: tqdm's ETA becomes the time left
+                    now = state.elapsed + time.perf_counter() - started
+                    bar.total = budget_steps(state.step - first_step, now - first_elapsed, now, cfg.max_minutes,
+                                             state.step, self._total_steps)
                 if state.step % cfg.log_interval == 0:
                     seconds = time.perf_counter() - window_start
                     row = {k: v / window_steps for k, v in window.items()}  # a window may start mid-interval
@@ -402,7 +428,6 @@ class Trainer:
                     self._bank_time(started)
                     started = time.perf_counter()
                     self.save_last()
-            bar.close()
             if self._end_epoch(started):
                 return
             started = time.perf_counter()
