@@ -96,7 +96,7 @@ def _folder_tokenizer(directory: Path) -> tuple[Optional[AnyTokenizer], Optional
         return None, (f"the run's character tokenizer ({directory / TOKENIZER_FILE}: interlayer's own, "
                       f"{len(tokenizer.chars)} characters)")
     if (directory / WORD_VOCAB_FILE).is_file():
-        return None, f"the run's word vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own)"
+        return None, f"the run's vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own format)"
     return None, None
 
 

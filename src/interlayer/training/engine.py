@@ -38,6 +38,7 @@ import os
 import signal
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -161,12 +162,17 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 class _Logs:
-    """CSV files (one per split) plus TensorBoard scalars under ``tb/``."""
+    """CSV files (one per split) plus the scalars in TensorBoard (``tb/``) or Weights & Biases
+    (``train.logger``); W&B also receives the run's configuration, and a resumed run continues the same W&B run
+    (its id is kept in ``RUN_DIR/wandb_id``)."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, logger: str = "tensorboard",
+                 config: Optional[dict[str, Any]] = None) -> None:
         self.run_dir = run_dir
         self.enabled = enabled  # only rank 0 writes
-        self._writer = None
+        self.logger, self.config = logger, config or {}
+        self._writer: Any = None
+        self._wandb: Any = None
 
     def write(self, split: str, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
@@ -180,18 +186,36 @@ class _Logs:
             if fresh:
                 writer.writeheader()
             writer.writerow(row)
+        scalars = {f"{split}/{key}": value for key, value in values.items() if isinstance(value, (int, float))}
+        if self.logger == "wandb":
+            self._wandb_run().log(scalars, step=step)
+            return
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.run_dir / "tb"))
-        for key, value in values.items():
-            if isinstance(value, (int, float)):
-                self._writer.add_scalar(f"{split}/{key}", value, step)
+        for key, value in scalars.items():
+            self._writer.add_scalar(key, value, step)
         self._writer.flush()
+
+    def _wandb_run(self) -> Any:
+        if self._wandb is None:
+            import wandb
+
+            id_file = self.run_dir / "wandb_id"
+            run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+            id_file.write_text(run_id)
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "interlayer"), id=run_id,
+                                     name=self.run_dir.name, dir=str(self.run_dir), config=self.config,
+                                     resume="allow", reinit="create_new")
+        return self._wandb
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
 
 def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
@@ -242,7 +266,10 @@ class Trainer:
         self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
                                    eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.state = TrainState()
-        self.logs = _Logs(self.run_dir, self.dist.is_main)
+        model_config = getattr(model, "config", None)
+        self.logs = _Logs(self.run_dir, self.dist.is_main, cfg.logger,
+                          {"train": dataclasses.asdict(cfg),
+                           "model": model_config.to_dict() if hasattr(model_config, "to_dict") else None})
         self._stop_requested = False
         self._asset_cache: Optional[dict[str, bytes]] = None
         self._total_steps = cfg.max_steps
