@@ -25,7 +25,12 @@ branch compute something no ``transformers`` class computes; Crossformer's soft 
 and its hard-tied matrices are written as separate copies, which computes the same), core settings outside every
 family (relative or rotary positions, ``qk_dim``, pre-LN text encoders, post-LN or bias-free language models,
 ...), the Conv-Transformer, encoder-decoders, the CNN and GAT. Such models are saved in interlayer's own format:
-``model.save_pretrained(directory)``.
+``model.save_pretrained(directory)``, or by :func:`export` (``interlayer export``), which writes that format with
+the same tokenizer, run files and model card, and says why.
+
+Besides the weights (:mod:`~interlayer.pretrained.run_assets`): the tokenizer of the import or of the run the
+model was loaded from, the labels' names (``id2label``), a model card (``README.md``) and, for a language model,
+``generation_config.json``.
 """
 from __future__ import annotations
 
