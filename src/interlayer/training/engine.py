@@ -416,7 +416,7 @@ class Trainer:
                                  "train.max_tokens or train.update_freq")
             self._steps_per_epoch = len(steps)
             self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
-            bar.total = self._total_steps
+            bar.total = self._bar_total(first_step, first_elapsed, state.elapsed)
             bar.set_description(f"epoch {state.epoch}")
             window: dict[str, float] = {}
             window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
@@ -438,10 +438,9 @@ class Trainer:
                 for key, value in logs.items():
                     window[key] = window.get(key, 0.0) + value
                 bar.update(1)
-                if cfg.max_minutes:  # the step the time budget will end at: tqdm's ETA becomes the time left
-                    now = state.elapsed + time.perf_counter() - started
-                    bar.total = budget_steps(state.step - first_step, now - first_elapsed, now, cfg.max_minutes,
-                                             state.step, self._total_steps)
+                if cfg.max_minutes:
+                    bar.total = self._bar_total(first_step, first_elapsed,
+                                                state.elapsed + time.perf_counter() - started)
                 if state.step % cfg.log_interval == 0:
                     seconds = time.perf_counter() - window_start
                     row = {k: v / window_steps for k, v in window.items()}  # a window may start mid-interval
@@ -460,6 +459,14 @@ class Trainer:
             started = time.perf_counter()
         state.stop_reason = state.stop_reason or f"max_epochs={cfg.max_epochs} reached"
         self._finish()
+
+    def _bar_total(self, first_step: int, first_elapsed: float, elapsed: float) -> int:
+        """The progress bar's total: the step budget, or under ``max_minutes`` the step the time budget will end
+        at (:func:`budget_steps`, timed since this session's ``first_step``), so tqdm's ETA is the time left."""
+        if not self.cfg.max_minutes:
+            return self._total_steps
+        return budget_steps(self.state.step - first_step, elapsed - first_elapsed, elapsed, self.cfg.max_minutes,
+                            self.state.step, self._total_steps)
 
     def _step(self, micro_batches: list[Any], budget_used: float = 0.0) -> tuple[dict[str, float], float]:
         """One optimiser step over this rank's micro-batches (``budget_used``: the share of the time budget spent,
