@@ -333,6 +333,7 @@ def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_pa
     started = [i for i, line in enumerate(lines) if ": training" in line]
     ended = [i for i, line in enumerate(lines) if ": finished in" in line]
     assert len(started) == len(ended) == 2 and max(started) < min(ended)  # the second began before the first ended
+    assert any(line.startswith("compare: 1/2 runs done; about ") for line in lines)  # the time left, overall
     threads = threads_per_run(2)
     assert all(f"{threads} thread(s)" in lines[i] for i in started)
     for name in ("baseline-s1", "pa-s1"):

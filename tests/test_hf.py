@@ -379,6 +379,28 @@ def test_cli_fine_tunes_a_vit_on_fashion_mnist(folders: dict[str, Path], idx_dat
     assert cfg.pixel_mean == [0.5] * 3 and cfg.encoder.num_classes == 10  # the model's statistics, the data's classes
 
 
+def test_a_vit_fine_tuned_from_a_vit_model_exports_with_its_trained_head(folders: dict[str, Path], idx_data: Path,
+                                                                          tmp_path: Path, capsys: Any) -> None:
+    """Fine-tuned from a bare ViTModel (with a pooler), the model classifies as ViTForImageClassification does
+    (no pooler), so `interlayer export` writes that class with the trained head: nothing MISSING, the same
+    logits, the classes' names."""
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["train", "fashion_mnist", "--pretrained", str(folders["vit"]), "--data-dir", str(idx_data),
+                 "--run-dir", str(run), "--no-progress", "--set", "data.batch_size=16", "--set",
+                 "data.valid_fraction=0.25", "--set", "train.max_epochs=1"]) == 0
+    assert main(["export", str(run), str(out)]) == 0
+    assert "ViTForImageClassification for transformers" in capsys.readouterr().out
+    hf, info = transformers.AutoModelForImageClassification.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and hf.config.id2label[0] == "T-shirt/top"
+    model = interlayer.load_pretrained(run / "best").eval()
+    assert model.config.encoder.classifier_hidden == 0
+    grey = torch.randint(0, 256, (2, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    rgb = F.interpolate(grey.float().div(255).repeat(1, 3, 1, 1), size=(16, 16), mode="bilinear",
+                        align_corners=False, antialias=True)
+    with torch.no_grad():
+        assert (hf.eval()(pixel_values=(rgb - 0.5) / 0.5).logits - model(grey).logits).abs().max() < 1e-5
+
+
 def test_input_size_repeats_grey_and_resizes_before_the_models_normalisation(folders: dict[str, Path]) -> None:
     hf = hf_model("vit_classifier")
     checkpoint = read_checkpoint(folders["vit_classifier"])
@@ -582,7 +604,8 @@ def test_from_pretrained_fetches_other_names_from_the_hub(folders: dict[str, Pat
     hub = pytest.importorskip("huggingface_hub")
     calls = []
 
-    def snapshot_download(repo_id: str, revision: Any = None, local_files_only: bool = False) -> str:
+    def snapshot_download(repo_id: str, revision: Any = None, local_files_only: bool = False,
+                          cache_dir: Any = None) -> str:
         calls.append((repo_id, revision, local_files_only))
         return str(folders["vit_classifier"])
 
@@ -592,6 +615,32 @@ def test_from_pretrained_fetches_other_names_from_the_hub(folders: dict[str, Pat
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(CheckpointError, match="needs the optional package huggingface_hub"):
         ImageClassifier.from_pretrained("someone/tiny-vit")
+
+
+def test_hub_ids_load_from_the_local_cache_offline_in_from_hf_and_from_pretrained(folders: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    """A Hub id is read from the Hugging Face cache's layout (models--ORG--NAME/refs/main -> snapshots/COMMIT)
+    without the network, the same by from_hf and from_pretrained; an id that is not cached is named with the
+    cache and the way to fetch it."""
+    pytest.importorskip("huggingface_hub")
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--someone--tiny-vit"
+    shutil.copytree(folders["vit_classifier"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    cache = tmp_path / "cache"
+    imported = from_hf("someone/tiny-vit", cache_dir=cache, local_files_only=True)
+    loaded = ImageClassifier.from_pretrained("someone/tiny-vit", cache_dir=cache, local_files_only=True)
+    images = torch.rand(2, 3, 16, 16)
+    assert torch.equal(imported(images).logits, loaded(images).logits)
+    assert torch.equal(imported(images).logits, from_hf(folders["vit_classifier"])(images).logits)
+    for load in (lambda: from_hf("someone/elsewhere", cache_dir=cache, local_files_only=True),
+                 lambda: ImageClassifier.from_pretrained("someone/elsewhere", cache_dir=cache,
+                                                         local_files_only=True)):
+        with pytest.raises(PretrainedError, match=r"not in the local cache .*cache.* `hf download someone/elsewhere`"):
+            load()
 
 
 def test_fine_tuning_configs_refuse_a_checkpoint_of_another_kind_and_pooling(tmp_path: Path) -> None:

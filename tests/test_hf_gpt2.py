@@ -166,6 +166,40 @@ def test_cached_greedy_generation_equals_transformers_generate(case: str, folder
     assert uncached.tokens.tolist() == theirs.tolist()
 
 
+def test_hf_style_generate_returns_prompt_plus_continuation_as_transformers_does(folders: dict[str, Path]) -> None:
+    """Same call, same result: greedy and sampled (top-k, top-p, temperature; the same seed), left-padded prompts,
+    EOS then padding; and the hidden states and attentions HF returns on request."""
+    hf, model = hf_gpt2("tied"), from_hf(folders["tied"])
+    prompts = ids(3, 6, seed=4)
+    mask = torch.ones_like(prompts)
+    mask[1, :2] = 0
+    mask[2, :3] = 0
+    settings = [dict(do_sample=False), dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9),
+                dict(do_sample=True)]  # the last: HF's top_k=50 default
+    for kwargs in settings:
+        common = dict(attention_mask=mask, max_new_tokens=8, pad_token_id=7, **kwargs)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            theirs = hf.generate(prompts, **common)
+        torch.manual_seed(5)
+        ours = model.generate(prompts, **common)
+        assert ours.tolist() == theirs.tolist(), kwargs
+    greedy = model.generate(prompts, attention_mask=mask, max_new_tokens=8)
+    eos = int(greedy[0, 7])  # row 0 produces it at its second step
+    with torch.no_grad():
+        theirs = hf.generate(prompts, attention_mask=mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3)
+    ours = model.generate(prompts, attention_mask=mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3)
+    assert ours.tolist() == theirs.tolist() and ours[0, 8:].eq(3).all()
+    with torch.no_grad():
+        hf_out = hf(prompts, output_hidden_states=True, output_attentions=True)
+    out = model(input_ids=prompts, output_hidden_states=True, output_attentions=True)
+    assert len(out.hidden_states) == len(hf_out.hidden_states)
+    for a, b in zip(out.hidden_states + out.attentions, hf_out.hidden_states + hf_out.attentions):
+        assert (a - b).abs().max() < 1e-5
+    with pytest.raises(TypeError, match="not both"):
+        model.generate(prompts, SamplingOptions(), max_new_tokens=3)
+
+
 # ----------------------------------------------------------------------------------------------- export
 
 

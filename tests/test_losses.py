@@ -1,4 +1,4 @@
-"""training.losses.total_loss: every term it sums must reach the parameters' gradients, not only its logs.
+"""core.losses.total_loss: every term it sums must reach the parameters' gradients, not only its logs.
 
 The Crossformer-SG term (Eq. 2: ``L = L_nll + alpha L_reg``) and the loss of every Multi-Pass exit (MPT Sec. 3.2:
 "the sum of L(S_{N-1}, T) and L(S~_{N-1}, T)") are added by ``total_loss``; its gradient must be the sum of the
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from interlayer import create_model
-from interlayer.training.losses import label_smoothed_nll, total_loss
+from interlayer.core.losses import label_smoothed_nll, total_loss
 
 TINY = dict(arch="encoder_decoder", src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32, enc_layers=3, dec_layers=2,
             dropout=0.0)

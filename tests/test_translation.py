@@ -223,7 +223,7 @@ def test_cli_train_translate_evaluate(corpus, tmp_path, capsys):
 
 
 def test_label_smoothed_loss_matches_pytorch():
-    from interlayer.training.losses import label_smoothed_nll
+    from interlayer.core.losses import label_smoothed_nll
 
     logits = torch.randn(2, 5, 11, requires_grad=True)
     target = torch.randint(1, 11, (2, 5))

@@ -35,8 +35,9 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
 __all__ = ["ConfigError", *sorted(_LAZY)]
+
+
+def __dir__() -> list[str]:
+    """The public API only (not this module's helpers, nor the subpackages imported so far)."""
+    return sorted([*__all__, "__version__"])

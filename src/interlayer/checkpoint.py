@@ -96,7 +96,8 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
 
 def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
     """Rebuild the model from ``config.json`` and load its weights, re-tying shared parameters; on ``device``
-    (a ``torch.device`` or ``"auto" | "cpu" | "cuda[:N]" | "mps"``; default the CPU) when given."""
+    (a ``torch.device`` or ``"auto" | "cpu" | "cuda[:N]" | "mps"``; default the CPU) when given. The model's
+    ``source_dir`` is ``directory``."""
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
@@ -131,6 +132,8 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
         raise CheckpointError(f"{weights_path}: cannot read the tensors ({err}); the file may be truncated or "
                               "corrupt: copy it again, or save the model again") from None
     load_canonical_state_dict(model, tensors, source=str(weights_path))
+    # where it came from: an export finds the run's tokenizer, labels and scores there (pretrained/run_assets.py)
+    model.source_dir = directory
     if device is not None:
         from .training.device import resolve_device  # the training package imports this module
 

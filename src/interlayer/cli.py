@@ -24,7 +24,7 @@ from .papers import paper_tables
 from .training.concurrency import DirectoryBusy
 from .training.config import PrecisionSetting
 from .tasks import task_specs
-from .training.engine import DivergenceError
+from .training.engine import BEST_DIR, DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
 
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_arguments(translate)
 
     _add_generate_parser(sub)
+    _add_export_parser(sub)
 
     evaluate = sub.add_parser("evaluate", help="score a trained model on a task's test data (or given files)",
                               description="Score a saved model folder (RUN_DIR/best, RUN_DIR/averaged) with its "
@@ -220,6 +221,43 @@ def _generate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     print("\n---------------\n".join(samples))
 
 
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser("export", help="write a trained model as a folder transformers loads",
+                            description="Export RUN_DIR's best model (or a model folder) to OUT_DIR for transformers: "
+                                        "config.json, model.safetensors, the run's tokenizer, the labels' names, "
+                                        "generation_config.json for a language model and a model card "
+                                        "(README.md). A model transformers cannot compute (Predictive Attention, "
+                                        "LW, Multi-Pass, ...) is written in interlayer's own format with the same "
+                                        "files, and the command says so.")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its best/ is exported) or a model folder")
+    export.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
+    export.add_argument("--family", help="bert, roberta, distilbert, vit or gpt2 (default: the one that fits)")
+    export.add_argument("--no-tokenizer", action="store_true",
+                        help="export without the run's tokenizer (one transformers cannot load is refused otherwise)")
+
+
+def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .checkpoint import CONFIG_FILE, load_pretrained
+    from .pretrained import PretrainedError
+    from .pretrained.export import export
+    source = Path(args.run_dir)
+    folder = source / BEST_DIR if (source / BEST_DIR / CONFIG_FILE).is_file() else source
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{source} is neither a run directory with a {BEST_DIR}/ model nor a model folder "
+                                f"({CONFIG_FILE} is missing): pass the directory `interlayer train` wrote")
+    model = load_pretrained(folder)
+    try:
+        report = export(model, Path(args.out_dir), family=args.family,
+                        tokenizer=False if args.no_tokenizer else None)
+    except PretrainedError as err:
+        raise ConfigError(str(err)) from None
+    if report.format == "transformers":
+        print(f"wrote {report.architecture} for transformers to {report.directory}")
+    else:
+        print(f"wrote {report.architecture} in interlayer's own format to {report.directory}, because transformers "
+              f"cannot load it: {report.reason}; load it with interlayer.load_pretrained")
+
+
 def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     search = sub.add_parser("search", help="architecture search on Optuna (Multi-Pass hard connections)",
                             description="Search an architecture space with many short trainings scored on the "
@@ -281,10 +319,16 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     preset = args.preset or spec.default_preset
     model_name = Path(getattr(args, "pretrained", None) or preset).stem  # a fine-tuning run: the checkpoint
     run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{1 if args.seed is None else args.seed}")
+    # where things go, on stderr (stdout carries the results' JSON)
+    print(f"interlayer: {'resuming' if args.resume else 'training'} {args.task} in {run_dir}", file=sys.stderr)
     results = train(spec, preset=args.preset, sets=sets, seed=args.seed, max_minutes=args.max_minutes,
-                    run_dir=run_dir, resume=args.resume, progress=not args.no_progress, options=options)
+                    run_dir=run_dir, resume=args.resume, progress=not args.no_progress, options=options,
+                    command=["interlayer", *argv])
     print(json.dumps(results, indent=2))
     if results["status"] == "finished":
+        best = run_dir / BEST_DIR
+        print(f"interlayer: best checkpoint: {best if best.is_dir() else 'none written'}; results: "
+              f"{run_dir / 'results.json'}", file=sys.stderr)
         return 0
     return 128 + signal.Signals[results.get("signal", "SIGINT")]
 
@@ -370,7 +414,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 # The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
 COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]] = {
     "models": _models, "tables": _tables, "config": _config, "train": _train, "translate": _translate,
-    "evaluate": _evaluate, "generate": _generate, "compare": _compare, "search": _search}
+    "evaluate": _evaluate, "generate": _generate, "export": _export, "compare": _compare, "search": _search}
 
 # Bad input, named by the message: exit code 2 and one line.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,

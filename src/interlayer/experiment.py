@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -80,8 +80,10 @@ def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: in
 def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[str, Any]] = None,
           seed: Optional[int] = None, max_minutes: Optional[float] = None, run_dir: Path, resume: bool = False,
           progress: bool = True, options: Optional[dict[str, Any]] = None, score_test: bool = True,
-          warn: Callable[[str], None] = _warn) -> dict[str, Any]:
+          warn: Callable[[str], None] = _warn, command: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Train (or resume) one run of ``spec``'s task and return its results (also in ``results.json``).
+
+    ``command`` (the command line that started it) is kept in a fresh run's ``run.json`` for its model card.
 
     A fresh run uses ``seed`` (default 1). On resume every setting comes from the run's ``run.json``, so a resumed
     run is the run that was started: ``sets``, ``seed``, ``preset`` and ``max_minutes`` may only repeat the stored
@@ -103,6 +105,8 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     if env.is_main and not resume:  # resolved before the lock: a bad config leaves no directory behind
         _refuse_existing(run_dir)
         fresh = _resolve_new(spec, preset, sets or {}, seed, max_minutes)
+        if command is not None:
+            fresh.record["command"] = list(command)
     with DirectoryLock(run_dir, f"{spec.name} training run") if env.is_main else contextlib.nullcontext():
         return _train(spec, fresh, preset, sets or {}, seed, max_minutes, run_dir, resume, progress, options or {},
                       score_test, warn, env)
@@ -150,7 +154,7 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
                "best_epoch": state.best_epoch, "best_valid": state.saved_metrics,
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
     if score_test:
-        results.update(spec.finish(task, run_dir, state, options))
+        results.update(spec.finish(task, run_dir, state, {**options, "progress": progress}))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 

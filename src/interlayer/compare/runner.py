@@ -33,6 +33,7 @@ SIGKILL when ``compare`` dies (:mod:`.server`), and each run SIGTERM when the se
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -129,6 +130,16 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in text[-lines:])
 
 
+def overall_eta(runs_left: int, jobs: int, mean_seconds: float) -> float:
+    """Seconds until ``runs_left`` runs (those running included) end, ``jobs`` at a time, each taking the mean
+    time of the runs that ended in this session: whole waves of ``jobs`` runs."""
+    return math.ceil(runs_left / max(jobs, 1)) * mean_seconds
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 class Runner:
     def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
@@ -167,6 +178,13 @@ class Runner:
                     outcome = self._finish(active.pop(sentinel), interrupts.requested)
                     outcomes.append(outcome)
                     self._save_status(outcome)
+                    ran = [o.seconds for o in outcomes if o.status != "skipped"]
+                    left = len(pending) + len(active)
+                    if left and ran and not interrupts.requested:
+                        self.echo(f"compare: {len(runs) - left}/{len(runs)} runs done; about "
+                                  f"{_minutes(overall_eta(left, self.jobs, sum(ran) / len(ran)))} left "
+                                  f"({len(ran)} run(s) took {sum(ran) / len(ran):.0f} s on average, "
+                                  f"{self.jobs} at a time)")
         return outcomes, interrupts.requested
 
     def _start(self, label: str, variant: PlannedVariant, seed: int, gpu: Optional[int] = None

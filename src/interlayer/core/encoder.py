@@ -33,6 +33,7 @@ class EncoderOutput:
     # Further outputs that each also receive the training loss (multi-exit training, e.g. one per MPT pass);
     # None means the single output ``hidden``.
     exits: Optional[list[Tensor]] = None
+    embedded: Optional[Tensor] = None  # the stack's input (embeddings; HF's hidden_states[0])
 
 
 class Encoder(nn.Module):
@@ -75,6 +76,7 @@ class Encoder(nn.Module):
         mids: list[Tensor] = []
         attentions: list[Optional[AttentionIntermediates]] = []
         prev_logits: Optional[Tensor] = None
+        embedded = x
         for i, layer in enumerate(self.layers):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
@@ -88,7 +90,7 @@ class Encoder(nn.Module):
             mids.append(out.mid)
             attentions.append(out.attention if need_intermediates else None)
         return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=states, mids=mids,
-                             attentions=attentions)
+                             attentions=attentions, embedded=embedded)
 
     def finish(self, x: Tensor) -> Tensor:
         return self.final_norm(x) if self.final_norm is not None else x

@@ -145,3 +145,29 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
         model.train(was_training)
     out = torch.stack(new, dim=1) if new else prompts.new_zeros((len(prompts), 0))
     return Generation(tokens=out, lengths=lengths)
+
+
+def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None, max_new_tokens: int = 20, do_sample: bool = False,
+                     temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
+                     eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
+                     use_cache: Optional[bool] = None) -> Tensor:
+    """``transformers``' ``generate`` habits over :func:`generate`: the prompts followed by their continuations.
+
+    The defaults are ``GenerationConfig``'s (greedy unless ``do_sample``; when sampling, ``top_k=50``), except
+    that with no ``max_new_tokens`` 20 tokens are added (transformers' ``max_length=20`` counts the prompt too).
+    A row that produced ``eos_token_id`` is filled with ``pad_token_id`` (``eos_token_id`` when none is given),
+    and the batch stops once every row has. The prompts come back as given, padding and all (left padding is
+    what transformers expects, and any padding works here: see the module docstring).
+    """
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 when do_sample=True (do_sample=False is greedy)")
+    options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
+                              top_k=top_k if do_sample else 0, top_p=top_p if do_sample else 1.0,
+                              eos_id=eos_token_id, use_cache=use_cache)
+    out = generate(model, input_ids, options, padding_mask=padding_mask, generator=generator)
+    new = out.tokens
+    if eos_token_id is not None and pad_token_id is not None:
+        produced = torch.arange(new.shape[1], device=new.device)[None, :] < out.lengths[:, None]
+        new = new.masked_fill(~produced, pad_token_id)
+    return torch.cat([input_ids, new.to(input_ids.dtype)], dim=1)

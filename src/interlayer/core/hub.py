@@ -10,11 +10,24 @@ from typing import Any, Optional, TypeVar, Union
 
 import torch
 
+from .positions import LearnedPositions
+
 ModelT = TypeVar("ModelT", bound="PretrainedMixin")
 
 
 class PretrainedMixin:
-    """Saving and loading as methods of a model class (``nn.Module`` subclasses)."""
+    """Saving and loading as methods of a model class (``nn.Module`` subclasses), and ``num_parameters``."""
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """As ``transformers``' ``PreTrainedModel.num_parameters``: each parameter once (a tied one is counted
+        once), only those that train when ``only_trainable``, without the token and absolute position tables
+        (``nn.Embedding`` and ``LearnedPositions`` weights, GPT-2's ``wte`` and ``wpe``) when
+        ``exclude_embeddings``. :func:`interlayer.count_parameters` says more."""
+        tables = (torch.nn.Embedding, LearnedPositions)
+        embeddings = ({id(m.weight) for m in self.modules() if isinstance(m, tables)}  # type: ignore[attr-defined]
+                      if exclude_embeddings else set())
+        return sum(p.numel() for p in self.parameters()  # type: ignore[attr-defined]
+                   if (p.requires_grad or not only_trainable) and id(p) not in embeddings)
 
     def save_pretrained(self, directory: Union[str, Path]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (ties kept); :func:`interlayer.save_pretrained`."""
@@ -25,8 +38,8 @@ class PretrainedMixin:
     @classmethod
     def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
                         device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
-                        revision: Optional[str] = None,
-                        local_files_only: bool = False, **hf_options: Any) -> ModelT:
+                        revision: Optional[str] = None, local_files_only: bool = False,
+                        cache_dir: Optional[Union[str, Path]] = None, **hf_options: Any) -> ModelT:
         """The model saved in ``source`` (an interlayer folder, a Hugging Face folder of a supported family, or a
         Hub repository id; :mod:`interlayer.pretrained.hub`), moved to ``device``, cast to ``dtype`` and in eval
         mode, as ``transformers``' ``from_pretrained`` returns models.
@@ -37,7 +50,8 @@ class PretrainedMixin:
         from ..checkpoint import CheckpointError
         from ..pretrained.hub import load_model
 
-        model = load_model(source, revision=revision, local_files_only=local_files_only, **hf_options)
+        model = load_model(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
+                           **hf_options)
         if not isinstance(model, cls):
             raise CheckpointError(f"{source} holds a {type(model).__name__}, not a {cls.__name__}; load it with "
                                   f"{type(model).__name__}.from_pretrained or interlayer.load_pretrained")

@@ -23,7 +23,7 @@ Design (why it is built this way):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -32,16 +32,21 @@ from .attention import KVCache
 from .components import Components
 from .config import TransformerConfig
 from .encoder import Encoder, EncoderOutput
-from .generation import Generation, SamplingOptions, generate
+from .generation import Generation, SamplingOptions, generate, generate_like_hf
 from .hub import PretrainedMixin
+from .losses import labels_loss
+from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_from
 
 
 @dataclass
-class CausalLMOutput:
+class CausalLMOutput(HFOutputMixin):
     logits: Tensor  # (B, T, V): next-token logits at every position given
     encoder: EncoderOutput  # the stack's output (hidden states, per-layer attentions on request)
     exit_logits: Optional[list[Tensor]] = None  # one per stack exit when the stack has several (Multi-Pass)
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    loss: Optional[Tensor] = None  # with ``labels``: the shifted next-token loss + exits + aux losses
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # with ``output_hidden_states``
+    attentions: Optional[tuple[Tensor, ...]] = None  # with ``output_attentions``
 
 
 class CausalLM(nn.Module, PretrainedMixin):
@@ -80,15 +85,23 @@ class CausalLM(nn.Module, PretrainedMixin):
     def compute_aux_losses(self) -> dict[str, Tensor]:
         return {name: fn(self) for name, fn in self.aux_loss_fns.items()}
 
-    def forward(self, tokens: Tensor, *, padding_mask: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None, cache: Optional[list[KVCache]] = None,
-                need_intermediates: bool = False) -> CausalLMOutput:
-        """``tokens`` (B, T): the sequence, or with ``cache`` only the positions not yet seen.
+    def forward(self, tokens: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                padding_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                cache: Optional[list[KVCache]] = None, need_intermediates: bool = False,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> CausalLMOutput:
+        """``tokens`` (B, T) or ``input_ids``: the sequence, or with ``cache`` only the positions not yet seen.
 
-        ``padding_mask`` (B, cached + T), True at padding, hides those keys; ``position_ids`` (B, T) replace the
-        absolute positions ``offset .. offset + T - 1`` (left-padded rows). Without a cache and with padding, a
-        padded query row attends to nothing and outputs zeros (its logits are meaningless and must be ignored).
+        ``padding_mask`` (B, cached + T), True at padding, hides those keys (``attention_mask``, HF's form, is its
+        negation: 1 where a token is read); ``position_ids`` (B, T) replace the absolute positions
+        ``offset .. offset + T - 1`` (left-padded rows). Without a cache and with padding, a padded query row
+        attends to nothing and outputs zeros (its logits are meaningless and must be ignored). ``labels`` (B, T),
+        usually the input ids with -100 where no loss is wanted, give ``output.loss``: position t's logits
+        against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus the aux losses.
         """
+        tokens = one_of(tokens, input_ids, "tokens", "input_ids")
+        padding_mask = padding_from(attention_mask, padding_mask)
+        need_intermediates = need_intermediates or output_attentions
         offset = cache[0].length if cache else 0
         x = self.encoder.embed(tokens, offset=offset, position_ids=position_ids)
         if cache is None:
@@ -103,13 +116,36 @@ class CausalLM(nn.Module, PretrainedMixin):
         exit_logits = None
         if enc.exits is not None:
             exit_logits = [logits if e is enc.hidden else self.lm_head(e) for e in enc.exits]
-        return CausalLMOutput(logits=logits, encoder=enc, exit_logits=exit_logits,
-                              aux_losses=self.compute_aux_losses())
+        out = CausalLMOutput(logits=logits, encoder=enc, exit_logits=exit_logits,
+                             aux_losses=self.compute_aux_losses(),
+                             hidden_states=hidden_states(enc) if output_hidden_states else None,
+                             attentions=attentions(enc) if output_attentions else None)
+        if labels is not None:
+            out.loss = labels_loss(out, labels, shift=True)
+        return out
 
-    def generate(self, prompts: Tensor, options: SamplingOptions = SamplingOptions(), *,
-                 padding_mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Generation:
-        """Continue every prompt (nanoGPT's ``model.generate``); see :func:`interlayer.core.generation.generate`."""
-        return generate(self, prompts, options, padding_mask=padding_mask, generator=generator)
+    def generate(self, input_ids: Optional[Tensor] = None, options: Optional[SamplingOptions] = None, *,
+                 attention_mask: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None,
+                 generator: Optional[torch.Generator] = None, prompts: Optional[Tensor] = None,
+                 **hf_options: Any) -> Union[Tensor, Generation]:
+        """Continue every prompt, in one of two forms.
+
+        * Typed: ``generate(prompts, SamplingOptions(...), padding_mask=...)`` returns a :class:`Generation`
+          (the new tokens and each row's length): :func:`interlayer.core.generation.generate`.
+        * Hugging Face's: ``generate(input_ids, attention_mask=..., max_new_tokens=..., do_sample=...,
+          temperature=..., top_k=..., top_p=..., eos_token_id=..., pad_token_id=...)`` returns the prompts
+          followed by their continuations, as ``transformers`` does:
+          :func:`interlayer.core.generation.generate_like_hf`.
+        """
+        tokens = one_of(input_ids, prompts, "input_ids", "prompts")
+        if options is not None:
+            if hf_options or attention_mask is not None:
+                given = sorted(hf_options) + (["attention_mask"] if attention_mask is not None else [])
+                raise TypeError(f"generate takes a SamplingOptions or Hugging Face keyword arguments, not both "
+                                f"(got a SamplingOptions and {given}); put the settings in the SamplingOptions")
+            return generate(self, tokens, options, padding_mask=padding_mask, generator=generator)
+        return generate_like_hf(self, tokens, padding_mask=padding_from(attention_mask, padding_mask),
+                                generator=generator, **hf_options)
 
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         """Multiply-adds of one forward pass over ``src_len`` tokens: the stack and the output projection."""

@@ -17,26 +17,48 @@ from .decoder import Decoder, DecoderCache, DecoderOutput
 from .embedding import make_token_embedding
 from .encoder import Encoder, EncoderOutput
 from .hub import PretrainedMixin
+from .losses import labels_loss
+from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_from
 
 AuxLossFn = Callable[[nn.Module], Tensor]
 
 
 @dataclass
-class Seq2SeqOutput:
+class Seq2SeqOutput(HFOutputMixin):
+    """``last_hidden_state`` is the encoder's (HF's ``encoder_last_hidden_state``); ``hidden_states`` and
+    ``attentions``, when asked for, the encoder's too (the decoder's are in ``decoder``)."""
+
     logits: Tensor  # (B, T, V) from the encoder's main output
     encoder: EncoderOutput
     decoder: DecoderOutput
     exit_logits: Optional[list[Tensor]] = None  # one per encoder exit when the encoder has several
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    loss: Optional[Tensor] = None  # with ``labels``: the target tokens' loss (-100 ignored) + exits + aux losses
+    hidden_states: Optional[tuple[Tensor, ...]] = None
+    attentions: Optional[tuple[Tensor, ...]] = None
 
 
 @dataclass
-class ClassifierOutput:
+class ClassifierOutput(HFOutputMixin):
     logits: Tensor  # (B, num_classes)
     encoder: EncoderOutput
     pooled: Tensor  # (B, d)
     exit_logits: Optional[list[Tensor]] = None
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    loss: Optional[Tensor] = None  # with ``labels``: cross-entropy (-100 ignored) + exits + aux losses
+    hidden_states: Optional[tuple[Tensor, ...]] = None
+    attentions: Optional[tuple[Tensor, ...]] = None
+
+    def with_hf_extras(self, labels: Optional[Tensor], output_hidden_states: bool, output_attentions: bool
+                       ) -> "ClassifierOutput":
+        """Fill the fields HF users ask for by keyword (shared by the text and image classifiers)."""
+        if output_hidden_states:
+            self.hidden_states = hidden_states(self.encoder)
+        if output_attentions:
+            self.attentions = attentions(self.encoder)
+        if labels is not None:
+            self.loss = labels_loss(self, labels)
+        return self
 
 
 def _make_encoder(cfg: TransformerConfig, components: Components, tokens: Optional[nn.Embedding]) -> Encoder:
@@ -62,8 +84,9 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         self.decoder = Decoder(cfg, components, tgt_tokens)
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
 
-    def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False) -> EncoderOutput:
-        return self.encoder(src_tokens, need_intermediates=need_intermediates)
+    def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False,
+               key_padding_mask: Optional[Tensor] = None) -> EncoderOutput:
+        return self.encoder(src_tokens, key_padding_mask=key_padding_mask, need_intermediates=need_intermediates)
 
     def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOutput, *, cache: Optional[DecoderCache] = None,
                memory: Optional[Tensor] = None, need_intermediates: bool = False) -> DecoderOutput:
@@ -71,16 +94,36 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         return self.decoder(tgt_tokens, memory, encoder_out.padding_mask, cache=cache,
                             need_intermediates=need_intermediates)
 
-    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor, *, need_intermediates: bool = False) -> Seq2SeqOutput:
-        """Teacher-forced forward: ``tgt_tokens`` is the target shifted right (starting with BOS)."""
-        enc = self.encode(src_tokens, need_intermediates=need_intermediates)
+    def forward(self, src_tokens: Optional[Tensor] = None, tgt_tokens: Optional[Tensor] = None, *,
+                input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                decoder_input_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                need_intermediates: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> Seq2SeqOutput:
+        """Teacher-forced forward: ``tgt_tokens`` (HF: ``decoder_input_ids``) is the target shifted right
+        (starting with BOS); ``src_tokens`` is HF's ``input_ids``, ``attention_mask`` (1 where a token is read)
+        replaces the source padding found from the pad id. ``labels`` (the target, -100 where no loss is wanted)
+        give ``output.loss``; unlike transformers, the decoder input is not derived from them (the model does not
+        know the translation task's BOS id), so ``decoder_input_ids`` must come too."""
+        src_tokens = one_of(src_tokens, input_ids, "src_tokens", "input_ids")
+        if tgt_tokens is None and decoder_input_ids is None:
+            raise TypeError("missing the decoder input: pass tgt_tokens or decoder_input_ids (the target shifted "
+                            "right, starting with BOS), also when labels are given")
+        tgt_tokens = one_of(tgt_tokens, decoder_input_ids, "tgt_tokens", "decoder_input_ids")
+        need_intermediates = need_intermediates or output_attentions
+        enc = self.encode(src_tokens, need_intermediates=need_intermediates,
+                          key_padding_mask=padding_from(attention_mask, None))
         dec = self.decode(tgt_tokens, enc, need_intermediates=need_intermediates)
         exit_logits = None
         if enc.exits is not None:
             exit_logits = [dec.logits if e is enc.hidden else self.decode(tgt_tokens, enc, memory=e).logits
                            for e in enc.exits]
-        return Seq2SeqOutput(logits=dec.logits, encoder=enc, decoder=dec, exit_logits=exit_logits,
-                             aux_losses=self.compute_aux_losses())
+        out = Seq2SeqOutput(logits=dec.logits, encoder=enc, decoder=dec, exit_logits=exit_logits,
+                            aux_losses=self.compute_aux_losses(),
+                            hidden_states=hidden_states(enc) if output_hidden_states else None,
+                            attentions=attentions(enc) if output_attentions else None)
+        if labels is not None:
+            out.loss = labels_loss(out, labels)
+        return out
 
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         tgt_len = src_len if tgt_len is None else tgt_len
@@ -115,17 +158,31 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
         pooled = self.pool(hidden, padding_mask)
         return self.head(self.dropout(pooled)), pooled
 
-    def forward(self, tokens: Optional[Tensor] = None, *, inputs_embeds: Optional[Tensor] = None,
+    def forward(self, tokens: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, inputs_embeds: Optional[Tensor] = None,
                 segments: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
-                need_intermediates: bool = False) -> ClassifierOutput:
-        enc = self.encoder(tokens, key_padding_mask=key_padding_mask, inputs_embeds=inputs_embeds,
-                           segments=segments, need_intermediates=need_intermediates)
+                need_intermediates: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> ClassifierOutput:
+        """``tokens`` or HF's ``input_ids`` (or ``inputs_embeds``); ``attention_mask`` (1 where a token is read)
+        or ``key_padding_mask`` (True at padding; default: the pad id's positions); ``token_type_ids`` or
+        ``segments``; ``labels`` (B,) class ids give ``output.loss`` as the classification tasks compute it."""
+        if tokens is None and input_ids is not None:
+            tokens = input_ids
+        elif input_ids is not None:
+            raise TypeError("got both tokens and input_ids; they name the same input, pass one")
+        if token_type_ids is not None:
+            segments = one_of(segments, token_type_ids, "segments", "token_type_ids")
+        need_intermediates = need_intermediates or output_attentions
+        enc = self.encoder(tokens, key_padding_mask=padding_from(attention_mask, key_padding_mask),
+                           inputs_embeds=inputs_embeds, segments=segments, need_intermediates=need_intermediates)
         logits, pooled = self.classify(enc.hidden, enc.padding_mask)
         exit_logits = None
         if enc.exits is not None:
             exit_logits = [logits if e is enc.hidden else self.classify(e, enc.padding_mask)[0] for e in enc.exits]
-        return ClassifierOutput(logits=logits, encoder=enc, pooled=pooled, exit_logits=exit_logits,
-                                aux_losses=self.compute_aux_losses())
+        out = ClassifierOutput(logits=logits, encoder=enc, pooled=pooled, exit_logits=exit_logits,
+                               aux_losses=self.compute_aux_losses())
+        return out.with_hf_extras(labels, output_hidden_states, output_attentions)
 
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         pooler = self.pooler[0].in_features * self.pooler[0].out_features if self.pooler is not None else 0

@@ -218,7 +218,8 @@ class MultiPassEncoder(Encoder):
         exits = [o.hidden for o in outputs] if self.training and self.loss == "all" else None
         return EncoderOutput(hidden=last.hidden, padding_mask=key_padding_mask,
                              states=[s for o in outputs for s in o.states], mids=[m for o in outputs for m in o.mids],
-                             attentions=[a for o in outputs for a in o.attentions], exits=exits)
+                             attentions=[a for o in outputs for a in o.attentions], exits=exits,
+                             embedded=x)
 
     def _injector(self, inner: EncoderOutput, transition: int) -> Injector:
         """Outer layer k's additions from the previous ("inner") pass, placed as the routing pattern says."""

@@ -93,7 +93,7 @@ class CNNTextConfig(ConfigFile):
 
 @dataclass
 class CNNTextOutput:
-    """Shaped like :class:`~interlayer.core.models.ClassifierOutput`, so ``training.losses.total_loss`` applies."""
+    """Shaped like :class:`~interlayer.core.models.ClassifierOutput`, so ``core.losses.total_loss`` applies."""
 
     logits: Tensor  # (B, num_classes)
     pooled: Tensor  # (B, d_model)

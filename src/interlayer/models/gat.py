@@ -154,7 +154,7 @@ def create_gat(name_or_path: Union[str, Path, dict[str, Any]], **overrides: Any)
 
 @dataclass
 class GATOutput:
-    """Shaped like :class:`~interlayer.core.models.ClassifierOutput`, so ``training.losses.total_loss`` applies."""
+    """Shaped like :class:`~interlayer.core.models.ClassifierOutput`, so ``core.losses.total_loss`` applies."""
 
     logits: Tensor  # (N, num_classes), every node of the graph
     exit_logits: Optional[list[Tensor]] = None

@@ -69,6 +69,7 @@ from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
 from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
+from ..core.outputs import one_of
 from ..methods.conv_branch import TokenConv, check_kernel
 from .registry import Family, get_config, register_family, register_presets
 
@@ -465,14 +466,20 @@ class ImageClassifier(nn.Module, PretrainedMixin):
         """The core encoder (``model.encoder.exit_pass = 1`` etc. work as on text models)."""
         return self.classifier.encoder
 
-    def forward(self, images: Tensor, *, need_intermediates: bool = False) -> ClassifierOutput:
+    def forward(self, images: Optional[Tensor] = None, *, pixel_values: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, need_intermediates: bool = False,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+        """``images`` or HF's ``pixel_values`` (B, C, H, W), normalised here (``config.pixel_mean``/``std``: pass
+        pixels in [0, 1], not an image processor's normalised output); ``labels`` (B,) give ``output.loss``."""
+        images = one_of(images, pixel_values, "images", "pixel_values")
         cfg = self.config
         expected = tuple(cfg.input_size) or (cfg.channels, cfg.image_height, cfg.image_width)
         if images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"expected images of shape (B, {', '.join(map(str, expected))}), got "
                              f"{tuple(images.shape)}")
-        return self.classifier(inputs_embeds=self.embed(self.norm(self.adapt(images))),
-                               need_intermediates=need_intermediates)
+        return self.classifier(inputs_embeds=self.embed(self.norm(self.adapt(images))), labels=labels,
+                               need_intermediates=need_intermediates, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions)
 
     def adapt(self, images: Tensor) -> Tensor:
         """Images of ``input_size`` as the model's own shape, in [0, 1] (see the module docstring)."""

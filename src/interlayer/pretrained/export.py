@@ -25,14 +25,20 @@ branch compute something no ``transformers`` class computes; Crossformer's soft 
 and its hard-tied matrices are written as separate copies, which computes the same), core settings outside every
 family (relative or rotary positions, ``qk_dim``, pre-LN text encoders, post-LN or bias-free language models,
 ...), the Conv-Transformer, encoder-decoders, the CNN and GAT. Such models are saved in interlayer's own format:
-``model.save_pretrained(directory)``.
+``model.save_pretrained(directory)``, or by :func:`export` (``interlayer export``), which writes that format with
+the same tokenizer, run files and model card, and says why.
+
+Besides the weights (:mod:`~interlayer.pretrained.run_assets`): the tokenizer of the import or of the run the
+model was loaded from, the labels' names (``id2label``), a model card (``README.md``) and, for a language model,
+``generation_config.json``.
 """
 from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 from safetensors.torch import save_file
 from torch import nn
@@ -40,32 +46,130 @@ from torch import nn
 from ..config import ModelConfig
 from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
-from ..data.lm_tokenizers import ByteBPETokenizer
+from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer
 from ..models.vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
 from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config
+from .run_assets import RunAssets, copy_run_files, model_card, read_run_assets
 
 OWN_FORMAT = "save it in interlayer's own format instead: model.save_pretrained(directory)"
 
 
-def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[AnyTokenizer] = None,
-          family: Optional[str] = None) -> Path:
-    """Write ``config.json``, ``model.safetensors`` and tokenizer/processor files ``transformers`` loads.
+def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[AnyTokenizer, None, bool] = None,
+          family: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> Path:
+    """Write ``config.json``, ``model.safetensors``, tokenizer/processor files, ``README.md`` (a model card) and,
+    for a language model, ``generation_config.json``: a folder ``transformers`` loads.
 
     ``family`` (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``, ``"gpt2"``) defaults to the one family that
-    expresses
-    the model; ``tokenizer`` defaults to ``model.tokenizer`` (set by :func:`~interlayer.pretrained.from_hf`).
-    Raises :class:`PretrainedError` naming what no family (or the chosen one) can express.
+    expresses the model. ``tokenizer`` defaults to the model's own: an import's ``model.tokenizer``, or the
+    tokenizer of the run folder it was loaded from (:mod:`~interlayer.pretrained.run_assets`); ``False`` exports
+    without one. ``labels`` (the classes' names, ``id2label``) default to the run's. Raises
+    :class:`PretrainedError` naming what no family (or the chosen one) can express, and a run's tokenizer that
+    ``transformers`` cannot load.
     """
     chosen = _family_for(model, family)
-    cfg = encoder_config(model.config)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    problems = _problems(chosen, model, cfg) + _tokenizer_problems(tokenizer, chosen, cfg)
-    if problems:
-        raise PretrainedError(f"cannot export as a Hugging Face {chosen.title}: " + "; ".join(problems)
+    assets = read_run_assets(model)
+    plan = _plan(model, chosen, assets, tokenizer, labels)
+    if plan.problems:
+        raise PretrainedError(f"cannot export as a Hugging Face {chosen.title}: " + "; ".join(plan.problems)
                               + f"; {OWN_FORMAT}")
+    return _write_hf(model, Path(directory), chosen, assets, plan)
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export` wrote: ``format`` ``"transformers"`` or ``"interlayer"`` (then ``reason`` says why)."""
+
+    directory: Path
+    format: Literal["transformers", "interlayer"]
+    architecture: str
+    reason: Optional[str] = None
+
+
+def export(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[AnyTokenizer, None, bool] = None,
+           family: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> ExportReport:
+    """:func:`to_hf` when ``transformers`` can load the model; otherwise interlayer's own format with the same
+    files (``config.json``, ``model.safetensors``, the tokenizer's and the run's files, ``README.md``), and the
+    reason (a method no ``transformers`` class computes: PA, LW, MPT; a trained head it has no place for; a
+    tokenizer it cannot load). What ``interlayer export`` runs."""
     directory = Path(directory)
+    chosen: Optional[Family] = None
+    problems: list[str]
+    try:
+        chosen = _family_for(model, family)
+    except PretrainedError as err:
+        if family is not None:
+            raise
+        problems = [str(err).removesuffix(f"; {OWN_FORMAT}")]
+    assets = read_run_assets(model)
+    if chosen is not None:
+        plan = _plan(model, chosen, assets, tokenizer, labels)
+        problems = plan.problems + _lost_head(model, chosen)
+        if not problems:
+            _write_hf(model, directory, chosen, assets, plan)
+            return ExportReport(directory, "transformers", plan.config["architectures"][0])
+    reason = "; ".join(problems)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    copied = copy_run_files(assets, directory)
+    if tokenizer not in (None, False, True):
+        assets.tokenizer = tokenizer  # type: ignore[assignment]
+    if assets.tokenizer is not None and TOKENIZER_FILE not in copied and tokenizer is not False:
+        _save_tokenizer(assets.tokenizer, directory, model.config)
+    architecture = type(model).__name__
+    note = (f"This folder is interlayer's own format, not transformers': {reason}. Load it with "
+            "interlayer.load_pretrained.")
+    (directory / "README.md").write_text(model_card(model, assets, library="interlayer", architecture=architecture,
+                                                    note=note))
+    return ExportReport(directory, "interlayer", architecture, reason)
+
+
+@dataclass
+class _Plan:
+    problems: list[str]
+    tokenizer: Optional[AnyTokenizer] = None
+    labels: Optional[list[str]] = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _plan(model: nn.Module, family: Family, assets: RunAssets, tokenizer: Union[AnyTokenizer, None, bool],
+          labels: Optional[Sequence[str]]) -> _Plan:
+    """What a transformers export would write, and what stops it."""
+    cfg = encoder_config(model.config)
+    problems = _problems(family, model, cfg)
+    if tokenizer is None or tokenizer is True:
+        chosen_tokenizer = assets.tokenizer
+        if chosen_tokenizer is None and assets.unexportable_tokenizer:
+            problems.append(f"{assets.unexportable_tokenizer} has no transformers tokenizer (pass tokenizer=False, "
+                            "or --no-tokenizer, to export the model without it)")
+        elif chosen_tokenizer is None and tokenizer is True:
+            problems.append("a tokenizer was asked for, but the model has none (it was not loaded from a run or an "
+                            "import that had one): pass it as tokenizer=")
+    else:
+        chosen_tokenizer = tokenizer or None
+    problems += _tokenizer_problems(chosen_tokenizer, family, cfg)
+    names = list(labels) if labels is not None else assets.labels
+    layout = _head_layout(family, cfg)
+    if names is not None and layout is not None and len(names) != cfg.num_classes:
+        problems.append(f"{len(names)} label names ({', '.join(names)}) for {cfg.num_classes} classes")
+    config = _hf_config(family, model, cfg, layout, names) if not problems else {}
+    return _Plan(problems, chosen_tokenizer, names, config)
+
+
+def _lost_head(model: nn.Module, family: Family) -> list[str]:
+    """A classifier whose trained head ``to_hf`` would leave out (it only warns): :func:`export` keeps it by
+    writing interlayer's own format instead."""
+    cfg = encoder_config(model.config)
+    if family.arch == "causal_lm" or _head_layout(family, cfg) is not None:
+        return []
+    return [f"{cfg.pooling!r} pooling {'with' if cfg.classifier_hidden else 'without'} a pooler has no transformers "
+            f"classifier for {family.title} (to_hf would export the encoder and leave the trained head out)"]
+
+
+def _write_hf(model: nn.Module, directory: Path, chosen: Family, assets: RunAssets, plan: _Plan) -> Path:
+    cfg = encoder_config(model.config)
+    tokenizer = plan.tokenizer
     directory.mkdir(parents=True, exist_ok=True)
     layout = _head_layout(chosen, cfg)
     names = chosen.layer_map(cfg.enc_layers)
@@ -83,23 +187,34 @@ def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Optional[
     tensors = chosen.join({hf: chosen.to_hf(hf, params[core].detach().clone()) for hf, core in names.items()})
     tensors = {(hf if hf in heads else prefix + hf): tensor.contiguous() for hf, tensor in tensors.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    config = _hf_config(chosen, model, cfg, layout)
+    config = plan.config
     if language_model:
-        config.update(bos_token_id=end_of_text_id(tokenizer), eos_token_id=end_of_text_id(tokenizer))
+        eos = end_of_text_id(tokenizer)
+        config.update(bos_token_id=eos, eos_token_id=eos)
+        # transformers' generate reads these; pad_token_id: GPT-2 has none, so its EOS, as transformers suggests
+        (directory / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if isinstance(tokenizer, ByteBPETokenizer):
-        save_gpt2_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
-    elif tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    if tokenizer is not None:
+        _save_tokenizer(tokenizer, directory, cfg)
     if isinstance(model, ImageClassifier):
         _write_processor(directory, model)
     if cfg.pooling == "mean":
         _write_sentence_transformers(directory, cfg.d_model)
+    (directory / "README.md").write_text(model_card(model, assets, library="transformers",
+                                                    architecture=config["architectures"][0]))
     if layout is None and not language_model:
         warnings.warn(f"{cfg.pooling!r} pooling {'with' if cfg.classifier_hidden else 'without'} a pooler has no "
                       f"transformers classifier for {chosen.title}: the encoder is exported as "
-                      f"{config['architectures'][0]} and the classification head is left out", stacklevel=2)
+                      f"{config['architectures'][0]} and the classification head is left out", stacklevel=3)
     return directory
+
+
+def _save_tokenizer(tokenizer: AnyTokenizer, directory: Path, cfg: ModelConfig) -> None:
+    if isinstance(tokenizer, ByteBPETokenizer):
+        save_gpt2_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
+    else:
+        tokenizer.save_pretrained(directory)
 
 
 def _family_for(model: nn.Module, name: Optional[str]) -> Family:
@@ -188,14 +303,15 @@ def _head_layout(family: Family, cfg: ModelConfig) -> Optional[HeadLayout]:
     return next((layout for layout in family.heads if layout.needs_pooler == bool(cfg.classifier_hidden)), None)
 
 
-def _hf_config(family: Family, model: nn.Module, cfg: ModelConfig, layout: Optional[HeadLayout]
-               ) -> dict[str, Any]:
+def _hf_config(family: Family, model: nn.Module, cfg: ModelConfig, layout: Optional[HeadLayout],
+               labels: Optional[list[str]]) -> dict[str, Any]:
     config = family.hf_config(cfg)
     architecture = layout.architectures[0] if layout is not None else family.export_model
     config["architectures"] = [architecture]
     if layout is not None:
-        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
-        config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
+        names = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+        config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        config["label2id"] = {name: i for i, name in enumerate(names)}
     if isinstance(model, ImageClassifier):
         vcfg = model.config
         config.update(family.vision_hf_config(vcfg.image_height, vcfg.image_width, vcfg.channels, vcfg.patch_size))

@@ -185,11 +185,18 @@ def _checkpoint_of_kind(directory: Path, keywords: dict[str, Any], fits: Callabl
 def vision_finetune_config(directory: Path, num_classes: int, input_size: list[int], model_sets: dict[str, Any]
                            ) -> VisionConfig:
     """The image model config of a fine-tuning run on a ViT checkpoint: the task's classes, ``input_size`` (the
-    task's ``[channels, height, width]``), the ``--set`` sections and dropouts; checked by a complete import."""
+    task's ``[channels, height, width]``), the ``--set`` sections and dropouts; checked by a complete import.
+
+    The head reads the CLS token's final state without a pooler, as ``ViTForImageClassification`` does: a
+    ``ViTModel``'s pooler is left out (``transformers`` leaves it out too when it loads a ``ViTModel`` for
+    classification), so the fine-tuned model exports as ``ViTForImageClassification`` with its trained head;
+    with the pooler it would have no ``transformers`` class.
+    """
     keywords, sections, overrides = split_model_sets(model_sets)
     checkpoint = _checkpoint_of_kind(directory, keywords, lambda family: family.modality == "image", "an image model",
                                      "a text task", "a pretrained ViT classifies from its CLS token")
-    options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size)
+    options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size,
+                   pooler=False)
     from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
     return model_config(checkpoint, **options)
 

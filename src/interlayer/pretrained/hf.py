@@ -408,15 +408,46 @@ def build(config: AnyConfig) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------- loading
 
 
+def resolve_source(source: Union[str, Path], *, revision: Optional[str] = None, local_files_only: bool = False,
+                   cache_dir: Optional[Union[str, Path]] = None) -> Path:
+    """A local folder for ``source``: itself when it is a directory, else the snapshot of Hub repository
+    ``source`` in the local Hugging Face cache (``cache_dir``, default ``HF_HUB_CACHE``), downloaded first when it
+    is not cached, unless ``local_files_only`` (or ``HF_HUB_OFFLINE=1``) says not to. ``huggingface_hub`` is
+    optional (``transformers`` brings it): without it only local folders load."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import constants, errors, snapshot_download
+    except ImportError:
+        raise PretrainedError(f"{source} is not a local folder, and reading it as a Hugging Face Hub id needs the "
+                              "optional package huggingface_hub (pip install huggingface_hub)") from None
+    try:
+        return Path(snapshot_download(repo_id=str(source), revision=revision, cache_dir=cache_dir,
+                                      local_files_only=local_files_only))
+    except errors.LocalEntryNotFoundError:
+        where = cache_dir or constants.HF_HUB_CACHE
+        raise PretrainedError(f"{source} is not a local folder, and as a Hugging Face Hub id it is not in the local "
+                              f"cache ({where}) and was not downloaded (offline, or local_files_only): fetch it "
+                              f"once with `hf download {source}` (or `huggingface-cli download {source}`) where "
+                              "the Hub is reachable, or pass the model's folder") from None
+    except (OSError, ValueError) as err:  # the hub's not-found and HTTP errors are OSErrors; a bad id a ValueError
+        raise PretrainedError(f"{source} is not a local folder and could not be fetched from the Hugging Face Hub: "
+                              f"{type(err).__name__}: {err}") from None
+
+
 def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_classes: Optional[int] = None,
             pooling: Optional[str] = None, pooler: Optional[bool] = None,
             extra_sections: Optional[dict[str, Any]] = None, overrides: Optional[dict[str, Any]] = None,
-            reinitialise: bool = False) -> nn.Module:
-    """The interlayer model of a Hugging Face checkpoint folder or in-memory ``transformers`` model.
+            reinitialise: bool = False, revision: Optional[str] = None, local_files_only: bool = False,
+            cache_dir: Optional[Union[str, Path]] = None) -> nn.Module:
+    """The interlayer model of a Hugging Face checkpoint folder, Hub id or in-memory ``transformers`` model.
 
-    * ``source``: a folder (``config.json``, weights, tokenizer or ``preprocessor_config.json``), or a
-      ``transformers`` model, which is written to a temporary folder with its own ``save_pretrained`` (the
-      on-disk names are the stable ones) together with ``processor`` (its tokenizer or image processor, if any).
+    * ``source``: a folder (``config.json``, weights, tokenizer or ``preprocessor_config.json``); a Hub id
+      (``"openai-community/gpt2"``), read from the local Hugging Face cache as ``from_pretrained`` reads it
+      (``revision``, ``local_files_only``, ``cache_dir``: :func:`resolve_source`); or a ``transformers`` model,
+      which is written to a temporary folder with its own ``save_pretrained`` (the on-disk names are the stable
+      ones) together with ``processor`` (its tokenizer or image processor, if any).
     * ``num_classes``: the head's classes; None takes a loadable classification head's, else ``num_labels``.
     * ``pooling`` / ``pooler``: text ``"cls"`` or ``"mean"`` and BERT's tanh pooler (see the module docstring).
     * ``extra_sections``: method sections, e.g. ``{"predictive": {"alpha": 0.2}}`` (PA-BERT, PA Sec. 4.1.2).
@@ -434,7 +465,8 @@ def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_c
                             extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
         model.import_report.source = f"in-memory {type(source).__name__}"
         return model
-    return from_checkpoint(read_checkpoint(source), num_classes=num_classes, pooling=pooling, pooler=pooler,
+    directory = resolve_source(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir)
+    return from_checkpoint(read_checkpoint(directory), num_classes=num_classes, pooling=pooling, pooler=pooler,
                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
 
 

@@ -16,7 +16,6 @@ interlayer's (the model's dataclass config, with the tie map in the weights' met
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -24,7 +23,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..checkpoint import WEIGHTS_FILE, CheckpointError, load_pretrained
-from .hf import from_hf
+from .hf import from_hf, resolve_source
 
 
 def is_interlayer_folder(directory: Path) -> bool:
@@ -36,29 +35,11 @@ def is_interlayer_folder(directory: Path) -> bool:
         return (handle.metadata() or {}).get("format") == "interlayer"
 
 
-def resolve(source: Union[str, Path], *, revision: Optional[str] = None, local_files_only: bool = False) -> Path:
-    """A local folder for ``source``: itself when it is a directory, else a Hub snapshot of repository ``source``."""
-    path = Path(source)
-    if path.is_dir():
-        return path
-    try:
-        hub = importlib.import_module("huggingface_hub")
-    except ImportError:
-        raise CheckpointError(f"{source} is not a local folder, and loading it from the Hugging Face Hub needs the "
-                              "optional package huggingface_hub (pip install huggingface_hub)") from None
-    try:
-        return Path(hub.snapshot_download(repo_id=str(source), revision=revision, local_files_only=local_files_only))
-    except (OSError, ValueError) as err:  # the hub's offline, not-found and HTTP errors are OSErrors; a bad id a
-        # ValueError
-        raise CheckpointError(f"{source} is not a local folder and could not be fetched from the Hugging Face Hub: "
-                              f"{type(err).__name__}: {err}") from None
-
-
 def load_model(source: Union[str, Path], *, revision: Optional[str] = None, local_files_only: bool = False,
-               **hf_options: Any) -> nn.Module:
+               cache_dir: Optional[Union[str, Path]] = None, **hf_options: Any) -> nn.Module:
     """The model in ``source`` (see the module docstring); ``hf_options`` go to :func:`from_hf` for a
     ``transformers`` folder (``num_classes``, ``extra_sections``, ...)."""
-    directory = resolve(source, revision=revision, local_files_only=local_files_only)
+    directory = resolve_source(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir)
     if is_interlayer_folder(directory):
         if hf_options:
             raise CheckpointError(f"{directory} is an interlayer model: {', '.join(hf_options)} only apply to "

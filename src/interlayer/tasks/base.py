@@ -66,7 +66,8 @@ class TaskSpec(abc.ABC):
     @abc.abstractmethod
     def finish(self, task: Any, run_dir: Path, state: "TrainState", options: dict[str, Any]) -> dict[str, Any]:
         """The final scores of a finished run (they go to results.json); ``options`` come from
-        :meth:`options_from_args`."""
+        :meth:`options_from_args`, plus ``progress`` (whether the run shows progress bars: long test scoring and
+        decoding show theirs)."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The task's own flags of ``interlayer train NAME``; none by default."""

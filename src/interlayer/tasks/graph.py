@@ -37,7 +37,7 @@ from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
 from .metrics import accuracy, confusion_matrix, format_report, percent_correct
 

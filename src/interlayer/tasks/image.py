@@ -42,7 +42,7 @@ from ..data.text import DataError
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from ..models.vision import VisionConfig, get_vision_config, vision_model_from_dict
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec

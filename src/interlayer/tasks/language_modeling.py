@@ -40,6 +40,7 @@ from typing import Any, Optional, Union, get_args
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import load_pretrained
@@ -54,7 +55,7 @@ from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_fi
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 
 SPLITS = ("train", "valid", "test")
@@ -162,14 +163,17 @@ class LanguageModelingTask:
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, targets, smoothing))
         return loss, logs, targets.numel()
 
-    def score(self, model: nn.Module, split: str) -> dict[str, float]:
+    def score(self, model: nn.Module, split: str, *, progress: bool = False) -> dict[str, float]:
         """:meth:`score_tokens` of a split, over ``data.eval_blocks`` blocks (0: all)."""
-        return self.score_tokens(model, self.ids[split], self.data.eval_blocks)
+        return self.score_tokens(model, self.ids[split], self.data.eval_blocks, progress=progress,
+                                 label=f"scoring {split}")
 
     @torch.no_grad()
-    def score_tokens(self, model: nn.Module, ids: Tensor, max_blocks: int = 0) -> dict[str, float]:
+    def score_tokens(self, model: nn.Module, ids: Tensor, max_blocks: int = 0, *, progress: bool = False,
+                     label: str = "scoring") -> dict[str, float]:
         """Loss, perplexity and bits per char/byte of the token sequence ``ids`` (all of it, or ``max_blocks``
-        blocks spread evenly over it); sums in float64 so that a long text's total is exact."""
+        blocks spread evenly over it); sums in float64 so that a long text's total is exact. ``progress``: a bar
+        (``label``) counting the blocks scored."""
         model.eval()
         device = module_device(model)
         chosen = blocks(ids, self.data.block_size)
@@ -180,6 +184,7 @@ class LanguageModelingTask:
         for start, length in chosen:
             by_length.setdefault(length, []).append(start)
         nll, tokens, units = torch.zeros((), dtype=torch.float64), 0, 0
+        bar = tqdm(total=len(chosen), desc=label, unit="block", disable=not progress, leave=False)
         for length, starts in by_length.items():
             span = torch.arange(length + 1)
             for i in range(0, len(starts), self.rows):
@@ -190,6 +195,8 @@ class LanguageModelingTask:
                                        targets.reshape(-1).to(device), reduction="sum").double().cpu()
                 tokens += targets.numel()
                 units += int(self.byte_lengths[targets].sum()) if self.unit == "byte" else targets.numel()
+                bar.update(len(batch))
+        bar.close()
         total = float(nll)
         return {"loss": total / tokens, "ppl": math.exp(total / tokens),
                 f"bits_per_{self.unit}": total / math.log(2) / units, "tokens": tokens}
@@ -266,7 +273,8 @@ class LanguageModelingSpec(TaskSpec):
         results: dict[str, Any] = {}
         for split in ("valid", "test"):
             if len(task.ids[split]) >= 2:
-                results.update({f"{split}_{k}": v for k, v in task.score(model, split).items()})
+                scores = task.score(model, split, progress=bool(options.get("progress")))
+                results.update({f"{split}_{k}": v for k, v in scores.items()})
         block = task.data.block_size
         results.update(parameters=count_parameters(model), madds_per_block=count_madds(model, block),
                        corpus=task.corpus_description)

@@ -61,7 +61,7 @@ from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune
 from ..pretrained.tokenization import tokenizer_kind
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .metrics import accuracy, confusion_matrix, format_report, per_class_scores
 

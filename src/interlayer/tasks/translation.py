@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence, Union
 import sacrebleu
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
@@ -28,7 +29,7 @@ from ..core.config import ConfigError
 from ..fileio import read_json
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..training.losses import label_smoothed_nll, total_loss
+from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .translation_decoding import DecodeOptions, decode
 
@@ -175,9 +176,11 @@ class TranslationTask:
 
 
 def translate(model: nn.Module, vocab: VocabPair, sentences: Sequence[str], options: DecodeOptions,
-              batch_tokens: int = 2048, *, source: str = "input") -> list[str]:
+              batch_tokens: int = 2048, *, source: str = "input", progress: bool = False,
+              label: str = "decoding") -> list[str]:
     """Detokenized translations in input order; batches group sentences of similar length. A sentence longer than
-    the model can read raises :class:`DataError` naming ``source`` and its line (sentence ``i`` is line ``i + 1``)."""
+    the model can read raises :class:`DataError` naming ``source`` and its line (sentence ``i`` is line ``i + 1``).
+    ``progress``: a bar (``label``) counting the sentences decoded (beam search of a test set takes a while)."""
     model.eval()
     src = [ids + [EOS_ID] for ids in vocab.source.encode_batch(sentences)]
     limit = model.config.max_positions
@@ -190,9 +193,11 @@ def translate(model: nn.Module, vocab: VocabPair, sentences: Sequence[str], opti
         return []
     out: list[str] = [""] * len(sentences)
     device = module_device(model)
-    for batch in length_buckets([len(s) for s in src], max(batch_tokens, max(map(len, src)))):
-        for index, ids in zip(batch, decode(model, move(pad_batch([src[i] for i in batch]), device), options)):
-            out[index] = vocab.target.decode(ids)
+    with tqdm(total=len(src), desc=label, unit="sentence", disable=not progress, leave=False) as bar:
+        for batch in length_buckets([len(s) for s in src], max(batch_tokens, max(map(len, src)))):
+            for index, ids in zip(batch, decode(model, move(pad_batch([src[i] for i in batch]), device), options)):
+                out[index] = vocab.target.decode(ids)
+            bar.update(len(batch))
     return out
 
 
@@ -259,19 +264,21 @@ class TranslationSpec(TaskSpec):
 
     def finish(self, task: TranslationTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
         """Choose ``best/`` or ``averaged/`` by validation BLEU (beam search), then score it once on test."""
-        decode_options = DecodeOptions(**options)
+        progress = bool(options.get("progress"))
+        decode_options = DecodeOptions(**{key: value for key, value in options.items() if key != "progress"})
         valid = {}
         for directory in (run_dir / "best", run_dir / "averaged"):
             if (directory / "config.json").is_file():
                 model, vocab = load_translator(directory, task.device)
-                valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options),
+                valid[directory.name] = score(translate(model, vocab, task.valid.source, decode_options,
+                                                        progress=progress, label=f"decoding valid ({directory.name})"),
                                               task.valid.target)["bleu"]
         chosen = max(valid, key=valid.get)
         model, vocab = load_translator(run_dir / chosen, task.device)
         data = task.data
         test = read_parallel(data.resolve(data.test_src), data.resolve(data.test_tgt))
         start = time.perf_counter()
-        hypotheses = translate(model, vocab, test.source, decode_options)
+        hypotheses = translate(model, vocab, test.source, decode_options, progress=progress, label="decoding test")
         seconds = time.perf_counter() - start
         (run_dir / "test.hyp").write_text("\n".join(hypotheses) + "\n")
         scores = score(hypotheses, test.target)

@@ -6,6 +6,7 @@ square-root schedule with warm-up, label smoothing 0.1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import importlib.util
 from typing import Literal
 
 from ..core.config import ConfigError, check_choices, check_finite
@@ -17,6 +18,9 @@ Optimizer = Literal["adam", "adamw"]
 Schedule = Literal["inverse_sqrt", "constant", "linear", "cosine", "step"]
 # "auto": bf16 autocast on a GPU that supports it, fp32 elsewhere; "fp16" adds a gradient scaler
 PrecisionSetting = Literal["auto", "fp32", "bf16", "fp16"]
+# where the scalars go beside the CSV files: TensorBoard (tb/), or Weights & Biases (the optional package wandb;
+# WANDB_MODE=offline keeps the run on disk under RUN_DIR/wandb without an account)
+Logger = Literal["tensorboard", "wandb"]
 
 # The TrainConfig fields a resumed run may change (``--resume --set train.KEY=VALUE``): when the run stops, how often
 # it logs and saves, and how it uses the machine; every other field is part of the run as it was started, and
@@ -29,6 +33,7 @@ CHANGEABLE_ON_RESUME: frozenset[str] = frozenset({
     "log_interval",
     "save_interval_steps",
     "threads",
+    "logger",
     # where and how the steps run: a run saved on a GPU resumes on a CPU and the other way round
     "device",
     "precision",
@@ -79,6 +84,7 @@ class TrainConfig:
     precision: PrecisionSetting = "auto"
     compile: bool = False  # torch.compile the training model (zero graph breaks in every preset: tested)
     tf32: bool = True  # TensorFloat-32 matrix products on GPUs that have them; false for IEEE fp32 products
+    logger: Logger = "tensorboard"  # see Logger
 
     def validate(self) -> None:
         check_finite(self, "train.")
@@ -113,6 +119,9 @@ class TrainConfig:
         from .device import resolve_device  # device.py reads this module's PrecisionSetting
 
         resolve_device(self.device)  # a device this machine lacks is refused before a run directory is written
+        if self.logger == "wandb" and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("train.logger=wandb needs the optional package wandb: pip install 'interlayer[wandb]' "
+                              "(or train.logger=tensorboard)")
         if self.average_last > self.keep_last:
             raise ConfigError(f"train.average_last={self.average_last} needs keep_last >= it "
                               f"(keep_last={self.keep_last}): averaging reads the kept epoch checkpoints")

@@ -38,6 +38,7 @@ import os
 import signal
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -161,12 +162,17 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 class _Logs:
-    """CSV files (one per split) plus TensorBoard scalars under ``tb/``."""
+    """CSV files (one per split) plus the scalars in TensorBoard (``tb/``) or Weights & Biases
+    (``train.logger``); W&B also receives the run's configuration, and a resumed run continues the same W&B run
+    (its id is kept in ``RUN_DIR/wandb_id``)."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, logger: str = "tensorboard",
+                 config: Optional[dict[str, Any]] = None) -> None:
         self.run_dir = run_dir
         self.enabled = enabled  # only rank 0 writes
-        self._writer = None
+        self.logger, self.config = logger, config or {}
+        self._writer: Any = None
+        self._wandb: Any = None
 
     def write(self, split: str, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
@@ -180,18 +186,48 @@ class _Logs:
             if fresh:
                 writer.writeheader()
             writer.writerow(row)
+        scalars = {f"{split}/{key}": value for key, value in values.items() if isinstance(value, (int, float))}
+        if self.logger == "wandb":
+            self._wandb_run().log(scalars, step=step)
+            return
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.run_dir / "tb"))
-        for key, value in values.items():
-            if isinstance(value, (int, float)):
-                self._writer.add_scalar(f"{split}/{key}", value, step)
+        for key, value in scalars.items():
+            self._writer.add_scalar(key, value, step)
         self._writer.flush()
+
+    def _wandb_run(self) -> Any:
+        if self._wandb is None:
+            import wandb
+
+            id_file = self.run_dir / "wandb_id"
+            run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+            id_file.write_text(run_id)
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "interlayer"), id=run_id,
+                                     name=self.run_dir.name, dir=str(self.run_dir), config=self.config,
+                                     resume="allow", reinit="create_new")
+        return self._wandb
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
+                 step_budget: int) -> int:
+    """The optimiser step at which training will stop: the step budget, or sooner when the time budget
+    (``max_minutes``, of which ``elapsed`` seconds are used) runs out first at the pace of this session
+    (``steps_timed`` steps in ``seconds_timed`` seconds). The progress bar's total, so that its ETA is the true
+    time left under ``--max-minutes`` rather than that of steps the budget will never reach."""
+    if steps_timed <= 0 or seconds_timed <= 0:
+        return step_budget
+    left = max(max_minutes * 60 - elapsed, 0.0)
+    return min(step_budget, step + math.ceil(left * steps_timed / seconds_timed))
 
 
 class Trainer:
@@ -230,7 +266,10 @@ class Trainer:
         self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
                                    eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.state = TrainState()
-        self.logs = _Logs(self.run_dir, self.dist.is_main)
+        model_config = getattr(model, "config", None)
+        self.logs = _Logs(self.run_dir, self.dist.is_main, cfg.logger,
+                          {"train": dataclasses.asdict(cfg),
+                           "model": model_config.to_dict() if hasattr(model_config, "to_dict") else None})
         self._stop_requested = False
         self._asset_cache: Optional[dict[str, bytes]] = None
         self._total_steps = cfg.max_steps
@@ -359,6 +398,16 @@ class Trainer:
     def _loop(self) -> None:
         cfg, state = self.cfg, self.state
         started = time.perf_counter()
+        # one bar for the run, counting optimiser steps against the budget (see budget_steps)
+        bar = tqdm(initial=state.step, unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
+        try:
+            self._epochs(started, bar)
+        finally:
+            bar.close()
+
+    def _epochs(self, started: float, bar: tqdm) -> None:
+        cfg, state = self.cfg, self.state
+        first_step, first_elapsed = state.step, state.elapsed
         while state.epoch <= cfg.max_epochs:
             steps = self._step_batches(self.task.train_batches(state.epoch, cfg.seed))
             if not steps:
@@ -367,8 +416,8 @@ class Trainer:
                                  "train.max_tokens or train.update_freq")
             self._steps_per_epoch = len(steps)
             self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
-            bar = tqdm(total=len(steps), initial=state.batch_in_epoch, desc=f"epoch {state.epoch}",
-                       disable=not self.progress, dynamic_ncols=True, leave=False)
+            bar.total = self._bar_total(first_step, first_elapsed, state.elapsed)
+            bar.set_description(f"epoch {state.epoch}")
             window: dict[str, float] = {}
             window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
             for micro_batches in steps[state.batch_in_epoch:]:
@@ -389,6 +438,9 @@ class Trainer:
                 for key, value in logs.items():
                     window[key] = window.get(key, 0.0) + value
                 bar.update(1)
+                if cfg.max_minutes:
+                    bar.total = self._bar_total(first_step, first_elapsed,
+                                                state.elapsed + time.perf_counter() - started)
                 if state.step % cfg.log_interval == 0:
                     seconds = time.perf_counter() - window_start
                     row = {k: v / window_steps for k, v in window.items()}  # a window may start mid-interval
@@ -402,12 +454,19 @@ class Trainer:
                     self._bank_time(started)
                     started = time.perf_counter()
                     self.save_last()
-            bar.close()
             if self._end_epoch(started):
                 return
             started = time.perf_counter()
         state.stop_reason = state.stop_reason or f"max_epochs={cfg.max_epochs} reached"
         self._finish()
+
+    def _bar_total(self, first_step: int, first_elapsed: float, elapsed: float) -> int:
+        """The progress bar's total: the step budget, or under ``max_minutes`` the step the time budget will end
+        at (:func:`budget_steps`, timed since this session's ``first_step``), so tqdm's ETA is the time left."""
+        if not self.cfg.max_minutes:
+            return self._total_steps
+        return budget_steps(self.state.step - first_step, elapsed - first_elapsed, elapsed, self.cfg.max_minutes,
+                            self.state.step, self._total_steps)
 
     def _step(self, micro_batches: list[Any], budget_used: float = 0.0) -> tuple[dict[str, float], float]:
         """One optimiser step over this rank's micro-batches (``budget_used``: the share of the time budget spent,

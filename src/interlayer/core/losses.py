@@ -1,5 +1,8 @@
 """Loss terms: label-smoothed cross-entropy, and the sum over model exits plus auxiliary losses.
 
+They live in the core because the models compute them too: ``model(..., labels=...)`` returns ``.loss`` as the
+tasks compute it (:func:`labels_loss`), so Hugging Face habits and the training engine agree.
+
 Every term is also returned as a float under its own name, so the Crossformer-SG regulariser and each Multi-Pass
 exit's loss are logged separately from the task loss they are added to.
 """
@@ -47,3 +50,18 @@ def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> 
     logs["task_loss"] = task
     logs["loss"] = float(total.detach())
     return total, logs
+
+
+def labels_loss(output, labels: Tensor, *, shift: bool = False) -> Tensor:
+    """The loss a model returns for Hugging Face-style ``labels`` (ignore index -100, no label smoothing), summed
+    over exits and auxiliary losses exactly as the training engine sums them (:func:`total_loss`).
+
+    ``shift`` is the causal language model's convention: ``labels`` are the input ids, and position ``t``'s logits
+    predict label ``t + 1``, so ``model(input_ids=x, labels=x)`` needs no shifting by the caller.
+    """
+    def exit_loss(logits: Tensor) -> tuple[Tensor, Tensor]:
+        if shift:
+            return label_smoothed_nll(logits[:, :-1], labels[:, 1:], 0.0)
+        return label_smoothed_nll(logits, labels, 0.0)
+
+    return total_loss(output, exit_loss)[0]

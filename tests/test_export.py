@@ -1,0 +1,103 @@
+"""``interlayer export RUN_DIR OUT_DIR`` (issue 31): a CLI-trained run comes back in ``transformers`` with its
+tokenizer, its labels' names, a model card, and the same logits; a method ``transformers`` cannot compute (PA) is
+written in interlayer's own format with the same files, and the command says so."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from interlayer import create_model, load_pretrained
+from interlayer.cli import main
+from interlayer.pretrained import PretrainedError, from_hf, load_tokenizer, to_hf
+
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_finetune import write_checkpoint, write_data  # noqa: E402
+
+TEXTS = ["the film was good", "it was bad ,"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two sst2 fine-tuning runs of a tiny BERT, trained by the CLI: plain, and with Predictive Attention."""
+    root = tmp_path_factory.mktemp("export")
+    checkpoint = write_checkpoint(root / "tiny-bert")
+    files = write_data(root / "data", "sst2")
+    out = {}
+    for name, extra in (("plain", []), ("pa", ["--set", "predictive.alpha=0.2"])):
+        out[name] = root / name
+        assert main(["train", "sst2", "--pretrained", str(checkpoint), "--train", str(files["train"]), "--valid",
+                     str(files["valid"]), "--test", str(files["test"]), "--run-dir", str(out[name]),
+                     "--no-progress", "--set", "data.max_len=32", "--set", "data.batch_size=4", "--set",
+                     "train.max_epochs=1", *extra]) == 0
+    return out
+
+
+def assert_the_runs_tokenizer(tokenizer, run: Path, batch) -> None:
+    """Not the stand-in transformers makes up when a folder has no tokenizer files (a 5-word vocabulary)."""
+    ours = load_tokenizer(run / "best")
+    assert len(tokenizer) == ours.vocab_size and tokenizer.unk_token_id not in batch["input_ids"]
+    ids, _ = ours.encode(TEXTS[0])
+    assert batch["input_ids"][0, :len(ids)].tolist() == ids
+
+
+def test_cli_export_loads_back_in_transformers_with_tokenizer_labels_and_card(runs, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(runs["plain"]), str(out)]) == 0
+    assert "BertForSequenceClassification for transformers" in capsys.readouterr().out
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    assert hf.config.id2label == {0: "negative", 1: "positive"}
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    ours = load_pretrained(runs["plain"] / "best").eval()
+    assert_the_runs_tokenizer(tokenizer, runs["plain"], batch)
+    with torch.no_grad():
+        expected = ours(**batch).logits  # the same call: HF's keyword arguments
+        assert (hf(**batch).logits - expected).abs().max() < 1e-5
+    card = (out / "README.md").read_text()
+    results = json.loads((runs["plain"] / "results.json").read_text())
+    assert "library_name: transformers" in card and "base_model: " in card and "tiny-bert" in card
+    assert "- labels: negative, positive" in card and f"- test_accuracy: {results['test_accuracy']}" in card
+    assert "- command: `interlayer train sst2 --pretrained" in card
+
+
+def test_cli_export_of_a_pa_run_writes_interlayers_format_and_says_so(runs, tmp_path, capsys):
+    out = tmp_path / "own"
+    assert main(["export", str(runs["pa"]), str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "interlayer's own format" in said and "predictive" in said
+    back = load_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))  # the run's tokenizer files, copied
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    assert_the_runs_tokenizer(tokenizer, runs["pa"], batch)
+    trained = load_pretrained(runs["pa"] / "best").eval()
+    assert torch.equal(back(**batch).logits, trained(**batch).logits)
+    assert json.loads((out / "task.json").read_text())["labels"] == ["negative", "positive"]
+    card = (out / "README.md").read_text()
+    assert "library_name: interlayer" in card and "method predictive" in card and "not transformers'" in card
+
+
+def test_lm_export_writes_generation_config_and_refuses_a_missing_tokenizer(tmp_path):
+    from test_hf_gpt2 import hf_gpt2, write_tokenizer
+
+    hf_gpt2("tied").save_pretrained(str(tmp_path / "gpt2"))
+    write_tokenizer(tmp_path / "gpt2")
+    to_hf(from_hf(tmp_path / "gpt2"), tmp_path / "lm")  # the import's tokenizer goes along
+    generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "lm"))
+    assert generation.eos_token_id == generation.pad_token_id == 0  # <|endoftext|>
+    assert transformers.AutoTokenizer.from_pretrained(str(tmp_path / "lm")).eos_token_id == 0
+    assert "AutoModelForCausalLM" in (tmp_path / "lm" / "README.md").read_text()
+    bare = create_model("gpt2_small", src_vocab_size=50, d_model=16, n_heads=2, d_ffn=32, enc_layers=2,
+                        max_positions=16)
+    with pytest.raises(PretrainedError, match="a tokenizer was asked for, but the model has none"):
+        to_hf(bare, tmp_path / "x", tokenizer=True)
+
+
+def test_export_of_a_missing_run_is_a_user_error(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
+    assert "neither a run directory" in capsys.readouterr().err
