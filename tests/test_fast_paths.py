@@ -1,6 +1,6 @@
 """Every fast path against its reference path, forward and gradient (efficiency issue: same numbers as before).
 
-* Predictive Attention: :meth:`PredictiveMixer.predict` (``VisibleCells`` + ``MapConvReLU``) against
+* Predictive Attention: :meth:`PredictiveMixer.predict` (``VisibleCells`` + the ``map_conv_relu`` operators) against
   :meth:`PredictiveMixer.predict_reference` (the library convolution, op by op as the module doc states it), for
   every kernel, layer count, padding, causal and ``beta`` case, and the whole causal LM with every mixer switched.
 * The explicit attention path (scale on the queries, additive mask) against the fused one, gradients included.
@@ -19,7 +19,7 @@ from interlayer import create_model
 from interlayer.core.attention import MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias
 from interlayer.methods.lightweight import GroupedLinear, GroupedMultiHeadAttention, grouped_linear
-from interlayer.methods.predictive import PredictiveMixer
+from interlayer.methods.predictive import PredictiveMixer, map_conv_relu, map_conv_relu_backward
 
 
 def _grads(fn, inputs: list[torch.Tensor], params: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
@@ -161,3 +161,18 @@ def test_stacked_grouped_qkv_equals_three_products(shared, expansion):
     want = _grads(lambda: tuple(grouped_linear(x, p.weight, p.bias, p.groups, p.blocks)
                                 for p in (attn.q_proj, attn.k_proj, attn.v_proj)), [x], params)
     _assert_all_close(got, want)
+
+
+@pytest.mark.parametrize("keep,pads", [(True, [1, 1, 2, 0]), (False, [2, 2, 2, 2])])
+def test_prediction_operators_pass_torch_library_opcheck(keep, pads):
+    """The registered operators' fake implementations (shapes, strides) and autograd registration are what
+    ``torch.compile`` relies on to keep them whole; ``opcheck`` runs them against the real ones."""
+    k = 5 if pads[0] == 2 else 3
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    weight, bias = torch.randn(4, 4, k, k, requires_grad=True), torch.randn(4, requires_grad=True)
+    mask = torch.tril(torch.ones(6, 6))[None, None] if keep else None
+    torch.library.opcheck(map_conv_relu, (x, weight, bias, mask, pads))
+    out, padded = (t.detach() for t in map_conv_relu(x, weight, bias, mask, pads))
+    for needs in ([True, True, True], [True, False, False], [False, True, True]):
+        torch.library.opcheck(map_conv_relu_backward, (torch.randn_like(out), padded, weight.detach(), out, pads,
+                                                        needs))

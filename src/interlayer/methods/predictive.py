@@ -366,7 +366,7 @@ def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: lis
     left, right, top, bottom = pads
     b, _, h, w = x.shape
     k_rows, k_cols = weight.shape[-2:]
-    padded = x.new_empty(b, x.shape[1], h + top + bottom, w + left + right,
+    padded = torch.empty(b, x.shape[1], h + top + bottom, w + left + right, dtype=x.dtype, device=x.device,
                          memory_format=torch.channels_last)
     return x.new_empty(b, weight.shape[0], h + top + bottom - k_rows + 1, w + left + right - k_cols + 1), padded
 
@@ -389,14 +389,15 @@ def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Te
             [1, 1], False, [0, 0], 1, [False, needs[1], needs[2]])
     b, c = padded.shape[:2]
     return (grad_x if grad_x is not None else grad.new_zeros(b, c, out.shape[2], out.shape[3]),
-            grad_w if grad_w is not None else torch.zeros_like(weight),
+            grad_w.contiguous() if grad_w is not None else torch.zeros_like(weight),
             grad_b if grad_b is not None else weight.new_zeros(weight.shape[0]))
 
 
 @map_conv_relu_backward.register_fake
 def _(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, pads: list[int], needs: list[bool]
       ) -> tuple[Tensor, Tensor, Tensor]:
-    return (grad.new_empty(padded.shape[0], padded.shape[1], out.shape[2], out.shape[3]), torch.empty_like(weight),
+    return (grad.new_empty(padded.shape[0], padded.shape[1], out.shape[2], out.shape[3]),
+            torch.empty_like(weight, memory_format=torch.contiguous_format),
             weight.new_empty(weight.shape[0]))
 
 
