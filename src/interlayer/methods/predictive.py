@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
 from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
@@ -416,6 +417,22 @@ def _map_conv_relu_grad(ctx: Any, grad: Tensor, _grad_padded: Optional[Tensor]) 
 
 
 map_conv_relu.register_autograd(_map_conv_relu_grad, setup_context=_map_conv_relu_setup)
+
+
+# FLOP counts for torch.utils.flop_counter, which cannot see inside a registered operator: the convolution's, as
+# the library convolution would report it (so FlopCounterMode keeps agreeing with ``count_madds``); the backward
+# is two convolutions of the same size (input and weight gradient), as the library's backward counts.
+@register_flop_formula(torch.ops.interlayer.map_conv_relu)
+def _map_conv_relu_flops(x_shape: Any, weight_shape: Any, bias_shape: Any, keep_shape: Any, pads: list[int], *,
+                         out_shape: Any, **kwargs: Any) -> int:
+    return conv_flop_count(list(x_shape), list(weight_shape), list(out_shape[0]))
+
+
+@register_flop_formula(torch.ops.interlayer.map_conv_relu_backward)
+def _map_conv_relu_backward_flops(grad_shape: Any, padded_shape: Any, weight_shape: Any, out_shape_in: Any,
+                                  pads: list[int], needs: list[bool], *, out_shape: Any, **kwargs: Any) -> int:
+    one = conv_flop_count(list(padded_shape), list(weight_shape), list(grad_shape))
+    return one * (int(needs[0]) + int(needs[1]))
 
 
 def _pad_channels_last(x: Tensor, pads: list[int]) -> Tensor:
