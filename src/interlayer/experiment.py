@@ -149,6 +149,8 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
                "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
                "best_epoch": state.best_epoch, "best_valid": state.saved_metrics,
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
+    if state.averaged:
+        results["averaged"] = state.averaged
     if score_test:
         results.update(spec.finish(task, run_dir, state, options))
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))

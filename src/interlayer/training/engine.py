@@ -101,6 +101,7 @@ class TrainState:
     bad_epochs: int = 0
     finished: bool = False
     stop_reason: str = ""
+    averaged: str = ""  # what ``averaged/`` holds, or why there is none (a budget that ended in epoch 1)
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int,
@@ -554,19 +555,39 @@ class Trainer:
 
     def _finish(self) -> None:
         """Budget reached or training converged: optionally average, mark finished, save."""
-        if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
+        # The budget ran out mid-epoch (or before the first step): validate here, so that best/ exists and holds
+        # the best model so far, as every task's finish hook expects.
+        if self.state.batch_in_epoch or self.state.saved_metrics is None:
             metrics = self._validate()
             self._record(metrics)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
         if self.cfg.average_last > 1 and self.dist.is_main:
-            self.average_checkpoints(self.cfg.average_last)
+            self.state.averaged = self._average_what_exists(self.cfg.average_last)
         self.state.finished = True
         self.save_last()
+
+    def _average_what_exists(self, n: int) -> str:
+        """Average the last ``n`` epoch checkpoints, or as many as the run wrote; the sentence that says which.
+
+        A budget that ends before the first epoch does leaves no epoch checkpoint: there is then nothing to average,
+        the run keeps ``best/`` (validated where the budget ended) and says so instead of failing after training.
+        """
+        paths = _epoch_checkpoints(self.run_dir)[-n:]
+        if not paths:
+            return (f"none: train.average_last={n}, but the run ended in epoch {self.state.epoch} before any epoch "
+                    "checkpoint was written; best/ is the final model")
+        self.average_checkpoints(len(paths))
+        names = ", ".join(p.name for p in paths)
+        short = f" (fewer than train.average_last={n}: the run wrote no more)" if len(paths) < n else ""
+        return f"averaged/ is the mean of {names}{short}"
 
     def average_checkpoints(self, n: int) -> Path:
         """Average the last ``n`` epoch checkpoints into ``averaged/`` (Vaswani et al. 2017, Sec. 6.1)."""
         paths = _epoch_checkpoints(self.run_dir)[-n:]
+        if not paths:
+            raise FileNotFoundError(f"{self.run_dir} holds no epoch checkpoint (checkpoint<N>.safetensors) to "
+                                    "average")
         states = [load_file(str(p)) for p in paths]
         averaged = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
                     if states[0][k].is_floating_point() else states[0][k] for k in states[0]}

@@ -1,0 +1,73 @@
+"""Issue 29, reliability third round: budgets that end before the first epoch, refused runs that leave nothing
+behind, atomic result files and a full disk, Hugging Face folders from strangers, inputs checked before training.
+
+Everything calls ``cli.main`` in-process with tiny models; docs/reliability.md lists each case with its test."""
+import json
+from pathlib import Path
+
+import pytest
+
+from interlayer.cli import main
+
+from test_compare import corpus  # noqa: F401  (the tiny De-En corpus fixture)
+
+TINY_TRANSLATION = ["d_model=32", "n_heads=2", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
+                    "train.warmup_steps=2", "data.vocab_size=60"]
+TINY_TEXT = ["d_model=16", "n_heads=2", "d_ffn=32", "enc_layers=1"]
+TINY_VQA = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16",
+            "feature_dim=4", "data.train_size=32", "data.valid_size=8", "data.test_size=8", "data.batch_size=16",
+            "data.pavpu_samples=3"]
+TINY_IMAGE = ["d_model=16", "n_heads=2", "d_ffn=32", "enc_layers=1", "data.batch_size=8"]
+TINY_LM = ["d_model=16", "n_heads=2", "d_ffn=32", "enc_layers=1", "data.block_size=16", "train.max_tokens=64"]
+
+
+def _sets(items) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _translation_args(corpus: Path, run: Path, *sets: str) -> list[str]:
+    files = [arg for split in ("train", "valid", "test") for side, lang in (("src", "de"), ("tgt", "en"))
+             for arg in (f"--{split}-{side}", str(corpus / f"{split}.{lang}"))]
+    return ["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "1", *files,
+            *_sets([*TINY_TRANSLATION, *sets])]
+
+
+# -- a budget that ends before the first epoch ------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [["train.max_steps=3"], ["train.max_minutes=1e-9"]], ids=["steps", "minutes"])
+def test_translation_whose_budget_ends_before_the_first_epoch_scores_and_resumes(corpus, tmp_path, budget):
+    """The issue's case: averaging 5 epoch checkpoints when none was written crashed after training."""
+    run = tmp_path / "run"
+    assert main(_translation_args(corpus, run, "train.average_last=5", *budget)) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["model"] == "best" and results["epochs"] == 0
+    assert results["averaged"].startswith("none: train.average_last=5, but the run ended in epoch 1")
+    assert not (run / "averaged").exists()
+    assert main(["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "1", "--resume"]) == 0
+
+
+def test_averaging_uses_the_epoch_checkpoints_that_exist_and_says_so(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert main(_translation_args(corpus, run, "train.max_epochs=1", "train.keep_last=5",
+                                  "train.average_last=5")) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["averaged"] == ("averaged/ is the mean of checkpoint1.safetensors (fewer than "
+                                   "train.average_last=5: the run wrote no more)")
+    assert set(results["valid_bleu"]) == {"best", "averaged"}
+
+
+# Each task's shortest budget: a budget used up before the first optimiser step (nothing trained: the initial model
+# is validated, saved as best/ and scored), and one step.
+@pytest.mark.parametrize("task, extra", [
+    ("sst2", TINY_TEXT), ("cora", ["hidden=4", "heads=2"]), ("lm", TINY_LM),
+    ("fashion_mnist", TINY_IMAGE), ("vqa", TINY_VQA)])
+@pytest.mark.parametrize("budget", ["train.max_minutes=1e-9", "train.max_steps=1"])
+def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
+    run = tmp_path / "run"
+    data = []
+    if task == "lm":  # the bundled Shakespeare takes 20 s to score
+        (tmp_path / "book.txt").write_text("to be or not to be, that is the question.\n" * 40)
+        data = ["--data", str(tmp_path / "book.txt")]
+    assert main(["train", task, "--run-dir", str(run), "--no-progress", *data, *_sets([*extra, budget])]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "finished" and results["steps"] == (1 if "steps" in budget else 0)
+    assert (run / "best" / "config.json").is_file()
