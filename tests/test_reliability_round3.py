@@ -3,6 +3,7 @@ behind, atomic result files and a full disk, Hugging Face folders from strangers
 
 Everything calls ``cli.main`` in-process with tiny models; docs/reliability.md lists each case with its test."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,40 @@ def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "finished" and results["steps"] == (1 if "steps" in budget else 0)
     assert (run / "best" / "config.json").is_file()
+
+
+# -- a refused run leaves no directory ----------------------------------------------------------------------------
+@pytest.mark.parametrize("task, sets, message", [
+    ("sst2", ["--seed", "-1"], r"train\.seed=-1 is outside 0\.\.4294967295"),
+    ("sst2", ["--set", "train.update_freq=1000000"],
+     r"the first epoch has \d+ training batches, fewer than one optimiser step needs \(train\.update_freq=1000000"),
+    ("sst2", ["--set", "train.threads=100000"], r"train\.threads=100000 is more than this machine's \d+ CPU cores"),
+    ("vqa", ["--set", "image_size=5"], r"image_size=5: Sort-of-CLEVR's pictures are 3 x 75 x 75 pixels"),
+    ("vqa", ["--set", "data.release_seed=-1"], r"data\.release_seed=-1 must not be negative"),
+])
+def test_a_refused_run_leaves_no_directory_and_the_fixed_command_runs(tmp_path, capsys, task, sets, message):
+    run = tmp_path / "run"
+    tiny = TINY_VQA if task == "vqa" else TINY_TEXT
+    base = ["train", task, "--run-dir", str(run), "--no-progress", *_sets([*tiny, "train.max_steps=1"])]
+    assert main(base + sets) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not run.exists()
+    assert main(base) == 0  # the corrected command is not refused as "already holds a run"
+
+
+def test_a_too_long_validation_line_leaves_no_directory(corpus, tmp_path, capsys):
+    lines = (corpus / "valid.de").read_text().splitlines()
+    lines[2] = " ".join(["hund"] * 700)
+    (tmp_path / "valid.de").write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    args = _translation_args(corpus, run, "max_positions=64", "train.max_steps=1")
+    args[args.index(str(corpus / "valid.de"))] = str(tmp_path / "valid.de")
+    assert main(args) == 2
+    assert re.search(r"valid\.de:3: the valid source sentence has \d+ tokens", capsys.readouterr().err)
+    assert not run.exists()
+
+
+def test_a_run_dir_below_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    assert main(["train", "sst2", "--run-dir", str(tmp_path / "afile" / "sub"), "--no-progress"]) == 2
+    assert f"{tmp_path / 'afile'} is a file, not a folder; choose another --run-dir" in capsys.readouterr().err

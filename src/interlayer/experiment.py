@@ -95,6 +95,7 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     validation metrics. An interrupted run's results name the signal that stopped it (``"signal"``).
     """
     run_dir = Path(run_dir)
+    _check_run_dir(run_dir)
     if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
         raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
     env = distributed.environment()
@@ -133,9 +134,8 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
     else:
         distributed.barrier(env)
         task, model, train_cfg = _load_run(spec, run_dir, None, {}, None, None, warn, False)
-    check = getattr(task, "check_inputs", None)
-    if check is not None:
-        check(model)
+    if fresh is None:  # a fresh run was checked before its directory was written
+        check_before_training(task, model, train_cfg)
     trainer = Trainer(task, model, train_cfg, run_dir, resume=resume and not start_over, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
@@ -157,6 +157,23 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
     return results
 
 
+def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -> None:
+    """What would stop the run after it started, refused before: the task's ``check_inputs(model)`` (inputs of
+    any split the model cannot read, naming file and line), and a first epoch too short for one optimiser step
+    (``update_freq`` x processes batches). A fresh run calls this before ``run.json`` is written, so a refused run
+    leaves no directory that would block its corrected re-run."""
+    check = getattr(task, "check_inputs", None)
+    if check is not None:
+        check(model)
+    needed = train_cfg.update_freq * distributed.environment().world_size
+    batches = len(task.train_batches(1, train_cfg.seed))
+    if batches < needed:
+        raise ConfigError(f"the first epoch has {batches} training batches, fewer than one optimiser step needs "
+                          f"(train.update_freq={train_cfg.update_freq} x {needed // train_cfg.update_freq} "
+                          f"process(es) = {needed}); lower train.update_freq or train.max_tokens / data.batch_size, "
+                          "or run fewer processes")
+
+
 @dataclasses.dataclass
 class _NewRun:
     """A fresh run resolved and built, not yet written: its task, seeded model, training config and run.json."""
@@ -165,6 +182,15 @@ class _NewRun:
     model: nn.Module
     train_cfg: TrainConfig
     record: dict[str, Any]
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Refuse a ``--run-dir`` that cannot become a folder (it, or a folder above it, is a file) before anything."""
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() and not path.is_dir():
+            where = "" if path == run_dir else f": {path} is a file, not a folder"
+            raise ConfigError(f"--run-dir {run_dir} cannot be a run folder{where or ': it is a file'}; choose "
+                              "another --run-dir")
 
 
 def _refuse_existing(run_dir: Path) -> None:
@@ -187,6 +213,7 @@ def _resolve_new(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], se
     preset = preset or spec.default_preset
     model_cfg = spec.resolve_model(preset, model_sets, task)
     model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
+    check_before_training(task, model, train_cfg)
     return _NewRun(task, model, train_cfg, {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(),
                                             "train": asdict(train_cfg), "data": asdict(data_cfg)})
 

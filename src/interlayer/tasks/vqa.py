@@ -121,6 +121,10 @@ class VQAData:
                     "valid_size", "test_size", "batch_size", "pavpu_samples"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive number")
+        for key in ("release_seed", "split_seed"):  # numpy's generators take no negative seed
+            if getattr(self, key) < 0:
+                raise ConfigError(f"data.{key}={getattr(self, key)} must not be negative (a seed of numpy's "
+                                  "generators: 0, 1, 2, ...)")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1")
         if self.pavpu_samples < 2:
@@ -553,6 +557,13 @@ class VQASpec(TaskSpec):
                     raise ConfigError(f"{key}={getattr(config, key)}: this data gives region features of "
                                       f"{fields['feature_dim']} values (image_input='features'); drop the override"
                                       " (VQA v2 / CLEVR / GQA: set data.feature_dim to the files' width)")
+        else:  # pixels: the stem's width (feature_dim) is the model's; the picture's shape is the data's
+            for key in ("image_input", "image_size", "image_channels"):
+                if getattr(config, key) != fields[key]:
+                    raise ConfigError(f"{key}={getattr(config, key)!r}: Sort-of-CLEVR's pictures are "
+                                      f"{fields['image_channels']} x {fields['image_size']} x "
+                                      f"{fields['image_size']} pixels (image_input='pixels'), which the model must "
+                                      f"read as they are; drop the override")
         return config
 
     def make_task(self, data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:
