@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from interlayer.cli import main
+from interlayer.compare.report import summarize, write_report
+from interlayer.compare.runner import run_state
+from interlayer.training.engine import LAST
 
 from test_compare import corpus  # noqa: F401  (the tiny De-En corpus fixture)
 
@@ -109,3 +112,86 @@ def test_a_run_dir_below_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     assert main(["train", "sst2", "--run-dir", str(tmp_path / "afile" / "sub"), "--no-progress"]) == 2
     assert f"{tmp_path / 'afile'} is a file, not a folder; choose another --run-dir" in capsys.readouterr().err
+
+
+# -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
+def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
+    from test_compare import _faked_comparison
+
+    out = tmp_path / "cmp"
+    plan = _faked_comparison(corpus, out, "baseline,pa")
+    damaged = out / "runs" / "baseline-s1" / "results.json"
+    damaged.write_text('{"status": "fini')  # what a crash mid-write of an in-place writer left
+    report = write_report(plan, out, ["interlayer", "compare", "..."])
+    assert not report.complete
+    run = next(r for s in summarize(plan, out) for r in s.runs if r.name == "baseline-s1")
+    assert run.state == "interrupted"
+    assert run.detail.startswith(f"{damaged}:1:") and "not valid JSON" in run.detail
+    assert "counted as unfinished" in report.markdown.read_text()
+    (damaged.parent / LAST).write_bytes(b"")
+    assert run_state(damaged.parent) == "resumable"  # the next compare resumes it, which scores it again
+
+
+def test_a_full_disk_names_the_file_and_the_free_space_and_keeps_the_old_file(corpus, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The training checkpoint's second save meets a full disk (safetensors raises its own error type): exit 2
+    naming the file and the free space; the first checkpoint is intact and no temporary file is left."""
+    import safetensors.torch
+
+    import interlayer.training.state_file as state_file
+
+    real, saved = state_file.save_file, []
+
+    def save_file(tensors, filename, metadata=None):
+        if saved:
+            Path(filename).write_bytes(b"partial")  # what a full disk leaves: a part of the file
+            raise safetensors.SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                              "message: \"No space left on device\" })")
+        real(tensors, filename, metadata=metadata)
+        saved.append(Path(filename).read_bytes())
+
+    monkeypatch.setattr(state_file, "save_file", save_file)
+    run = tmp_path / "run"
+    assert main(_translation_args(corpus, run, "train.max_steps=3", "train.save_interval_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"{re.escape(str(run / LAST))}: no space left on device while writing it \([\d.]+ MiB free "
+                     rf"in {re.escape(str(run))}\); the previous {LAST}, if any, is intact", err)
+    assert (run / LAST).read_bytes() == saved[0] and not (run / (LAST + ".tmp")).exists()
+
+
+def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys):
+    """results.json, task.json, the vocabularies ... all go through fileio.write_atomic: an OSError(ENOSPC) in it is
+    one line naming the file, exit 2 (the writer is monkeypatched to fail at results.json)."""
+    import errno
+
+    import interlayer.fileio as fileio
+
+    real = Path.write_bytes
+
+    def write_bytes(self, data):
+        if self.name == "results.json.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(fileio.Path, "write_bytes", write_bytes)
+    run = tmp_path / "run"
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress",
+                 *_sets([*TINY_TEXT, "train.max_steps=1"])]) == 2
+    assert f"{run / 'results.json'}: no space left on device while writing it" in capsys.readouterr().err
+    assert not (run / "results.json").exists() and not (run / "results.json.tmp").exists()
+
+
+def test_no_run_file_is_written_in_place():
+    """Every write of the package goes through fileio's atomic writers: no write_text, and save_file only inside
+    atomic_path (the CSV logs are appended row by row, which a crash cannot leave half-rewritten)."""
+    root = Path(__file__).resolve().parents[1] / "src" / "interlayer"
+    offenders = []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            if ".write_text(" in line or (re.search(r"\bsave_file\(", line) and "tmp" not in line
+                                          and "import" not in line):
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    allowed = {"cli.py", "data/idx.py", "data/corpus.py", "pretrained/export.py", "pretrained/gpt2.py",
+               "pretrained/tokenization.py"}
+    assert [o for o in offenders if o.split(":")[0] not in allowed] == []

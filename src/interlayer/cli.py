@@ -14,7 +14,7 @@ from pathlib import Path
 from .checkpoint import CheckpointError
 from .core.config import ConfigError
 from .data.text import DataError, read_lines, read_stream_lines
-from .fileio import read_json
+from .fileio import DiskFullError, read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
@@ -366,7 +366,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]
 
 # Bad input, named by the message: exit code 2 and one line.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,
-                   FileExistsError)
+                   FileExistsError, DiskFullError)
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 
 

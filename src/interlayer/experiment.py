@@ -30,7 +30,7 @@ from torch import nn
 
 from .config import dataclass_from_dict, parse_value
 from .core.config import ConfigError
-from .fileio import read_json
+from .fileio import read_json, write_atomic, write_json
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
 from .training.concurrency import DirectoryLock
@@ -153,7 +153,7 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
         results["averaged"] = state.averaged
     if score_test:
         results.update(spec.finish(task, run_dir, state, options))
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return results
 
 
@@ -345,9 +345,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_json(path, data)
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

@@ -28,10 +28,11 @@ import torch
 
 from ..checkpoint import CheckpointError, load_pretrained
 from ..config import dataclass_from_dict
+from ..fileio import write_atomic
 from ..tables import format_table, human
 from ..training.config import TrainConfig
 from . import plots
-from .child import MEMORY_FILE, RESULTS_FILE
+from .child import MEMORY_FILE, DamagedResults, read_results
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose
@@ -121,8 +122,13 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
     record.speed = sum(speeds) / len(speeds) if speeds else None
     if (run_dir / MEMORY_FILE).is_file():
         record.memory = max(s["peak_rss_growth_mb"] for s in json.loads((run_dir / MEMORY_FILE).read_text()))
-    if (run_dir / RESULTS_FILE).is_file():
-        record.state, record.results = "finished", json.loads((run_dir / RESULTS_FILE).read_text())
+    try:
+        results = read_results(run_dir)
+    except DamagedResults as err:
+        results, record.detail = None, (f"{err}; counted as unfinished: the same compare command scores it "
+                                        "again")
+    if results is not None:
+        record.state, record.results = "finished", results
     elif status.get(record.name, {}).get("status") == "failed":
         record.state, record.detail = "failed", status[record.name].get("detail", "")
     elif (run_dir / "run.json").is_file():
@@ -540,9 +546,9 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
-    markdown.write_text(_markdown(plan, table, cost, runs, lines, pictures, notes, output,
-                                  choice_lines(choices, plan.task.metric)))
+    write_atomic(markdown, _markdown(plan, table, cost, runs, lines, pictures, notes, output,
+                                     choice_lines(choices, plan.task.metric)))
     page = output / "report.html"
-    page.write_text(_html(plan, summaries, lines, pictures, notes, choices))
-    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices), indent=2) + "\n")
+    write_atomic(page, _html(plan, summaries, lines, pictures, notes, choices))
+    write_atomic(output / "summary.json", json.dumps(_summary_json(plan, summaries, choices), indent=2) + "\n")
     return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric))

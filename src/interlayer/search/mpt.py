@@ -51,6 +51,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..core.config import ConfigError
+from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
@@ -461,7 +462,7 @@ def write_report(settings: SearchSettings) -> str:
     text, best = report_text(study, redact(settings.storage_url))
     output = Path(settings.output)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "report.md").write_text(text)
+    write_atomic(output / "report.md", text)
     if best is not None:
         metric = study.user_attrs[DEFINITION_ATTR]["metric"]
         draw_pattern(best.pattern, output / "best_pattern.png",

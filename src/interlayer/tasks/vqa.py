@@ -51,7 +51,7 @@ from ..data import sort_of_clevr as soc
 from ..data.text import DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
-from ..fileio import read_json
+from ..fileio import read_json, write_atomic
 from ..models.mcan import MCANConfig, get_mcan_config, mcan_from_dict
 from ..tables import format_table
 from ..training.config import TrainConfig
@@ -476,8 +476,8 @@ class VQATask:
 
     def save_assets(self, directory: Path) -> None:
         directory = Path(directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "task.json", json.dumps({
             "task": TASK_NAME, "dataset": self.data.dataset, "words": self.vocab.words,
             "answers": self.vocab.answers, "train_size": len(self.train_set), "valid_size": len(self.valid_set)}))
 
@@ -509,7 +509,7 @@ class VQASpec(TaskSpec):
         noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
         noisy["noise_std"] = NOISE_STD
         seconds = time.perf_counter() - start
-        (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
+        write_atomic(run_dir / "test_report.txt", format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
         attention_picture(split, 0, clean, run_dir / "attention.png")
         results: dict[str, Any] = {f"test_{k}": v for k, v in clean.items() if isinstance(v, (float, dict))
                                    and k != "pavpu_counts"}

@@ -34,7 +34,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
 import signal
 import tempfile
 import time
@@ -48,6 +47,7 @@ from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
 from . import distributed, state_file
+from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
 from .device import autocast, configure_tf32, make_scaler, resolve_device, resolve_precision
 
@@ -298,9 +298,9 @@ class Trainer:
         if not self.dist.is_main:
             return
         path = self.run_dir / f"checkpoint{epoch}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}, str(tmp))
-        os.replace(tmp, path)
+        weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}
+        with atomic_path(path) as tmp:
+            save_file(weights, str(tmp))
         for old in _epoch_checkpoints(self.run_dir)[:-self.cfg.keep_last or None]:
             old.unlink()
 
@@ -309,7 +309,7 @@ class Trainer:
             return
         save_pretrained(self.model, directory)
         self.task.save_assets(directory)
-        (directory / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+        write_atomic(directory / "train_config.json", json.dumps(dataclasses.asdict(self.cfg), indent=2))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
