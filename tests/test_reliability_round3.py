@@ -3,14 +3,20 @@ behind, atomic result files and a full disk, Hugging Face folders from strangers
 
 Everything calls ``cli.main`` in-process with tiny models; docs/reliability.md lists each case with its test."""
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from interlayer.cli import main
 from interlayer.compare.report import summarize, write_report
 from interlayer.compare.runner import run_state
+from interlayer.pretrained import PretrainedError, from_hf
+from interlayer.pretrained.hf import read_weights
 from interlayer.training.engine import LAST
 
 from test_compare import corpus  # noqa: F401  (the tiny De-En corpus fixture)
@@ -195,3 +201,89 @@ def test_no_run_file_is_written_in_place():
     allowed = {"cli.py", "data/idx.py", "data/corpus.py", "pretrained/export.py", "pretrained/gpt2.py",
                "pretrained/tokenization.py"}
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
+
+
+# -- Hugging Face folders from strangers ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random BERT, GPT-2 and ViT folders as ``transformers`` saves them (no download)."""
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("hf")
+    models = {
+        "bert": transformers.BertModel(transformers.BertConfig(
+            vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=40)),
+        "gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=40, bos_token_id=0, eos_token_id=0)),
+        "vit": transformers.ViTModel(transformers.ViTConfig(
+            hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16,
+            patch_size=4)),
+    }
+    for name, model in models.items():
+        model.save_pretrained(str(root / name))
+    return {name: root / name for name in models}
+
+
+def _stranger(hf_folders, tmp_path, name="bert") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(hf_folders[name], folder)
+    return folder
+
+
+def _sharded(folder: Path, shard: str) -> None:
+    """Replace model.safetensors by an index naming ``shard`` for every tensor."""
+    names = list(load_file(str(folder / "model.safetensors")))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
+    (folder / "model.safetensors").unlink()
+
+
+@pytest.mark.parametrize("shard, message", [
+    ("/etc/passwd", r"weight_map names the shard '/etc/passwd'; a shard must be a file inside .* \(no absolute path"),
+    ("../outside.safetensors", r"weight_map names the shard '\.\./outside\.safetensors'; a shard must be a file "),
+    ("link.safetensors", r"link\.safetensors leads outside .* \(to .*outside\.safetensors\); a checkpoint folder may "
+                         r"only read its own files: refused"),
+    ("fifo.safetensors", r"fifo\.safetensors is not a regular file \(a FIFO, device or folder\); refused"),
+])
+def test_a_shard_index_pointing_outside_the_folder_is_refused(hf_folders, tmp_path, capsys, shard, message):
+    folder = _stranger(hf_folders, tmp_path)
+    shutil.copy(folder / "model.safetensors", tmp_path / "outside.safetensors")
+    (folder / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    os.mkfifo(folder / "fifo.safetensors")
+    _sharded(folder, shard)
+    with pytest.raises(PretrainedError, match=message):
+        read_weights(folder)
+    assert main(["train", "sst2", "--pretrained", str(folder), "--run-dir", str(tmp_path / "run"),
+                 "--no-progress"]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_shard_index_inside_the_folder_still_loads(hf_folders, tmp_path):
+    folder = _stranger(hf_folders, tmp_path)
+    shutil.copy(folder / "model.safetensors", folder / "part-1.safetensors")
+    _sharded(folder, "part-1.safetensors")
+    assert set(read_weights(folder)) == set(load_file(str(hf_folders["bert"] / "model.safetensors")))
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("bert", {"num_hidden_layers": 1_000_000}, r"lacks BERT encoder tensors encoder\.layer\.1\..* \(config\.json "
+                                               r"declares 1000000 layers, the weights hold 1\); refused before any"),
+    ("gpt2", {"n_layer": 1_000_000}, r"lacks .* encoder tensors h\.1\..* \(config\.json declares 1000000 layers, "
+                                     r"the weights hold 1\)"),
+    ("bert", {"vocab_size": 10 ** 12}, r"embeddings\.word_embeddings\.weight has shape \(60, 16\) but "
+                                       r"encoder\.embed\.tokens\.weight expects \(1000000000000, 16\)"),
+    ("gpt2", {"vocab_size": 10 ** 12}, r"wte\.weight has shape \(60, 16\) but encoder\.embed\.tokens\.weight "
+                                       r"expects \(1000000000000, 16\)"),
+])
+def test_config_sizes_the_weights_do_not_hold_are_refused_before_any_model_is_built(hf_folders, tmp_path,
+                                                                                    monkeypatch, name, changes,
+                                                                                    message):
+    import interlayer.pretrained.hf as hf
+
+    folder = _stranger(hf_folders, tmp_path, name)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    real_build, built = hf.build, []  # the device of every model built: only the shapes-only meta one may be
+    monkeypatch.setattr(hf, "build", lambda config: built.append(torch.empty(0).device.type) or real_build(config))
+    with pytest.raises(PretrainedError, match=message):
+        from_hf(folder)
+    assert set(built) <= {"meta"}
