@@ -287,3 +287,75 @@ def test_config_sizes_the_weights_do_not_hold_are_refused_before_any_model_is_bu
     with pytest.raises(PretrainedError, match=message):
         from_hf(folder)
     assert set(built) <= {"meta"}
+
+
+class _NotATensor:  # a pickled object of a class: what weights_only=True refuses
+    pass
+
+
+def _write(name: str, data):
+    def damage(folder: Path) -> None:
+        (folder / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    return damage
+
+
+def _config(**changes):
+    def damage(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return damage
+
+
+def _truncated(folder: Path) -> None:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _index(text: str):
+    def damage(folder: Path) -> None:
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors.index.json").write_text(text)
+    return damage
+
+
+def _pickle_bin(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    torch.save({"weight": _NotATensor()}, folder / "pytorch_model.bin")
+
+
+def _bpe_files(vocab: str, merges: bytes = b"#version: 0.2\n"):
+    def damage(folder: Path) -> None:
+        (folder / "vocab.json").write_text(vocab)
+        (folder / "merges.txt").write_bytes(merges)
+    return damage
+
+
+@pytest.mark.parametrize("name, damage, message", [
+    ("bert", _truncated, r"model\.safetensors: not a readable safetensors file \(.*\); it may be truncated"),
+    ("bert", _write("model.safetensors", b""), r"model\.safetensors: not a readable safetensors file"),
+    ("bert", _write("model.safetensors", (2 ** 62).to_bytes(8, "little") + b"{}"),
+     r"model\.safetensors: not a readable safetensors file"),
+    ("bert", _write("config.json", "[1, 2]"), r"config\.json: expected a JSON object, got list"),
+    ("bert", _write("config.json", b"\xff\xfe{}"), r"config\.json:1: not valid UTF-8"),
+    ("bert", _config(model_type=["bert"]), r"config\.json: model_type=\['bert'\] is not supported"),
+    ("bert", _index("garbage"), r"model\.safetensors\.index\.json:1:1: not valid JSON"),
+    ("bert", _index("{}"), r"model\.safetensors\.index\.json: no weight_map"),
+    ("bert", _pickle_bin, r"pytorch_model\.bin holds Python objects besides tensors, which interlayer does not "
+                          r"unpickle"),
+    ("bert", _write("vocab.txt", b"[PAD]\n\xff\xfe\x00\n"), r"vocab\.txt:2: not valid UTF-8"),
+    ("gpt2", _bpe_files('{"a": 0, "b": 1}', b"#version: 0.2\n\xff\xfe\n"), r"merges\.txt:2: not valid UTF-8"),
+    ("gpt2", _bpe_files('{"a": 0, "b": "x"}'), r"vocab\.json: token 'b' has the id 'x'; the ids of a vocabulary "
+                                               r"of 2 tokens are the integers 0\.\.1"),
+    ("gpt2", _bpe_files('{"a": 0, "b": 1000000000}'), r"vocab\.json: token 'b' has the id 1000000000"),
+    ("vit", _config(patch_size=0), r"patch_size=0 must be positive"),
+])
+def test_bad_files_in_a_hugging_face_folder_are_exit_2_naming_the_file(hf_folders, tmp_path, capsys, name,
+                                                                       damage, message):
+    folder = _stranger(hf_folders, tmp_path, name)
+    damage(folder)
+    task = {"bert": "sst2", "gpt2": "lm", "vit": "fashion_mnist"}[name]
+    assert main(["train", task, "--pretrained", str(folder), "--run-dir", str(tmp_path / "run"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert not (tmp_path / "run").exists()
