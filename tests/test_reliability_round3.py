@@ -359,3 +359,14 @@ def test_bad_files_in_a_hugging_face_folder_are_exit_2_naming_the_file(hf_folder
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_json_edited_to_ten_million_layers_is_refused_on_resume_before_building(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_translation_args(corpus, run, "train.max_steps=1", "train.average_last=0")) == 0
+    record = json.loads((run / "run.json").read_text())
+    record["model"]["enc_layers"] = 10_000_000
+    (run / "run.json").write_text(json.dumps(record))
+    assert main(["train", "translation", "--run-dir", str(run), "--no-progress", "--resume"]) == 2
+    assert re.search(rf"{re.escape(str(run / 'run.json'))} describes another model than .*checkpoint_last\.safetensors "
+                     r"holds: enc_layers 10000000 \(checkpoint: 1\)", capsys.readouterr().err)

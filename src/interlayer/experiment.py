@@ -35,6 +35,7 @@ from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
+from .training import state_file
 from .training.engine import LAST, LEGACY_LAST
 
 RUN_FILE = "run.json"
@@ -288,6 +289,7 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     train_cfg.validate()
     data_before = asdict(dataclass_from_dict(spec.data_class, stored["data"], "data."))
     data_cfg = dataclass_from_dict(spec.data_class, {**data_before, **data_sets}, "data.")
+    _check_stored_model(run_dir, stored["model"])
     model_dict = _with_sets(stored["model"], model_sets)
     model = spec.model_from_dict(model_dict)
     changes = {f"train.{k}": (v, getattr(train_cfg, k)) for k, v in before.items() if getattr(train_cfg, k) != v}
@@ -314,6 +316,20 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     if changes:
         warn(f"interlayer: resuming {run_dir} with changed settings: {shown(changes)}")
     return train_cfg, data_cfg, model_dict, model
+
+
+def _check_stored_model(run_dir: Path, model: dict[str, Any]) -> None:
+    """Refuse a ``run.json`` whose model differs from the one its checkpoint holds, before building it: an edited
+    ``enc_layers=10000000`` would otherwise be built until memory runs out, only to be refused by the load."""
+    path = run_dir / LAST
+    if not path.is_file():
+        return
+    stored, trained = _flatten(model), _flatten(state_file.read_model_config(path))
+    differing = {k: (v, trained[k]) for k, v in stored.items() if k in trained and trained[k] != v}
+    if differing:
+        shown = ", ".join(f"{k} {a!r} (checkpoint: {b!r})" for k, (a, b) in sorted(differing.items())[:5])
+        raise ConfigError(f"{run_dir / RUN_FILE} describes another model than {path} holds: {shown}; run.json was "
+                          "edited or comes from another run: restore it (the checkpoint's settings are the run's)")
 
 
 def _with_sets(model: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:

@@ -99,6 +99,17 @@ def write(path: Path, *, model: dict[str, torch.Tensor], optimizer: dict[str, An
         save_file(tensors, str(tmp), metadata=header)
 
 
+def read_model_config(path: Path) -> dict[str, Any]:
+    """The model config a checkpoint was written with, from its header alone (no tensor is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            header = handle.metadata() or {}
+        return json.loads(header["model_config"])
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} is not a readable interlayer training checkpoint ({err}); it may be "
+                              "truncated: delete it to restart the run, or restore it from a copy") from None
+
+
 def read(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path`` as ``{"model", "optimizer", "rng", "assets", **metadata}``; tensors on the CPU."""
     path = Path(path)
