@@ -370,3 +370,26 @@ def test_a_run_json_edited_to_ten_million_layers_is_refused_on_resume_before_bui
     assert main(["train", "translation", "--run-dir", str(run), "--no-progress", "--resume"]) == 2
     assert re.search(rf"{re.escape(str(run / 'run.json'))} describes another model than .*checkpoint_last\.safetensors "
                      r"holds: enc_layers 10000000 \(checkpoint: 1\)", capsys.readouterr().err)
+
+
+# -- inputs and scores checked -------------------------------------------------------------------------------------
+def test_a_last_step_that_diverges_stops_the_run_at_the_non_finite_validation(tmp_path, capsys):
+    run = tmp_path / "run"
+    sets = [*TINY_TEXT, "train.lr=1e30", "train.warmup_steps=0", "train.schedule=constant", "train.max_steps=1"]
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *_sets(sets)]) == 3
+    assert re.search(r"training diverged at step 1: the validation scores are not finite \(nll nan",
+                     capsys.readouterr().err)
+    assert not (run / "results.json").exists()
+
+
+def test_non_finite_test_scores_stop_the_run_without_results(tmp_path, capsys, monkeypatch):
+    from interlayer.tasks.text_classification import TextClassificationSpec
+
+    finish = TextClassificationSpec.finish
+    monkeypatch.setattr(TextClassificationSpec, "finish",
+                        lambda *args: {**finish(*args), "test_accuracy": float("nan")})
+    run = tmp_path / "run"
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *_sets([*TINY_TEXT,
+                                                                                   "train.max_steps=1"])]) == 3
+    assert "are not finite (test_accuracy nan); no results.json is written" in capsys.readouterr().err
+    assert not (run / "results.json").exists()

@@ -17,6 +17,7 @@ import copy
 import csv
 import dataclasses
 import json
+import math
 import shutil
 import signal
 import sys
@@ -36,7 +37,7 @@ from .training import TrainConfig, Trainer, distributed
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
 from .training import state_file
-from .training.engine import LAST, LEGACY_LAST
+from .training.engine import LAST, LEGACY_LAST, DivergenceError
 
 RUN_FILE = "run.json"
 
@@ -154,6 +155,12 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
         results["averaged"] = state.averaged
     if score_test:
         results.update(spec.finish(task, run_dir, state, options))
+        bad = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)
+               and not math.isfinite(v)}
+        if bad:  # validated finite, yet the test scores are not: say so instead of writing them as results
+            shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+            raise DivergenceError(f"the test scores of {run_dir} are not finite ({shown}); no results.json is "
+                                  "written. Lower train.lr, or check the test data for non-finite values")
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return results
 

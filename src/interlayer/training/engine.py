@@ -512,9 +512,16 @@ class Trainer:
         return improved
 
     def _validate(self) -> dict[str, float]:
-        """The task's validation of the eager model, in the training precision."""
+        """The task's validation of the eager model, in the training precision; a score that is not a finite
+        number stops the run as a diverged loss does (the last optimiser step is checked by nothing else: a
+        one-step run at ``lr=1e30`` would "finish" with NaN scores)."""
         with autocast(self.device, self.precision):
-            return self.task.validate(self.model)
+            metrics = self.task.validate(self.model)
+        bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+            raise DivergenceError(self._diverged(f"the validation scores are not finite ({shown})"))
+        return metrics
 
     def _bank_time(self, started: float) -> None:
         self.state.elapsed += time.perf_counter() - started
