@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -532,8 +533,8 @@ class VQASpec(TaskSpec):
         vocab = Vocab(info["words"], info["answers"])
         model = load_pretrained(directory, getattr(args, "device", None))
         noise = float(getattr(args, "noise_std", 0.0) or 0.0)
-        if noise < 0:
-            raise ConfigError(f"--noise-std {noise} must not be negative")
+        if not 0 <= noise < math.inf:  # NaN fails every comparison
+            raise ConfigError(f"--noise-std {noise} must be a finite number, not negative")
         split = load_test_split(data, vocab)
         # the run's seed, as ``finish`` used it: the same noise and attention samples, so the same figures
         train_config = directory / "train_config.json"
