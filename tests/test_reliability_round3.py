@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from interlayer.cli import main
-from interlayer.compare.report import summarize, write_report
+from interlayer.compare.report import md_code, summarize, write_report
 from interlayer.compare.runner import run_state
 from interlayer.pretrained import PretrainedError, from_hf
 from interlayer.pretrained.hf import read_weights
@@ -427,3 +427,21 @@ def test_generate_refuses_a_prompt_that_is_not_utf8_and_an_unbounded_length(lang
     assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "100000000"]) == 2
     assert "--max-new-tokens=100000000 is more than 100,000" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "5", "--prompt", "to"]) == 0
+
+
+def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
+    from test_compare import _faked_comparison
+
+    from interlayer.compare.selection import parse_selections
+
+    out = tmp_path / "cmp"
+    plan = _faked_comparison(corpus, out, "baseline,pa")
+    group = "<script>alert(1)</script>`x|y*"
+    command = ["interlayer", "compare", "--select", f"{group}=baseline,pa", "--note", "a``b`"]
+    report = write_report(plan, out, command, parse_selections([f"{group}=baseline,pa"]))
+    text = report.markdown.read_text()
+    assert "<script>" not in text.replace(md_code(" ".join(command)), "")  # raw only inside the code span
+    assert r"\<script\>alert(1)\</script\>\`x\|y\*" in text  # in the table and the chosen line, escaped
+    assert "Command: ``` interlayer compare --select <script>" in text  # a fence longer than any run of backticks
+    assert md_code("a``b`") == "``` a``b` ```" and md_code("plain") == "`plain`"
+    assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
