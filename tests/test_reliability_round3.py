@@ -445,3 +445,27 @@ def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
     assert "Command: ``` interlayer compare --select <script>" in text  # a fence longer than any run of backticks
     assert md_code("a``b`") == "``` a``b` ```" and md_code("plain") == "`plain`"
     assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
+
+
+def test_the_search_study_is_created_under_a_lock_of_its_output(tmp_path, monkeypatch):
+    """Two `search mpt` started together on a new --output raced in Optuna's schema creation: the storage and the
+    study are now made while OUTPUT/study.lock is held (another process's flock on it must wait)."""
+    import fcntl
+
+    import interlayer.search.mpt as mpt
+    from test_search import DEFINITION, _settings
+
+    real, held = mpt.make_storage, []
+
+    def make_storage(settings):
+        with open(tmp_path / "search" / mpt.STUDY_LOCK) as other:  # another open file: another lock holder
+            try:
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return real(settings)
+
+    monkeypatch.setattr(mpt, "make_storage", make_storage)
+    study, _ = mpt.open_study(_settings(tmp_path, trials=2), DEFINITION)
+    assert held == [True] and len(study.get_trials()) == 1  # the identity, queued once
