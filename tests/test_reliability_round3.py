@@ -523,3 +523,14 @@ def test_a_duplicate_image_id_in_a_tsv_or_npz_folder_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"42\.jpg\.npz and 42\.npz are both the features of image 42|"
                                         r"42\.npz and 42\.jpg\.npz are both the features of image 42"):
         open_features(folder, 4)
+
+
+def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
+    """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
+    from test_compare import _sets as compare_sets
+
+    out = tmp_path / "cmp"
+    sets = {**compare_sets(corpus), "train.average_last": "5", "train.keep_last": "5"}
+    assert main(["compare", "--task", "translation", "--variants", "baseline", "--budget-steps", "3", "--output",
+                 str(out), *_sets(f"{k}={v}" for k, v in sets.items())]) == 0
+    assert json.loads((out / "runs" / "baseline-s1" / "results.json").read_text())["averaged"].startswith("none:")
