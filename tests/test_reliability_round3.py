@@ -534,3 +534,17 @@ def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_
     assert main(["compare", "--task", "translation", "--variants", "baseline", "--budget-steps", "3", "--output",
                  str(out), *_sets(f"{k}={v}" for k, v in sets.items())]) == 0
     assert json.loads((out / "runs" / "baseline-s1" / "results.json").read_text())["averaged"].startswith("none:")
+
+
+def test_two_processes_on_a_one_batch_graph_are_refused_before_the_run_is_written(monkeypatch):
+    """`torchrun --nproc-per-node 2 ... train cora`: Cora's epoch is one batch, a step of 2 processes needs 2
+    (it was "internal error: ValueError" after run.json was written). The check reads the world size."""
+    from interlayer import experiment
+    from interlayer.core.config import ConfigError
+    from interlayer.tasks import task_specs
+    from interlayer.training.distributed import DistEnv
+
+    monkeypatch.setattr(experiment.distributed, "environment", lambda: DistEnv(rank=0, world_size=2, local_rank=0))
+    with pytest.raises(ConfigError, match=r"the first epoch has 1 training batches, fewer than one optimiser step "
+                                          r"needs \(train\.update_freq=1 x 2 process\(es\) = 2\)"):
+        experiment._resolve_new(task_specs()["cora"], None, {}, None, None)
