@@ -778,3 +778,18 @@ def test_reduction_is_read_from_configs_saved_with_its_old_name():
     data["crossformer"]["reduction"] = "sum"
     with pytest.raises(ConfigError, match="old name of crossformer.reduction"):
         config_from_dict(data)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_state_guidance_on_the_causal_lm_ignores_padding(reduction):
+    """The causal LM runs its stack through encoder.process, not the encoder's forward: the padding comes from the
+    model's own padding_mask (issue 29). Causal attention keeps the real positions' states as they are alone."""
+    model = create_model(dict(arch="causal_lm", src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32, enc_layers=3,
+                              crossformer={"soft": ["kq", "ffn"], "soft_target": "states",
+                                           "reduction": reduction})).eval()
+    real = tokens(1, 5)
+    alone = model(real).aux_losses["crossformer_sg"]
+    padded = torch.cat([real, tokens(1, 3)], 1)
+    mask = torch.zeros_like(padded, dtype=torch.bool)
+    mask[:, 5:] = True
+    torch.testing.assert_close(model(padded, padding_mask=mask).aux_losses["crossformer_sg"], alone)

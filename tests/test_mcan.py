@@ -377,3 +377,17 @@ def test_save_and_load_keep_the_ties(tmp_path):
     assert loaded.encoder.layers[0].self_attn.k_proj.weight is loaded.encoder.layers[1].self_attn.q_proj.weight
     with torch.no_grad():
         torch.testing.assert_close(loaded(*batch()).logits, model(*batch()).logits)
+
+
+def test_every_layer_norm_uses_mcans_epsilon_and_large_is_the_official_config():
+    """MCAN's LayerNorm eps is 1e-6 (MILVLG/mcan-vqa, core/model/net_utils.py); 1e-5, PyTorch's default, changes
+    every output a little and passed every other test. mcan_large is cfgs/large_model.yml: HIDDEN_SIZE 1024,
+    MULTI_HEAD 8, FLAT_MLP_SIZE 512, FLAT_OUT_SIZE 2048, FF_SIZE 4 x 1024."""
+    for name in ("mcan_small", "mcan_large"):
+        with torch.device("meta"):
+            model = create_mcan(name)
+        norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+        assert len(norms) == 2 * 6 + 3 * 6 + 1 and {m.eps for m in norms} == {1e-6}, name
+    cfg = model.config
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ffn, cfg.flat_mlp, cfg.fused_dim, cfg.layers) == (1024, 8, 4096, 512,
+                                                                                              2048, 6)

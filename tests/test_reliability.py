@@ -449,6 +449,8 @@ def _toy_graph(**changes) -> PlanetoidGraph:
     ({"labels": np.array([0, 1, 0, 1, 0, 50])}, r"the labels run to 50 \(node 5\) but no node has class 2, 3, .*"),
     ({"labels": np.array([0, 1, 0, 1, 0, 50]), "declared_classes": 7},
      r"node 5 has label 50, outside the declared num_classes=7"),
+    ({"feat_indptr": np.array([0, 1, 3, 2, 4, 5, 6])},  # issue 29: an IndexError before
+     r"feat_indptr falls at node 2 \(3 -> 2\); the offsets must never decrease \(1 such nodes in all\)"),
 ])
 def test_the_graph_reader_refuses_bad_features_and_labels(tmp_path, changes, message):
     path = save_npz(_toy_graph(**changes), tmp_path / "toy.npz")

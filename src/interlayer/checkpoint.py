@@ -20,7 +20,7 @@ from torch import nn
 from .build import build_model
 from .config import config_from_dict
 from .core.config import ConfigError
-from .fileio import parse_json, read_json
+from .fileio import atomic_path, parse_json, read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -86,11 +86,10 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save(directory / CONFIG_FILE)
     tensors = {k: v.detach().contiguous() for k, v in canonical_state_dict(model).items()}
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
     metadata = {"tie_map": json.dumps(tie_map(model)), "format": "interlayer",
                 "model_type": getattr(model, "model_type", "transformer")}
-    save_file(tensors, str(tmp), metadata=metadata)
-    tmp.replace(directory / WEIGHTS_FILE)
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
     return directory
 
 

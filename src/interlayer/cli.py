@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from .checkpoint import CheckpointError
 from .compare import DEFAULT as COMPARE_DEFAULT
 from .core.config import ConfigError
 from .data.text import DataError, read_lines, read_stream_lines
-from .fileio import read_json
+from .fileio import DiskFullError, read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
@@ -58,6 +59,17 @@ def _device_sets(args: argparse.Namespace) -> dict[str, str]:
     sets = {"train.device": args.device, "train.precision": getattr(args, "precision", None),
             "train.compile": "true" if getattr(args, "compile", False) else None}
     return {key: value for key, value in sets.items() if value is not None}
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a float that is a finite number (``float`` alone takes ``nan`` and ``inf``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number; give a finite value")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="override a model field, or train.KEY / data.KEY (repeatable); with --resume only "
                                "the keys that may change on resume (docs/training.md)")
         task.add_argument("--seed", type=int, help="random seed (data order, init, dropout; default 1)")
-        task.add_argument("--max-minutes", type=float, help="training budget in minutes (validation excluded)")
+        task.add_argument("--max-minutes", type=finite_float, help="training budget in minutes (validation excluded)")
         task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
@@ -136,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", help="classification: a file in the task's format (default: its test split); "
                                          "language model: a UTF-8 text file (default: the run's valid and test); "
                                          "vqa: the folder of the run's data set files")
-    evaluate.add_argument("--noise-std", type=float, default=0.0, metavar="STD",
+    evaluate.add_argument("--noise-std", type=finite_float, default=0.0, metavar="STD",
                           help="vqa: also score with Gaussian noise of this standard deviation on the image features "
                                "(Crossformer Sec. 3.2: 1.0)")
     _add_device_arguments(evaluate, training=False)
@@ -154,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "NAME=BASE+KEY=VALUE+...; the first is the baseline unless --baseline")
     compare.add_argument("--seeds", type=int,
                          help="seeds 1..N for every variant (default 1); a finished comparison may be given more")
-    compare.add_argument("--budget-minutes", type=float,
+    compare.add_argument("--budget-minutes", type=finite_float,
                          help="training minutes per run (train.max_minutes; validation excluded)")
     compare.add_argument("--budget-steps", type=int,
                          help="optimiser steps per run (train.max_steps): the same table on any load of the same "
@@ -194,14 +206,31 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     generate.add_argument("--checkpoint", required=True, help="language-model folder (RUN_DIR/best)")
     generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline, as nanoGPT)")
     generate.add_argument("--max-new-tokens", type=int, default=500, help="tokens to add (default 500)")
-    generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8, nanoGPT's)")
+    generate.add_argument("--temperature", type=finite_float, default=0.8, help="0 = greedy (default 0.8, nanoGPT's)")
     generate.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all "
                                                                  "(default 200, nanoGPT's)")
-    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default)")
+    generate.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus sampling mass; 1 = off (default)")
     generate.add_argument("--num-samples", type=int, default=1, help="continuations to print (default 1)")
     generate.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
     generate.add_argument("--no-cache", action="store_true", help="re-read the whole context every step")
     _add_device_arguments(generate, training=False)
+
+
+# generate holds every new token until it prints the continuation, and beyond the model's context each token costs
+# a full pass over a sliding window: a bound keeps a typo (--max-new-tokens 100000000) from running for days into
+# memory exhaustion with nothing printed.
+MAX_NEW_TOKENS = 100_000
+
+
+def _prompt_text(prompt: str) -> str:
+    """``--prompt`` as text: bytes that were not UTF-8 reach Python as lone surrogates (``surrogateescape``)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = prompt.encode("utf-8", "surrogateescape")
+        raise ConfigError(f"--prompt is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 4]!r}); give "
+                          "the prompt as UTF-8 text") from None
+    return prompt
 
 
 def _generate(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -210,13 +239,18 @@ def _generate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples={args.num_samples} must be at least 1")
+    if args.max_new_tokens > MAX_NEW_TOKENS:
+        raise ConfigError(f"--max-new-tokens={args.max_new_tokens} is more than {MAX_NEW_TOKENS:,}: the continuation "
+                          "is printed when it is complete, and past the model's context every token re-reads a "
+                          "sliding window; ask for fewer (or call model.generate from Python in pieces)")
+    prompt = _prompt_text(args.prompt)
     options = SamplingOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, use_cache=False if args.no_cache else None)
     try:
         options.validate(vocab_size=1 << 62)  # the token ids are checked against the model when it is loaded
     except ValueError as err:
         raise ConfigError(f"generate: {err}") from None
-    samples = generate_text(Path(args.checkpoint), args.prompt, options, seed=args.seed, samples=args.num_samples,
+    samples = generate_text(Path(args.checkpoint), prompt, options, seed=args.seed, samples=args.num_samples,
                             device=args.device)
     print("\n---------------\n".join(samples))
 
@@ -277,9 +311,9 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     mpt.add_argument("--trials", type=int, help="complete trials wanted in total, over all workers and runs")
     mpt.add_argument("--coarse", type=int, help="random patterns before refinement (default (trials-1)//2)")
     mpt.add_argument("--top-k", type=int, default=3, help="refine around the K best patterns (default 3)")
-    mpt.add_argument("--poor-fraction", type=float, default=0.5,
+    mpt.add_argument("--poor-fraction", type=finite_float, default=0.5,
                      help="the worst share of completed trials whose neighbours are skipped (default 0.5)")
-    mpt.add_argument("--budget-minutes", type=float, help="training minutes per trial (validation excluded)")
+    mpt.add_argument("--budget-minutes", type=finite_float, help="training minutes per trial (validation excluded)")
     mpt.add_argument("--storage", metavar="URL", help="Optuna database URL (default sqlite:///DIR/study.db; "
                                                       "postgresql://USER:PASSWORD@HOST/DB for many machines)")
     mpt.add_argument("--study", default="mpt-search", help="study name in the storage (default mpt-search)")
@@ -418,7 +452,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]
 
 # Bad input, named by the message: exit code 2 and one line.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,
-                   FileExistsError)
+                   FileExistsError, DiskFullError)
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 import yaml
 
 from .core.config import ConfigError, TransformerConfig, dataclass_from_dict, unknown_key
-from .fileio import load_yaml, read_yaml_or_json
+from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
 from .methods.conv_branch import ConvBranchConfig
 from .methods.crossformer import CrossformerConfig
@@ -34,7 +34,7 @@ class ConfigFile:
         path = Path(path)
         text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
                 else json.dumps(self.to_dict(), indent=2))
-        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
+        write_atomic(path, text + ("\n" if not text.endswith("\n") else ""))
 
 
 @dataclass

@@ -17,6 +17,7 @@ import copy
 import csv
 import dataclasses
 import json
+import math
 import shutil
 import signal
 import sys
@@ -30,12 +31,13 @@ from torch import nn
 
 from .config import dataclass_from_dict, parse_value
 from .core.config import ConfigError
-from .fileio import read_json
+from .fileio import read_json, write_atomic, write_json
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
-from .training.engine import LAST, LEGACY_LAST
+from .training import state_file
+from .training.engine import LAST, LEGACY_LAST, DivergenceError
 
 RUN_FILE = "run.json"
 
@@ -97,6 +99,7 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     validation metrics. An interrupted run's results name the signal that stopped it (``"signal"``).
     """
     run_dir = Path(run_dir)
+    _check_run_dir(run_dir)
     if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
         raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
     env = distributed.environment()
@@ -137,9 +140,8 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
     else:
         distributed.barrier(env)
         task, model, train_cfg = _load_run(spec, run_dir, None, {}, None, None, warn, False)
-    check = getattr(task, "check_inputs", None)
-    if check is not None:
-        check(model)
+    if fresh is None:  # a fresh run was checked before its directory was written
+        check_before_training(task, model, train_cfg)
     trainer = Trainer(task, model, train_cfg, run_dir, resume=resume and not start_over, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
@@ -153,10 +155,35 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
                "epochs": state.epoch - 1, "steps": state.step, "train_minutes": state.elapsed / 60,
                "best_epoch": state.best_epoch, "best_valid": state.saved_metrics,
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
+    if state.averaged:
+        results["averaged"] = state.averaged
     if score_test:
         results.update(spec.finish(task, run_dir, state, {**options, "progress": progress}))
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        bad = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)
+               and not math.isfinite(v)}
+        if bad:  # validated finite, yet the test scores are not: say so instead of writing them as results
+            shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+            raise DivergenceError(f"the test scores of {run_dir} are not finite ({shown}); no results.json is "
+                                  "written. Lower train.lr, or check the test data for non-finite values")
+    write_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return results
+
+
+def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -> None:
+    """What would stop the run after it started, refused before: the task's ``check_inputs(model)`` (inputs of
+    any split the model cannot read, naming file and line), and a first epoch too short for one optimiser step
+    (``update_freq`` x processes batches). A fresh run calls this before ``run.json`` is written, so a refused run
+    leaves no directory that would block its corrected re-run."""
+    check = getattr(task, "check_inputs", None)
+    if check is not None:
+        check(model)
+    needed = train_cfg.update_freq * distributed.environment().world_size
+    batches = len(task.train_batches(1, train_cfg.seed))
+    if batches < needed:
+        raise ConfigError(f"the first epoch has {batches} training batches, fewer than one optimiser step needs "
+                          f"(train.update_freq={train_cfg.update_freq} x {needed // train_cfg.update_freq} "
+                          f"process(es) = {needed}); lower train.update_freq or train.max_tokens / data.batch_size, "
+                          "or run fewer processes")
 
 
 @dataclasses.dataclass
@@ -167,6 +194,15 @@ class _NewRun:
     model: nn.Module
     train_cfg: TrainConfig
     record: dict[str, Any]
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Refuse a ``--run-dir`` that cannot become a folder (it, or a folder above it, is a file) before anything."""
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() and not path.is_dir():
+            where = "" if path == run_dir else f": {path} is a file, not a folder"
+            raise ConfigError(f"--run-dir {run_dir} cannot be a run folder{where or ': it is a file'}; choose "
+                              "another --run-dir")
 
 
 def _refuse_existing(run_dir: Path) -> None:
@@ -189,6 +225,7 @@ def _resolve_new(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], se
     preset = preset or spec.default_preset
     model_cfg = spec.resolve_model(preset, model_sets, task)
     model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
+    check_before_training(task, model, train_cfg)
     return _NewRun(task, model, train_cfg, {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(),
                                             "train": asdict(train_cfg), "data": asdict(data_cfg)})
 
@@ -263,6 +300,7 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     train_cfg.validate()
     data_before = asdict(dataclass_from_dict(spec.data_class, stored["data"], "data."))
     data_cfg = dataclass_from_dict(spec.data_class, {**data_before, **data_sets}, "data.")
+    _check_stored_model(run_dir, stored["model"])
     model_dict = _with_sets(stored["model"], model_sets)
     model = spec.model_from_dict(model_dict)
     changes = {f"train.{k}": (v, getattr(train_cfg, k)) for k, v in before.items() if getattr(train_cfg, k) != v}
@@ -289,6 +327,20 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     if changes:
         warn(f"interlayer: resuming {run_dir} with changed settings: {shown(changes)}")
     return train_cfg, data_cfg, model_dict, model
+
+
+def _check_stored_model(run_dir: Path, model: dict[str, Any]) -> None:
+    """Refuse a ``run.json`` whose model differs from the one its checkpoint holds, before building it: an edited
+    ``enc_layers=10000000`` would otherwise be built until memory runs out, only to be refused by the load."""
+    path = run_dir / LAST
+    if not path.is_file():
+        return
+    stored, trained = _flatten(model), _flatten(state_file.read_model_config(path))
+    differing = {k: (v, trained[k]) for k, v in stored.items() if k in trained and trained[k] != v}
+    if differing:
+        shown = ", ".join(f"{k} {a!r} (checkpoint: {b!r})" for k, (a, b) in sorted(differing.items())[:5])
+        raise ConfigError(f"{run_dir / RUN_FILE} describes another model than {path} holds: {shown}; run.json was "
+                          "edited or comes from another run: restore it (the checkpoint's settings are the run's)")
 
 
 def _with_sets(model: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
@@ -320,9 +372,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_json(path, data)
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

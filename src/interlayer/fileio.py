@@ -6,18 +6,75 @@ silently, so a config edited in two places would train with whichever came last.
 (``json`` also keeps the last duplicate). Errors name the file, the line and column, and what is expected, and are
 raised as the caller's error class (a config file: ``ConfigError``; a file of a saved model: ``CheckpointError``),
 so the command line reports them as a bad input (exit code 2) instead of a traceback.
+
+Writing: every file a run writes goes through :func:`atomic_path` (or :func:`write_atomic`): written under a
+temporary name beside it and renamed, so a crash leaves the old file or the new one, never half of one, and a full
+disk is reported as :class:`DiskFullError` naming the file and the free space, the old file intact.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import shutil
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import yaml
 
 from .core.config import ConfigError
 
 PathLike = Union[str, Path]
+
+
+class DiskFullError(OSError):
+    """A file could not be written for lack of space; the message names it and the free space (a bad situation of
+    the user's machine, not a bug: exit code 2)."""
+
+
+def _disk_full(err: BaseException) -> bool:
+    # safetensors raises its own SafetensorError, whose message carries the OS error's text
+    return (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+        "No space left on device" in str(err) or "Disk quota exceeded" in str(err)
+
+
+def _free_space(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free / 2 ** 20:.1f} MiB free"
+    except OSError:
+        return "free space unknown"
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """A temporary name beside ``path`` to write to; renamed onto ``path`` when the block ends without an error,
+    removed when it fails. A full disk raises :class:`DiskFullError` naming ``path`` and the free space."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if _disk_full(err):
+            raise DiskFullError(f"{path}: no space left on device while writing it "
+                                f"({_free_space(path.parent)} in {path.parent}); the previous {path.name}, if any, "
+                                "is intact: free some space and run the command again (a training run: with "
+                                "--resume)") from err
+        raise
+
+
+def write_atomic(path: PathLike, data: Union[str, bytes]) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_json(path: PathLike, data: Any, *, indent: Union[int, None] = 2, ensure_ascii: bool = True) -> None:
+    """``data`` as JSON to ``path`` through :func:`atomic_path`."""
+    write_atomic(path, json.dumps(data, indent=indent, ensure_ascii=ensure_ascii) + "\n")
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

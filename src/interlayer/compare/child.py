@@ -19,17 +19,32 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from ..experiment import train
+from ..fileio import read_json, write_json
 from ..tasks import task_specs
 from ..training.concurrency import die_with_parent
 
 FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
 MEMORY_FILE = "compare_memory.json"
 RESULTS_FILE = "results.json"
+
+
+class DamagedResults(Exception):
+    """A run's ``results.json`` that cannot be read (empty, cut short, not a JSON object): the message names it."""
+
+
+def read_results(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The run's ``results.json``; None when there is none. A damaged one (a crash of an older interlayer, which
+    wrote it in place, or a disk that filled) raises :class:`DamagedResults` naming the file, so that `compare`
+    counts the run as unfinished and finishes it again instead of failing on it."""
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        return None
+    return read_json(path, DamagedResults)
 
 
 class _Stopped(Exception):
@@ -51,7 +66,7 @@ def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
     path = run_dir / MEMORY_FILE
     segments = json.loads(path.read_text()) if path.is_file() else []
     segments.append(segment)
-    path.write_text(json.dumps(segments, indent=2))
+    write_json(path, segments)
     return {key: max(s[key] for s in segments) for key in ("peak_rss_mb", "peak_rss_growth_mb")}
 
 
@@ -71,9 +86,7 @@ def run_job(job: dict[str, Any]) -> int:
         print(json.dumps(results, indent=2))
         return INTERRUPTED
     results.update(memory)
-    tmp = run_dir / (RESULTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    tmp.replace(run_dir / RESULTS_FILE)
+    write_json(run_dir / RESULTS_FILE, results)
     print(json.dumps(results, indent=2))
     return FINISHED
 

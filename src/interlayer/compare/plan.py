@@ -24,6 +24,7 @@ from ..accounting import count_madds, count_parameters
 from ..config import dataclass_from_dict
 from ..core.config import ConfigError
 from ..experiment import split_overrides, with_defaults
+from ..fileio import write_json
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
 from .variants import Context, Variant, VariantError, parse_variant, variant_overrides
@@ -283,6 +284,4 @@ def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, data)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import functools
 import html
 import inspect
@@ -35,10 +36,11 @@ import torch
 
 from ..checkpoint import CheckpointError, load_pretrained
 from ..config import dataclass_from_dict
+from ..fileio import write_atomic
 from ..tables import format_table, human
 from ..training.config import TrainConfig
 from . import plots
-from .child import MEMORY_FILE, RESULTS_FILE
+from .child import MEMORY_FILE, DamagedResults, read_results
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose
@@ -138,8 +140,13 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
     record.speed = sum(speeds) / len(speeds) if speeds else None
     if (run_dir / MEMORY_FILE).is_file():
         record.memory = max(s["peak_rss_growth_mb"] for s in json.loads((run_dir / MEMORY_FILE).read_text()))
-    if (run_dir / RESULTS_FILE).is_file():
-        record.state, record.results = "finished", json.loads((run_dir / RESULTS_FILE).read_text())
+    try:
+        results = read_results(run_dir)
+    except DamagedResults as err:
+        results, record.detail = None, (f"{err}; counted as unfinished: the same compare command scores it "
+                                        "again")
+    if results is not None:
+        record.state, record.results = "finished", results
     elif status.get(record.name, {}).get("status") == "failed":
         record.state, record.detail = "failed", status[record.name].get("detail", "")
     elif (run_dir / "run.json").is_file():
@@ -583,11 +590,11 @@ def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: lis
         budget = "the task's epoch limits (no time budget)"
     lines = [f"Task **{s.task}**, {len(plan.variants)} variants x {len(s.seeds)} seed(s) (seeds "
              f"{', '.join(map(str, s.seeds))}), budget: {budget}. Baseline: **{s.baseline}**.",
-             f"Command: `{' '.join(command)}`",
+             f"Command: {md_code(' '.join(command))}",
              f"Metric: test {plan.task.metric} of each run's `best/` model (chosen on validation "
              f"{plan.task.metric}; {'higher' if plan.task.higher_is_better else 'lower'} is better)."]
     if s.sets:
-        lines.append("Settings for every variant: " + ", ".join(f"`{k}={v}`" for k, v in s.sets.items()) + ".")
+        lines.append("Settings for every variant: " + ", ".join(md_code(f"{k}={v}") for k, v in s.sets.items()) + ".")
     if not complete:
         lines.insert(0, f"**Partial report**: {len(missing)} run(s) not finished ({', '.join(missing)}); run the "
                         "same command again to continue.")
@@ -678,10 +685,28 @@ _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;
         ".warning{background:#fff4e5;border-left:4px solid #e69500;padding:6px 10px}")
 
 
+# Markdown's special characters, and HTML's: a backslash makes each literal (CommonMark escapes any ASCII punctuation)
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#~&!])")
+
+
+def md_text(text: str) -> str:
+    """``text`` (a --select group, a variant or run name) as literal Markdown: ``<script>`` stays text, a backtick
+    opens no code span, a ``|`` splits no table cell (the Markdown counterpart of ``html.escape``)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def md_code(text: str) -> str:
+    """``text`` as one Markdown code span whatever backticks it holds: the fence is one backtick longer than its
+    longest run of them (CommonMark), padded with spaces when the text starts or ends with one."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _inline_markdown(text: str) -> str:
-    """The header lines' ``**bold**`` and ```code``` as HTML, everything else escaped."""
+    """The header lines' ``**bold**`` and code spans (:func:`md_code`) as HTML, everything else escaped."""
     escaped = html.escape(text, quote=False)
-    escaped = re.sub(r"`([^`]*)`", r"<code>\1</code>", escaped)
+    escaped = re.sub(r"(`+) ?(.+?) ?\1(?!`)", r"<code>\2</code>", escaped)
     return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)
 
 
@@ -763,11 +788,16 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
-    markdown.write_text(_markdown(plan, top, table, cost, runs, lines, pictures, notes, output,
-                                  choice_lines(choices, plan.task.metric), margin))
+    # report.md gets the group names escaped, as report.html gets them through html.escape
+    md_choices = [dataclasses.replace(c, selection=dataclasses.replace(c.selection, group=md_text(c.selection.group)))
+                  for c in choices]
+    md_table = format_table(headers(plan), [[md_text(str(cell)) for cell in row]
+                                            for row in table_rows(plan, summaries, choices)])
+    write_atomic(markdown, _markdown(plan, top, md_table, cost, runs, lines, pictures, notes, output,
+                                     choice_lines(md_choices, plan.task.metric), margin))
     page = output / "report.html"
-    page.write_text(_html(plan, top, summaries, lines, pictures, notes, choices, margin))
-    (output / "summary.json").write_text(json.dumps(_summary_json(plan, summaries, choices, margin, top), indent=2)
-                                         + "\n")
+    write_atomic(page, _html(plan, top, summaries, lines, pictures, notes, choices, margin))
+    write_atomic(output / "summary.json", json.dumps(_summary_json(plan, summaries, choices, margin, top), indent=2)
+                 + "\n")
     return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric),
                   top.verdicts, top.warning)

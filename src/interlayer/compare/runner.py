@@ -46,10 +46,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..fileio import write_json
 from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from ..training.engine import LAST, LEGACY_LAST
 from . import child
-from .child import FINISHED, INTERRUPTED, RESULTS_FILE, STOPPED_OUTSIDE_TRAINING
+from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, DamagedResults, read_results
 from .plan import Plan, PlannedVariant
 
 RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"
@@ -83,8 +84,11 @@ class _Active:
 
 def run_state(run_dir: Path) -> str:
     """finished | resumable | stale (a run.json but no checkpoint: nothing to resume) | new."""
-    if (run_dir / RESULTS_FILE).is_file():
-        return "finished"
+    try:
+        if read_results(run_dir) is not None:
+            return "finished"
+    except DamagedResults:  # unfinished: a resume re-scores the finished checkpoint and writes the file again
+        pass
     # a legacy pickle checkpoint counts too, so that the engine refuses it with its reason instead of the run
     # directory being silently deleted and trained again
     if any((run_dir / name).is_file() for name in (LAST, LEGACY_LAST)) and (run_dir / RUN_FILE).is_file():
@@ -223,7 +227,7 @@ class Runner:
     def _outcome(self, name: str, code: int, seconds: float, run_dir: Path, log: Path, label: str,
                  stop_requested: bool) -> RunOutcome:
         if code == FINISHED:
-            results = json.loads((run_dir / RESULTS_FILE).read_text())
+            results = read_results(run_dir) or {}
             metric = f"test_{self.plan.task.metric}"
             score = f"{metric} {results[metric]:.4g}" if isinstance(results.get(metric), (int, float)) else ""
             self.echo(f"{label}: finished in {seconds:.0f} s ({results.get('stop_reason', '')}) {score}".rstrip())
@@ -240,6 +244,4 @@ class Runner:
             return
         self.status[outcome.name] = {"status": outcome.status, "seconds": outcome.seconds, "detail": outcome.detail,
                                      "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-        tmp = self.status_path.with_name(STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.status, indent=2))
-        tmp.replace(self.status_path)
+        write_json(self.status_path, self.status)

@@ -19,6 +19,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -41,8 +43,8 @@ class SamplingOptions:
     def validate(self, vocab_size: int) -> None:
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must not be negative")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 is greedy decoding)")
+        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 is greedy decoding)")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 switches it off; above the vocabulary of "
                              f"{vocab_size} it keeps every token)")

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from ..fileio import read_json
+from ..fileio import read_json, write_atomic
 from .text import DataError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -84,7 +84,7 @@ class VocabPair:
     def save(self, directory: Path) -> None:
         data = {"joint": self.joint, "source": self.source.to_json(),
                 "target": None if self.joint else self.target.to_json()}
-        (directory / "vocab.json").write_text(json.dumps(data))
+        write_atomic(directory / "vocab.json", json.dumps(data))
 
     @classmethod
     def load(cls, directory: Path) -> "VocabPair":

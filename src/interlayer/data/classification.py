@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from ..fileio import read_json
+from ..fileio import read_json, write_atomic
 from .text import DataError, PathLike, iter_lines
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID = 0, 1, 2, 3
@@ -171,7 +171,7 @@ class WordVocab:
     def save(self, directory: PathLike) -> None:
         data = {"specials": list(SPECIALS), "lowercase": self.lowercase, "min_freq": self.min_freq,
                 "words": self.words}
-        (Path(directory) / VOCAB_FILE).write_text(json.dumps(data, ensure_ascii=False))
+        write_atomic(Path(directory) / VOCAB_FILE, json.dumps(data, ensure_ascii=False))
 
     @classmethod
     def load(cls, directory: PathLike) -> "WordVocab":

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..fileio import write_atomic
 from .text import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -150,7 +151,7 @@ def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size:
 
 
 def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:
-    (directory / TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_json()))
+    write_atomic(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_json()))
 
 
 def load_tokenizer(directory: Path) -> LMTokenizer:

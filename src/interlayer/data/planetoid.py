@@ -92,6 +92,14 @@ def check_features(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, sh
     width = shape[1]
     if len(data) != len(indices):
         raise DataError(f"{source}: {len(data)} feature values but {len(indices)} feature indices")
+    # the row pointer (CSR; its length and end are checked with the graph): offsets from 0 that never decrease
+    if len(indptr) and indptr[0] != 0:
+        raise DataError(f"{source}: feat_indptr starts at {int(indptr[0])}; the offsets of node 0 start at 0")
+    falling = np.flatnonzero(np.diff(indptr) < 0)
+    if len(falling):
+        node = int(falling[0])
+        raise DataError(f"{source}: feat_indptr falls at node {node} ({int(indptr[node])} -> {int(indptr[node + 1])}); "
+                        f"the offsets must never decrease ({len(falling)} such nodes in all)")
     outside = np.flatnonzero((indices < 0) | (indices >= width))
     if len(outside):
         at = int(outside[0])

@@ -461,6 +461,21 @@ class _EncoderPadding:
             self.recorder.padding["encoder"] = output.padding_mask
 
 
+class _CausalLMPadding:
+    """Forward pre-hook of a causal language model: its ``padding_mask`` keyword (True at padding) is the mask of
+    the encoder stack it runs. The model calls ``encoder.process`` / ``run_layers`` itself, never the encoder's
+    ``forward``, so :class:`_EncoderPadding` would record nothing and padded positions would count."""
+
+    def __init__(self, recorder: StateRecorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        mask = kwargs.get("padding_mask")
+        if self.recorder.armed and mask is not None:  # with a cache the mask also covers the cached positions
+            tokens = args[0] if args else kwargs["tokens"]
+            self.recorder.padding["encoder"] = mask[:, -tokens.shape[1]:]
+
+
 class _DecoderPadding:
     """Forward pre-hook of the decoder: the padded target positions (the decoder itself needs no mask: with right
     padding the causal mask hides them) and the memory's padding mask."""
@@ -529,11 +544,13 @@ class StateGuidance:
         for block, names in projections.items():
             model.get_submodule(block).register_forward_hook(_Projections(recorder, block, tuple(names)),
                                                              with_kwargs=True)
-        if hasattr(model, "encoder"):
+        if cfg.arch == "causal_lm":
+            model.register_forward_pre_hook(_CausalLMPadding(recorder), with_kwargs=True)
+        elif hasattr(model, "encoder"):
             model.encoder.register_forward_hook(_EncoderPadding(recorder))
         if hasattr(model, "decoder"):
             model.decoder.register_forward_pre_hook(_DecoderPadding(recorder, cfg.pad_id), with_kwargs=True)
-        model.register_forward_pre_hook(_Start(recorder))
+        model.register_forward_pre_hook(_Start(recorder), prepend=True)  # a new record before the padding is kept
         model.register_forward_hook(_Stop(recorder), always_call=True)
         return guidance
 

@@ -439,8 +439,11 @@ _CROSSFORMER_ROWS = {"kq": ("Key-Query", ["kq"]), "ffn": ("FFN", ["ffn"]), "all"
 MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mcan_small": ("MCAN-small (Yu et al. 2019; LW Table II's 'Transformer', 44.1M in its blocks): 6 SA + 6 SGA, "
                    "d=512, 8 heads, FFN 2048, 2048-d region features, 3,129 answers", {}),
-    "mcan_large": ("MCAN-large (Yu et al. 2019, Sec. 4.1): 6 SA + 6 SGA, d=1024, 16 heads, FFN 4096",
-                   dict(d_model=1024, n_heads=16, d_ffn=4096, flat_mlp=1024, fused_dim=2048)),
+    # the official large config (MILVLG/mcan-vqa, cfgs/large_model.yml): HIDDEN_SIZE 1024, MULTI_HEAD 8,
+    # FLAT_MLP_SIZE 512, FLAT_OUT_SIZE 2048 (FF_SIZE = 4 x HIDDEN_SIZE in cfgs/base_cfgs.py)
+    "mcan_large": ("MCAN-large (Yu et al. 2019, Sec. 4.1; the official cfgs/large_model.yml): 6 SA + 6 SGA, d=1024, "
+                   "8 heads of 128, FFN 4096, AttFlat MLP 512 -> 2048",
+                   dict(d_model=1024, n_heads=8, d_ffn=4096, flat_mlp=512, fused_dim=2048)),
     "mcan_4layer": ("Crossformer Table 4's BASE: the four-layer MCAN of App. A.2 (4 SA + 4 SGA, d=512)",
                     dict(layers=4)),
     "pa_mcan": ("MCAN-small with predictive attention (PA Eq. 4, alpha=0.1, one 3x3 conv) in question SA blocks "

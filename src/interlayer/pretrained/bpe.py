@@ -28,6 +28,8 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from ..fileio import read_text
+
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
                            TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, add_tokens,
                            checked_special_tokens, model_max_length, read_added_tokens, read_json,
@@ -122,17 +124,31 @@ def read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, i
     model = backend_file.get("model", {})
     if model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):
         source = directory / TOKENIZER_FILE
-        return dict(model["vocab"]), [tuple(m) if isinstance(m, list) else _merge(m, source)
-                                      for m in model.get("merges", [])]
+        return _checked_vocab(dict(model["vocab"]), source), [tuple(m) if isinstance(m, list) else _merge(m, source)
+                                                              for m in model.get("merges", [])]
     vocab_path, merges_path = directory / BPE_VOCAB_FILE, directory / BPE_MERGES_FILE
     if vocab_path.is_file() and merges_path.is_file():
-        lines = merges_path.read_text(encoding="utf-8").splitlines()
-        return read_json(vocab_path), [_merge(line, merges_path) for line in lines
-                                       if line and not line.startswith("#version")]
+        lines = read_text(merges_path, TokenizerError).splitlines()
+        return _checked_vocab(read_json(vocab_path), vocab_path), [_merge(line, merges_path) for line in lines
+                                                                   if line and not line.startswith("#version")]
     found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither"
     raise TokenizerError(f"{directory} has no byte-level BPE vocabulary: expected a BPE {TOKENIZER_FILE} or "
                          f"{BPE_VOCAB_FILE} + {BPE_MERGES_FILE}, found {found} (SentencePiece tokenizers such as "
                          "XLM-R's are not supported)")
+
+
+def _checked_vocab(vocab: dict[str, Any], source: Path) -> dict[str, int]:
+    """``vocab`` if its ids are the integers 0..len-1, each once (a BPE vocabulary is dense): an id of 10^9 would
+    size the embedding table by it, a string id would fail deep in the tokenizer library."""
+    seen: dict[int, str] = {}
+    for token, index in vocab.items():
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(vocab):
+            raise TokenizerError(f"{source}: token {token!r} has the id {index!r}; the ids of a vocabulary of "
+                                 f"{len(vocab)} tokens are the integers 0..{len(vocab) - 1}")
+        if index in seen:
+            raise TokenizerError(f"{source}: tokens {seen[index]!r} and {token!r} share the id {index}")
+        seen[index] = token
+    return vocab
 
 
 def _merge(line: str, source: Path) -> tuple[str, str]:

@@ -353,8 +353,15 @@ class ViTFamily(Family):
         problems = super().problems(hf)
         if not hf.get("qkv_bias", True):
             problems.append("qkv_bias=false (the core's bias setting covers every projection alike)")
-        size, patch = _pair(hf.get("image_size", 224)), _pair(hf.get("patch_size", 16))
-        if patch[0] != patch[1]:
+        try:
+            size, patch = _pair(hf.get("image_size", 224)), _pair(hf.get("patch_size", 16))
+        except (TypeError, ValueError, IndexError):
+            return problems + [f"image_size={hf.get('image_size')!r} and patch_size={hf.get('patch_size')!r} must "
+                               "be whole numbers or [height, width] pairs"]
+        if min(*size, *patch) < 1:
+            problems.append(f"image_size={hf.get('image_size')} and patch_size={hf.get('patch_size')} must be "
+                            "positive")
+        elif patch[0] != patch[1]:
             problems.append(f"patch_size={hf['patch_size']} (the core's patches are square)")
         elif size[0] % patch[0] or size[1] % patch[0]:
             problems.append(f"image_size={hf.get('image_size')} is not a multiple of patch_size={patch[0]}")

@@ -35,8 +35,10 @@ Policies where the checkpoints leave room (each with its reason):
 """
 from __future__ import annotations
 
-import json
 import logging
+import os
+import pickle
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -52,6 +55,7 @@ from ..checkpoint import CheckpointError
 from ..config import ModelConfig, config_from_dict
 from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
+from ..fileio import read_json as read_json_file
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
 from ..models.vision import VisionConfig, build_vision_model, get_vision_config
@@ -133,11 +137,9 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
     path = directory / "config.json"
     if not path.is_file():
         raise PretrainedError(f"{directory} has no config.json, so it is not a Hugging Face checkpoint")
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise PretrainedError(f"{path} is not valid JSON: {err}") from None
-    family = family_of(hf.get("model_type"))
+    hf = read_json_file(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
+    model_type = hf.get("model_type")
+    family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
         raise PretrainedError(f"{path}: model_type={hf.get('model_type')!r} is not supported; supported types: "
                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (ALBERT shares layers and factorises "
@@ -149,27 +151,81 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
 
 
 def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
-    """All tensors of the checkpoint, from safetensors or a ``.bin`` (``weights_only=True``), sharded or not."""
+    """All tensors of the checkpoint, from safetensors or a ``.bin`` (``weights_only=True``), sharded or not.
+
+    Every file read is confined to ``directory``: a shard index (``weight_map``) naming an absolute path, a ``..``
+    or a link out of the folder is refused, and so is anything but a regular file (a FIFO would hang the read).
+    """
     directory = Path(directory)
     for name in WEIGHT_FILES:
         path = directory / name
-        if not path.is_file():
+        if not os.path.lexists(path):
             continue
+        _confined(directory, path, path)
         if name.endswith(".index.json"):
-            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
-            return {k: v for shard in shards for k, v in _read_one(directory / shard).items()}
+            return {k: v for shard in _shards(directory, path) for k, v in _read_one(shard).items()}
         return _read_one(path)
     present = sorted(p.name for p in directory.iterdir())
     raise PretrainedError(f"{directory} has no PyTorch weights: expected one of {', '.join(WEIGHT_FILES)}, found "
                           f"{present} (convert TensorFlow/Flax checkpoints with transformers first)")
 
 
+def _confined(directory: Path, path: Path, named_by: Path) -> Path:
+    """``path`` if it is a regular file inside ``directory`` (after following links); else PretrainedError.
+
+    One link out is allowed: the Hugging Face cache's own layout, where ``REPO/snapshots/REVISION/`` (the folder
+    ``snapshot_download`` returns) holds links into ``REPO/blobs/``.
+    """
+    root = directory.resolve()
+    roots = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError) as err:  # missing, or a loop of links
+        raise PretrainedError(f"{named_by}: {path.name} cannot be read ({getattr(err, 'strerror', None) or err})"
+                              ) from None
+    if not any(resolved.is_relative_to(allowed) for allowed in roots):
+        raise PretrainedError(f"{named_by}: {path} leads outside {directory} (to {resolved}); a checkpoint folder "
+                              "may only read its own files: refused")
+    if not stat.S_ISREG(resolved.stat().st_mode):
+        raise PretrainedError(f"{named_by}: {path} is not a regular file (a FIFO, device or folder); refused")
+    return resolved
+
+
+def _shards(directory: Path, index: Path) -> list[Path]:
+    """The shard files of an index, each confined to ``directory`` (:func:`_confined`)."""
+    data = read_json_file(index, PretrainedError)
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise PretrainedError(f"{index}: no weight_map (a JSON object of tensor name -> shard file), so it is not a "
+                              "shard index")
+    shards = []
+    for name in sorted({str(v) for v in weight_map.values()}):
+        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise PretrainedError(f"{index}: weight_map names the shard {name!r}; a shard must be a file inside "
+                                  f"{directory} (no absolute path, no '..'): refused")
+        shards.append(_confined(directory, directory / name, index))
+    return shards
+
+
 def _read_one(path: Path) -> dict[str, Tensor]:
     if path.suffix == ".safetensors":
-        return load_file(str(path))
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise PretrainedError(f"{path} does not hold a state dict (got {type(state).__name__})")
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise PretrainedError(f"{path}: not a readable safetensors file ({err}); it may be truncated or "
+                                  "corrupt: copy it again") from None
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise PretrainedError(f"{path} holds Python objects besides tensors, which interlayer does not unpickle "
+                              "(unpickling a file can run any code it names); it reads plain state dicts only. "
+                              "Use the model's model.safetensors, or convert this file where you trust it") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise PretrainedError(f"{path}: not a readable PyTorch weights file ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); it may be truncated or corrupt"
+                              ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise PretrainedError(f"{path} does not hold a state dict of tensors (got {type(state).__name__})")
     return state
 
 
@@ -259,10 +315,11 @@ def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     modules_path = directory / ST_MODULES
     if not modules_path.is_file():
         return None
-    for module in json.loads(modules_path.read_text()):
-        if str(module.get("type", "")).endswith("Pooling"):
-            config_path = directory / module.get("path", "") / "config.json"
-            modes = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    for module in read_json_file(modules_path, PretrainedError, expect=list):
+        if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
+            config_path = directory / str(module.get("path", "")) / "config.json"
+            modes = (read_json_file(_confined(directory, config_path, modules_path), PretrainedError)
+                     if os.path.lexists(config_path) else {})
             chosen = [mode for mode, on in modes.items() if mode.startswith("pooling_mode_") and on]
             if chosen == ["pooling_mode_mean_tokens"]:
                 return "mean"
@@ -472,10 +529,46 @@ def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_c
 
 def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, **options: Any) -> nn.Module:
     """:func:`from_hf` for a checkpoint already read; ``options`` are :func:`model_config`'s."""
-    model = build(model_config(checkpoint, **options))
+    config = model_config(checkpoint, **options)
+    check_sizes(checkpoint, config, reinitialise=reinitialise)
+    model = build(config)
     model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise)
     model.tokenizer = checkpoint.tokenizer
     return model.eval()
+
+
+def layers_in_weights(family: Family, state: dict[str, Tensor]) -> int:
+    """How many encoder layers the checkpoint's tensors hold: layer ``k`` counts when any of its names is there."""
+    count, known = 0, set(family.layer_map(0))
+    while True:
+        names = set(family.layer_map(count + 1)) - known
+        if not names & state.keys():
+            return count
+        known |= names
+        count += 1
+
+
+def check_sizes(checkpoint: HFCheckpoint, config: AnyConfig, *, reinitialise: bool = False) -> None:
+    """Refuse a ``config.json`` whose sizes the weights do not hold, before any model is built.
+
+    A folder from a stranger may declare ``num_hidden_layers=1000000`` over one layer of weights, or
+    ``vocab_size=1e12``: building that model first would take the memory until the machine gives out. The layer
+    count is compared with the layers the tensors hold (cheap); then the model is built on PyTorch's ``meta``
+    device (shapes only, no memory) and every tensor checked against its parameter, which refuses any other size
+    (vocabulary, width, positions, patches) naming the tensor, as the real load would.
+    """
+    source = checkpoint.source
+    declared = encoder_config(config).enc_layers
+    present = layers_in_weights(checkpoint.family, checkpoint.state)
+    if declared > present:
+        family = checkpoint.family
+        missing = sorted(set(family.layer_map(present + 1)) - set(family.layer_map(present)))
+        raise PretrainedError(f"{source} lacks {family.title} encoder tensors {_first(missing)} (config.json "
+                              f"declares {declared} layers, the weights hold {present}); refused before any model "
+                              "was built: the folder is damaged or its config.json belongs to another model")
+    with torch.device("meta"):
+        shadow = build(config)
+    load_checkpoint_state(shadow, checkpoint, reinitialise=reinitialise, log_report=False)
 
 
 def restructuring_sections(cfg: ModelConfig) -> list[str]:
@@ -499,8 +592,8 @@ def _save_transformers_model(model: nn.Module, processor: Any, directory: Path) 
         processor.save_pretrained(str(directory))
 
 
-def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reinitialise: bool = False
-                          ) -> ImportReport:
+def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reinitialise: bool = False,
+                          log_report: bool = True) -> ImportReport:
     """Copy the checkpoint's tensors into ``model`` (built from :func:`model_config`); see the module docstring.
 
     Raises :class:`PretrainedError` when an encoder tensor is missing from the checkpoint, is unknown, has no
@@ -536,8 +629,9 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     report.ignored = sorted(k for k in state if k not in mapping)
     _init_fresh_heads(model, family, report, float(checkpoint.hf.get("initializer_range", 0.02)))
     report.notes += checkpoint.notes + _notes(checkpoint, cfg, report, layout, head_loaded, classes)
-    log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,
-             len(report.loaded), report.initialised, report.ignored, report.restructured, " ".join(report.notes))
+    if log_report:  # not for the shape check on the meta device (check_sizes)
+        log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,
+                 len(report.loaded), report.initialised, report.ignored, report.restructured, " ".join(report.notes))
     return report
 
 

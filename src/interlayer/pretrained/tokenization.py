@@ -24,6 +24,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
+from ..fileio import read_json as read_json_file
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
@@ -178,13 +180,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``, or ``{}`` when the file does not exist."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TokenizerError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_file(path, TokenizerError)  # names the file: bad UTF-8, bad JSON, not an object
 
 
 def token_content(token: Union[str, dict[str, Any]]) -> str:

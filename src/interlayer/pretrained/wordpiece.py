@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from ..fileio import read_text
+
 from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
                            PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens,
                            model_max_length, read_added_tokens, read_json, read_special_tokens)
@@ -120,7 +122,7 @@ def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
     """``vocab.txt`` lines (as ``transformers``: only the newline stripped), else ``tokenizer.json``'s vocabulary."""
     path = directory / VOCAB_FILE
     if path.is_file():
-        return [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines(keepends=True)]
+        return [line.rstrip("\n") for line in read_text(path, TokenizerError).splitlines(keepends=True)]
     model = backend_file.get("model", {})
     if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
         found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither file"

@@ -32,6 +32,8 @@ storage (SQLite by default, PostgreSQL for many machines) with heartbeats, so th
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import multiprocessing
@@ -41,7 +43,7 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import optuna
 import sqlalchemy
@@ -51,6 +53,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..core.config import ConfigError
+from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
@@ -194,13 +197,36 @@ def _load(storage: RDBStorage, name: str, sampler: Optional[BaseSampler] = None)
         return None
 
 
+STUDY_LOCK = "study.lock"
+
+
+@contextlib.contextmanager
+def _creation_lock(output: Path) -> Iterator[None]:
+    """Hold ``OUTPUT/study.lock`` (waiting for it) while the storage's tables and the study are made: Optuna's
+    schema creation is not safe against a second process doing the same at once, so two searches started together
+    on a new ``--output`` failed with a database error. Held only for that moment: the workers then share the study
+    as before. The kernel releases the lock when its holder dies, whatever the way."""
+    output.mkdir(parents=True, exist_ok=True)
+    with (output / STUDY_LOCK).open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def open_study(settings: SearchSettings, definition: Optional[Definition] = None) -> tuple[optuna.Study, Definition]:
     """Load the study (checking this command's conditions against it) or create it, enqueueing the identity.
 
     A new study refuses an ``--output`` whose ``trials/`` already holds runs (they belong to another study and
-    would collide with the new trial numbers).
+    would collide with the new trial numbers). Storage and study are made under :func:`_creation_lock`.
     """
     settings = with_preset(settings)
+    with _creation_lock(Path(settings.output)):
+        return _open_study(settings, definition)
+
+
+def _open_study(settings: SearchSettings, definition: Optional[Definition]) -> tuple[optuna.Study, Definition]:
     storage = make_storage(settings)
     study = _load(storage, settings.study)
     if study is None:
@@ -461,7 +487,7 @@ def write_report(settings: SearchSettings) -> str:
     text, best = report_text(study, redact(settings.storage_url))
     output = Path(settings.output)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "report.md").write_text(text)
+    write_atomic(output / "report.md", text)
     if best is not None:
         metric = study.user_attrs[DEFINITION_ATTR]["metric"]
         draw_pattern(best.pattern, output / "best_pattern.png",

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
+from ..fileio import write_atomic
 from ..models.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
@@ -127,8 +128,8 @@ class NodeClassificationTask:
                 and metrics["nll"] <= best.get("best_nll", best["nll"]))
 
     def save_assets(self, directory: Path) -> None:
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({"task": self.name, "graph": self.graph.name,
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "task.json", json.dumps({"task": self.name, "graph": self.graph.name,
                                                          "nodes": self.graph.num_nodes,
                                                          "edges": self.graph.num_edges}))
 

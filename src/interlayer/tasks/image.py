@@ -39,6 +39,7 @@ from ..core.config import ConfigError, check_choices, dataclass_from_dict
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
 from ..data.text import DataError
+from ..fileio import write_atomic
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
@@ -225,8 +226,8 @@ class ImageTask:
 
     def save_assets(self, directory: Path) -> None:
         directory = Path(directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "task.json", json.dumps({
             "task": TASK_NAME, "class_names": self.data.class_names, "train_size": len(self.train_labels),
             "valid_size": len(self.valid_labels), "pixel_mean": self.pixel_mean, "pixel_std": self.pixel_std}))
 
@@ -315,7 +316,7 @@ class ImageClassificationSpec(TaskSpec):
         start = time.perf_counter()
         metrics = score(model, images, labels, data.class_names)
         seconds = time.perf_counter() - start
-        (run_dir / "test_report.txt").write_text(report(metrics, str(data.path(data.test_images))) + "\n")
+        write_atomic(run_dir / "test_report.txt", report(metrics, str(data.path(data.test_images))) + "\n")
         return {"test_accuracy": metrics["accuracy"], "test_nll": metrics["nll"],
                 "test_per_class": metrics["per_class"], "test_report": "test_report.txt", "test_seconds": seconds,
                 "parameters": count_parameters(model), "madds_per_image": count_madds(model, model.config.tokens)}

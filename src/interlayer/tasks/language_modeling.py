@@ -50,6 +50,7 @@ from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
 from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 from ..data.text import DataError
+from ..fileio import write_atomic
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
@@ -208,11 +209,11 @@ class LanguageModelingTask:
 
     def save_assets(self, directory: Path) -> None:
         save_tokenizer(self.tokenizer, directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
         info = {"task": "lm", "corpus": self.corpus_description, "tokens": {s: len(v) for s, v in self.ids.items()}}
         if self.imported is not None:
             info["pretrained"] = self.imported
-        (directory / "task.json").write_text(json.dumps(info))
+        write_atomic(directory / "task.json", json.dumps(info))
 
 
 # -- the saved model: scoring and generating --------------------------------------------------------------
@@ -283,7 +284,7 @@ class LanguageModelingSpec(TaskSpec):
         started = time.perf_counter()
         sample = generate_text(run_dir / "best", prompt, sample_options, seed=1, device=task.device)[0]
         results["sample_seconds"] = time.perf_counter() - started
-        (run_dir / "sample.txt").write_text(sample + "\n")
+        write_atomic(run_dir / "sample.txt", sample + "\n")
         return results
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -50,7 +50,7 @@ from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig, cnn_from_dict
 from ..checkpoint import load_pretrained
 from ..core.config import ConfigError
-from ..fileio import read_yaml_or_json
+from ..fileio import read_yaml_or_json, write_atomic
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import resolve_path
@@ -366,11 +366,11 @@ class TextClassificationTask:
 
     def save_assets(self, directory: Path) -> None:
         save_encoder(self.encoder, directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
         info = {"task": self.kind.name, "labels": list(self.kind.fmt.labels), "truncated": self.truncated}
         if self.imported is not None:
             info["pretrained"] = self.imported
-        (directory / "task.json").write_text(json.dumps(info, indent=2))
+        write_atomic(directory / "task.json", json.dumps(info, indent=2))
 
 
 # -- models: Transformer presets or the CNN baseline --------------------------------------------------------------

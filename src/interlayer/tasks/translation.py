@@ -26,7 +26,7 @@ from ..data.text import DataError
 from ..accounting import count_madds, count_parameters
 from ..checkpoint import CheckpointError, load_pretrained
 from ..core.config import ConfigError
-from ..fileio import read_json
+from ..fileio import read_json, write_atomic
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..core.losses import label_smoothed_nll, total_loss
@@ -171,8 +171,8 @@ class TranslationTask:
 
     def save_assets(self, directory: Path) -> None:
         self.vocab.save(directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({"task": "translation", "dropped": self.dropped}))
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "task.json", json.dumps({"task": "translation", "dropped": self.dropped}))
 
 
 def translate(model: nn.Module, vocab: VocabPair, sentences: Sequence[str], options: DecodeOptions,
@@ -280,7 +280,7 @@ class TranslationSpec(TaskSpec):
         start = time.perf_counter()
         hypotheses = translate(model, vocab, test.source, decode_options, progress=progress, label="decoding test")
         seconds = time.perf_counter() - start
-        (run_dir / "test.hyp").write_text("\n".join(hypotheses) + "\n")
+        write_atomic(run_dir / "test.hyp", "\n".join(hypotheses) + "\n")
         scores = score(hypotheses, test.target)
         return {"model": chosen, "valid_bleu": valid, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
                 "bleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],

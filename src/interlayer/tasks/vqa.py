@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ from ..data import sort_of_clevr as soc
 from ..data.text import DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
-from ..fileio import read_json
+from ..fileio import read_json, write_atomic
 from ..models.mcan import MCANConfig, get_mcan_config, mcan_from_dict
 from ..tables import format_table
 from ..training.config import TrainConfig
@@ -121,6 +122,10 @@ class VQAData:
                     "valid_size", "test_size", "batch_size", "pavpu_samples"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}={getattr(self, key)} must be a positive number")
+        for key in ("release_seed", "split_seed"):  # numpy's generators take no negative seed
+            if getattr(self, key) < 0:
+                raise ConfigError(f"data.{key}={getattr(self, key)} must not be negative (a seed of numpy's "
+                                  "generators: 0, 1, 2, ...)")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"data.valid_fraction={self.valid_fraction} must lie strictly between 0 and 1")
         if self.pavpu_samples < 2:
@@ -441,6 +446,13 @@ class VQATask:
         return {**fields, "image_input": "features", "feature_dim": self.data.feature_dim,
                 "max_regions": self.data.max_regions}
 
+    def check_inputs(self, model: nn.Module) -> None:
+        """Before training: the test split's questions and region features too (the training and validation
+        features were checked when the task was made), read and checked once (``check_images``); kept for the
+        final scoring, which then reads them no second time."""
+        if self.data.dataset != "sort_of_clevr":
+            self.test_split = load_test_split(self.data, self.vocab)
+
     def madds_lengths(self) -> tuple[list[int], str]:
         """The MAdds column's lengths: the mean training question (MCAN's ``madds(question_len)``)."""
         length = round(float(self.train_set.questions.ne(PAD).sum(1).float().mean()))
@@ -472,8 +484,8 @@ class VQATask:
 
     def save_assets(self, directory: Path) -> None:
         directory = Path(directory)
-        (directory / "data.json").write_text(json.dumps(asdict(self.data), indent=2))
-        (directory / "task.json").write_text(json.dumps({
+        write_atomic(directory / "data.json", json.dumps(asdict(self.data), indent=2))
+        write_atomic(directory / "task.json", json.dumps({
             "task": TASK_NAME, "dataset": self.data.dataset, "words": self.vocab.words,
             "answers": self.vocab.answers, "train_size": len(self.train_set), "valid_size": len(self.valid_set)}))
 
@@ -498,14 +510,14 @@ class VQASpec(TaskSpec):
         """Score ``best/`` on the test split, clean and with noise of variance 1 (Crossformer Sec. 3.2); write
         ``test_report.txt`` and ``attention.png``."""
         model = load_pretrained(run_dir / "best", task.device)
-        split = load_test_split(task.data, task.vocab)
+        split = getattr(task, "test_split", None) or load_test_split(task.data, task.vocab)
         start = time.perf_counter()
         kwargs = dict(samples=task.data.pavpu_samples, seed=task.train_cfg.seed)
         clean = score(model, split, task.vocab, task.data.dataset, **kwargs)
         noisy = score(model, split, task.vocab, task.data.dataset, noise_std=NOISE_STD, **kwargs)
         noisy["noise_std"] = NOISE_STD
         seconds = time.perf_counter() - start
-        (run_dir / "test_report.txt").write_text(format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
+        write_atomic(run_dir / "test_report.txt", format_report(clean, noisy, f"{task.data.dataset} test") + "\n")
         attention_picture(split, 0, clean, run_dir / "attention.png")
         results: dict[str, Any] = {f"test_{k}": v for k, v in clean.items() if isinstance(v, (float, dict))
                                    and k != "pavpu_counts"}
@@ -528,8 +540,8 @@ class VQASpec(TaskSpec):
         vocab = Vocab(info["words"], info["answers"])
         model = load_pretrained(directory, getattr(args, "device", None))
         noise = float(getattr(args, "noise_std", 0.0) or 0.0)
-        if noise < 0:
-            raise ConfigError(f"--noise-std {noise} must not be negative")
+        if not 0 <= noise < math.inf:  # NaN fails every comparison
+            raise ConfigError(f"--noise-std {noise} must be a finite number, not negative")
         split = load_test_split(data, vocab)
         # the run's seed, as ``finish`` used it: the same noise and attention samples, so the same figures
         train_config = directory / "train_config.json"
@@ -553,6 +565,13 @@ class VQASpec(TaskSpec):
                     raise ConfigError(f"{key}={getattr(config, key)}: this data gives region features of "
                                       f"{fields['feature_dim']} values (image_input='features'); drop the override"
                                       " (VQA v2 / CLEVR / GQA: set data.feature_dim to the files' width)")
+        else:  # pixels: the stem's width (feature_dim) is the model's; the picture's shape is the data's
+            for key in ("image_input", "image_size", "image_channels"):
+                if getattr(config, key) != fields[key]:
+                    raise ConfigError(f"{key}={getattr(config, key)!r}: Sort-of-CLEVR's pictures are "
+                                      f"{fields['image_channels']} x {fields['image_size']} x "
+                                      f"{fields['image_size']} pixels (image_input='pixels'), which the model must "
+                                      f"read as they are; drop the override")
         return config
 
     def make_task(self, data: VQAData, train: TrainConfig, run_dir: Optional[Path]) -> VQATask:

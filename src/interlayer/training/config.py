@@ -5,6 +5,8 @@ square-root schedule with warm-up, label smoothing 0.1.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 import importlib.util
 from typing import Literal
@@ -108,6 +110,13 @@ class TrainConfig:
                     "weight_decay", "warmup_init_lr", "adam_eps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must not be negative")
+        cores = os.cpu_count() or 1
+        if self.threads > cores:  # thousands of threads fail in the thread pool's start, not with a clear message
+            raise ConfigError(f"train.threads={self.threads} is more than this machine's {cores} CPU cores; give "
+                              f"1..{cores}, or 0 for PyTorch's default")
+        if not 0 <= self.seed < 2 ** 32:  # numpy's generators take no other seed; each rank adds its rank to it
+            raise ConfigError(f"train.seed={self.seed} is outside 0..{2 ** 32 - 1}, the seeds every random generator "
+                              "(Python, numpy, torch) accepts; give --seed in that range")
         if self.anneal_to_budget and not self.max_minutes:
             raise ConfigError("train.anneal_to_budget=true decays the learning rate over the time budget, but "
                               "train.max_minutes is 0 (no budget); set train.max_minutes (compare: --budget-minutes)")

@@ -34,7 +34,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
 import signal
 import tempfile
 import time
@@ -49,6 +48,7 @@ from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
 from . import distributed, state_file
+from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
 from .device import autocast, configure_tf32, make_scaler, resolve_device, resolve_precision
 
@@ -102,6 +102,7 @@ class TrainState:
     bad_epochs: int = 0
     finished: bool = False
     stop_reason: str = ""
+    averaged: str = ""  # what ``averaged/`` holds, or why there is none (a budget that ended in epoch 1)
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int,
@@ -336,9 +337,9 @@ class Trainer:
         if not self.dist.is_main:
             return
         path = self.run_dir / f"checkpoint{epoch}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}, str(tmp))
-        os.replace(tmp, path)
+        weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}
+        with atomic_path(path) as tmp:
+            save_file(weights, str(tmp))
         for old in _epoch_checkpoints(self.run_dir)[:-self.cfg.keep_last or None]:
             old.unlink()
 
@@ -347,7 +348,7 @@ class Trainer:
             return
         save_pretrained(self.model, directory)
         self.task.save_assets(directory)
-        (directory / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2))
+        write_atomic(directory / "train_config.json", json.dumps(dataclasses.asdict(self.cfg), indent=2))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -570,9 +571,16 @@ class Trainer:
         return improved
 
     def _validate(self) -> dict[str, float]:
-        """The task's validation of the eager model, in the training precision."""
+        """The task's validation of the eager model, in the training precision; a score that is not a finite
+        number stops the run as a diverged loss does (the last optimiser step is checked by nothing else: a
+        one-step run at ``lr=1e30`` would "finish" with NaN scores)."""
         with autocast(self.device, self.precision):
-            return self.task.validate(self.model)
+            metrics = self.task.validate(self.model)
+        bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+            raise DivergenceError(self._diverged(f"the validation scores are not finite ({shown})"))
+        return metrics
 
     def _bank_time(self, started: float) -> None:
         self.state.elapsed += time.perf_counter() - started
@@ -613,19 +621,39 @@ class Trainer:
 
     def _finish(self) -> None:
         """Budget reached or training converged: optionally average, mark finished, save."""
-        if self.state.batch_in_epoch:  # the budget ran out mid-epoch: still keep the best model so far
+        # The budget ran out mid-epoch (or before the first step): validate here, so that best/ exists and holds
+        # the best model so far, as every task's finish hook expects.
+        if self.state.batch_in_epoch or self.state.saved_metrics is None:
             metrics = self._validate()
             self._record(metrics)
             self.logs.write("valid", self.state.step, {"epoch": self.state.epoch, **metrics,
                                                        "elapsed_min": self.state.elapsed / 60})
         if self.cfg.average_last > 1 and self.dist.is_main:
-            self.average_checkpoints(self.cfg.average_last)
+            self.state.averaged = self._average_what_exists(self.cfg.average_last)
         self.state.finished = True
         self.save_last()
+
+    def _average_what_exists(self, n: int) -> str:
+        """Average the last ``n`` epoch checkpoints, or as many as the run wrote; the sentence that says which.
+
+        A budget that ends before the first epoch does leaves no epoch checkpoint: there is then nothing to average,
+        the run keeps ``best/`` (validated where the budget ended) and says so instead of failing after training.
+        """
+        paths = _epoch_checkpoints(self.run_dir)[-n:]
+        if not paths:
+            return (f"none: train.average_last={n}, but the run ended in epoch {self.state.epoch} before any epoch "
+                    "checkpoint was written; best/ is the final model")
+        self.average_checkpoints(len(paths))
+        names = ", ".join(p.name for p in paths)
+        short = f" (fewer than train.average_last={n}: the run wrote no more)" if len(paths) < n else ""
+        return f"averaged/ is the mean of {names}{short}"
 
     def average_checkpoints(self, n: int) -> Path:
         """Average the last ``n`` epoch checkpoints into ``averaged/`` (Vaswani et al. 2017, Sec. 6.1)."""
         paths = _epoch_checkpoints(self.run_dir)[-n:]
+        if not paths:
+            raise FileNotFoundError(f"{self.run_dir} holds no epoch checkpoint (checkpoint<N>.safetensors) to "
+                                    "average")
         states = [load_file(str(p)) for p in paths]
         averaged = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
                     if states[0][k].is_floating_point() else states[0][k] for k in states[0]}

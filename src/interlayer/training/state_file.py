@@ -18,7 +18,6 @@ fault (a truncated or foreign file raises :class:`CheckpointError`, never an arb
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..checkpoint import CheckpointError
+from ..fileio import atomic_path
 
 FORMAT = "interlayer-train-state"
 VERSION = 1
@@ -95,9 +95,19 @@ def write(path: Path, *, model: dict[str, torch.Tensor], optimizer: dict[str, An
               "rng": json.dumps([{"json": s["json"], "cuda": len(s["cuda"])} for s in rng]),
               "assets": json.dumps(sorted(assets)),
               **{key: json.dumps(value) for key, value in metadata.items()}}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=header)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=header)
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """The model config a checkpoint was written with, from its header alone (no tensor is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            header = handle.metadata() or {}
+        return json.loads(header["model_config"])
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} is not a readable interlayer training checkpoint ({err}); it may be "
+                              "truncated: delete it to restart the run, or restore it from a copy") from None
 
 
 def read(path: Path) -> dict[str, Any]:
