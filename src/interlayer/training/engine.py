@@ -34,6 +34,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import signal
 import tempfile
 import time
@@ -205,7 +206,7 @@ class _Logs:
 
             id_file = self.run_dir / "wandb_id"
             run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-            id_file.write_text(run_id)
+            write_atomic(id_file, run_id)
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "interlayer"), id=run_id,
                                      name=self.run_dir.name, dir=str(self.run_dir), config=self.config,
                                      resume="allow", reinit="create_new")
