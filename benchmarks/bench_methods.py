@@ -12,6 +12,8 @@ classifier (64 x 64 tokens), the Fashion-MNIST ViT and Conv-Transformer (128 ima
 * **peak memory** is the CUDA allocator's high-water mark of one step on a GPU; on a CPU the growth of the process's
   peak resident set over one step is not separable per model, so it is not reported there.
 * **target** is the efficiency issue's bar for the ratio (``time <= target``), where it sets one.
+* With ``--compile``, both models are also timed eager in the same rounds, and **compiled vs eager** is each
+  model's eager time over its compiled time (above 1: compiling pays).
 
     python benchmarks/bench_methods.py                        # eager, every case
     python benchmarks/bench_methods.py --compile --cases lm   # inductor, the LM cases
@@ -148,14 +150,18 @@ def timed(run: nn.Module, loss: Callable, batch: tuple[Tensor, ...], optimizer: 
 
 
 def measure(case: Case, args: argparse.Namespace, device: torch.device, precision: str) -> dict[str, Any]:
-    """Build both models, warm them up (compiling with ``--compile``), time interleaved rounds."""
+    """Build both models, warm them up (compiling with ``--compile``), time interleaved rounds. With
+    ``--compile`` the eager models are timed in the same rounds too (``base_eager``, ``method_eager``), so the
+    gain of compiling is a ratio from one process."""
     loss = loss_fn(case)
     entries = {}
     for role, (preset, overrides) in (("base", case.base), ("method", case.method)):
         torch.manual_seed(0)
         model = create_model(preset, **overrides).to(device).train()
-        run = torch.compile(model, backend=args.compile_backend) if args.compile else model
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        if args.compile:
+            entries[f"{role}_eager"] = (model, model, optimizer)
+        run = torch.compile(model, backend=args.compile_backend) if args.compile else model
         entries[role] = (model, run, optimizer)
     batch = make_batch(case, entries["base"][0], device)
     warm_up = {}
@@ -180,8 +186,12 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, precisio
     bound = (case.target if case.target is not None else
              case.target_per_madds * madds_ratio if case.target_per_madds is not None else
              madds_ratio + case.target_plus_madds if case.target_plus_madds is not None else None)
+    compile_gain = ({role: median[f"{role}_eager"] / median[role] for role in ("base", "method")}
+                    if args.compile else None)
     return {"case": case.name, "madds_ratio": madds_ratio, "time_ratio": time_ratio,
             "base_ms": 1e3 * median["base"], "method_ms": 1e3 * median["method"],
+            "eager_ms": {role: 1e3 * median[f"{role}_eager"] for role in ("base", "method")} if args.compile else None,
+            "compile_speedup": compile_gain,
             "round_spread": {role: [1e3 * min(v), 1e3 * max(v)] for role, v in times.items()},
             "warmup_s": warm_up, "peak_mib": memory, "target": bound,
             "met": None if bound is None else time_ratio <= bound}
@@ -227,13 +237,16 @@ def main() -> None:
         target = "" if result["target"] is None else f"<= {result['target']:.2f} " + (
             "met" if result["met"] else "MISSED")
         memory = result["peak_mib"]
+        gain = result["compile_speedup"]
         rows.append([case.name, f"{result['madds_ratio']:.2f}x", f"{result['time_ratio']:.2f}x", target,
                      f"{result['base_ms']:.1f}", f"{result['method_ms']:.1f}",
-                     "n/a" if memory["base"] is None else f"{memory['base']:,.0f} / {memory['method']:,.0f}"])
+                     "n/a" if memory["base"] is None else f"{memory['base']:,.0f} / {memory['method']:,.0f}"]
+                    + ([f"{gain['base']:.2f}x / {gain['method']:.2f}x"] if gain else []))
         print(f"  {case.name}: MAdds {result['madds_ratio']:.2f}x, time {result['time_ratio']:.2f}x", flush=True)
     print()
     print(format_table(["case", "MAdds ratio", "time ratio", "target", "base ms/step", "method ms/step",
-                        "peak MiB (base / method)"], rows))
+                        "peak MiB (base / method)"] + (["compiled vs eager (base / method)"] if args.compile else []),
+                       rows))
     if args.json:
         environment = {"device": str(device), "device_name": name, "precision": precision, "compile": args.compile,
                        "compile_backend": args.compile_backend if args.compile else None,
