@@ -140,6 +140,22 @@ def test_dirac_init_predicts_relu_of_previous_logits() -> None:
     assert not torch.equal(random.weight, mixers(model)[1].convs[0].weight)
 
 
+def test_leaky_relu_activation_is_evolving_attentions() -> None:
+    """activation='leaky_relu': the prediction is LeakyReLU(conv(A_prev)) with slope 0.01 (Evolving Attention's
+    att_conv), hidden cells still zero; the default stays PA's ReLU."""
+    relu = build(predictive={"init": "dirac"})
+    leaky = build(predictive={"init": "dirac", "activation": "leaky_relu"})
+    leaky.load_state_dict(relu.state_dict())
+    x = tokens()
+    pad = x.eq(0)
+    cells = pad[:, None, None, :] | pad[:, None, :, None]
+    got = leaky(x, need_intermediates=True).encoder.attentions
+    prev = got[0].logits.masked_fill(cells, 0.0)
+    torch.testing.assert_close(got[1].extras["predicted"], F.leaky_relu(prev, 0.01).masked_fill(cells, 0.0))
+    assert (got[1].extras["predicted"] < 0).any()
+    assert (relu(x, need_intermediates=True).encoder.attentions[1].extras["predicted"] >= 0).all()
+
+
 def test_qk_dim_and_relative_positions_work() -> None:
     plain = build(qk_dim=48)
     pa = build(qk_dim=48, predictive={"alpha": 0.0})

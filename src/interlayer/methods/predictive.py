@@ -61,6 +61,11 @@ Choices where the paper leaves room (each documented on its config field):
   and in ``EAAugmentedConv1d``, which returns the mixed logits to the next block. Padding and non-finite
   values are zeroed in the CNN's input exactly as for ``A_prev`` in Eq. 4; the residual term keeps ``A_in``
   as it is, as Eq. 4 keeps ``Attention(X)_logits``.
+* ``activation``: ``"relu"`` after every convolution (PA Sec. 3.3, "a ReLU activation after each
+  2D-convolutional layer"), the default also with ``beta``. ``"leaky_relu"`` is what Evolving Attention's code
+  puts after its map convolution (``att_conv``: ``nn.LeakyReLU()``, slope 0.01), so negative predicted logits
+  pass scaled by 0.01 instead of being zeroed; with ``beta`` set and ``activation="leaky_relu"`` the CNN is that
+  code's. Hidden cells are zeroed after the activation either way.
 * Decoder of an encoder-decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a
   causal map mixes in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries
   into earlier rows; the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer
@@ -117,6 +122,8 @@ class PredictiveConfig:
     alpha_warmup_steps: int = 0
     # None: "causal" in a causal language model, "symmetric" (the paper's centred kernel) elsewhere (module doc)
     kernel: Optional[Literal["symmetric", "causal"]] = None
+    # after every convolution: "relu", PA Sec. 3.3; "leaky_relu" (slope 0.01), Evolving Attention's code (module doc)
+    activation: Literal["relu", "leaky_relu"] = "relu"
     sides: list[str] = field(default_factory=lambda: ["encoder"])
 
     def resolved_kernel(self, cfg: "ModelConfig") -> str:
@@ -169,10 +176,11 @@ class PredictiveMixer(nn.Module):
 
     def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
                  beta: Optional[float] = None, causal_kernel: bool = False, warmup_steps: int = 0,
-                 fast: bool = True) -> None:
+                 negative_slope: float = 0.0, fast: bool = True) -> None:
         super().__init__()
         self.heads = heads
         self.fast = fast
+        self.negative_slope = negative_slope
         self.alpha = alpha
         self.beta = beta
         self.causal_kernel = causal_kernel
@@ -234,7 +242,8 @@ class PredictiveMixer(nn.Module):
         keep = None if hidden is None else (~hidden).to(x.dtype)
         x = VisibleCells.apply(x, keep)
         for conv in self.convs:
-            x = map_conv_relu(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv))[0]
+            x = map_conv_relu(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv),
+                              self.negative_slope)[0]
         return x
 
     def predict_reference(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
@@ -246,7 +255,7 @@ class PredictiveMixer(nn.Module):
         hidden = self.hidden_cells(x, key_padding_mask, context)
         x = _zero(x, hidden)
         for n, conv in enumerate(self.convs):
-            x = _zero(F.relu(self._convolve(n, conv, x, context.cache)), hidden)
+            x = _zero(F.leaky_relu(self._convolve(n, conv, x, context.cache), self.negative_slope), hidden)
         return x
 
     def _padding(self, conv: nn.Conv2d) -> list[int]:
@@ -352,18 +361,19 @@ class VisibleCells(torch.autograd.Function):
 # inductor fused the padding and layout change into the neighbouring softmax's kernel, which then ran 5x slower
 # than in eager mode (measured on the project's CPU).
 @torch.library.custom_op("interlayer::map_conv_relu", mutates_args=())
-def map_conv_relu(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int]
-                  ) -> tuple[Tensor, Tensor]:
-    """The layer's output and its padded input (kept for the backward)."""
+def map_conv_relu(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int],
+                  negative_slope: float) -> tuple[Tensor, Tensor]:
+    """The layer's output and its padded input (kept for the backward); ``negative_slope`` 0 is the ReLU."""
     padded = _pad_channels_last(x, pads)
-    out = F.conv2d(padded, weight, bias).relu_().contiguous()
+    out = F.leaky_relu_(F.conv2d(padded, weight, bias), negative_slope).contiguous()
     if keep is not None:
         out.mul_(keep)
     return out, padded
 
 
 @map_conv_relu.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int]) -> tuple[Tensor, Tensor]:
+def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int], negative_slope: float
+      ) -> tuple[Tensor, Tensor]:
     left, right, top, bottom = pads
     b, _, h, w = x.shape
     k_rows, k_cols = weight.shape[-2:]
@@ -373,10 +383,17 @@ def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: lis
 
 
 @torch.library.custom_op("interlayer::map_conv_relu_backward", mutates_args=())
-def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, pads: list[int],
-                           needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of :func:`map_conv_relu` w.r.t. ``x``, ``weight`` and ``bias`` (zeros where ``needs`` is False)."""
-    grad = torch.ops.aten.threshold_backward(grad, out, 0.0)
+def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor],
+                           pads: list[int], negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`map_conv_relu` w.r.t. ``x``, ``weight`` and ``bias`` (zeros where ``needs`` is False).
+
+    With the ReLU the gradient passes where the output is positive, which excludes the hidden cells; a leaky
+    ReLU passes ``slope x`` the gradient elsewhere, so the hidden cells are then zeroed with ``keep``."""
+    if negative_slope:
+        grad = torch.ops.aten.leaky_relu_backward(grad, out, negative_slope, True)
+        grad = grad if keep is None else grad * keep
+    else:
+        grad = torch.ops.aten.threshold_backward(grad, out, 0.0)
     left, right, top, bottom = pads
     k_rows, k_cols = weight.shape[-2:]
     grad_x = grad_w = grad_b = None
@@ -395,25 +412,27 @@ def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Te
 
 
 @map_conv_relu_backward.register_fake
-def _(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, pads: list[int], needs: list[bool]
-      ) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor], pads: list[int],
+      negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
     return (grad.new_empty(padded.shape[0], padded.shape[1], out.shape[2], out.shape[3]),
             torch.empty_like(weight, memory_format=torch.contiguous_format),
             weight.new_empty(weight.shape[0]))
 
 
 def _map_conv_relu_setup(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    _, weight, _, _, pads = inputs
+    _, weight, _, keep, pads, negative_slope = inputs
     out, padded = output
-    ctx.pads = pads
-    ctx.save_for_backward(padded, weight, out)
+    ctx.pads, ctx.negative_slope = pads, negative_slope
+    ctx.save_for_backward(padded, weight, out, keep)
 
 
 def _map_conv_relu_grad(ctx: Any, grad: Tensor, _grad_padded: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    padded, weight, out = ctx.saved_tensors
+    padded, weight, out, keep = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:3]]
-    grad_x, grad_w, grad_b = map_conv_relu_backward(grad, padded, weight, out, list(ctx.pads), needs)
-    return (grad_x if needs[0] else None, grad_w if needs[1] else None, grad_b if needs[2] else None, None, None)
+    grad_x, grad_w, grad_b = map_conv_relu_backward(grad, padded, weight, out, keep, list(ctx.pads),
+                                                    ctx.negative_slope, needs)
+    return (grad_x if needs[0] else None, grad_w if needs[1] else None, grad_b if needs[2] else None, None, None,
+            None)
 
 
 map_conv_relu.register_autograd(_map_conv_relu_grad, setup_context=_map_conv_relu_setup)
@@ -423,14 +442,15 @@ map_conv_relu.register_autograd(_map_conv_relu_grad, setup_context=_map_conv_rel
 # the library convolution would report it (so FlopCounterMode keeps agreeing with ``count_madds``); the backward
 # is two convolutions of the same size (input and weight gradient), as the library's backward counts.
 @register_flop_formula(torch.ops.interlayer.map_conv_relu)
-def _map_conv_relu_flops(x_shape: Any, weight_shape: Any, bias_shape: Any, keep_shape: Any, pads: list[int], *,
-                         out_shape: Any, **kwargs: Any) -> int:
+def _map_conv_relu_flops(x_shape: Any, weight_shape: Any, bias_shape: Any, keep_shape: Any, pads: list[int],
+                         negative_slope: float, *, out_shape: Any, **kwargs: Any) -> int:
     return conv_flop_count(list(x_shape), list(weight_shape), list(out_shape[0]))
 
 
 @register_flop_formula(torch.ops.interlayer.map_conv_relu_backward)
 def _map_conv_relu_backward_flops(grad_shape: Any, padded_shape: Any, weight_shape: Any, out_shape_in: Any,
-                                  pads: list[int], needs: list[bool], *, out_shape: Any, **kwargs: Any) -> int:
+                                  keep_shape: Any, pads: list[int], negative_slope: float, needs: list[bool], *,
+                                  out_shape: Any, **kwargs: Any) -> int:
     one = conv_flop_count(list(padded_shape), list(weight_shape), list(grad_shape))
     return one * (int(needs[0]) + int(needs[1]))
 
@@ -449,11 +469,16 @@ def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
     return maps if cells is None else maps.masked_fill(cells, 0.0)
 
 
+# nn.LeakyReLU's default, which Evolving Attention's ``att_conv`` uses (module doc)
+LEAKY_SLOPE = 0.01
+
+
 def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
                            kernel_size=section.kernel_size, init=section.init, beta=section.beta,
                            causal_kernel=section.resolved_kernel(cfg) == "causal",
-                           warmup_steps=section.alpha_warmup_steps)
+                           warmup_steps=section.alpha_warmup_steps,
+                           negative_slope=LEAKY_SLOPE if section.activation == "leaky_relu" else 0.0)
 
 
 class _PredictiveMethod:
