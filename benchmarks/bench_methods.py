@@ -61,7 +61,7 @@ class Case:
 def cases() -> list[Case]:
     lm = ("gpt_shakespeare_char", LM)
     vit = ("vit_fashion_mnist", {})
-    iwslt = ("transformer_iwslt_de_en", dict(src_vocab_size=10000))
+    iwslt = ("pa_transformer_iwslt_de_en", dict(src_vocab_size=10000, predictive=None))
     text = ("transformer_text_cls", dict(src_vocab_size=16000, num_classes=5))
     return [
         Case("lm: causal PA", "lm", lm, (lm[0], dict(LM, predictive={})), 16, 64, target=1.35),
@@ -82,8 +82,8 @@ def cases() -> list[Case]:
              0, target_per_madds=1.15),
         Case("vit: PA alone on the Conv-Transformer (Conv-Transformer as base)", "image",
              ("conv_transformer_fashion_mnist", {}), ("pa_conv_transformer_fashion_mnist", {}), 128, 0, target=1.35),
-        Case("iwslt: pa_transformer_iwslt_de_en", "seq2seq", iwslt, ("pa_transformer_iwslt_de_en", iwslt[1]), 16, 32,
-             target=1.35),
+        Case("iwslt: pa_transformer_iwslt_de_en", "seq2seq", iwslt,
+             ("pa_transformer_iwslt_de_en", dict(src_vocab_size=10000)), 16, 32, target=1.35),
     ]
 
 

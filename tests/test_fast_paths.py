@@ -4,8 +4,8 @@
   :meth:`PredictiveMixer.predict_reference` (the library convolution, op by op as the module doc states it), for
   every kernel, layer count, padding, causal and ``beta`` case, and the whole causal LM with every mixer switched.
 * The explicit attention path (scale on the queries, additive mask) against the fused one, gradients included.
-* LW's grouped products (one product per group over strided slices, stacked q/k/v) against the block-diagonal
-  dense layer they are, gradients included.
+* LW's grouped products (one product per group over strided slices) against the block-diagonal dense layer
+  they are, gradients included.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from interlayer import create_model
 from interlayer.core.attention import MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias
-from interlayer.methods.lightweight import GroupedLinear, GroupedMultiHeadAttention, grouped_linear
+from interlayer.methods.lightweight import GroupedLinear
 from interlayer.methods.predictive import PredictiveMixer, map_conv_relu, map_conv_relu_backward
 
 
@@ -147,19 +147,6 @@ def test_grouped_linear_is_its_block_diagonal_dense_layer(shared, bias, groups):
     params = list(proj.parameters())
     got = _grads(lambda: proj(x), [x], params)
     want = _grads(lambda: F.linear(x, *_block_diagonal(proj)), [x], params)
-    _assert_all_close(got, want)
-
-
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("expansion", [1, 3])
-def test_stacked_grouped_qkv_equals_three_products(shared, expansion):
-    torch.manual_seed(0)
-    attn = GroupedMultiHeadAttention(16, 4, groups=2, share_weights=shared, qk_expansion=expansion)
-    x = torch.randn(2, 5, 16, requires_grad=True)
-    params = [t for p in (attn.q_proj, attn.k_proj, attn.v_proj) for t in p.parameters()]
-    got = _grads(lambda: attn._project_self(x), [x], params)
-    want = _grads(lambda: tuple(grouped_linear(x, p.weight, p.bias, p.groups, p.blocks)
-                                for p in (attn.q_proj, attn.k_proj, attn.v_proj)), [x], params)
     _assert_all_close(got, want)
 
 

@@ -244,22 +244,6 @@ class GroupedMultiHeadAttention(MultiHeadAttention):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             proj.reset_parameters()
 
-    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v of self-attention as one grouped product: group ``i``'s three matrices stacked (the core does
-        the same for dense projections; the parameters stay separate). Falls back to three products when a
-        projection has been replaced by something other than a :class:`GroupedLinear` of the same grouping."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        first = self.q_proj
-        if not (all(type(p) is GroupedLinear for p in projections)
-                and len({(p.groups, p.blocks, p.in_features, p.bias is None) for p in projections}) == 1):
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        widths = [p.group_out for p in projections]
-        weight = torch.cat([p.weight.view(p.blocks, p.group_out, p.group_in) for p in projections], 1)
-        bias = None if first.bias is None else torch.cat([p.bias.view(p.blocks, p.group_out) for p in projections],
-                                                          1).flatten()
-        out = grouped_linear(x, weight.flatten(0, 1), bias, first.groups, first.blocks)
-        return tuple(part.flatten(-2) for part in out.unflatten(-1, (first.groups, sum(widths))).split(widths, -1))
-
     def madds(self, t_q: int, t_k: int) -> int:
         """Group-wise projections (``in*out/k`` per token each), logits ``Tq Tk n d``, weighted sum ``Tq Tk d``,
         relative positions and the logit mixer."""
