@@ -163,6 +163,10 @@ class MultiHeadAttention(nn.Module):
         ``nn.Linear`` layers (the parameters stay separate, fairseq's layout; only the product is fused), else
         three products."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        # Compiled, three products: inductor fused the weights' concatenation with the token embedding's gather
+        # into one kernel that took 8% of an IWSLT-size training step on the CPU (docs/benchmarks.md).
+        if torch.compiler.is_compiling():
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
             weight = torch.cat([p.weight for p in projections])
             bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
