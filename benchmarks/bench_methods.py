@@ -11,7 +11,8 @@ classifier (64 x 64 tokens), the Fashion-MNIST ViT and Conv-Transformer (128 ima
 * **time ratio** is the median seconds per training step of the method model over the base's.
 * **peak memory** is the CUDA allocator's high-water mark of one step on a GPU; on a CPU the growth of the process's
   peak resident set over one step is not separable per model, so it is not reported there.
-* **target** is the efficiency issue's bar for the ratio (``time <= target``), where it sets one.
+* **target** is the efficiency issue's bar for the ratio (``time <= target``), where it sets one (with
+  ``--compile``, its compiled bar: 1.25x for PA).
 * With ``--compile``, both models are also timed eager in the same rounds, and **compiled vs eager** is each
   model's eager time over its compiled time (above 1: compiling pays).
 
@@ -24,6 +25,7 @@ classifier (64 x 64 tokens), the Fashion-MNIST ViT and Conv-Transformer (128 ima
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -56,6 +58,7 @@ class Case:
     target: Optional[float] = None  # the issue's time-ratio bar, absolute (None: no bar)
     target_per_madds: Optional[float] = None  # or relative: time ratio <= this x MAdds ratio
     target_plus_madds: Optional[float] = None  # or time ratio <= MAdds ratio + this
+    target_compiled: Optional[float] = None  # the bar with --compile, where the issue sets its own
 
 
 def cases() -> list[Case]:
@@ -64,13 +67,16 @@ def cases() -> list[Case]:
     iwslt = ("pa_transformer_iwslt_de_en", dict(src_vocab_size=10000, predictive=None))
     text = ("transformer_text_cls", dict(src_vocab_size=16000, num_classes=5))
     return [
-        Case("lm: causal PA", "lm", lm, (lm[0], dict(LM, predictive={})), 16, 64, target=1.35),
+        Case("lm: causal PA", "lm", lm, (lm[0], dict(LM, predictive={})), 16, 64, target=1.35,
+             target_compiled=1.25),
         Case("lm: Res-Transformer (PA conv_layers=0)", "lm", lm, (lm[0], dict(LM, predictive={"conv_layers": 0})),
              16, 64, target=1.2),
         Case("lm: attn_impl=eager (no mixer)", "lm", lm, (lm[0], dict(LM, attn_impl="eager")), 16, 64),
         Case("lm: LW-1x", "lm", lm, (lm[0], dict(LM, lightweight={})), 16, 64, target_plus_madds=0.1),
-        Case("text: pa_transformer_text", "text", text, ("pa_transformer_text", text[1]), 64, 64, target=1.15),
-        Case("vit: pa_vit_fashion_mnist", "image", vit, ("pa_vit_fashion_mnist", {}), 128, 0, target=1.35),
+        Case("text: pa_transformer_text", "text", text, ("pa_transformer_text", text[1]), 64, 64, target=1.15,
+             target_compiled=1.25),
+        Case("vit: pa_vit_fashion_mnist", "image", vit, ("pa_vit_fashion_mnist", {}), 128, 0, target=1.35,
+             target_compiled=1.25),
         Case("vit: lw_vit_fashion_mnist", "image", vit, ("lw_vit_fashion_mnist", {}), 128, 0, target_plus_madds=0.1),
         Case("vit: conv_transformer_fashion_mnist", "image", vit, ("conv_transformer_fashion_mnist", {}), 128, 0,
              target_per_madds=1.15),
@@ -81,9 +87,11 @@ def cases() -> list[Case]:
              ("conv_transformer_fashion_mnist", {"conv_branch": None}), ("conv_transformer_fashion_mnist", {}), 128,
              0, target_per_madds=1.15),
         Case("vit: PA alone on the Conv-Transformer (Conv-Transformer as base)", "image",
-             ("conv_transformer_fashion_mnist", {}), ("pa_conv_transformer_fashion_mnist", {}), 128, 0, target=1.35),
+             ("conv_transformer_fashion_mnist", {}), ("pa_conv_transformer_fashion_mnist", {}), 128, 0, target=1.35,
+             target_compiled=1.25),
         Case("iwslt: pa_transformer_iwslt_de_en", "seq2seq", iwslt,
-             ("pa_transformer_iwslt_de_en", dict(src_vocab_size=10000)), 16, 32, target=1.35),
+             ("pa_transformer_iwslt_de_en", dict(src_vocab_size=10000)), 16, 32, target=1.35,
+             target_compiled=1.25),
     ]
 
 
@@ -95,8 +103,8 @@ def tiny(case: Case) -> Case:
     def scaled(side: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         return side[0], {**side[1], **shrink}
 
-    return Case(case.name, case.kind, scaled(case.base), scaled(case.method), 2, min(case.length, 8) or 0,
-                case.target, case.target_per_madds, case.target_plus_madds)
+    return dataclasses.replace(case, base=scaled(case.base), method=scaled(case.method), batch=2,
+                               length=min(case.length, 8) or 0)
 
 
 def make_batch(case: Case, model: nn.Module, device: torch.device) -> tuple[Tensor, ...]:
@@ -183,7 +191,8 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, precisio
     median = {role: statistics.median(values) for role, values in times.items()}
     madds_ratio = madds(case, entries["method"][0]) / madds(case, entries["base"][0])
     time_ratio = median["method"] / median["base"]
-    bound = (case.target if case.target is not None else
+    bound = (case.target_compiled if args.compile and case.target_compiled is not None else
+             case.target if case.target is not None else
              case.target_per_madds * madds_ratio if case.target_per_madds is not None else
              madds_ratio + case.target_plus_madds if case.target_plus_madds is not None else None)
     compile_gain = ({role: median[f"{role}_eager"] / median[role] for role in ("base", "method")}
