@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import count_madds, count_parameters, create_model
+from interlayer import ConfigError, count_madds, count_parameters, create_model
 
 
 def _flops(fn) -> int:
@@ -66,3 +66,11 @@ def test_the_model_listing_covers_every_family_and_counts_what_it_builds():
     assert f"{count_parameters(create_mcan('mcan_4layer')):,}" in table and "MCAN (VQA)" in table
     with pytest.raises(ConfigError, match="unknown model preset.*vit_fashion_mnist"):
         model_catalog(64, ["vit_fashon_mnist"])
+
+
+def test_count_madds_takes_no_length_from_a_model_that_fixes_its_own() -> None:
+    """README: ``count_madds(image_model)``; a sequence model without a length is told what to pass."""
+    vit = create_model("vit_fashion_mnist")
+    assert count_madds(vit) == count_madds(vit, vit.config.tokens) > 0
+    with pytest.raises(ConfigError, match=r"count_madds\(EncoderDecoderModel\) needs src_len"):
+        count_madds(create_model("transformer_small"))

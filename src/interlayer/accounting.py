@@ -8,9 +8,12 @@
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 from torch import nn
+
+from .core.config import ConfigError
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
@@ -22,6 +25,14 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(seen.values())
 
 
-def count_madds(model: nn.Module, src_len: int, tgt_len: Optional[int] = None) -> int:
-    """Multiply-adds of one forward pass for one sequence (source ``src_len``, target ``tgt_len``)."""
-    return int(model.madds(src_len, tgt_len))
+def count_madds(model: nn.Module, src_len: Optional[int] = None, tgt_len: Optional[int] = None) -> int:
+    """Multiply-adds of one forward pass for one sequence (source ``src_len``, target ``tgt_len``).
+
+    A model that fixes its own input size (an image model's patch grid, MCAN's regions) needs no length:
+    ``count_madds(vit)``; a sequence model does, and is told so instead of failing inside its arithmetic.
+    """
+    first = next(iter(inspect.signature(model.madds).parameters.values()), None)
+    if src_len is None and first is not None and first.default is inspect.Parameter.empty:
+        raise ConfigError(f"count_madds({type(model).__name__}) needs src_len (its {first.name}): this model has no "
+                          "fixed input size; pass it as the second argument, e.g. count_madds(model, 64)")
+    return int(model.madds() if first is None else model.madds(src_len, tgt_len))
