@@ -1,8 +1,7 @@
 """The four papers' methods, each a plug-in over the core (see :mod:`interlayer.methods.base`).
 
 Order matters only where the methods say so: factories are customised in this order, and models finalised in
-it (Multi-Pass wraps the encoder before Crossformer ties its layers, which is the same either way; layer sharing
-ties whole layers last, after any method that put modules in them).
+it (Multi-Pass wraps the encoder before Crossformer ties its layers; layer sharing ties whole layers last).
 """
 from . import conv_branch, crossformer, lightweight, multipass, predictive
 from . import layer_sharing
