@@ -197,6 +197,11 @@ def test_crossformer_on_the_other_part_composes():
     assert layers[0].self_attn.k_proj.weight is layers[1].self_attn.q_proj.weight
     assert layers[0].ffn.fc2.weight is layers[1].ffn.fc2.weight
     assert layers[1].ffn.fc2.weight is not layers[2].ffn.fc2.weight
+    split = build(SEQ2SEQ, layer_sharing={"sides": ["decoder"]}, crossformer={"hard": ["kq"], "sides": ["encoder"]})
+    assert split.encoder.layers[0].self_attn.k_proj.weight is split.encoder.layers[1].self_attn.q_proj.weight
+    assert split.decoder.layers[0].self_attn.k_proj.weight is split.decoder.layers[1].self_attn.k_proj.weight
+    with pytest.raises(ConfigError, match="the decoder stack"):
+        build(SEQ2SEQ, layer_sharing={"sides": ["decoder"]}, crossformer={"hard": ["kq"], "sides": ["cross"]})
 
 
 @pytest.mark.parametrize("fields,message", [
