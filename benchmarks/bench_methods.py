@@ -73,6 +73,11 @@ def cases() -> list[Case]:
              16, 64, target=1.2),
         Case("lm: attn_impl=eager (no mixer)", "lm", lm, (lm[0], dict(LM, attn_impl="eager")), 16, 64),
         Case("lm: LW-1x", "lm", lm, (lm[0], dict(LM, lightweight={})), 16, 64, target_plus_madds=0.1),
+        # shared layers: the same arithmetic (MAdds ratio 1) with fewer parameters; the bar is the 1.15x
+        Case("lm: ALBERT all-shared layers", "lm", lm, (lm[0], dict(LM, layer_sharing={})), 16, 64,
+             target_plus_madds=0.15),
+        Case("lm: MobileLLM block-wise sharing (A A B B)", "lm", lm,
+             (lm[0], dict(LM, layer_sharing={"repeats": 2})), 16, 64, target_plus_madds=0.15),
         Case("text: pa_transformer_text", "text", text, ("pa_transformer_text", text[1]), 64, 64, target=1.15,
              target_compiled=1.25),
         Case("vit: pa_vit_fashion_mnist", "image", vit, ("pa_vit_fashion_mnist", {}), 128, 0, target=1.35,

@@ -15,6 +15,7 @@ SECTIONS = {
     "predictive": {"alpha": 0.5},
     "conv_branch": {},
     "lightweight": {"groups": 2},
+    "layer_sharing": {},  # ALBERT: every layer of each stack runs one block
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -23,6 +24,8 @@ REJECTED = {
     frozenset({"crossformer", "conv_branch"}): "conv_branch",
     frozenset({"crossformer_soft", "conv_branch"}): "conv_branch",
     frozenset({"lightweight", "conv_branch"}): "conv_branch",
+    frozenset({"crossformer", "layer_sharing"}): "layer_sharing.share='all' and crossformer.hard",
+    frozenset({"crossformer_soft", "layer_sharing"}): "layer_sharing.share='all' and crossformer.soft",
     frozenset({"crossformer", "crossformer_soft"}): "",  # one section: not a pair (skipped below)
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")

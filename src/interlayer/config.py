@@ -19,6 +19,7 @@ from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
 from .methods.conv_branch import ConvBranchConfig
 from .methods.crossformer import CrossformerConfig
+from .methods.layer_sharing import LayerSharingConfig
 from .methods.lightweight import LightweightConfig
 from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
@@ -46,6 +47,7 @@ class ModelConfig(ConfigFile, TransformerConfig):
     predictive: Optional[PredictiveConfig] = None
     conv_branch: Optional[ConvBranchConfig] = None
     lightweight: Optional[LightweightConfig] = None
+    layer_sharing: Optional[LayerSharingConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""

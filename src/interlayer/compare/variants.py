@@ -194,6 +194,26 @@ def _lightweight(**section: Any) -> Callable[[Context], dict]:
     return overrides
 
 
+# -- Layer sharing (ALBERT, MobileLLM) -------------------------------------------------------------------------
+def _layer_sharing(deep: bool = False, **section: Any) -> Callable[[Context], dict]:
+    """Shared layers at the base's executed depth (fewer parameters, same compute), or with ``deep`` MobileLLM's
+    reading: the base's layers become unique blocks run ``repeats`` times (same parameters, more compute)."""
+
+    def overrides(ctx: Context) -> dict[str, Any]:
+        if is_mcan(ctx):
+            raise VariantError("layer sharing has no MCAN form here: ALBERT and MobileLLM share one Transformer "
+                               "stack; compare it on a Transformer task")
+        fields = encoder_fields(ctx, "layer sharing")
+        out: dict[str, Any] = {"layer_sharing": dict(section)}
+        if deep:
+            out["enc_layers"] = fields["enc_layers"] * section["repeats"]
+            if fields.get("arch") == "encoder_decoder":
+                out["dec_layers"] = fields["dec_layers"] * section["repeats"]
+        return out
+
+    return overrides
+
+
 def _baseline(ctx: Context) -> dict[str, Any]:
     return {}
 
@@ -233,6 +253,17 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                           _lightweight(qk_expansion=3)),
     "lw_mini": NamedVariant("LW-Transformer-mini1x: LW1x plus a group-wise intermediate layer, G-IL (LW Table III)",
                             _lightweight(group_intermediate=True)),
+    "albert": NamedVariant("ALBERT cross-layer sharing: every layer runs one block, all parameters shared, same "
+                           "depth and compute (ALBERT Sec. 3.1, Table 4 'all-shared')", _layer_sharing()),
+    "mobilellm": NamedVariant("MobileLLM immediate block-wise sharing A A B B: enc_layers/2 unique blocks each run "
+                              "twice in a row, same depth and compute (MobileLLM Sec. 2.3, Fig. 6)",
+                              _layer_sharing(repeats=2, order="immediate")),
+    "mobilellm_all_over": NamedVariant("MobileLLM repeat-all-over sharing A B A B: the stack of enc_layers/2 "
+                                       "blocks run twice (MobileLLM Fig. 6; MPT's 'tied weights' stack)",
+                                       _layer_sharing(repeats=2, order="all_over")),
+    "mobilellm_deep": NamedVariant("MobileLLM-LS as the paper counts depth: each base layer a unique block run "
+                                   "twice in a row, so the base's parameters at twice its layers and compute "
+                                   "(MobileLLM Sec. 2.3)", _layer_sharing(deep=True, repeats=2, order="immediate")),
 }
 
 
