@@ -4,9 +4,11 @@ Order matters only where the methods say so: factories are customised in this or
 it (Multi-Pass wraps the encoder before Crossformer ties its layers, which is the same either way).
 """
 from . import conv_branch, crossformer, lightweight, multipass, predictive
+from . import cla, value_residual
 from .base import Method
 
 METHODS: tuple[Method, ...] = (lightweight.METHOD, conv_branch.METHOD, predictive.METHOD, multipass.METHOD,
                                crossformer.METHOD)
+METHODS += (value_residual.METHOD, cla.METHOD)
 
 __all__ = ["METHODS", "Method"]
