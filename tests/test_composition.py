@@ -15,6 +15,7 @@ SECTIONS = {
     "predictive": {"alpha": 0.5},
     "conv_branch": {},
     "lightweight": {"groups": 2},
+    "value_residual": {"learnable": True}, "cla": {"sharing_factor": 2},
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -23,7 +24,11 @@ REJECTED = {
     frozenset({"crossformer", "conv_branch"}): "conv_branch",
     frozenset({"crossformer_soft", "conv_branch"}): "conv_branch",
     frozenset({"lightweight", "conv_branch"}): "conv_branch",
-    frozenset({"crossformer", "crossformer_soft"}): "",  # one section: not a pair (skipped below)
+    frozenset({"crossformer", "crossformer_soft"}): "",
+    **{frozenset({m, o}): w for m in ("value_residual", "cla") for o, w in
+       (("lightweight", "lightweight.attention"), ("conv_branch", "conv_branch"))},
+    frozenset({"cla", "crossformer"}): "shares the computed keys/values",
+    frozenset({"cla", "crossformer_soft"}): "shares the computed keys/values",  # one section: not a pair (skipped below)
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 
