@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +156,20 @@ def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Ten
     return ~allowed.any(-1, keepdim=True)
 
 
+def _project_together(x: Tensor, projections: Sequence[nn.Module]) -> Sequence[Tensor]:
+    """Each projection of ``x``: one matrix product over the weights stacked when they are plain ``nn.Linear``
+    layers alike in bias (only the product is fused; the parameters stay separate), else one product each."""
+    # Compiled, separate products: inductor fused the weights' concatenation with the token embedding's gather
+    # into one kernel that took 8% of an IWSLT-size training step on the CPU (docs/benchmarks.md).
+    if torch.compiler.is_compiling() or len(projections) == 1:
+        return [p(x) for p in projections]
+    if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        return F.linear(x, weight, bias).split([p.out_features for p in projections], dim=-1)
+    return [p(x) for p in projections]
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads (Vaswani et al. 2017, Eq. 1-2 of Sec. 3.2).
 
@@ -204,27 +218,18 @@ class MultiHeadAttention(nn.Module):
         """q, k, v of self-attention: one matrix product over the three weights stacked, when they are plain
         ``nn.Linear`` layers (the parameters stay separate, fairseq's layout; only the product is fused), else
         three products."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        # Compiled, three products: inductor fused the weights' concatenation with the token embedding's gather
-        # into one kernel that took 8% of an IWSLT-size training step on the CPU (docs/benchmarks.md).
-        if torch.compiler.is_compiling():
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
-            weight = torch.cat([p.weight for p in projections])
-            bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
-            return F.linear(x, weight, bias).split([self.qk_dim, self.qk_dim, self.d_model], dim=-1)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = _project_together(x, (self.q_proj, self.k_proj, self.v_proj))
+        return q, k, v
 
     def _sourced_kv(self, x: Tensor, cache: Optional[KVCache], history: KVHistory
                     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """q, k, v and the first query's position when ``kv_source`` supplies the keys/values (see :class:`KVSource`).
         The position is read off the full-length keys, since a layer that reuses them keeps no cache of its own."""
-        if self.k_proj is not None and self.v_proj is not None:
-            q, k, v = (self._split(t) for t in self._project_self(x))
-        else:
-            q = self._split(self.q_proj(x))
-            k = self._split(self.k_proj(x)) if self.k_proj is not None else None
-            v = self._split(self.v_proj(x)) if self.v_proj is not None else None
+        present = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+        projected = iter(self._split(t) for t in _project_together(x, present))
+        q = next(projected)
+        k = next(projected) if self.k_proj is not None else None
+        v = next(projected) if self.v_proj is not None else None
         rotary = getattr(self.relative, "rotates", False)
         if rotary and k is not None:
             k = self.relative(k, cache.length if cache is not None else 0)
