@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from interlayer import count_madds, create_model
+from interlayer.core.generation import kv_cache_bytes_per_token
 from interlayer.tables import format_table
 from interlayer.training.device import autocast, configure_tf32, resolve_device, resolve_precision
 
@@ -78,6 +79,10 @@ def cases() -> list[Case]:
              target_plus_madds=0.15),
         Case("lm: MobileLLM block-wise sharing (A A B B)", "lm", lm,
              (lm[0], dict(LM, layer_sharing={"repeats": 2})), 16, 64, target_plus_madds=0.15),
+        Case("lm: ResFormer", "lm", lm, (lm[0], dict(LM, value_residual={})), 16, 64, target_plus_madds=0.15),
+        Case("lm: SVFormer", "lm", lm, (lm[0], dict(LM, value_residual={"mode": "svformer"})), 16, 64,
+             target_plus_madds=0.15),
+        Case("lm: CLA2", "lm", lm, (lm[0], dict(LM, cla={"sharing_factor": 2})), 16, 64, target_plus_madds=0.15),
         Case("text: pa_transformer_text", "text", text, ("pa_transformer_text", text[1]), 64, 64, target=1.15,
              target_compiled=1.25),
         Case("vit: pa_vit_fashion_mnist", "image", vit, ("pa_vit_fashion_mnist", {}), 128, 0, target=1.35,
@@ -195,6 +200,9 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, precisio
             memory[role] = torch.cuda.max_memory_allocated(device) / 2 ** 20
     median = {role: statistics.median(values) for role, values in times.items()}
     madds_ratio = madds(case, entries["method"][0]) / madds(case, entries["base"][0])
+    # KV cache per token (language models): what value_residual=svformer and cla shrink
+    kv_ratio = (kv_cache_bytes_per_token(entries["method"][0]) / kv_cache_bytes_per_token(entries["base"][0])
+                if case.kind == "lm" else None)
     time_ratio = median["method"] / median["base"]
     bound = (case.target_compiled if args.compile and case.target_compiled is not None else
              case.target if case.target is not None else
@@ -202,7 +210,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, precisio
              madds_ratio + case.target_plus_madds if case.target_plus_madds is not None else None)
     compile_gain = ({role: median[f"{role}_eager"] / median[role] for role in ("base", "method")}
                     if args.compile else None)
-    return {"case": case.name, "madds_ratio": madds_ratio, "time_ratio": time_ratio,
+    return {"case": case.name, "madds_ratio": madds_ratio, "time_ratio": time_ratio, "kv_cache_ratio": kv_ratio,
             "base_ms": 1e3 * median["base"], "method_ms": 1e3 * median["method"],
             "eager_ms": {role: 1e3 * median[f"{role}_eager"] for role in ("base", "method")} if args.compile else None,
             "compile_speedup": compile_gain,
@@ -252,13 +260,14 @@ def main() -> None:
             "met" if result["met"] else "MISSED")
         memory = result["peak_mib"]
         gain = result["compile_speedup"]
-        rows.append([case.name, f"{result['madds_ratio']:.2f}x", f"{result['time_ratio']:.2f}x", target,
+        kv = "" if result["kv_cache_ratio"] is None else f"{result['kv_cache_ratio']:.2f}x"
+        rows.append([case.name, f"{result['madds_ratio']:.2f}x", f"{result['time_ratio']:.2f}x", target, kv,
                      f"{result['base_ms']:.1f}", f"{result['method_ms']:.1f}",
                      "n/a" if memory["base"] is None else f"{memory['base']:,.0f} / {memory['method']:,.0f}"]
                     + ([f"{gain['base']:.2f}x / {gain['method']:.2f}x"] if gain else []))
         print(f"  {case.name}: MAdds {result['madds_ratio']:.2f}x, time {result['time_ratio']:.2f}x", flush=True)
     print()
-    print(format_table(["case", "MAdds ratio", "time ratio", "target", "base ms/step", "method ms/step",
+    print(format_table(["case", "MAdds ratio", "time ratio", "target", "KV cache ratio", "base ms/step", "method ms/step",
                         "peak MiB (base / method)"] + (["compiled vs eager (base / method)"] if args.compile else []),
                        rows))
     if args.json:

@@ -16,6 +16,8 @@ SECTIONS = {
     "conv_branch": {},
     "lightweight": {"groups": 2},
     "layer_sharing": {},  # ALBERT: every layer of each stack runs one block
+    "value_residual": {"learnable": True},
+    "cla": {"sharing_factor": 2},
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -27,6 +29,10 @@ REJECTED = {
     frozenset({"crossformer", "layer_sharing"}): "layer_sharing.share='all' and crossformer.hard",
     frozenset({"crossformer_soft", "layer_sharing"}): "layer_sharing.share='all' and crossformer.soft",
     frozenset({"crossformer", "crossformer_soft"}): "",  # one section: not a pair (skipped below)
+    **{frozenset({m, o}): w for m in ("value_residual", "cla") for o, w in
+       (("lightweight", "lightweight.attention"), ("conv_branch", "conv_branch"))},
+    frozenset({"cla", "crossformer"}): "shares the computed keys/values",
+    frozenset({"cla", "crossformer_soft"}): "shares the computed keys/values",
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 

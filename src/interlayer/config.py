@@ -17,12 +17,14 @@ import yaml
 from .core.config import ConfigError, TransformerConfig, dataclass_from_dict, unknown_key
 from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
+from .methods.cla import CLAConfig
 from .methods.conv_branch import ConvBranchConfig
 from .methods.crossformer import CrossformerConfig
 from .methods.layer_sharing import LayerSharingConfig
 from .methods.lightweight import LightweightConfig
 from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
+from .methods.value_residual import ValueResidualConfig
 
 
 class ConfigFile:
@@ -48,6 +50,8 @@ class ModelConfig(ConfigFile, TransformerConfig):
     conv_branch: Optional[ConvBranchConfig] = None
     lightweight: Optional[LightweightConfig] = None
     layer_sharing: Optional[LayerSharingConfig] = None
+    value_residual: Optional[ValueResidualConfig] = None
+    cla: Optional[CLAConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""

@@ -210,6 +210,16 @@ def _layer_sharing(deep: bool = False, **section: Any) -> Callable[[Context], di
             if fields.get("arch") == "encoder_decoder":
                 out["dec_layers"] = fields["dec_layers"] * section["repeats"]
         return out
+# -- value residuals and cross-layer attention ----------------------------------------------------------------
+def _kv_method(method: str, **section: Any) -> Callable[[Context], dict]:
+    def overrides(ctx: Context) -> dict[str, Any]:
+        if is_mcan(ctx):
+            raise VariantError(f"the {method} variants change the core Transformer's self-attention stacks; task "
+                               f"{ctx.task!r} trains an MCAN model (preset {ctx.preset!r}), whose config has no such "
+                               "section")
+        encoder_fields(ctx, method)
+        key = "cla" if method == "CLA" else "value_residual"
+        return {key: dict(section)}
 
     return overrides
 
@@ -264,6 +274,19 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
     "mobilellm_deep": NamedVariant("MobileLLM-LS as the paper counts depth: each base layer a unique block run "
                                    "twice in a row, so the base's parameters at twice its layers and compute "
                                    "(MobileLLM Sec. 2.3)", _layer_sharing(deep=True, repeats=2, order="immediate")),
+    "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_n + 0.5 V_1 in every layer n > 1 (Value Residual Learning, "
+                              "Zhou et al. 2025, Sec. 3; the official code's fixed mix)", _kv_method("ResFormer")),
+    "resformer_learnable": NamedVariant("ResFormer with learnable lambda_1, lambda_2 per layer from 0.5, 0.5 "
+                                        "(Value Residual Learning's learnable variant)",
+                                        _kv_method("ResFormer", learnable=True)),
+    "svformer": NamedVariant("SVFormer: every layer attends with the first layer's values, no value projection "
+                             "after layer 1, about half the KV cache (Value Residual Learning, Sec. 3)",
+                             _kv_method("ResFormer", mode="svformer")),
+    "cla2": NamedVariant("Cross-Layer Attention, sharing factor 2: pairs of layers share one K/V, half the KV cache "
+                         "(Brandon et al. 2024, Sec. 2)", _kv_method("CLA", sharing_factor=2)),
+    "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a last group of fewer layers where 3 does not "
+                         "divide the depth, as the paper allows (Brandon et al. 2024, Sec. 2.1)",
+                         _kv_method("CLA", sharing_factor=3)),
 }
 
 

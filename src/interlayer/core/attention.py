@@ -12,13 +12,15 @@ the two paths agree exactly on every row.
 Extension points used by the method modules, all optional and generic:
 ``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias, or, when it ``rotates``, rotating queries and keys
 before the cache: rotary positions), ``logit_mixer`` (a module mapping the current and
-the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``).
+the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``), ``kv_source``
+(a :class:`KVSource`: the keys and values a self-attention attends with may come from earlier layers of the same
+stack, ``kv_history``; a layer that reuses them has no key or value projection and keeps nothing in its cache).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -64,12 +66,47 @@ class KVCache:
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
+    def append_keys(self, k: Tensor) -> Tensor:
+        """Keep new keys only: a layer whose values are another layer's (a :class:`KVSource`) stores no values."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        return self.k
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys and values held (the method state excluded): what a KV-cache-saving method shrinks."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
         if self.k is not None:
             self.k = self.k.index_select(0, index)
+        if self.v is not None:
             self.v = self.v.index_select(0, index)
         self.state = {name: value.index_select(0, index) for name, value in self.state.items()}
+
+
+# The keys and values each earlier self-attention layer of the stack attended with in this forward pass, in layer
+# order, full length (after its cache append), heads split: ``(B, H, T, d_head)`` each.
+KVHistory = list[tuple[Tensor, Tensor]]
+
+
+class KVSource(Protocol):
+    """Where a self-attention layer's keys and values come from, when not (only) from its own projections.
+
+    ``projects_keys`` / ``projects_values`` say whether the layer has a key / value projection at all (without one
+    it has fewer parameters, and its cache keeps none of them). Called as ``source(k, v, history, cache)``: ``k``,
+    ``v`` are the layer's own new keys (rotated, with rotary positions) and values, or None where it has no
+    projection; ``history`` the earlier layers' (:data:`KVHistory`); ``cache`` the layer's :class:`KVCache` or
+    None. It returns the full-length keys and values to attend with and appends to ``cache`` only what the layer
+    must keep itself (reused tensors stay in their owner's cache, so the cache shrinks). It is an ``nn.Module``, so
+    mixing weights it learns are the layer's parameters.
+    """
+
+    projects_keys: bool
+    projects_values: bool
+
+    def __call__(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
+                 ) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -119,6 +156,20 @@ def _rows_without_keys(allowed: Optional[Tensor], key_padding_mask: Optional[Ten
     return ~allowed.any(-1, keepdim=True)
 
 
+def _project_together(x: Tensor, projections: Sequence[nn.Module]) -> Sequence[Tensor]:
+    """Each projection of ``x``: one matrix product over the weights stacked when they are plain ``nn.Linear``
+    layers alike in bias (only the product is fused; the parameters stay separate), else one product each."""
+    # Compiled, separate products: inductor fused the weights' concatenation with the token embedding's gather
+    # into one kernel that took 8% of an IWSLT-size training step on the CPU (docs/benchmarks.md).
+    if torch.compiler.is_compiling() or len(projections) == 1:
+        return [p(x) for p in projections]
+    if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        return F.linear(x, weight, bias).split([p.out_features for p in projections], dim=-1)
+    return [p(x) for p in projections]
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads (Vaswani et al. 2017, Eq. 1-2 of Sec. 3.2).
 
@@ -128,29 +179,34 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, kv_dim: Optional[int] = None, qk_dim: Optional[int] = None,
                  dropout: float = 0.0, bias: bool = True, relative: Optional[nn.Module] = None,
-                 logit_mixer: Optional[nn.Module] = None, force_eager: bool = False) -> None:
+                 logit_mixer: Optional[nn.Module] = None, force_eager: bool = False,
+                 kv_source: Optional[nn.Module] = None) -> None:
         super().__init__()
         kv_dim = kv_dim or d_model
         qk_dim = qk_dim or d_model
         self.n_heads, self.d_model, self.qk_dim, self.kv_dim = n_heads, d_model, qk_dim, kv_dim
         self.scale = (qk_dim // n_heads) ** -0.5
         self.q_proj = nn.Linear(d_model, qk_dim, bias=bias)
-        self.k_proj = nn.Linear(kv_dim, qk_dim, bias=bias)
-        self.v_proj = nn.Linear(kv_dim, d_model, bias=bias)
+        self.k_proj: Optional[nn.Linear] = (nn.Linear(kv_dim, qk_dim, bias=bias)
+                                            if kv_source is None or kv_source.projects_keys else None)
+        self.v_proj: Optional[nn.Linear] = (nn.Linear(kv_dim, d_model, bias=bias)
+                                            if kv_source is None or kv_source.projects_values else None)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.relative = relative
         self.logit_mixer = logit_mixer
+        self.kv_source = kv_source
         self.force_eager = force_eager
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         # fairseq's init: q/k/v scaled Xavier (gain 1/sqrt(2)) keeps the logit variance near 1 at the start.
         for proj in (self.q_proj, self.k_proj, self.v_proj):
-            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+            if proj is not None:
+                nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            if proj.bias is not None:
+            if proj is not None and proj.bias is not None:
                 nn.init.zeros_(proj.bias)
 
     @property
@@ -162,16 +218,26 @@ class MultiHeadAttention(nn.Module):
         """q, k, v of self-attention: one matrix product over the three weights stacked, when they are plain
         ``nn.Linear`` layers (the parameters stay separate, fairseq's layout; only the product is fused), else
         three products."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        # Compiled, three products: inductor fused the weights' concatenation with the token embedding's gather
-        # into one kernel that took 8% of an IWSLT-size training step on the CPU (docs/benchmarks.md).
-        if torch.compiler.is_compiling():
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if all(type(p) is nn.Linear for p in projections) and len({p.bias is None for p in projections}) == 1:
-            weight = torch.cat([p.weight for p in projections])
-            bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
-            return F.linear(x, weight, bias).split([self.qk_dim, self.qk_dim, self.d_model], dim=-1)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = _project_together(x, (self.q_proj, self.k_proj, self.v_proj))
+        return q, k, v
+
+    def _sourced_kv(self, x: Tensor, cache: Optional[KVCache], history: KVHistory
+                    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """q, k, v and the first query's position when ``kv_source`` supplies the keys/values (see :class:`KVSource`).
+        The position is read off the full-length keys, since a layer that reuses them keeps no cache of its own."""
+        present = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+        projected = iter(self._split(t) for t in _project_together(x, present))
+        q = next(projected)
+        k = next(projected) if self.k_proj is not None else None
+        v = next(projected) if self.v_proj is not None else None
+        rotary = getattr(self.relative, "rotates", False)
+        if rotary and k is not None:
+            k = self.relative(k, cache.length if cache is not None else 0)
+        k, v = self.kv_source(k, v, history, cache)
+        q_offset = k.shape[2] - x.shape[1]
+        if rotary:
+            q = self.relative(q, q_offset)
+        return q, k, v, q_offset
 
     def _memory_kv(self, memory: Tensor, cache: Optional[KVCache]) -> tuple[Tensor, Tensor]:
         """Keys and values of a cross-attention memory, projected once per sequence when a cache is given."""
@@ -188,17 +254,21 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 causal: bool = False, prev_logits: Optional[Tensor] = None, need_intermediates: bool = False,
-                cache: Optional[KVCache] = None) -> tuple[Tensor, Optional[AttentionIntermediates]]:
+                cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
+                ) -> tuple[Tensor, Optional[AttentionIntermediates]]:
         """Attend from ``x`` (B, Tq, d_model) to itself, or to ``memory`` (B, Tk, kv_dim) for cross-attention.
 
         ``key_padding_mask`` (B, Tk) is True at padding. With ``cache`` and self-attention, ``x`` holds only the
         new positions and keys/values are appended; with ``cache`` and cross-attention the memory projections are
-        computed once and reused.
+        computed once and reused. ``kv_history`` (self-attention; the stack passes it only when a layer has a
+        ``kv_source``): the earlier layers' keys/values, which ``kv_source`` may reuse; this layer's are appended.
         """
         b, t_q, _ = x.shape
         q_offset = 0
         rotary = getattr(self.relative, "rotates", False)
-        if memory is None:
+        if memory is None and self.kv_source is not None:
+            q, k, v, q_offset = self._sourced_kv(x, cache, kv_history if kv_history is not None else [])
+        elif memory is None:
             q, k, v = (self._split(t) for t in self._project_self(x))
             if cache is not None:
                 q_offset = cache.length
@@ -209,6 +279,8 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self._split(self.q_proj(x))
             k, v = self._memory_kv(memory, cache)
+        if memory is None and kv_history is not None:
+            kv_history.append((k, v))
         t_k = k.shape[2]
         # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
         bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None and not rotary else None
@@ -258,7 +330,8 @@ class MultiHeadAttention(nn.Module):
 
     def madds(self, t_q: int, t_k: int) -> int:
         """Multiply-adds of one forward pass without cache (projections, logits, weighted sum, extras)."""
-        total = t_q * self.d_model * self.qk_dim + t_k * self.kv_dim * (self.qk_dim + self.d_model)
+        kv_width = (self.qk_dim if self.k_proj is not None else 0) + (self.d_model if self.v_proj is not None else 0)
+        total = t_q * self.d_model * self.qk_dim + t_k * self.kv_dim * kv_width
         total += t_q * t_k * (self.qk_dim + self.d_model) + t_q * self.d_model * self.d_model
         if self.relative is not None:
             total += self.relative.madds(t_q, t_k, self.n_heads)

@@ -1,8 +1,9 @@
 """The factories a model is built from, one per replaceable part.
 
 A method plugs into the core by replacing entries *before* the model is built (e.g. group-wise attention
-replaces ``self_attention``; predictive attention provides ``logit_mixer``). The default self-attention factory
-looks up ``relative`` and ``logit_mixer`` on this object when it is called, so replacements made by one method
+replaces ``self_attention``; predictive attention provides ``logit_mixer``; value residuals and cross-layer attention
+provide ``kv_source``). The default self-attention factory looks up ``relative``, ``logit_mixer`` and ``kv_source``
+on this object when it is called, so replacements made by one method
 are seen by another: that late binding is what lets the methods compose.
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Components:
         self.cfg = cfg
         self.relative: Callable[[Side, int], Optional[nn.Module]] = self.default_relative
         self.logit_mixer: Callable[[Side, int], Optional[nn.Module]] = lambda side, index: None
+        # Where a self-attention layer's keys/values come from (attention.KVSource); None: its own projections.
+        self.kv_source: Callable[[Side, int], Optional[nn.Module]] = lambda side, index: None
         self.self_attention: Callable[[Side, int], nn.Module] = self.default_self_attention
         self.cross_attention: Callable[[int], nn.Module] = self.default_cross_attention
         self.ffn: Callable[[Side, int], nn.Module] = self.default_ffn
@@ -46,7 +49,8 @@ class Components:
         cfg = self.cfg
         return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
                                   bias=cfg.bias, relative=self.relative(side, index),
-                                  logit_mixer=self.logit_mixer(side, index), force_eager=cfg.attn_impl == "eager")
+                                  logit_mixer=self.logit_mixer(side, index), force_eager=cfg.attn_impl == "eager",
+                                  kv_source=self.kv_source(side, index))
 
     def default_cross_attention(self, index: int) -> nn.Module:
         cfg = self.cfg

@@ -16,11 +16,11 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from .attention import AttentionIntermediates, KVCache
+from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DecoderLayer, DecoderLayerCache
+from .layers import DecoderLayer, DecoderLayerCache, shares_kv
 
 
 @dataclass
@@ -62,12 +62,14 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
     """Run the stack; each layer's self-attention logits go to the next layer when it mixes them in."""
     self_attns, cross_attns = [], []
     prev_logits: Optional[Tensor] = None
+    kv_history: Optional[KVHistory] = [] if shares_kv(layers) else None
     for i, layer in enumerate(layers):
         wants = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
         x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
                                            memory_padding_mask=memory_padding_mask,
                                            cache=cache.layers[i] if cache is not None else None,
-                                           need_intermediates=need_intermediates or wants, prev_logits=prev_logits)
+                                           need_intermediates=need_intermediates or wants, prev_logits=prev_logits,
+                                           kv_history=kv_history)
         prev_logits = self_inter.logits if self_inter is not None else None
         self_attns.append(self_inter if need_intermediates else None)
         cross_attns.append(cross_inter)

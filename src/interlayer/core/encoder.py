@@ -13,11 +13,11 @@ from typing import Callable, Optional
 
 from torch import Tensor, nn
 
-from .attention import AttentionIntermediates, KVCache
+from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import EncoderLayer
+from .layers import EncoderLayer, shares_kv
 
 # Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
@@ -51,6 +51,8 @@ class Encoder(nn.Module):
         # Layer i must return its logits when layer i+1 mixes them in (predictive attention).
         self._logits_needed = [getattr(layer.self_attn, "wants_prev_logits", False)
                                for layer in list(self.layers)[1:]] + [False]
+        # Some layer reuses earlier layers' keys/values (attention.KVSource): each run keeps a KVHistory.
+        self._shares_kv = shares_kv(self.layers)
 
     def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
@@ -77,13 +79,14 @@ class Encoder(nn.Module):
         attentions: list[Optional[AttentionIntermediates]] = []
         prev_logits: Optional[Tensor] = None
         embedded = x
+        kv_history: Optional[KVHistory] = [] if self._shares_kv else None  # per run: a Multi-Pass pass has its own
         for i, layer in enumerate(self.layers):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
                 x = x + input_add
             out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
                         need_intermediates=need_intermediates or self._logits_needed[i], causal=self.causal,
-                        cache=cache[i] if cache is not None else None)
+                        cache=cache[i] if cache is not None else None, kv_history=kv_history)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
             states.append(x)

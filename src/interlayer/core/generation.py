@@ -14,6 +14,8 @@
   one token per step with the layers' :class:`~interlayer.core.attention.KVCache`; the logits equal those of the
   full forward pass (tested). Past ``max_positions`` tokens the context slides as in nanoGPT: each step re-reads
   the last ``max_positions`` tokens, numbered from 0, without the cache.
+* **Its size.** :func:`kv_cache_bytes_per_token` measures what the cache holds per token of one sequence (methods
+  that share keys/values across layers keep fewer tensors: a layer that reuses another's stores nothing).
 * **Stopping** after ``max_new_tokens``, or once every row has produced ``eos_id``; a row that stopped early is
   filled with ``eos_id`` and ``Generation.lengths`` says how many tokens (EOS included) it produced.
 """
@@ -173,3 +175,21 @@ def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Opti
         produced = torch.arange(new.shape[1], device=new.device)[None, :] < out.lengths[:, None]
         new = new.masked_fill(~produced, pad_token_id)
     return torch.cat([input_ids, new.to(input_ids.dtype)], dim=1)
+
+
+@torch.no_grad()
+def kv_cache_bytes_per_token(model: "CausalLM", tokens: int = 4) -> int:
+    """Bytes of keys and values the model's cache holds per token of one sequence, measured: ``tokens`` tokens are
+    read with a fresh cache (``model.new_cache()``) in the parameters' dtype, and the bytes every layer keeps
+    (:attr:`~interlayer.core.attention.KVCache.nbytes`) are divided by ``tokens``. For a plain model this is
+    ``layers x (qk_dim + d_model) x bytes per number``."""
+    cache = model.new_cache()
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.zeros((1, tokens), dtype=torch.long, device=device), cache=cache)
+    finally:
+        model.train(was_training)
+    total = sum(layer.nbytes for layer in cache)
+    return total // tokens

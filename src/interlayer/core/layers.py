@@ -4,7 +4,9 @@ A layer is assembled from modules it is given (self-attention, optional cross-at
 method can swap a module (group-wise attention, an attention+convolution block) without touching the wiring.
 Two generic hooks exist for cross-layer methods: ``prev_logits`` (the previous layer's attention logits, handed
 to the self-attention) and ``branch_add`` (a tensor added to the input of the self-attention *branch* only, after
-the residual split; adding to the layer input itself is simply ``layer(x + extra)``).
+the residual split; adding to the layer input itself is simply ``layer(x + extra)``). A third, ``kv_history``, is
+handed to the self-attention only when the stack gives one (a layer whose keys/values come from earlier layers:
+:class:`~interlayer.core.attention.KVSource`), so a replaced self-attention module need not accept it.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from .attention import AttentionIntermediates, KVCache
+from .attention import AttentionIntermediates, KVCache, KVHistory
 
 
 @dataclass
@@ -54,12 +56,13 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
                 branch_add: Optional[Tensor] = None, need_intermediates: bool = False, causal: bool = False,
-                cache: Optional[KVCache] = None) -> LayerOutput:
+                cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None) -> LayerOutput:
         """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions."""
         branch = x if branch_add is None else x + branch_add
+        shared = {} if kv_history is None else {"kv_history": kv_history}
         attn_out, inter = self.self_attn(self.attn_block.branch_input(branch), key_padding_mask=key_padding_mask,
                                          prev_logits=prev_logits, need_intermediates=need_intermediates,
-                                         causal=causal, cache=cache)
+                                         causal=causal, cache=cache, **shared)
         mid = self.attn_block.combine(x, attn_out)
         hidden = self.ffn_block.combine(mid, self.ffn(self.ffn_block.branch_input(mid)))
         return LayerOutput(hidden=hidden, mid=mid, attention=inter)
@@ -92,12 +95,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
-                need_intermediates: bool = False, prev_logits: Optional[Tensor] = None
+                need_intermediates: bool = False, prev_logits: Optional[Tensor] = None,
+                kv_history: Optional[KVHistory] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
+        shared = {} if kv_history is None else {"kv_history": kv_history}
         attn_out, self_inter = self.self_attn(
             self.attn_block.branch_input(x), key_padding_mask=self_padding_mask, causal=self.causal,
             prev_logits=prev_logits, need_intermediates=need_intermediates,
-            cache=cache.self_attn if cache else None)
+            cache=cache.self_attn if cache else None, **shared)
         x = self.attn_block.combine(x, attn_out)
         cross_out, cross_inter = self.cross_attn(
             self.cross_block.branch_input(x), memory, key_padding_mask=memory_padding_mask,
@@ -108,3 +113,9 @@ class DecoderLayer(nn.Module):
 
     def madds(self, t: int, src_len: int) -> int:
         return self.self_attn.madds(t, t) + self.cross_attn.madds(t, src_len) + self.ffn.madds(t)
+
+
+def shares_kv(layers: nn.ModuleList) -> bool:
+    """Whether a layer of the stack takes keys/values from earlier ones (its self-attention has a ``kv_source``), so
+    the stack must keep a :data:`~interlayer.core.attention.KVHistory` while it runs."""
+    return any(getattr(layer.self_attn, "kv_source", None) is not None for layer in layers)

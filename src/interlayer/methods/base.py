@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from ..core.components import Components
+from ..core.config import ConfigError
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -26,3 +27,17 @@ class Method(Protocol):
     def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None: ...
 
     def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None: ...
+
+
+def check_core_self_attention(cfg: "ModelConfig", key: str, sides: list[str]) -> None:
+    """Refuse, naming ``key``, the methods that replace the core self-attention of ``sides``: a method that feeds
+    keys/values through its ``kv_source`` slot (value_residual, cla) needs the core module."""
+    if cfg.lightweight is not None and cfg.lightweight.replaces_attention:
+        raise ConfigError(f"{key} feeds earlier layers' keys/values into the core self-attention, but "
+                          "lightweight.attention / group_merge / qk_expansion replace it with group-wise attention, "
+                          "whose grouped projections this does not reach; keep only G-FFN (lightweight.attention="
+                          f"false, group_merge=false, qk_expansion=1) or remove the {key} section")
+    if cfg.conv_branch is not None and set(cfg.conv_branch.sides) & set(sides):
+        raise ConfigError(f"{key} feeds earlier layers' keys/values into the core self-attention, but conv_branch "
+                          f"replaces the self-attention of sides {list(cfg.conv_branch.sides)} with its attention + "
+                          f"convolution block; remove one of the conv_branch and {key} sections")

@@ -1,0 +1,172 @@
+"""Value residual learning (Zhou, Wu, Jiang, Obeid & Lan, "Value Residual Learning", arXiv:2410.17897, ACL 2025;
+first titled "Value Residual Learning For Alleviating Attention Concentration In Transformers"): ResFormer and
+SVFormer.
+
+Paper map (section / equation numbers of the paper; the official code is github.com/Zcchill/Value-Residual-Learning,
+``src/modeling/modeling_llama_resformer.py`` and ``modeling_llama_svformer.py``):
+
+* **ResFormer** (Sec. 3, Fig. 2): every self-attention layer n > 1 attends with the values
+  ``V_n' = lambda_1 V_n + lambda_2 V_1``, ``V_1`` being the first layer's values computed from the first layer's own
+  input; the attention weights ``A_n`` are untouched, so ``U_n = A_n V_n'``. The paper's main setting, and the
+  official code, is ``lambda_1 = lambda_2 = 0.5`` (``value_states = 0.5 * formal_layer_values[0] + 0.5 *
+  value_states``): ``mode="resformer"`` with the default ``lambdas=[0.5, 0.5]``. Layer 1 is unchanged.
+* **Learnable mixing** (the paper's learnable-lambda variants): ``learnable=True`` makes ``lambda_1, lambda_2``
+  trainable parameters of each layer n > 1, initialised at ``lambdas``; ``granularity="head"`` gives each head its
+  own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``.
+* **SVFormer** (Sec. 3, Fig. 2): every layer n > 1 attends with ``V_1`` itself and has no value projection (the
+  official SVFormer builds ``v_proj`` in layer 0 only). Its KV cache keeps keys for every layer and values for
+  layer 1 only: per token ``L qk + d`` numbers instead of ``L (qk + d)``, "nearly half" (Abstract), measured by
+  :func:`interlayer.core.generation.kv_cache_bytes_per_token`.
+
+Readings chosen where the text leaves a choice (each with the reason):
+
+* **Before or after the head split**: the mix is elementwise with one scalar per layer, so it is the same either
+  way (the code mixes ``(B, T, d)`` tensors before ``view``/``transpose``). Here it runs on the split
+  ``(B, H, T, d_head)`` tensors, so ``granularity="head"`` is a broadcast of an ``(H, 1, 1)`` weight.
+* **With a KV cache**: the code mixes the new positions and appends the *mixed* values to the layer's cache
+  (``past_key_value.update`` after the mix); here likewise (``V_1``'s new positions are the last rows of layer 1's
+  full-length values), so ResFormer's cache has the plain size and decoding costs no extra products. SVFormer's
+  code still writes ``V_1`` into every layer's cache slot; here a layer n > 1 stores only its keys and reads
+  ``V_1`` from layer 1, which is what makes the cache shrink as the paper counts it.
+* **Stacks**: the papers are decoder-only. ``sides`` (default: every self-attention stack of the model) applies
+  the method to the encoder (classifier, encoder-decoder's encoder) and the decoder's self-attention; each stack
+  has its own ``V_1``. Cross-attention is unchanged. Multi-Pass: ``V_1`` is the first layer's in the *same pass*
+  (each run of the stack keeps its own history), since every pass recomputes layer 1's values from its own input.
+* **Arithmetic**: the mix costs 3 element operations per value number and no matrix product, so it adds nothing to
+  the MAdds count (which, like torch's FLOP counter, counts products only); SVFormer removes the value
+  projections' ``T d^2`` per layer n > 1.
+
+Parameters: ResFormer adds ``2 (L - 1)`` (``2 H (L - 1)`` per head) with ``learnable``, none otherwise; SVFormer
+removes ``(L - 1)(d^2 + d)`` (``d^2`` without bias) per stack.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.attention import KVCache, KVHistory
+from ..core.components import Components
+from ..core.config import ConfigError
+from .base import check_core_self_attention
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+Mode = Literal["resformer", "svformer"]
+Granularity = Literal["layer", "head"]
+Side = Literal["encoder", "decoder"]
+
+
+@dataclass
+class ValueResidualConfig:
+    """``mode``: ``resformer`` (``V_n' = lambda_1 V_n + lambda_2 V_1``) or ``svformer`` (``V_n' = V_1``, no value
+    projection in layers n > 1). ``lambdas``: ``[lambda_1, lambda_2]`` (the paper's 0.5, 0.5; ``[1, 0]`` is the
+    plain model); ``learnable``: train them, from ``lambdas``; ``granularity``: one pair per layer or per head;
+    ``sides``: the self-attention stacks (None: all of the model's)."""
+
+    mode: Mode = "resformer"
+    lambdas: list[float] = field(default_factory=lambda: [0.5, 0.5])
+    learnable: bool = False
+    granularity: Granularity = "layer"
+    sides: Optional[list[Side]] = None
+
+    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+        if self.sides is not None:
+            return list(self.sides)
+        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        if len(self.lambdas) != 2 or not all(math.isfinite(x) for x in self.lambdas):
+            raise ConfigError(f"value_residual.lambdas={self.lambdas} must be two finite numbers [lambda_1, "
+                              "lambda_2] (V_n' = lambda_1 V_n + lambda_2 V_1; the paper uses [0.5, 0.5])")
+        if self.mode == "svformer" and (self.learnable or self.granularity != "layer"
+                                        or list(self.lambdas) != [0.5, 0.5]):
+            raise ConfigError("value_residual.lambdas / learnable / granularity mix V_n with V_1 in ResFormer; "
+                              "value_residual.mode='svformer' uses V_1 alone (layers n > 1 have no value "
+                              "projection), so leave them at their defaults or set mode='resformer'")
+        if self.granularity == "head" and not self.learnable:
+            raise ConfigError("value_residual.granularity='head' gives each head its own learnable pair; with "
+                              "value_residual.learnable=false every head would hold the same numbers. Set "
+                              "learnable=true or granularity='layer'")
+        if self.sides is not None:
+            if not self.sides or len(set(self.sides)) != len(self.sides):
+                raise ConfigError(f"value_residual.sides={self.sides} must list 'encoder' and/or 'decoder' once "
+                                  "each, or be null for every self-attention stack")
+            if cfg.arch != "encoder_decoder" and "decoder" in self.sides:
+                raise ConfigError(f"value_residual.sides={self.sides} includes 'decoder', but arch={cfg.arch!r} "
+                                  "has no decoder; use sides=['encoder']")
+        if cfg.crossformer is not None and self.mode == "svformer":
+            pairs = [p for p in (*cfg.crossformer.hard, *cfg.crossformer.soft) if p == "vf"]
+            if pairs:
+                raise ConfigError("crossformer 'vf' ties or regularises the value projections of adjacent layers, "
+                                  "but value_residual.mode='svformer' removes the value projection of every layer "
+                                  "after the first; drop 'vf' from crossformer.hard/soft or use mode='resformer'")
+        check_core_self_attention(cfg, "value_residual", self.resolved_sides(cfg))
+
+
+class ValueResidual(nn.Module):
+    """ResFormer's source for layer n > 1: own keys, values ``lambda_1 V_n + lambda_2 V_1`` (mixed on the new
+    positions, then kept in the layer's cache as the official code does)."""
+
+    projects_keys = True
+    projects_values = True
+
+    def __init__(self, lambdas: list[float], learnable: bool, heads: Optional[int]) -> None:
+        super().__init__()
+        shape = (heads, 1, 1) if heads is not None else ()
+        values = [torch.full(shape, float(x)) for x in lambdas]
+        if learnable:
+            self.lambda_own, self.lambda_first = (nn.Parameter(x) for x in values)
+        else:
+            self.register_buffer("lambda_own", values[0], persistent=False)
+            self.register_buffer("lambda_first", values[1], persistent=False)
+
+    def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
+                ) -> tuple[Tensor, Tensor]:
+        v_first = history[0][1]
+        mixed = self.lambda_own.to(v.dtype) * v + self.lambda_first.to(v.dtype) * v_first[:, :, -v.shape[2]:]
+        return cache.append(k, mixed) if cache is not None else (k, mixed)
+
+
+class SharedFirstValue(nn.Module):
+    """SVFormer's source for layer n > 1: own keys (kept in its cache), the first layer's values (kept there)."""
+
+    projects_keys = True
+    projects_values = False
+
+    def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
+                ) -> tuple[Tensor, Tensor]:
+        return (cache.append_keys(k) if cache is not None else k), history[0][1]
+
+
+class _ValueResidualMethod:
+    name = "value_residual"
+    config_class = ValueResidualConfig
+
+    def validate(self, section: ValueResidualConfig, cfg: "ModelConfig") -> None:
+        section.validate(cfg)
+
+    def customize(self, section: ValueResidualConfig, cfg: "ModelConfig", components: Components) -> None:
+        """Give every self-attention layer n > 1 of the chosen stacks its value source; layer 1 stays plain."""
+        previous = components.kv_source
+        sides = section.resolved_sides(cfg)
+
+        def factory(side: str, index: int) -> Optional[nn.Module]:
+            if side not in sides or index == 0:
+                return previous(side, index)
+            if section.mode == "svformer":
+                return SharedFirstValue()
+            heads = cfg.n_heads if section.granularity == "head" else None
+            return ValueResidual(section.lambdas, section.learnable, heads)
+
+        components.kv_source = factory
+
+    def finalize(self, section: ValueResidualConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie: the sources are built inside their layers."""
+
+
+METHOD = _ValueResidualMethod()

@@ -1,0 +1,220 @@
+"""Value residual learning (ResFormer, SVFormer; Zhou et al., arXiv:2410.17897): the plain model at lambdas
+[1, 0], a from-scratch reference of V_n' = lambda_1 V_n + lambda_2 V_1 (and V_n' = V_1), causality and the KV cache
+in the language model, parameter counts, cache bytes, compilation and the refused pairs."""
+import math
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from interlayer import ConfigError, create_model
+from interlayer.core.generation import SamplingOptions, generate, kv_cache_bytes_per_token
+
+TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=4, max_positions=32, dropout=0.0,
+            attn_dropout=0.0)
+T = 12
+
+
+def lm(**overrides):
+    torch.manual_seed(0)
+    return create_model("gpt_shakespeare_char", **{**TINY, **overrides}).eval()
+
+
+def _heads(x, h):
+    b, t, d = x.shape
+    return x.view(b, t, h, d // h).transpose(1, 2)
+
+
+def _linear(x, proj):
+    return F.linear(x, proj.weight, proj.bias)
+
+
+def reference_layers(model, x, rule, causal=True):
+    """The pre-LN stack written out: attention with the keys/values ``rule(i, k, v, ks, vs)`` gives, from the
+    layer's own ``k``/``v`` (None without a projection) and the earlier layers' ``ks``/``vs``."""
+    ks, vs = [], []
+    for i, layer in enumerate(model.encoder.layers):
+        att = layer.self_attn
+        a = layer.attn_block.norm(x)
+        h = att.n_heads
+        q = _heads(_linear(a, att.q_proj), h)
+        k = _heads(_linear(a, att.k_proj), h) if att.k_proj is not None else None
+        v = _heads(_linear(a, att.v_proj), h) if att.v_proj is not None else None
+        k, v = rule(i, k, v, ks, vs)
+        ks.append(k)
+        vs.append(v)
+        logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            t = x.shape[1]
+            logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
+        x = x + _linear(out, att.out_proj)
+        x = x + layer.ffn(layer.ffn_block.norm(x))
+    return x
+
+
+def reference_logits(model, tokens, rule):
+    x = reference_layers(model, model.encoder.embed(tokens), rule)
+    return model.lm_head(model.encoder.final_norm(x))
+
+
+def resformer_rule(model):
+    def rule(i, k, v, ks, vs):
+        if i == 0:
+            return k, v
+        src = model.encoder.layers[i].self_attn.kv_source
+        return k, src.lambda_own * v + src.lambda_first * vs[0]
+    return rule
+
+
+def svformer_rule(i, k, v, ks, vs):
+    return (k, v) if i == 0 else (k, vs[0])
+
+
+def randomise_lambdas(model):
+    with torch.no_grad():
+        for layer in model.encoder.layers[1:]:
+            for p in (layer.self_attn.kv_source.lambda_own, layer.self_attn.kv_source.lambda_first):
+                p.copy_(torch.rand_like(p) * 2 - 0.5)
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+@pytest.mark.parametrize("arch", ["causal_lm", "encoder_decoder", "encoder_classifier"])
+def test_lambdas_one_zero_is_the_plain_model_exactly(arch, learnable):
+    extra = {"num_classes": 3} if arch == "encoder_classifier" else {}
+    torch.manual_seed(0)
+    plain = create_model("transformer_small", arch=arch, **TINY, **extra).eval()
+    torch.manual_seed(0)
+    res = create_model("transformer_small", arch=arch, **TINY, **extra,
+                       value_residual={"lambdas": [1.0, 0.0], "learnable": learnable}).eval()
+    res.load_state_dict(plain.state_dict(), strict=not learnable)
+    tokens = torch.randint(4, 40, (2, T))
+    tokens[1, 9:] = 0
+    run = (lambda m: m(tokens, tokens[:, :7])) if arch == "encoder_decoder" else (lambda m: m(tokens))
+    assert torch.equal(run(plain).logits, run(res).logits)
+    # and the default (0.5, 0.5) is not the plain model
+    res2 = create_model("transformer_small", arch=arch, **TINY, **extra, value_residual={}).eval()
+    res2.load_state_dict(plain.state_dict())
+    assert not torch.allclose(run(plain).logits, run(res2).logits)
+
+
+@pytest.mark.parametrize("attn_impl", ["auto", "eager"])
+@pytest.mark.parametrize("granularity", ["layer", "head"])
+def test_resformer_matches_the_equation_forward_and_gradient(granularity, attn_impl):
+    model = lm(value_residual={"learnable": True, "granularity": granularity}, attn_impl=attn_impl)
+    randomise_lambdas(model)
+    tokens = torch.randint(0, 40, (2, T))
+    out = model(tokens).logits
+    ref = reference_logits(model, tokens, resformer_rule(model))
+    assert torch.allclose(out, ref, atol=1e-5)
+    params = [model.encoder.layers[2].self_attn.kv_source.lambda_first, model.encoder.layers[0].self_attn.v_proj.weight]
+    got = torch.autograd.grad(out.square().sum(), params)
+    want = torch.autograd.grad(ref.square().sum(), params)
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("attn_impl", ["auto", "eager"])
+def test_svformer_matches_the_equation_forward_and_gradient(attn_impl):
+    model = lm(value_residual={"mode": "svformer"}, attn_impl=attn_impl)
+    assert all(layer.self_attn.v_proj is None for layer in model.encoder.layers[1:])
+    tokens = torch.randint(0, 40, (2, T))
+    out = model(tokens).logits
+    ref = reference_logits(model, tokens, svformer_rule)
+    assert torch.allclose(out, ref, atol=1e-5)
+    weight = model.encoder.layers[0].self_attn.v_proj.weight
+    assert torch.allclose(torch.autograd.grad(out.square().sum(), weight)[0],
+                          torch.autograd.grad(ref.square().sum(), weight)[0], atol=1e-5)
+
+
+MODES = {"resformer": {}, "resformer_head": {"learnable": True, "granularity": "head"},
+         "svformer": {"mode": "svformer"}}
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_causal_and_the_cache_equals_the_full_forward(mode, positions):
+    model = lm(value_residual=MODES[mode], positions=positions)
+    if "resformer_head" == mode:
+        randomise_lambdas(model)
+    tokens = torch.randint(0, 40, (2, T))
+    later = tokens.clone()
+    later[:, 6] = (later[:, 6] + 1) % 40
+    full = model(tokens).logits
+    assert torch.equal(full[:, :6], model(later).logits[:, :6])
+    cache = model.new_cache()
+    steps = [model(tokens[:, :3], cache=cache).logits] + [model(tokens[:, i:i + 1], cache=cache).logits
+                                                           for i in range(3, T)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_padded_prompts_generate_as_alone_with_and_without_cache(mode):
+    model = lm(value_residual=MODES[mode], positions="rotary")
+    greedy = SamplingOptions(max_new_tokens=6, temperature=0)
+    prompts = [[5, 9, 2, 7, 1], [4, 8], [11, 12, 13]]
+    alone = [generate(model, torch.tensor([p]), greedy).tokens[0] for p in prompts]
+    uncached = [generate(model, torch.tensor([p]), SamplingOptions(max_new_tokens=6, temperature=0,
+                                                                   use_cache=False)).tokens[0] for p in prompts]
+    assert all(torch.equal(a, u) for a, u in zip(alone, uncached))
+    rows = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])
+    mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
+    batched = generate(model, rows, greedy, padding_mask=mask).tokens
+    assert all(torch.equal(row, a) for row, a in zip(batched, alone))
+
+
+def test_parameter_counts_follow_the_paper():
+    d, h, n = TINY["d_model"], TINY["n_heads"], TINY["enc_layers"]
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    base = lm()
+    plain, bias = count(base), d * base.config.bias  # the nanoGPT preset has no biases
+    assert count(lm(value_residual={})) == plain
+    assert count(lm(value_residual={"learnable": True})) == plain + 2 * (n - 1)
+    assert count(lm(value_residual={"learnable": True, "granularity": "head"})) == plain + 2 * h * (n - 1)
+    assert count(lm(value_residual={"mode": "svformer"})) == plain - (n - 1) * (d * d + bias)
+    assert count(lm(value_residual={"mode": "svformer"}, bias=True)) == count(lm(bias=True)) - (n - 1) * (d * d + d)
+
+
+def test_kv_cache_bytes():
+    d, n = TINY["d_model"], TINY["enc_layers"]
+    plain = kv_cache_bytes_per_token(lm())
+    assert plain == n * 2 * d * 4
+    assert kv_cache_bytes_per_token(lm(value_residual={})) == plain
+    assert kv_cache_bytes_per_token(lm(value_residual={"mode": "svformer"})) == (n * d + d) * 4
+
+
+def test_multipass_keeps_v1_per_pass():
+    """Pass 2 of a tied stack mixes in pass 2's own first-layer values (each run of the stack has its history)."""
+    model = lm(value_residual={"learnable": True}, multipass={"connection": "tied_stack"})
+    randomise_lambdas(model)
+    tokens = torch.randint(0, 40, (2, T))
+    rule = resformer_rule(model)
+    x = reference_layers(model, reference_layers(model, model.encoder.embed(tokens), rule), rule)
+    assert torch.allclose(model(tokens).logits, model.lm_head(model.encoder.final_norm(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_compiles_without_graph_breaks(mode):
+    torch._dynamo.reset()
+    model = lm(value_residual=MODES[mode]).train()
+    explanation = torch._dynamo.explain(model)(torch.randint(0, 40, (2, T)))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("section, words", [
+    ({"lambdas": [0.5]}, "value_residual.lambdas"),
+    ({"mode": "svformer", "learnable": True}, "mode='svformer'"),
+    ({"granularity": "head"}, "value_residual.granularity='head'"),
+    ({"sides": ["decoder"]}, "has no decoder"),
+])
+def test_bad_settings_are_refused(section, words):
+    with pytest.raises(ConfigError, match=words):
+        lm(value_residual=section)
+
+
+def test_pairs_that_cannot_work_are_refused():
+    with pytest.raises(ConfigError, match="crossformer 'vf'"):
+        lm(value_residual={"mode": "svformer"}, crossformer={"hard": ["vf"]})
+    with pytest.raises(ConfigError, match="lightweight.attention"):
+        lm(value_residual={}, lightweight={"groups": 2})
+    lm(value_residual={}, crossformer={"hard": ["kq", "vf", "ffn"]})  # ResFormer keeps every projection
