@@ -22,6 +22,8 @@ from .methods.crossformer import CrossformerConfig
 from .methods.lightweight import LightweightConfig
 from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
+from .methods.denseformer import DenseFormerConfig
+from .methods.hyper_connections import HyperConnectionsConfig
 
 
 class ConfigFile:
@@ -46,6 +48,8 @@ class ModelConfig(ConfigFile, TransformerConfig):
     predictive: Optional[PredictiveConfig] = None
     conv_branch: Optional[ConvBranchConfig] = None
     lightweight: Optional[LightweightConfig] = None
+    denseformer: Optional[DenseFormerConfig] = None
+    hyper_connections: Optional[HyperConnectionsConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""

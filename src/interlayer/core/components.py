@@ -34,7 +34,7 @@ class Components:
         # The residual connection around each sublayer (side, layer index, which sublayer) and the stack-level
         # hook around and between the layers (None: the plain stack); see core/layers.py.
         self.residual: Callable[[Side, int, SublayerKind], nn.Module] = self.default_residual
-        self.depth_connection: Callable[[Side], Optional[DepthConnection]] = lambda side: None
+        self.depth_connection: Callable[[Side], Optional[DepthConnection]] = self.default_depth_connection
         self.encoder_class: Optional[type] = None  # None: interlayer.core.encoder.Encoder
 
     def default_relative(self, side: Side, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
@@ -62,6 +62,10 @@ class Components:
     def default_residual(self, side: Side, index: int, kind: SublayerKind) -> nn.Module:
         cfg = self.cfg
         return Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, cfg.bias)
+
+    def default_depth_connection(self, side: Side) -> Optional[DepthConnection]:
+        """None: the plain stack (a method that installs one can see whether another did by comparing)."""
+        return None
 
     def default_ffn(self, side: Side, index: int) -> nn.Module:
         cfg = self.cfg

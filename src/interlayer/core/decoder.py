@@ -65,7 +65,7 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
     self_attns, cross_attns = [], []
     prev_logits: Optional[Tensor] = None
     if depth is not None:
-        x, memory = depth.start(x)
+        x, depth_state = depth.start(x)
     for i, layer in enumerate(layers):
         wants = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
         x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
@@ -73,12 +73,12 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
                                            cache=cache.layers[i] if cache is not None else None,
                                            need_intermediates=need_intermediates or wants, prev_logits=prev_logits)
         if depth is not None:
-            x = depth.after_layer(i, x, memory)
+            x = depth.after_layer(i, x, depth_state)
         prev_logits = self_inter.logits if self_inter is not None else None
         self_attns.append(self_inter if need_intermediates else None)
         cross_attns.append(cross_inter)
     if depth is not None:
-        x = depth.finish(x, memory)
+        x = depth.finish(x, depth_state)
     return x, self_attns, cross_attns
 
 

@@ -82,7 +82,7 @@ class Encoder(nn.Module):
         embedded = x
         depth = self.depth
         if depth is not None:
-            x, memory = depth.start(x)
+            x, depth_state = depth.start(x)
         for i, layer in enumerate(self.layers):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
@@ -96,12 +96,12 @@ class Encoder(nn.Module):
                 states.append(x)
                 mids.append(out.mid)
             else:
-                x = depth.after_layer(i, x, memory)
+                x = depth.after_layer(i, x, depth_state)
                 states.append(depth.view(x))
                 mids.append(depth.view(out.mid))
             attentions.append(out.attention if need_intermediates else None)
         if depth is not None:
-            x = depth.finish(x, memory)
+            x = depth.finish(x, depth_state)
         return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=states, mids=mids,
                              attentions=attentions, embedded=embedded)
 

@@ -62,7 +62,7 @@ class DepthConnection(nn.Module):
     The stack loops (:meth:`~interlayer.core.encoder.Encoder.run_layers`, :func:`~interlayer.core.decoder.
     run_decoder_layers`) call :meth:`start` on the embedded input, :meth:`after_layer` on each layer's output
     (what it returns is the next layer's input) and :meth:`finish` on the last one (before the final LayerNorm);
-    ``memory`` is whatever :meth:`start` returned for this run (e.g. the earlier layers' outputs), so one module
+    ``state`` is whatever :meth:`start` returned for this run (e.g. the earlier layers' outputs), so one module
     serves several runs (Multi-Pass passes, cached decoding steps) without state of its own. :meth:`view` reads a
     stack state as ``(..., d_model)`` for the recorded ``states``/``mids``. Every method acts on each position
     alone, so incremental decoding with a cache equals the full forward pass.
@@ -71,10 +71,10 @@ class DepthConnection(nn.Module):
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
         return x, None
 
-    def after_layer(self, index: int, h: Tensor, memory: Any) -> Tensor:
+    def after_layer(self, index: int, h: Tensor, state: Any) -> Tensor:
         return h
 
-    def finish(self, h: Tensor, memory: Any) -> Tensor:
+    def finish(self, h: Tensor, state: Any) -> Tensor:
         return h
 
     def view(self, h: Tensor) -> Tensor:
