@@ -194,6 +194,19 @@ def _lightweight(**section: Any) -> Callable[[Context], dict]:
     return overrides
 
 
+# -- DenseFormer and hyper-connections -------------------------------------------------------------------------
+def _stack_method(method: str, label: str, **section: Any) -> Callable[[Context], dict]:
+    """A section on the Transformer's stack (DenseFormer, hyper-connections); neither paper has an MCAN form."""
+
+    def overrides(ctx: Context) -> dict[str, Any]:
+        if is_mcan(ctx):
+            raise VariantError(f"{label} has no MCAN form here: MCAN's stacks run their own loops")
+        encoder_fields(ctx, label)
+        return {f"{method}.{key}": value for key, value in section.items()} if section else {method: {}}
+
+    return overrides
+
+
 def _baseline(ctx: Context) -> dict[str, Any]:
     return {}
 
@@ -233,6 +246,19 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                           _lightweight(qk_expansion=3)),
     "lw_mini": NamedVariant("LW-Transformer-mini1x: LW1x plus a group-wise intermediate layer, G-IL (LW Table III)",
                             _lightweight(group_intermediate=True)),
+    "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
+                                "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
+                                _stack_method("denseformer", "DenseFormer")),
+    "denseformer_2x2": NamedVariant("DenseFormer 2x2: dilation 2, a DWA after every second block (DenseFormer Sec. "
+                                    "3.2; the paper's deep models prefer 4x5, which a 4-layer stack cannot hold)",
+                                    _stack_method("denseformer", "DenseFormer", dilation=2, period=2)),
+    "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's main LM "
+                                      "setting; Hyper-Connections Sec. 2.3, Fig. 1); needs pre-LN",
+                                      _stack_method("hyper_connections", "Hyper-connections", rate=4, dynamic=True)),
+    "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
+                                             "Hyper-Connections Sec. 2.2); needs pre-LN",
+                                             _stack_method("hyper_connections", "Hyper-connections", rate=4,
+                                                           dynamic=False)),
 }
 
 
