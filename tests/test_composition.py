@@ -15,6 +15,8 @@ SECTIONS = {
     "predictive": {"alpha": 0.5},
     "conv_branch": {},
     "lightweight": {"groups": 2},
+    "denseformer": {"dilation": 2, "period": 1},
+    "hyper_connections": {"rate": 2},
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -24,6 +26,8 @@ REJECTED = {
     frozenset({"crossformer_soft", "conv_branch"}): "conv_branch",
     frozenset({"lightweight", "conv_branch"}): "conv_branch",
     frozenset({"crossformer", "crossformer_soft"}): "",  # one section: not a pair (skipped below)
+    frozenset({"multipass", "hyper_connections"}): "neither paper says which stream",
+    frozenset({"denseformer", "hyper_connections"}): "cannot be combined",
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 
@@ -31,6 +35,8 @@ SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vo
 def _build(arch: str, names) -> torch.nn.Module:
     sections = {n.replace("_soft", ""): SECTIONS[n] for n in names}
     extra = {"num_classes": 3, "positions": "relative"} if arch == "encoder_classifier" else {}
+    if "hyper_connections" in names:
+        extra["norm_first"] = True  # the paper's hyper-connections replace the pre-norm residual only
     return create_model("transformer_small", arch=arch, **SMALL, **extra, **sections)
 
 
