@@ -14,8 +14,8 @@ Paper map (arXiv v2 section numbers):
   the plain Transformer (tested bit for bit).
 * **Dilation k and period p** (Sec. 3.2, "kxp-DenseFormer"): ``DWA_i`` averages only ``{X_j : j <= i,
   j = i (mod k)}`` (``floor(i/k) + 1`` weights) and exists only after blocks with ``i = 0 (mod p)``; elsewhere
-  ``Y_i = X_i``. 1x1 is the plain DenseFormer. The paper's recommended trade-off for deep models is 4x5 (Sec. 4,
-  Tables); at the compare task's 4 layers the named variant is 2x2. With ``p`` not dividing the depth the last
+  ``Y_i = X_i``. 1x1 is the plain DenseFormer. The paper's recommended trade-off for deep models is 4x5; at the
+  compare task's 4 layers the named variant is 2x2. With ``p`` not dividing the depth the last
   blocks have no DWA and the output is their ``X`` (as the paper's definition and the official code give).
 * **Parameters** (Sec. 3.1): ``sum over DWA modules of (its number of inputs)``; 1x1 on d blocks:
   ``d (d + 3) / 2`` (tested).
