@@ -1,5 +1,5 @@
 """Hyper-connections (Zhu et al., ICLR 2025): n=1 static is the pre-norm model bit for bit, the static and dynamic
-equations (Eq. 3-5, 6-9) against a loop written from them with random weights, causal and cache-exact in the LM,
+equations (Eq. 3-5, 10-13) against a loop written from them with random weights, causal and cache-exact in the LM,
 the parameter count, and the refusals (post-LN, Multi-Pass, DenseFormer)."""
 import pytest
 import torch
@@ -33,12 +33,12 @@ def reference_hc(hc, H, sublayer):
     a_m, a_r, b = hc.static_alpha[:, 0], hc.static_alpha[:, 1:], hc.static_beta
     if hc.dynamic:
         norm = hc.stream_norm
-        h_bar = F.layer_norm(H, norm.normalized_shape, norm.weight, norm.bias, norm.eps)  # Eq. 6
+        h_bar = F.layer_norm(H, norm.normalized_shape, norm.weight, norm.bias, norm.eps)  # Eq. 10
         w = hc.dynamic_weight
         w_m, w_r, w_beta = w[:, 0], w[:, 1:n + 1], w[:, n + 1]
-        b = hc.beta_scale * torch.tanh(h_bar @ w_beta) + b  # Eq. 7: (..., n)
-        a_m = hc.alpha_scale * torch.tanh(h_bar @ w_m) + a_m  # Eq. 8: (..., n)
-        a_r = hc.alpha_scale * torch.tanh(h_bar @ w_r) + a_r  # Eq. 9: (..., n, n)
+        b = hc.beta_scale * torch.tanh(h_bar @ w_beta) + b  # Eq. 11: (..., n)
+        a_m = hc.alpha_scale * torch.tanh(h_bar @ w_m) + a_m  # Eq. 12: (..., n)
+        a_r = hc.alpha_scale * torch.tanh(h_bar @ w_r) + a_r  # Eq. 13: (..., n, n)
         h0 = torch.einsum("...j,...jd->...d", a_m, H)  # Eq. 3: A_m^T H
         kept = torch.einsum("...jk,...jd->...kd", a_r, H)  # Eq. 4: A_r^T H
     else:
@@ -141,8 +141,8 @@ def test_encoder_decoder_incremental_decoding_gives_the_full_forward():
 
 @pytest.mark.parametrize("rate,dynamic", [(1, False), (4, False), (4, True), (2, True)])
 def test_parameter_count_is_the_papers(rate, dynamic):
-    """Per sublayer: n (n + 2) static (B, A_m, A_r); dynamic: d (n + 2) (W_beta, W_m, W_r), s_alpha, s_beta and
-    the stream norm (no bias in this preset: d)."""
+    """App. B, Eq. 21-25: n (n + 2) per hyper-connection (B, A_m, A_r), 2 L of them; DHC adds d (n + 2) (W_beta,
+    W_m, W_r), s_alpha, s_beta and the stream norm (no bias in this preset: d)."""
     d, sublayers = TINY["d_model"], 2 * TINY["enc_layers"]
     model = lm(hyper_connections={"rate": rate, "dynamic": dynamic})
     added = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in lm().parameters())
@@ -158,6 +158,17 @@ def test_madds_count_the_dynamic_projection_as_the_flop_counter_does():
         model(tokens)
     assert counter.get_total_flops() == 2 * count_madds(model, 9)
     assert count_madds(model, 9) - count_madds(lm(attn_impl="eager"), 9) == 2 * TINY["enc_layers"] * 9 * 4 * 32 * 6
+
+
+def test_static_matrices_get_no_weight_decay_and_the_dynamic_weights_do():
+    """Sec. 4 "Implementation": no weight decay on the static component, the usual on the dynamic one."""
+    from interlayer.training.engine import TrainConfig, parameter_groups
+    model = lm(hyper_connections={"rate": 4})
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = parameter_groups(model, TrainConfig(optimizer="adamw", weight_decay=0.1))
+    spared = {names[id(p)].rsplit(".", 1)[-1] for g in groups if g.get("weight_decay") == 0.0 for p in g["params"]}
+    assert spared == {"static_alpha", "static_beta"}
+    assert len(parameter_groups(lm(), TrainConfig(optimizer="adamw", weight_decay=0.1))) == 1
 
 
 def test_refusals_name_the_reason():

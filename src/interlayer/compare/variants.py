@@ -252,11 +252,11 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
     "denseformer_2x2": NamedVariant("DenseFormer 2x2: dilation 2, a DWA after every second block (DenseFormer Sec. "
                                     "3.2; the paper's deep models prefer 4x5, which a 4-layer stack cannot hold)",
                                     _stack_method("denseformer", "DenseFormer", dilation=2, period=2)),
-    "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's main LM "
-                                      "setting; Hyper-Connections Sec. 2.3, Fig. 1); needs pre-LN",
+    "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's default; "
+                                      "Hyper-Connections Sec. 2.2, Sec. 4.1); needs pre-LN",
                                       _stack_method("hyper_connections", "Hyper-connections", rate=4, dynamic=True)),
     "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
-                                             "Hyper-Connections Sec. 2.2); needs pre-LN",
+                                             "Hyper-Connections Sec. 2.1); needs pre-LN",
                                              _stack_method("hyper_connections", "Hyper-connections", rate=4,
                                                            dynamic=False)),
 }

@@ -2,51 +2,60 @@
 arXiv 2409.19606): the residual stream widened to n streams, with learned (static, or input-dependent "dynamic")
 weights deciding what each sublayer reads and where its output goes.
 
-Paper map (arXiv v3 equation and section numbers):
+Paper map (arXiv v3 section, equation and algorithm numbers):
 
-* **Streams** (Sec. 2.1): the hidden state is ``H = (h_1 .. h_n)^T`` (n x d), the *expansion rate* n; the
-  network's input is copied into all n rows, and after the last layer the rows are summed (the pseudo-code of the
-  Transformer with hyper-connections, App. "Pseudocode") before the final norm and the head.
-* **Static hyper-connections** (Sec. 2.2, Eq. 1-5): per sublayer ``T`` (each attention and each FFN, Sec. 2.1:
-  "hyper-connections replace the residual connections of every layer"), the matrix
-  ``HC = [[0, B], [A_m, A_r]]`` with ``B`` (1 x n), ``A_m`` (n x 1), ``A_r`` (n x n)::
+* **Streams** (Sec. 2.1; App. I, Algorithm 1): the hidden state is ``H = (h_1 .. h_n)^T`` (n x d), the *expansion
+  rate* n; the network's input is copied into all n rows, and after the last layer the rows are summed before the
+  final normalization and the unembedding.
+* **Static hyper-connections** (Sec. 2.1, Eq. 1-7): per layer ``T`` the matrix ``HC = [[0, B], [A_m, A_r]]``
+  with ``B`` (1 x n), ``A_m`` (n x 1), ``A_r`` (n x n)::
 
-      h_0 = A_m^T H                       (the sublayer's input, Eq. 3: width connection)
-      H'  = A_r^T H                       (Eq. 4)
-      H^  = B^T T(h_0)^T + H'             (Eq. 5: depth connection)
+      h_0^T = A_m^T H                     (Eq. 3, the layer's input)
+      H'    = A_r^T H                     (Eq. 4)
+      H^    = B^T T(h_0)^T + H'           (Eq. 5)
 
-  In a pre-norm model ``T`` includes the sublayer's own LayerNorm: ``T(h_0) = f(LN(h_0))`` (the pseudo-code
-  normalises ``mix_h[..., 0, :]``), and dropout acts on ``T``'s output before ``B`` scales it.
-* **Dynamic hyper-connections** (Sec. 2.3, Eq. 6-9)::
+  The layers ``T`` are the attention and the FFN sublayers, each with its own hyper-connection (App. J,
+  Algorithm 3: ``atten_hyper_connection``, ``ffn_hyper_connection``; App. B counts ``2 x L`` of them). ``T``
+  includes the sublayer's own pre-norm (Algorithm 3 normalises ``mix_h[..., 0, :]``) and dropout acts on ``T``'s
+  output before ``B`` scales it.
+* **Dynamic hyper-connections** (Sec. 2.2, Eq. 8-13)::
 
-      H_bar   = norm(H)                                  (its own LayerNorm, over d, per stream)
-      B(H)    = s_beta  * tanh(H_bar W_beta)^T + B
-      A_m(H)  = s_alpha * tanh(H_bar W_m)      + A_m
-      A_r(H)  = s_alpha * tanh(H_bar W_r)      + A_r
+      H_bar   = norm(H)                                  (Eq. 10; a LayerNorm over d, per stream, Algorithm 2)
+      B(H)    = s_beta  * tanh(H_bar W_beta)^T + B       (Eq. 11)
+      A_m(H)  = s_alpha * tanh(H_bar W_m)      + A_m     (Eq. 12)
+      A_r(H)  = s_alpha * tanh(H_bar W_r)      + A_r     (Eq. 13)
 
   i.e. the dynamic part is *added* to the static matrices; the norm is applied to the streams, the tanh to the
   projection, and one learnable scalar ``s_alpha`` scales both alpha parts, ``s_beta`` the beta part.
-* **Initialisation** (Sec. 2.4, Eq. 14): ``A_m = e_{k mod n}`` (one-hot at the sublayer's index k modulo n),
-  ``A_r = I_n``, ``B = 1``; the dynamic weights ``W`` start at 0 (so tanh(.) = 0 and the dynamic model starts as
-  the static one); ``s_alpha = s_beta = 0.01`` (the pseudo-code's ``dynamic_*_scale``).
-* **n = 1** (Sec. 2.2 / App. "Pre-Norm and Post-Norm as hyper-connections"): the static n=1 initialisation
-  ``[[0, 1], [1, 1]]`` is exactly the pre-norm residual ``h + T(h)`` (tested bit for bit).
-* **Parameters** (Sec. 2.5): per sublayer ``n (n + 2)`` static (``B``, ``A_m``, ``A_r``); dynamic adds
-  ``d (n + 2)`` (``W_beta``, ``W_m``, ``W_r``), the two scales and the norm (tested).
+* **Initialisation** (Sec. 2.3, Eq. 14): ``A_m = e_{k mod n}`` ("k is the index of the layer"), ``A_r = I_n``,
+  ``B = 1``; ``W_beta, W_m, W_r`` start at 0 (so the dynamic model starts as the static one);
+  ``s_alpha = s_beta = 0.01`` (Algorithm 2's ``dynamic_*_scale``).
+* **n = 1** (Sec. 3.1, Eq. 15): the pre-norm residual is the n=1 hyper-connection ``[[0, 1], [1, 1]]``, which is
+  exactly the static n=1 initialisation (tested bit for bit).
+* **Weight decay** (Sec. 4, "Implementation"): none on the static matrices, the usual on the dynamic weights
+  (``no_weight_decay``, read by the training engine's parameter groups).
+* **Parameters** (App. B, Eq. 21-25): ``|theta_SHC| = n (n + 2)`` per hyper-connection, ``2 L`` of them;
+  ``|theta_DHC| = |theta_norm| + d (n + 2) + n (n + 2) + 2`` (tested).
+* **The default** (Sec. 4.1): DHC with n = 4 and tanh ("-DHC"); ``dynamic=False`` is SHC.
 
 Choices where the paper leaves room:
 
-* **k** (the one-hot of ``A_m``): the paper indexes its "layers" ``T^k``, which in a Transformer are the attention
-  and FFN sublayers, so k counts sublayers (``2 i + {0, 1}`` in an encoder layer, ``3 i + {0, 1, 2}`` in a decoder
+* **k** (the one-hot of ``A_m``): Eq. 14's "index of the layer", where the layers ``T^k`` that hyper-connections
+  wrap are the attention and FFN sublayers (Algorithm 2 takes a ``layer_id`` per hyper-connection), so k counts
+  sublayers (``2 i + {0, 1}`` in an encoder layer, ``3 i + {0, 1, 2}`` in a decoder
   layer with cross-attention); ``input_index="layer"`` uses the layer index i for both instead.
-* **Post-LN** is refused: the paper's hyper-connections replace the pre-norm residual; it shows post-norm as an
-  n=1 hyper-connection with *fixed* weights only, and defines no learned one.
+* **Post-LN** is refused: the paper's hyper-connections replace the pre-norm residual (its baselines are Pre-Norm,
+  Sec. 4); Sec. 3.1 writes post-norm only as an n=1 hyper-connection whose weights depend on the input's and
+  output's statistics (Eq. 16), not as a learned one.
 * **Every stack**: the paper has a decoder-only LM (and vision models); here every stack of the model gets its own
   streams: the encoder, the causal LM's stack, and the decoder (self-, cross-attention and FFN) of an
   encoder-decoder. Everything acts on each position alone, so the causal LM stays causal and incremental decoding
   with the KV cache equals the full forward pass (tested).
 * **Records**: the stack's recorded ``states`` and ``mids`` are the sums of the streams (what the final norm
   reads), so hidden-state outputs keep their ``(B, T, d)`` shape.
+* **Output-layer initialisation** (Sec. 4, "Implementation": the std of the attention's output projection and
+  the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
+  not say in which direction, and the initial model is then no longer the pre-norm one.
 * **Arithmetic**: ``W`` is a product (``n d (n + 2)`` multiply-adds per position and sublayer, counted in
   MAdds); the mixing of streams by ``A`` and ``B`` is element-wise in the stream's dtype (``n (n + 2) d``
   multiply-adds, not counted, as residual additions are not), not a matmul, so TF32/bf16 products do not round
@@ -78,9 +87,9 @@ SUBLAYERS: dict[Side, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "
 class HyperConnectionsConfig:
     """Options (see the module docstring for the paper references).
 
-    * ``rate``: the expansion rate n (the paper's LM experiments: 2, 4, 8; its main setting ×4). 1 with
+    * ``rate``: the expansion rate n (the paper's LM experiments: 1, 2, 4, 8; its default 4, Sec. 4.1). 1 with
       ``dynamic=False`` is exactly the plain pre-norm model.
-    * ``dynamic``: DHC (Sec. 2.3) or SHC (Sec. 2.2).
+    * ``dynamic``: DHC (Sec. 2.2) or SHC (Sec. 2.1).
     * ``scale_init``: the initial ``s_alpha`` and ``s_beta`` (0.01, the paper's pseudo-code).
     * ``input_index``: what k of ``A_m = e_{k mod n}`` counts: ``sublayer`` (the paper's layers T^k) or ``layer``.
     """
@@ -105,7 +114,7 @@ class HyperConnectionsConfig:
 
 class HyperConnection(nn.Module):
     """The residual module of one sublayer (``Components.residual``): :meth:`split` is the width connection
-    (Eq. 3-4, with the dynamic weights of Eq. 6-9), :meth:`combine` the depth connection (Eq. 5).
+    (Eq. 3-4, with the dynamic weights of Eq. 10-13), :meth:`combine` the depth connection (Eq. 5).
 
     The stack state is ``(..., n, d)``. ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)), ``static_beta`` is ``B``;
     ``dynamic_weight`` is ``[W_m | W_r | W_beta]`` (d x (n+2)), one product for all three.
@@ -121,6 +130,9 @@ class HyperConnection(nn.Module):
         a_m[index % rate, 0] = 1.0
         self.static_alpha = nn.Parameter(torch.cat([a_m, torch.eye(rate)], dim=1))
         self.static_beta = nn.Parameter(torch.ones(rate))
+        # Sec. 4 "Implementation": "The static component ... does not utilize weight decay, whereas the dynamic
+        # component does" (read by the training engine's parameter groups).
+        self.no_weight_decay = ("static_alpha", "static_beta")
         self.dynamic = dynamic
         if dynamic:
             self.stream_norm = nn.LayerNorm(d_model, eps=eps, bias=bias)
@@ -157,7 +169,7 @@ class HyperConnection(nn.Module):
 
 
 class Streams(DepthConnection):
-    """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, pseudo-code)."""
+    """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, Algorithm 1)."""
 
     def __init__(self, rate: int) -> None:
         super().__init__()
