@@ -62,3 +62,20 @@ def test_lm_report_under_a_step_budget(plan, tmp_path):
     assert {p.path.name for p in report.pictures} >= {"learning_curves.png", "pa_attention_pa.png"}
     curves = next(p for p in report.pictures if p.path.name == "learning_curves.png")
     assert curves.caption.startswith("Validation loss (nats per token) against optimiser steps")  # axis with unit
+
+
+def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_model(tmp_path):
+    """The four named variants build on the lm task with DEFAULT's model (4 layers, d=64), each with its section."""
+    from interlayer.compare import DEFAULT
+    path = tmp_path / "book.txt"
+    path.write_text(TEXT)
+    sets = dict(s.split("=", 1) for s in DEFAULT["sets"])
+    sets.update({"data.path": str(path), "data.block_size": "16"})
+    names = ["denseformer", "denseformer_2x2", "hyper_connections", "hyper_connections_static"]
+    plan = build_plan(make_settings("lm", [",".join(["baseline", *names])], budget_steps=4, sets=sets))
+    base = plan.variant("baseline")
+    for name in names:
+        planned = plan.variant(name)
+        section = "denseformer" if name.startswith("denseformer") else "hyper_connections"
+        assert planned.model[section] is not None and planned.parameters > base.parameters
+    assert plan.variant("hyper_connections").madds > base.madds == plan.variant("denseformer").madds

@@ -18,6 +18,8 @@ SECTIONS = {
     "layer_sharing": {},  # ALBERT: every layer of each stack runs one block
     "value_residual": {"learnable": True},
     "cla": {"sharing_factor": 2},
+    "denseformer": {"dilation": 2, "period": 1},
+    "hyper_connections": {"rate": 2},
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -33,6 +35,8 @@ REJECTED = {
        (("lightweight", "lightweight.attention"), ("conv_branch", "conv_branch"))},
     frozenset({"cla", "crossformer"}): "shares the computed keys/values",
     frozenset({"cla", "crossformer_soft"}): "shares the computed keys/values",
+    frozenset({"multipass", "hyper_connections"}): "neither paper says which stream",
+    frozenset({"denseformer", "hyper_connections"}): "cannot be combined",
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 
@@ -40,6 +44,8 @@ SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vo
 def _build(arch: str, names) -> torch.nn.Module:
     sections = {n.replace("_soft", ""): SECTIONS[n] for n in names}
     extra = {"num_classes": 3, "positions": "relative"} if arch == "encoder_classifier" else {}
+    if "hyper_connections" in names:
+        extra["norm_first"] = True  # the paper's hyper-connections replace the pre-norm residual only
     return create_model("transformer_small", arch=arch, **SMALL, **extra, **sections)
 
 

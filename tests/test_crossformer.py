@@ -667,7 +667,7 @@ def test_state_guidance_of_value_fusion_and_ffn_follows_the_alternation(ffn_orde
     fusion = [layers[i].self_attn.out_proj(_merge(out.encoder.attentions[i].probs @ out.encoder.attentions[i].v))
               for i in range(4)]
     values = [_merge(out.encoder.attentions[i].v) for i in range(4)]
-    ffn_in = [layers[i].ffn_block.branch_input(out.encoder.mids[i]) for i in range(4)]
+    ffn_in = [layers[i].ffn_block.split(out.encoder.mids[i])[0] for i in range(4)]
     fc1 = [layers[i].ffn.fc1(ffn_in[i]) for i in range(4)]
     fc2 = [layers[i].ffn(ffn_in[i]) for i in range(4)]
     odd, even = (fc2, fc1) if ffn_order == "w2_w1" else (fc1, fc2)

@@ -20,6 +20,8 @@ from .methods import METHODS
 from .methods.cla import CLAConfig
 from .methods.conv_branch import ConvBranchConfig
 from .methods.crossformer import CrossformerConfig
+from .methods.denseformer import DenseFormerConfig
+from .methods.hyper_connections import HyperConnectionsConfig
 from .methods.layer_sharing import LayerSharingConfig
 from .methods.lightweight import LightweightConfig
 from .methods.multipass import MultiPassConfig
@@ -52,6 +54,8 @@ class ModelConfig(ConfigFile, TransformerConfig):
     layer_sharing: Optional[LayerSharingConfig] = None
     value_residual: Optional[ValueResidualConfig] = None
     cla: Optional[CLAConfig] = None
+    denseformer: Optional[DenseFormerConfig] = None
+    hyper_connections: Optional[HyperConnectionsConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""

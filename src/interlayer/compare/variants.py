@@ -210,6 +210,10 @@ def _layer_sharing(deep: bool = False, **section: Any) -> Callable[[Context], di
             if fields.get("arch") == "encoder_decoder":
                 out["dec_layers"] = fields["dec_layers"] * section["repeats"]
         return out
+
+    return overrides
+
+
 # -- value residuals and cross-layer attention ----------------------------------------------------------------
 def _kv_method(method: str, **section: Any) -> Callable[[Context], dict]:
     def overrides(ctx: Context) -> dict[str, Any]:
@@ -220,6 +224,19 @@ def _kv_method(method: str, **section: Any) -> Callable[[Context], dict]:
         encoder_fields(ctx, method)
         key = "cla" if method == "CLA" else "value_residual"
         return {key: dict(section)}
+
+    return overrides
+
+
+# -- DenseFormer and hyper-connections -------------------------------------------------------------------------
+def _stack_method(method: str, label: str, **section: Any) -> Callable[[Context], dict]:
+    """A section on the Transformer's stack (DenseFormer, hyper-connections); neither paper has an MCAN form."""
+
+    def overrides(ctx: Context) -> dict[str, Any]:
+        if is_mcan(ctx):
+            raise VariantError(f"{label} has no MCAN form here: MCAN's stacks run their own loops")
+        encoder_fields(ctx, label)
+        return {f"{method}.{key}": value for key, value in section.items()} if section else {method: {}}
 
     return overrides
 
@@ -287,6 +304,19 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
     "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a last group of fewer layers where 3 does not "
                          "divide the depth, as the paper allows (Brandon et al. 2024, Sec. 2.1)",
                          _kv_method("CLA", sharing_factor=3)),
+    "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
+                                "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
+                                _stack_method("denseformer", "DenseFormer")),
+    "denseformer_2x2": NamedVariant("DenseFormer 2x2: dilation 2, a DWA after every second block (DenseFormer Sec. "
+                                    "3.2; the paper's deep models prefer 4x5, which a 4-layer stack cannot hold)",
+                                    _stack_method("denseformer", "DenseFormer", dilation=2, period=2)),
+    "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's default; "
+                                      "Hyper-Connections Sec. 2.2, Sec. 4.1); needs pre-LN",
+                                      _stack_method("hyper_connections", "Hyper-connections", rate=4, dynamic=True)),
+    "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
+                                             "Hyper-Connections Sec. 2.1); needs pre-LN",
+                                             _stack_method("hyper_connections", "Hyper-connections", rate=4,
+                                                           dynamic=False)),
 }
 
 

@@ -8,16 +8,18 @@ are seen by another: that late binding is what lets the methods compose.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from torch import nn
 
 from .attention import MultiHeadAttention
 from .config import TransformerConfig
 from .feedforward import FeedForward
+from .layers import DepthConnection, Residual
 from .positions import RelativePositionBias, RelativePositionBias2D, RotaryEmbedding
 
 Side = str  # "encoder" or "decoder"
+SublayerKind = Literal["attn", "cross", "ffn"]
 
 
 class Components:
@@ -32,6 +34,10 @@ class Components:
         self.self_attention: Callable[[Side, int], nn.Module] = self.default_self_attention
         self.cross_attention: Callable[[int], nn.Module] = self.default_cross_attention
         self.ffn: Callable[[Side, int], nn.Module] = self.default_ffn
+        # The residual connection around each sublayer (side, layer index, which sublayer) and the stack-level
+        # hook around and between the layers (None: the plain stack); see core/layers.py.
+        self.residual: Callable[[Side, int, SublayerKind], nn.Module] = self.default_residual
+        self.depth_connection: Callable[[Side], Optional[DepthConnection]] = self.default_depth_connection
         self.encoder_class: Optional[type] = None  # None: interlayer.core.encoder.Encoder
 
     def default_relative(self, side: Side, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
@@ -56,6 +62,14 @@ class Components:
         cfg = self.cfg
         return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
                                   bias=cfg.bias, force_eager=cfg.attn_impl == "eager")
+
+    def default_residual(self, side: Side, index: int, kind: SublayerKind) -> nn.Module:
+        cfg = self.cfg
+        return Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, cfg.bias)
+
+    def default_depth_connection(self, side: Side) -> Optional[DepthConnection]:
+        """None: the plain stack (a method that installs one can see whether another did by comparing)."""
+        return None
 
     def default_ffn(self, side: Side, index: int) -> nn.Module:
         cfg = self.cfg

@@ -20,7 +20,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DecoderLayer, DecoderLayerCache, shares_kv
+from .layers import DecoderLayer, DecoderLayerCache, DepthConnection, shares_kv
 
 
 @dataclass
@@ -50,19 +50,23 @@ def decoder_layers(cfg: TransformerConfig, components: Components) -> nn.ModuleL
     return nn.ModuleList(
         DecoderLayer(components.self_attention("decoder", i), components.cross_attention(i),
                      components.ffn("decoder", i), cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
-                     eps=cfg.layer_norm_eps, bias=cfg.bias, causal=cfg.causal_decoder)
+                     eps=cfg.layer_norm_eps, bias=cfg.bias, causal=cfg.causal_decoder,
+                     residuals=tuple(components.residual("decoder", i, kind) for kind in ("attn", "cross", "ffn")))
         for i in range(cfg.dec_layers))
 
 
 def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor],
                        memory_padding_mask: Optional[Tensor], cache: Optional[DecoderCache] = None,
-                       need_intermediates: bool = False
+                       need_intermediates: bool = False, depth: Optional[DepthConnection] = None
                        ) -> tuple[Tensor, list[Optional[AttentionIntermediates]],
                                   list[Optional[AttentionIntermediates]]]:
-    """Run the stack; each layer's self-attention logits go to the next layer when it mixes them in."""
+    """Run the stack; each layer's self-attention logits go to the next layer when it mixes them in. ``depth``:
+    the stack-level hook (see :class:`~interlayer.core.layers.DepthConnection`), called around the layers."""
     self_attns, cross_attns = [], []
     prev_logits: Optional[Tensor] = None
     kv_history: Optional[KVHistory] = [] if shares_kv(layers) else None
+    if depth is not None:
+        x, depth_state = depth.start(x)
     for i, layer in enumerate(layers):
         wants = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
         x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
@@ -70,9 +74,13 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
                                            cache=cache.layers[i] if cache is not None else None,
                                            need_intermediates=need_intermediates or wants, prev_logits=prev_logits,
                                            kv_history=kv_history)
+        if depth is not None:
+            x = depth.after_layer(i, x, depth_state)
         prev_logits = self_inter.logits if self_inter is not None else None
         self_attns.append(self_inter if need_intermediates else None)
         cross_attns.append(cross_inter)
+    if depth is not None:
+        x = depth.finish(x, depth_state)
     return x, self_attns, cross_attns
 
 
@@ -83,6 +91,7 @@ class Decoder(nn.Module):
         self.pad_id = cfg.pad_id
         self.causal = cfg.causal_decoder
         self.layers = decoder_layers(cfg, components)
+        self.depth: Optional[DepthConnection] = components.depth_connection("decoder")
         self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
                            else None)
         self.output_projection = nn.Linear(cfg.d_model, tokens.num_embeddings, bias=False)
@@ -100,7 +109,8 @@ class Decoder(nn.Module):
         x = self.embed(tokens, offset=cache.length if cache is not None else 0)
         x, self_attns, cross_attns = run_decoder_layers(
             self.layers, x, memory, self_padding_mask=None if self.causal else tokens.eq(self.pad_id),
-            memory_padding_mask=memory_padding_mask, cache=cache, need_intermediates=need_intermediates)
+            memory_padding_mask=memory_padding_mask, cache=cache, need_intermediates=need_intermediates,
+            depth=self.depth)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(logits=self.output_projection(x), hidden=x, self_attentions=self_attns,
@@ -108,4 +118,5 @@ class Decoder(nn.Module):
 
     def madds(self, t: int, src_len: int) -> int:
         proj = t * self.output_projection.in_features * self.output_projection.out_features
-        return sum(layer.madds(t, src_len) for layer in self.layers) + proj
+        depth = self.depth.madds(t) if self.depth is not None else 0
+        return sum(layer.madds(t, src_len) for layer in self.layers) + proj + depth

@@ -17,7 +17,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import EncoderLayer, shares_kv
+from .layers import DepthConnection, EncoderLayer, shares_kv
 
 # Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
@@ -42,10 +42,13 @@ class Encoder(nn.Module):
         self.pad_id = cfg.pad_id
         self.causal = cfg.arch == "causal_lm"
         self.embed = InputEmbedding(cfg, tokens)
+        residual = components.residual
         self.layers = nn.ModuleList(
             EncoderLayer(components.self_attention("encoder", i), components.ffn("encoder", i), cfg.d_model,
-                         dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps, bias=cfg.bias)
+                         dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps, bias=cfg.bias,
+                         residuals=(residual("encoder", i, "attn"), residual("encoder", i, "ffn")))
             for i in range(cfg.enc_layers))
+        self.depth: Optional[DepthConnection] = components.depth_connection("encoder")
         self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
                            else None)
         # Layer i must return its logits when layer i+1 mixes them in (predictive attention).
@@ -80,6 +83,9 @@ class Encoder(nn.Module):
         prev_logits: Optional[Tensor] = None
         embedded = x
         kv_history: Optional[KVHistory] = [] if self._shares_kv else None  # per run: a Multi-Pass pass has its own
+        depth = self.depth
+        if depth is not None:
+            x, depth_state = depth.start(x)
         for i, layer in enumerate(self.layers):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
@@ -89,9 +95,16 @@ class Encoder(nn.Module):
                         cache=cache[i] if cache is not None else None, kv_history=kv_history)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
-            states.append(x)
-            mids.append(out.mid)
+            if depth is None:
+                states.append(x)
+                mids.append(out.mid)
+            else:
+                x = depth.after_layer(i, x, depth_state)
+                states.append(depth.view(x))
+                mids.append(depth.view(out.mid))
             attentions.append(out.attention if need_intermediates else None)
+        if depth is not None:
+            x = depth.finish(x, depth_state)
         return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=states, mids=mids,
                              attentions=attentions, embedded=embedded)
 
@@ -99,4 +112,4 @@ class Encoder(nn.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
     def madds(self, t: int) -> int:
-        return sum(layer.madds(t) for layer in self.layers)
+        return sum(layer.madds(t) for layer in self.layers) + (self.depth.madds(t) if self.depth is not None else 0)

@@ -2,16 +2,19 @@
 
 A layer is assembled from modules it is given (self-attention, optional cross-attention, feed-forward), so a
 method can swap a module (group-wise attention, an attention+convolution block) without touching the wiring.
-Two generic hooks exist for cross-layer methods: ``prev_logits`` (the previous layer's attention logits, handed
-to the self-attention) and ``branch_add`` (a tensor added to the input of the self-attention *branch* only, after
-the residual split; adding to the layer input itself is simply ``layer(x + extra)``). A third, ``kv_history``, is
-handed to the self-attention only when the stack gives one (a layer whose keys/values come from earlier layers:
-:class:`~interlayer.core.attention.KVSource`), so a replaced self-attention module need not accept it.
+Generic hooks for cross-layer methods: ``prev_logits`` (the previous layer's attention logits, handed to the
+self-attention), ``branch_add`` (a tensor added to the input of the self-attention *branch* only, after the
+residual split; adding to the layer input itself is simply ``layer(x + extra)``), the residual connection of each
+sublayer (a module from ``Components.residual``: :class:`Residual` by default, replaced by Hyper-Connections) and,
+one level up, a :class:`DepthConnection` that the stack loops call around and between the layers (DenseFormer's
+depth-weighted averages, Hyper-Connections' streams). ``kv_history`` is handed to the self-attention only when
+the stack gives one (a layer whose keys/values come from earlier layers: :class:`~interlayer.core.attention.KVSource`),
+so a replaced self-attention module need not accept it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from torch import Tensor, nn
 
@@ -25,8 +28,15 @@ class LayerOutput:
     attention: Optional[AttentionIntermediates]  # self-attention intermediates when requested
 
 
-class _Sublayer(nn.Module):
-    """Residual wrapper: ``x + drop(f(LN(x)))`` (pre-LN) or ``LN(x + drop(f(x)))`` (post-LN)."""
+class Residual(nn.Module):
+    """The residual connection of one sublayer: ``x + drop(f(LN(x)))`` (pre-LN) or ``LN(x + drop(f(x)))``
+    (post-LN), the default of ``Components.residual``.
+
+    A residual module has two steps around the sublayer ``f``: :meth:`split` returns what ``f`` reads and a
+    ``carry`` (anything; here the residual ``x`` itself), :meth:`combine` merges ``carry`` with ``f``'s output into
+    the next state. Splitting the connection this way lets a method replace it (Hyper-Connections carry several
+    streams and the mixing weights from the split to the combine) without the layer knowing what it holds.
+    """
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
         super().__init__()
@@ -34,12 +44,47 @@ class _Sublayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def branch_input(self, x: Tensor) -> Tensor:
-        return self.norm(x) if self.norm_first else x
+    def split(self, x: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
+        """(the branch's input, the carry); ``branch_add`` is added to what the branch reads, before its LN."""
+        branch = x if branch_add is None else x + branch_add
+        return (self.norm(branch) if self.norm_first else branch), x
 
-    def combine(self, residual: Tensor, branch_out: Tensor) -> Tensor:
-        out = residual + self.dropout(branch_out)
+    def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
+        out = carry + self.dropout(branch_out)
         return out if self.norm_first else self.norm(out)
+
+    def madds(self, t: int) -> int:
+        """Multiply-adds beyond the sublayer's own (none: the addition and LN are not counted, as everywhere)."""
+        return 0
+
+
+class DepthConnection(nn.Module):
+    """A stack-level hook, built by ``Components.depth_connection(side)`` (None by default: the plain stack).
+
+    The stack loops (:meth:`~interlayer.core.encoder.Encoder.run_layers`, :func:`~interlayer.core.decoder.
+    run_decoder_layers`) call :meth:`start` on the embedded input, :meth:`after_layer` on each layer's output
+    (what it returns is the next layer's input) and :meth:`finish` on the last one (before the final LayerNorm);
+    ``state`` is whatever :meth:`start` returned for this run (e.g. the earlier layers' outputs), so one module
+    serves several runs (Multi-Pass passes, cached decoding steps) without state of its own. :meth:`view` reads a
+    stack state as ``(..., d_model)`` for the recorded ``states``/``mids``. A depth connection must act on each
+    position alone (across depth, never across positions): then the causal stack stays causal, and incremental
+    decoding, which runs the stack on the new positions only, equals the full forward pass.
+    """
+
+    def start(self, x: Tensor) -> tuple[Tensor, Any]:
+        return x, None
+
+    def after_layer(self, index: int, h: Tensor, state: Any) -> Tensor:
+        return h
+
+    def finish(self, h: Tensor, state: Any) -> Tensor:
+        return h
+
+    def view(self, h: Tensor) -> Tensor:
+        return h
+
+    def madds(self, t: int) -> int:
+        return 0
 
 
 class EncoderLayer(nn.Module):
@@ -47,28 +92,31 @@ class EncoderLayer(nn.Module):
     (the causal language model's), so one layer class carries every self-attention method to both uses."""
 
     def __init__(self, self_attn: nn.Module, ffn: nn.Module, d_model: int, *, dropout: float, norm_first: bool,
-                 eps: float, bias: bool = True) -> None:
+                 eps: float, bias: bool = True, residuals: Optional[tuple[nn.Module, nn.Module]] = None) -> None:
+        """``residuals``: the (attention, FFN) residual modules (``Components.residual``); None: :class:`Residual`."""
         super().__init__()
         self.self_attn = self_attn
         self.ffn = ffn
-        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
-        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
+        self.attn_block, self.ffn_block = residuals or (Residual(d_model, dropout, norm_first, eps, bias),
+                                                        Residual(d_model, dropout, norm_first, eps, bias))
 
     def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
                 branch_add: Optional[Tensor] = None, need_intermediates: bool = False, causal: bool = False,
                 cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None) -> LayerOutput:
         """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions."""
-        branch = x if branch_add is None else x + branch_add
+        branch, carry = self.attn_block.split(x, branch_add)
         shared = {} if kv_history is None else {"kv_history": kv_history}
-        attn_out, inter = self.self_attn(self.attn_block.branch_input(branch), key_padding_mask=key_padding_mask,
+        attn_out, inter = self.self_attn(branch, key_padding_mask=key_padding_mask,
                                          prev_logits=prev_logits, need_intermediates=need_intermediates,
                                          causal=causal, cache=cache, **shared)
-        mid = self.attn_block.combine(x, attn_out)
-        hidden = self.ffn_block.combine(mid, self.ffn(self.ffn_block.branch_input(mid)))
+        mid = self.attn_block.combine(carry, attn_out)
+        branch, carry = self.ffn_block.split(mid)
+        hidden = self.ffn_block.combine(carry, self.ffn(branch))
         return LayerOutput(hidden=hidden, mid=mid, attention=inter)
 
     def madds(self, t: int) -> int:
-        return self.self_attn.madds(t, t) + self.ffn.madds(t)
+        return (self.self_attn.madds(t, t) + self.ffn.madds(t) + self.attn_block.madds(t)
+                + self.ffn_block.madds(t))
 
 
 @dataclass
@@ -83,15 +131,16 @@ class DecoderLayer(nn.Module):
     needs ``self_padding_mask`` and may mix in the previous layer's logits (``prev_logits``), as in the encoder."""
 
     def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: nn.Module, d_model: int, *,
-                 dropout: float, norm_first: bool, eps: float, bias: bool = True, causal: bool = True) -> None:
+                 dropout: float, norm_first: bool, eps: float, bias: bool = True, causal: bool = True,
+                 residuals: Optional[tuple[nn.Module, nn.Module, nn.Module]] = None) -> None:
+        """``residuals``: the (self-attention, cross-attention, FFN) residual modules; None: :class:`Residual`."""
         super().__init__()
         self.causal = causal
         self.self_attn = self_attn
         self.cross_attn = cross_attn
         self.ffn = ffn
-        self.attn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
-        self.cross_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
-        self.ffn_block = _Sublayer(d_model, dropout, norm_first, eps, bias)
+        self.attn_block, self.cross_block, self.ffn_block = residuals or tuple(
+            Residual(d_model, dropout, norm_first, eps, bias) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
@@ -99,20 +148,24 @@ class DecoderLayer(nn.Module):
                 kv_history: Optional[KVHistory] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
         shared = {} if kv_history is None else {"kv_history": kv_history}
+        branch, carry = self.attn_block.split(x)
         attn_out, self_inter = self.self_attn(
-            self.attn_block.branch_input(x), key_padding_mask=self_padding_mask, causal=self.causal,
+            branch, key_padding_mask=self_padding_mask, causal=self.causal,
             prev_logits=prev_logits, need_intermediates=need_intermediates,
             cache=cache.self_attn if cache else None, **shared)
-        x = self.attn_block.combine(x, attn_out)
+        x = self.attn_block.combine(carry, attn_out)
+        branch, carry = self.cross_block.split(x)
         cross_out, cross_inter = self.cross_attn(
-            self.cross_block.branch_input(x), memory, key_padding_mask=memory_padding_mask,
+            branch, memory, key_padding_mask=memory_padding_mask,
             need_intermediates=need_intermediates, cache=cache.cross_attn if cache else None)
-        x = self.cross_block.combine(x, cross_out)
-        x = self.ffn_block.combine(x, self.ffn(self.ffn_block.branch_input(x)))
+        x = self.cross_block.combine(carry, cross_out)
+        branch, carry = self.ffn_block.split(x)
+        x = self.ffn_block.combine(carry, self.ffn(branch))
         return x, self_inter, cross_inter
 
     def madds(self, t: int, src_len: int) -> int:
-        return self.self_attn.madds(t, t) + self.cross_attn.madds(t, src_len) + self.ffn.madds(t)
+        return (self.self_attn.madds(t, t) + self.cross_attn.madds(t, src_len) + self.ffn.madds(t)
+                + sum(block.madds(t) for block in (self.attn_block, self.cross_block, self.ffn_block)))
 
 
 def shares_kv(layers: nn.ModuleList) -> bool:

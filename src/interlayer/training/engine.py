@@ -138,16 +138,21 @@ _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
 
 
 def parameter_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """The optimiser's parameter groups: one, unless ``cfg.decay_bias_norm`` is off and there is weight decay to
-    spare, then a second group without decay for biases and the weights of normalisation layers (BERT's grouping,
-    which fine-tuning recipes expect; a LayerNorm gain decayed towards 0 would shrink the pretrained features)."""
-    if cfg.decay_bias_norm or not cfg.weight_decay:
+    """The optimiser's parameter groups: one, unless there is weight decay to spare and some parameters are spared,
+    then a second group without decay for them: biases and the weights of normalisation layers when
+    ``cfg.decay_bias_norm`` is off (BERT's grouping, which fine-tuning recipes expect; a LayerNorm gain decayed
+    towards 0 would shrink the pretrained features), and always the parameters a module names in its
+    ``no_weight_decay`` attribute (a method whose paper says so: hyper-connections' static matrices)."""
+    if not cfg.weight_decay:
         return [{"params": list(model.parameters())}]
     spared: set[int] = set()
     for module in model.modules():
+        named = getattr(module, "no_weight_decay", ())
         for name, param in module.named_parameters(recurse=False):
-            if name == "bias" or isinstance(module, _NORMS):
+            if name in named or (not cfg.decay_bias_norm and (name == "bias" or isinstance(module, _NORMS))):
                 spared.add(id(param))
+    if cfg.decay_bias_norm and not spared:
+        return [{"params": list(model.parameters())}]
     params = list(model.parameters())
     return [{"params": [p for p in params if id(p) not in spared]},
             {"params": [p for p in params if id(p) in spared], "weight_decay": 0.0}]

@@ -1,0 +1,138 @@
+"""DenseFormer (Pagliardini, Mohtashami, Fleuret & Jaggi, "DenseFormer: Enhancing Information Flow in Transformers
+via Depth Weighted Averaging", NeurIPS 2024, arXiv 2402.02622): after block i, a learned weighted average of the
+embeddings and every earlier block's output is what block i+1 reads.
+
+Paper map (arXiv v2 section numbers):
+
+* **DWA** (Sec. 3.1, Fig. 1): with ``X_0`` the embedded input and ``X_i = B_i(Y_{i-1})`` the output of block i,
+  ``Y_i = DWA_i(X_0, ..., X_i) = sum_{j=0..i} alpha_{i,j} X_j`` and the model's output (before the final LayerNorm
+  and the head) is ``Y_d``. The DWA's inputs are the *raw block outputs* ``X_j``, never earlier averages ``Y_j``:
+  the paper writes ``X_i = B_i(Y_{i-1})`` and averages the ``X``; the official code (github epfml/DenseFormer,
+  ``DWAModules.forward``) stores the block's output in its accumulator before averaging, and the average is only
+  the next block's input. The weights are scalars, one per (DWA, input) pair.
+* **Initialisation** (Sec. 3.1): ``alpha_{i,i} = 1``, every other weight 0, so at initialisation the model *is*
+  the plain Transformer (tested bit for bit).
+* **Dilation k and period p** (Sec. 3.2, "kxp-DenseFormer"): ``DWA_i`` averages only ``{X_j : j <= i,
+  j = i (mod k)}`` (``floor(i/k) + 1`` weights) and exists only after blocks with ``i = 0 (mod p)``; elsewhere
+  ``Y_i = X_i``. 1x1 is the plain DenseFormer. The paper's recommended trade-off for deep models is 4x5; at the
+  compare task's 4 layers the named variant is 2x2. With ``p`` not dividing the depth the last
+  blocks have no DWA and the output is their ``X`` (as the paper's definition and the official code give).
+* **Parameters** (Sec. 3.1): ``sum over DWA modules of (its number of inputs)``; 1x1 on d blocks:
+  ``d (d + 3) / 2`` (tested).
+
+Choices where the paper leaves room:
+
+* **Every stack**: the paper has a decoder-only LM. Here the DWA runs in every stack the model has (the encoder,
+  the causal LM's stack, and the decoder of an encoder-decoder, each with its own weights and its own ``X_0``: its
+  embedded input). Each position is averaged with itself at earlier depths only, so the causal LM stays causal and
+  incremental decoding with the KV cache equals the full forward pass (tested): nothing is cached.
+* **Post-LN**: the paper's blocks are pre-LN, but its definition only needs blocks ``B_i``, so a post-LN stack
+  (whose block outputs are already normalised) is averaged the same way; there is then no final LayerNorm.
+* **Multi-Pass** (composes): each pass runs the stack once, with its own ``X_0`` (its input) and the same DWA
+  weights (the layers are tied across passes, so are their averages). The injector's additions go to the next
+  layer's input after the DWA, and the recorded ``states`` are the ``Y_i`` (what the next layer reads).
+* **Arithmetic**: a DWA is an element-wise weighted sum (``(floor(i/k)+1) d`` multiply-adds per position), kept
+  out of the MAdds as residual additions are (and as torch's FlopCounterMode counts it), about ``(L+3)/(24 d)``
+  of a layer for 1x1. It runs in the stream's dtype, not as a matmul: a TF32 or bf16 product would round the
+  whole residual stream at every block, so the identity at initialisation would not be exact on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.components import Components, Side
+from ..core.config import ConfigError
+from ..core.layers import DepthConnection
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+
+@dataclass
+class DenseFormerConfig:
+    """``dilation`` k and ``period`` p of a kxp-DenseFormer (Sec. 3.2); 1 and 1 is the plain DenseFormer."""
+
+    dilation: int = 1
+    period: int = 1
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        for key in ("dilation", "period"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"denseformer.{key}={value!r} must be an integer >= 1 (1 is the plain "
+                                  "DenseFormer; the paper's kxp variants use k, p in 1..8)")
+        depths = {"enc_layers": cfg.enc_layers}
+        if cfg.arch == "encoder_decoder":
+            depths["dec_layers"] = cfg.dec_layers
+        for key, depth in depths.items():
+            if self.period > depth:
+                raise ConfigError(f"denseformer.period={self.period} is larger than {key}={depth}: no block "
+                                  f"would be followed by a DWA; use a period in 1..{depth}")
+
+
+def dwa_inputs(block: int, dilation: int) -> list[int]:
+    """The indices j of the ``X_j`` that ``DWA_block`` averages (Sec. 3.2): ``j <= block``, ``j = block mod k``."""
+    return list(range(block % dilation, block + 1, dilation))
+
+
+class DepthWeightedAverage(DepthConnection):
+    """The DWA modules of one stack of ``n_layers`` blocks: ``alphas[m]`` weights the inputs of the m-th DWA.
+
+    ``state`` (one per run of the stack) is the list ``[X_0, X_1, ...]`` of the raw block outputs so far.
+    """
+
+    def __init__(self, n_layers: int, dilation: int, period: int) -> None:
+        super().__init__()
+        self.dilation = dilation
+        blocks = [i for i in range(1, n_layers + 1) if i % period == 0]
+        # slot[index]: which DWA follows 0-based layer ``index`` (block i = index + 1), None where none does.
+        self.slot: list[Optional[int]] = [blocks.index(i) if i in blocks else None for i in range(1, n_layers + 1)]
+        weights = []
+        for i in blocks:
+            alpha = torch.zeros(len(dwa_inputs(i, dilation)))
+            alpha[-1] = 1.0  # alpha_{i,i} = 1, the rest 0: the identity (Sec. 3.1)
+            weights.append(nn.Parameter(alpha))
+        self.alphas = nn.ParameterList(weights)
+
+    def start(self, x: Tensor) -> tuple[Tensor, Any]:
+        return x, [x]
+
+    def after_layer(self, index: int, h: Tensor, state: Any) -> Tensor:
+        state.append(h)
+        slot = self.slot[index]
+        if slot is None:
+            return h
+        block = index + 1
+        sources = torch.stack(state[block % self.dilation::self.dilation])
+        alpha = self.alphas[slot].to(h.dtype).view(-1, *([1] * h.dim()))
+        return (alpha * sources).sum(0)
+
+
+class _DenseFormerMethod:
+    name = "denseformer"
+    config_class = DenseFormerConfig
+
+    def validate(self, section: DenseFormerConfig, cfg: "ModelConfig") -> None:
+        section.validate(cfg)
+
+    def customize(self, section: DenseFormerConfig, cfg: "ModelConfig", components: Components) -> None:
+        if components.depth_connection != components.default_depth_connection:
+            raise ConfigError("denseformer installs the stack's depth connection (its DWA modules), but another "
+                              "method (hyper_connections: n residual streams) already did; the two cannot be "
+                              "combined")
+
+        def depth_connection(side: Side) -> DepthConnection:
+            layers = cfg.enc_layers if side == "encoder" else cfg.dec_layers
+            return DepthWeightedAverage(layers, section.dilation, section.period)
+
+        components.depth_connection = depth_connection
+
+    def finalize(self, section: DenseFormerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie: the DWA weights are the only new parameters."""
+
+
+METHOD = _DenseFormerMethod()

@@ -1,0 +1,219 @@
+"""Hyper-connections (Zhu, Huang, Huang, Zeng, Mao, Wu, Min & Zhou, "Hyper-Connections", ICLR 2025,
+arXiv 2409.19606): the residual stream widened to n streams, with learned (static, or input-dependent "dynamic")
+weights deciding what each sublayer reads and where its output goes.
+
+Paper map (arXiv v3 section, equation and algorithm numbers):
+
+* **Streams** (Sec. 2.1; App. I, Algorithm 1): the hidden state is ``H = (h_1 .. h_n)^T`` (n x d), the *expansion
+  rate* n; the network's input is copied into all n rows, and after the last layer the rows are summed before the
+  final normalization and the unembedding.
+* **Static hyper-connections** (Sec. 2.1, Eq. 1-7): per layer ``T`` the matrix ``HC = [[0, B], [A_m, A_r]]``
+  with ``B`` (1 x n), ``A_m`` (n x 1), ``A_r`` (n x n)::
+
+      h_0^T = A_m^T H                     (Eq. 3, the layer's input)
+      H'    = A_r^T H                     (Eq. 4)
+      H^    = B^T T(h_0)^T + H'           (Eq. 5)
+
+  The layers ``T`` are the attention and the FFN sublayers, each with its own hyper-connection (App. J,
+  Algorithm 3: ``atten_hyper_connection``, ``ffn_hyper_connection``; App. B counts ``2 x L`` of them). ``T``
+  includes the sublayer's own pre-norm (Algorithm 3 normalises ``mix_h[..., 0, :]``) and dropout acts on ``T``'s
+  output before ``B`` scales it.
+* **Dynamic hyper-connections** (Sec. 2.2, Eq. 8-13)::
+
+      H_bar   = norm(H)                                  (Eq. 10; a LayerNorm over d, per stream, Algorithm 2)
+      B(H)    = s_beta  * tanh(H_bar W_beta)^T + B       (Eq. 11)
+      A_m(H)  = s_alpha * tanh(H_bar W_m)      + A_m     (Eq. 12)
+      A_r(H)  = s_alpha * tanh(H_bar W_r)      + A_r     (Eq. 13)
+
+  i.e. the dynamic part is *added* to the static matrices; the norm is applied to the streams, the tanh to the
+  projection, and one learnable scalar ``s_alpha`` scales both alpha parts, ``s_beta`` the beta part.
+* **Initialisation** (Sec. 2.3, Eq. 14): ``A_m = e_{k mod n}`` ("k is the index of the layer"), ``A_r = I_n``,
+  ``B = 1``; ``W_beta, W_m, W_r`` start at 0 (so the dynamic model starts as the static one);
+  ``s_alpha = s_beta = 0.01`` (Algorithm 2's ``dynamic_*_scale``).
+* **n = 1** (Sec. 3.1, Eq. 15): the pre-norm residual is the n=1 hyper-connection ``[[0, 1], [1, 1]]``, which is
+  exactly the static n=1 initialisation (tested bit for bit).
+* **Weight decay** (Sec. 4, "Implementation"): none on the static matrices, the usual on the dynamic weights
+  (``no_weight_decay``, read by the training engine's parameter groups).
+* **Parameters** (App. B, Eq. 21-25): ``|theta_SHC| = n (n + 2)`` per hyper-connection, ``2 L`` of them;
+  ``|theta_DHC| = |theta_norm| + d (n + 2) + n (n + 2) + 2`` (tested).
+* **The default** (Sec. 4.1): DHC with n = 4 and tanh ("-DHC"); ``dynamic=False`` is SHC.
+
+Choices where the paper leaves room:
+
+* **k** (the one-hot of ``A_m``): Eq. 14's "index of the layer", where the layers ``T^k`` that hyper-connections
+  wrap are the attention and FFN sublayers (Algorithm 2 takes a ``layer_id`` per hyper-connection), so k counts
+  sublayers (``2 i + {0, 1}`` in an encoder layer, ``3 i + {0, 1, 2}`` in a decoder
+  layer with cross-attention); ``input_index="layer"`` uses the layer index i for both instead.
+* **Post-LN** is refused: the paper's hyper-connections replace the pre-norm residual (its baselines are Pre-Norm,
+  Sec. 4); Sec. 3.1 writes post-norm only as an n=1 hyper-connection whose weights depend on the input's and
+  output's statistics (Eq. 16), not as a learned one.
+* **Every stack**: the paper has a decoder-only LM (and vision models); here every stack of the model gets its own
+  streams: the encoder, the causal LM's stack, and the decoder (self-, cross-attention and FFN) of an
+  encoder-decoder. Everything acts on each position alone, so the causal LM stays causal and incremental decoding
+  with the KV cache equals the full forward pass (tested).
+* **Records**: the stack's recorded ``states`` and ``mids`` are the sums of the streams (what the final norm
+  reads), so hidden-state outputs keep their ``(B, T, d)`` shape.
+* **Output-layer initialisation** (Sec. 4, "Implementation": the std of the attention's output projection and
+  the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
+  not say in which direction, and the initial model is then no longer the pre-norm one.
+* **Arithmetic**: ``W`` is a product (``n d (n + 2)`` multiply-adds per position and sublayer, counted in
+  MAdds); the mixing of streams by ``A`` and ``B`` is element-wise in the stream's dtype (``n (n + 2) d``
+  multiply-adds, not counted, as residual additions are not), not a matmul, so TF32/bf16 products do not round
+  the residual streams.
+* **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
+  neither paper says which of the n streams would receive them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.components import Components, Side, SublayerKind
+from ..core.config import ConfigError
+from ..core.layers import DepthConnection
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+InputIndex = Literal["sublayer", "layer"]
+SUBLAYERS: dict[Side, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
+
+
+@dataclass
+class HyperConnectionsConfig:
+    """Options (see the module docstring for the paper references).
+
+    * ``rate``: the expansion rate n (the paper's LM experiments: 1, 2, 4, 8; its default 4, Sec. 4.1). 1 with
+      ``dynamic=False`` is exactly the plain pre-norm model.
+    * ``dynamic``: DHC (Sec. 2.2) or SHC (Sec. 2.1).
+    * ``scale_init``: the initial ``s_alpha`` and ``s_beta`` (0.01, the paper's pseudo-code).
+    * ``input_index``: what k of ``A_m = e_{k mod n}`` counts: ``sublayer`` (the paper's layers T^k) or ``layer``.
+    """
+
+    rate: int = 4
+    dynamic: bool = True
+    scale_init: float = 0.01
+    input_index: InputIndex = "sublayer"
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        if isinstance(self.rate, bool) or not isinstance(self.rate, int) or self.rate < 1:
+            raise ConfigError(f"hyper_connections.rate={self.rate!r} must be an integer >= 1 (the expansion rate "
+                              "n; the paper uses 2, 4, 8)")
+        if not math.isfinite(self.scale_init):
+            raise ConfigError(f"hyper_connections.scale_init={self.scale_init!r} must be a finite number "
+                              "(the paper's 0.01)")
+        if not cfg.norm_first:
+            raise ConfigError("hyper_connections needs norm_first=True (pre-LN): the paper replaces the pre-norm "
+                              "residual and defines post-norm only as a fixed n=1 hyper-connection, not a learned "
+                              "one; got norm_first=False")
+
+
+class HyperConnection(nn.Module):
+    """The residual module of one sublayer (``Components.residual``): :meth:`split` is the width connection
+    (Eq. 3-4, with the dynamic weights of Eq. 10-13), :meth:`combine` the depth connection (Eq. 5).
+
+    The stack state is ``(..., n, d)``. ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)), ``static_beta`` is ``B``;
+    ``dynamic_weight`` is ``[W_m | W_r | W_beta]`` (d x (n+2)), one product for all three.
+    """
+
+    def __init__(self, d_model: int, rate: int, index: int, *, dynamic: bool, scale_init: float, dropout: float,
+                 eps: float, bias: bool) -> None:
+        super().__init__()
+        self.rate = rate
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=bias)  # the sublayer's own pre-norm (part of T)
+        self.dropout = nn.Dropout(dropout)
+        a_m = torch.zeros(rate, 1)
+        a_m[index % rate, 0] = 1.0
+        self.static_alpha = nn.Parameter(torch.cat([a_m, torch.eye(rate)], dim=1))
+        self.static_beta = nn.Parameter(torch.ones(rate))
+        # Sec. 4 "Implementation": "The static component ... does not utilize weight decay, whereas the dynamic
+        # component does" (read by the training engine's parameter groups).
+        self.no_weight_decay = ("static_alpha", "static_beta")
+        self.dynamic = dynamic
+        if dynamic:
+            self.stream_norm = nn.LayerNorm(d_model, eps=eps, bias=bias)
+            self.dynamic_weight = nn.Parameter(torch.zeros(d_model, rate + 2))
+            self.alpha_scale = nn.Parameter(torch.tensor(float(scale_init)))
+            self.beta_scale = nn.Parameter(torch.tensor(float(scale_init)))
+
+    def weights(self, streams: Tensor) -> tuple[Tensor, Tensor]:
+        """``([A_m | A_r], B)``: ``(n, n+1)`` and ``(n,)`` static, or ``(..., n, n+1)`` and ``(..., n)``."""
+        if not self.dynamic:
+            return self.static_alpha, self.static_beta
+        n = self.rate
+        w = torch.tanh(self.stream_norm(streams) @ self.dynamic_weight)
+        alpha = self.alpha_scale * w[..., :n + 1] + self.static_alpha
+        beta = self.beta_scale * w[..., n + 1] + self.static_beta
+        return alpha, beta
+
+    def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
+        alpha, beta = self.weights(streams)
+        # (..., n, n+1, 1) * (..., n, 1, d) summed over the n input streams: row 0 is A_m^T H, rows 1.. A_r^T H.
+        mixed = (alpha.to(streams.dtype).unsqueeze(-1) * streams.unsqueeze(-2)).sum(-3)
+        h0 = mixed[..., 0, :]
+        if branch_add is not None:
+            h0 = h0 + branch_add
+        return self.norm(h0), (mixed[..., 1:, :], beta)
+
+    def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
+        kept, beta = carry
+        return beta.to(kept.dtype).unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2) + kept
+
+    def madds(self, t: int) -> int:
+        """The dynamic projection ``norm(H) W`` (the stream mixing is element-wise and not counted)."""
+        return t * self.rate * self.dynamic_weight.shape[0] * (self.rate + 2) if self.dynamic else 0
+
+
+class Streams(DepthConnection):
+    """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, Algorithm 1)."""
+
+    def __init__(self, rate: int) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def start(self, x: Tensor) -> tuple[Tensor, Any]:
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1]), None
+
+    def finish(self, h: Tensor, state: Any) -> Tensor:
+        return h.sum(-2)
+
+    def view(self, h: Tensor) -> Tensor:
+        return h.sum(-2)
+
+
+class _HyperConnectionsMethod:
+    name = "hyper_connections"
+    config_class = HyperConnectionsConfig
+
+    def validate(self, section: HyperConnectionsConfig, cfg: "ModelConfig") -> None:
+        """Checked on the config, so the refusal does not depend on the order the methods customise in."""
+        section.validate(cfg)
+        if cfg.multipass is not None:
+            raise ConfigError("hyper_connections carry n streams through the stack, but multipass adds one pass's "
+                              "layer outputs (d-vectors) to the next pass's layer inputs; neither paper says which "
+                              "stream would receive them, so the two cannot be combined (remove one section)")
+        if cfg.denseformer is not None:
+            raise ConfigError("hyper_connections and denseformer both replace the stack's depth connection (n "
+                              "streams vs depth-weighted averages of the block outputs); the two cannot be combined "
+                              "(remove one section)")
+
+    def customize(self, section: HyperConnectionsConfig, cfg: "ModelConfig", components: Components) -> None:
+        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+            kinds = SUBLAYERS[side]
+            k = index * len(kinds) + kinds.index(kind) if section.input_index == "sublayer" else index
+            return HyperConnection(cfg.d_model, section.rate, k, dynamic=section.dynamic,
+                                   scale_init=section.scale_init, dropout=cfg.dropout, eps=cfg.layer_norm_eps,
+                                   bias=cfg.bias)
+
+        components.residual = residual
+        components.depth_connection = lambda side: Streams(section.rate)
+
+    def finalize(self, section: HyperConnectionsConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie."""
+
+
+METHOD = _HyperConnectionsMethod()
