@@ -167,8 +167,13 @@ def test_qk_dim_and_relative_positions_work() -> None:
     assert not torch.allclose(mixed(x).logits, plain(x).logits)
 
 
-def test_padded_tokens_do_not_leak() -> None:
-    model = build(predictive={"alpha": 0.5, "conv_layers": 2})
+@pytest.mark.parametrize("fields", [
+    dict(predictive={"alpha": 0.5, "conv_layers": 2}),
+    # the PA-Conv-Transformer (PA Sec. 3.5): the padding must not leak through the convolution branch either
+    dict(n_heads=8, enc_layers=2, conv_branch={}, predictive={"alpha": 0.5}),
+], ids=["pa", "pa_conv_transformer"])
+def test_padded_tokens_do_not_leak(fields: dict[str, Any]) -> None:
+    model = build(**fields)
     x = torch.randint(1, 50, (2, T))
     pad = torch.zeros(2, T, dtype=torch.bool)
     pad[1, 5:] = True
