@@ -106,17 +106,6 @@ def test_two_d_convolution_over_the_grid_excludes_the_prefix() -> None:
     assert torch.isfinite(model(inputs_embeds=x).logits).all()
 
 
-def test_all_padding_sequence_gives_no_nan() -> None:
-    model = build(conv_branch={}, predictive={"alpha": 0.5})
-    model.train()
-    x = torch.randint(1, 50, (3, T))
-    x[2] = 0
-    out = model(x)
-    assert torch.isfinite(out.logits).all()
-    out.logits.sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-
-
 def test_pa_conv_transformer_predicts_the_attention_half() -> None:
     conv_only = build(enc_layers=3, conv_branch={})
     pa = build(enc_layers=3, conv_branch={}, predictive={"alpha": 0.0})

@@ -307,8 +307,12 @@ def test_mixer_zeroes_padding_and_non_finite_values_before_the_conv() -> None:
     torch.testing.assert_close(extras["predicted"], mixer(cur, clean, pad)[1]["predicted"])
 
 
-def test_all_padding_sequence_gives_no_nan_forward_or_backward() -> None:
-    model = build(predictive={"alpha": 0.5})
+@pytest.mark.parametrize("fields", [
+    dict(predictive={"alpha": 0.5}),
+    dict(n_heads=8, enc_layers=2, conv_branch={}, predictive={"alpha": 0.5}),  # PA-Conv-Transformer (Sec. 3.5)
+], ids=["pa", "pa_conv_transformer"])
+def test_all_padding_sequence_gives_no_nan_forward_or_backward(fields: dict[str, Any]) -> None:
+    model = build(**fields)
     model.train()
     x = tokens(3)
     x[2] = 0
