@@ -1,8 +1,23 @@
-"""Shared test settings: deterministic seeds and small thread counts so tests behave alike on 2-core CI."""
+"""Shared test settings and fixtures: deterministic seeds, and the tiny corpus several modules train on.
+
+Plain functions and constants that several modules share are in ``tests/helpers``; no test module imports
+another (``tests/test_test_layout.py``)."""
+from pathlib import Path
+
 import pytest
 import torch
+
+from helpers.translation import SHORT_LEXICON, write_corpus
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny De-En corpus of the comparison and reliability tests: 120/6/6 lowercase pairs of 2-5 words, plain
+    text. A module that needs a bigger corpus overrides this fixture with its own ``write_corpus`` sizes."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (120, 1), "valid": (6, 2), "test": (6, 3)},
+                        lexicon=SHORT_LEXICON, lengths=(2, 5), sentences=False)

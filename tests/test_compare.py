@@ -3,12 +3,10 @@ that is interrupted and continued, refusing a changed directory, and every figur
 import json
 import math
 import os
-import random
 import re
 import signal
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,14 +16,12 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from interlayer import get_config, save_pretrained
+from interlayer import get_config
 from interlayer.cli import main
-from interlayer.config import dataclass_from_dict
 from interlayer.core.config import ConfigError
-from interlayer.experiment import split_overrides
 from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
                                 make_settings)
-from interlayer.compare.plan import Plan, build_task, prepare_directory
+from interlayer.compare.plan import Plan, prepare_directory
 from interlayer.compare import plots
 from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
@@ -35,40 +31,11 @@ from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, p
 from interlayer.registry import PRESETS
 from interlayer.training.concurrency import threads_per_run
 
-LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
-           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees"}
-TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=2", "dec_layers=2"]
-TRAIN = ["train.max_tokens=256", "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0",
-         "train.keep_last=1", "train.save_interval_steps=1", "train.patience=0"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 120, 1), ("valid", 6, 2), ("test", 6, 3)):
-        rng = random.Random(seed)
-        pairs = []
-        for _ in range(n):
-            words = rng.choices(list(LEXICON), k=rng.randint(2, 5))
-            pairs.append((" ".join(words), " ".join(LEXICON[w] for w in words)))
-        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
-        (root / f"{split}.en").write_text("\n".join(p[1] for p in pairs) + "\n")
-    return root
-
-
-def _data_sets(corpus):
-    sets = {f"data.{split}_{side}": str(corpus / f"{split}.{lang}") for split in ("train", "valid", "test")
-            for side, lang in (("src", "de"), ("tgt", "en"))}
-    return {**sets, "data.vocab_size": "60"}
-
-
-def _sets(corpus, extra=()):
-    pairs = [*TINY, *TRAIN, *extra]
-    return {**_data_sets(corpus), **dict(p.split("=", 1) for p in pairs)}
+from helpers.compare import compare_sets, faked_comparison
 
 
 def _cli_sets(corpus, extra=()):
-    return [arg for key, value in _sets(corpus, extra).items() for arg in ("--set", f"{key}={value}")]
+    return [arg for key, value in compare_sets(corpus, extra).items() for arg in ("--set", f"{key}={value}")]
 
 
 # -- variants ------------------------------------------------------------------------------------------------
@@ -117,7 +84,7 @@ def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
 
 def test_named_variants_are_computed_against_the_task_model(corpus):
     settings = make_settings("translation", ["baseline,mpt_hard,pa,crossformer_kq,lw_1x"],
-                             sets=_sets(corpus, ["enc_layers=3"]))
+                             sets=compare_sets(corpus, ["enc_layers=3"]))
     plan = build_plan(settings)
     models = {v.variant.name: v.model for v in plan.variants}
     assert models["baseline"]["multipass"] is None and models["baseline"]["predictive"] is None
@@ -143,10 +110,10 @@ def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, cap
     assert code == 2
     assert "variant 'nonsense_preset' (nonsense_preset) cannot apply to task 'translation': unknown preset" \
            in capsys.readouterr().err
-    settings = make_settings("translation", ["baseline,pa"], sets=_sets(corpus, ["enc_layers=1"]))
+    settings = make_settings("translation", ["baseline,pa"], sets=compare_sets(corpus, ["enc_layers=1"]))
     with pytest.raises(VariantError, match="variant 'pa'.*predictive needs enc_layers >= 2"):
         build_plan(settings)
-    settings = make_settings("translation", ["baseline,mpt_hard"], sets=_sets(corpus))
+    settings = make_settings("translation", ["baseline,mpt_hard"], sets=compare_sets(corpus))
     with pytest.raises(VariantError, match="mpt_hard at enc_layers=2 would be the default connection"):
         build_plan(settings)
     assert not (tmp_path / "c").exists()
@@ -156,21 +123,25 @@ def test_settings_that_need_the_budget_are_checked_with_it(corpus):
     """``train.anneal_to_budget`` is valid only beside a time budget, which the comparison gives every run: the plan
     checks the settings with ``--budget-minutes`` in place, as the runs will have it."""
     annealed = ["train.schedule=linear", "train.anneal_to_budget=true"]
-    plan = build_plan(make_settings("translation", ["baseline,pa"], budget_minutes=1.0, sets=_sets(corpus, annealed)))
+    plan = build_plan(make_settings("translation", ["baseline,pa"], budget_minutes=1.0,
+                                    sets=compare_sets(corpus, annealed)))
     assert "train.max_minutes" not in plan.variant("pa").sets  # the budget reaches the runs as their max_minutes
     variant = "pa=pa+train.schedule=linear+train.anneal_to_budget=true"
-    assert build_plan(make_settings("translation", ["baseline", variant], budget_minutes=1.0, sets=_sets(corpus)))
+    assert build_plan(make_settings("translation", ["baseline", variant], budget_minutes=1.0,
+                                    sets=compare_sets(corpus)))
     with pytest.raises(ConfigError, match="train.max_minutes is 0"):
-        build_plan(make_settings("translation", ["baseline,pa"], sets=_sets(corpus, annealed)))
+        build_plan(make_settings("translation", ["baseline,pa"], sets=compare_sets(corpus, annealed)))
     with pytest.raises(VariantError, match="variant 'pa'.*train.max_minutes is 0"):
-        build_plan(make_settings("translation", ["baseline", variant], sets=_sets(corpus)))
+        build_plan(make_settings("translation", ["baseline", variant], sets=compare_sets(corpus)))
 
 
 def test_preset_flag_is_the_base_of_the_named_variants(corpus):
-    plan = build_plan(make_settings("translation", ["baseline,pa"], preset="transformer_small", sets=_sets(corpus)))
+    plan = build_plan(make_settings("translation", ["baseline,pa"], preset="transformer_small",
+                                    sets=compare_sets(corpus)))
     assert [v.variant.preset for v in plan.variants] == ["transformer_small"] * 2
     assert plan.variant("pa").model["dropout"] == 0.1  # transformer_small's; the task default has 0.3
-    assert build_plan(make_settings("translation", ["pa"], sets=_sets(corpus))).variants[0].model["dropout"] == 0.3
+    assert build_plan(make_settings("translation", ["pa"],
+                                    sets=compare_sets(corpus))).variants[0].model["dropout"] == 0.3
 
 
 def test_cli_default_and_list_variants(monkeypatch, capsys):
@@ -344,7 +315,7 @@ def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_pa
 
 def test_a_directory_made_with_other_settings_is_refused(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
-    settings = make_settings("translation", ["baseline,pa"], seeds=2, budget_minutes=0.5, sets=_sets(corpus))
+    settings = make_settings("translation", ["baseline,pa"], seeds=2, budget_minutes=0.5, sets=compare_sets(corpus))
     prepare_directory(build_plan(settings), out, ["interlayer", "compare", "original"])
     code = main(["compare", "--task", "translation", "--variants", "baseline,pa=pa+predictive.alpha=0.3,pa_res",
                  "--seeds", "1", "--budget-minutes", "1", "--output", str(out), *_cli_sets(corpus)])
@@ -362,9 +333,9 @@ def test_a_directory_made_with_other_settings_is_refused(corpus, tmp_path, capsy
 def test_a_comparison_may_grow_by_seeds_and_variants(corpus, tmp_path):
     """More seeds or more variants continue the directory (finished runs stay valid); the growth is recorded."""
     out = tmp_path / "cmp"
-    small = make_settings("translation", ["baseline,pa"], seeds=1, budget_minutes=0.5, sets=_sets(corpus))
+    small = make_settings("translation", ["baseline,pa"], seeds=1, budget_minutes=0.5, sets=compare_sets(corpus))
     assert prepare_directory(build_plan(small), out, ["interlayer", "compare", "small"]) is False
-    grown = make_settings("translation", ["baseline,pa,pa_res"], seeds=3, budget_minutes=0.5, sets=_sets(corpus))
+    grown = make_settings("translation", ["baseline,pa,pa_res"], seeds=3, budget_minutes=0.5, sets=compare_sets(corpus))
     assert prepare_directory(build_plan(grown), out, ["interlayer", "compare", "grown"]) is True
     stored = json.loads((out / "compare.json").read_text())
     assert stored["settings"]["seeds"] == [1, 2, 3]
@@ -379,40 +350,6 @@ def test_a_comparison_may_grow_by_seeds_and_variants(corpus, tmp_path):
 
 
 # -- the figures -------------------------------------------------------------------------------------------------
-def _fake_runs(plan: Plan, out: Path, corpus) -> None:
-    """Finished runs without training: each variant's model (initial weights) as best/, plus the logs the report
-    reads, with 2 seeds each; the MPT soft weights are perturbed so the heatmap is not the initial pattern."""
-    task, train_cfg = build_task(plan.spec, plan.settings.sets)
-    data = dataclass_from_dict(plan.spec.data_class, split_overrides(plan.settings.sets)[2], "data.")
-    rng = np.random.default_rng(0)
-    for planned in plan.variants:
-        for seed in plan.settings.seeds:
-            run_dir = out / "runs" / f"{planned.variant.name}-s{seed}"
-            run_dir.mkdir(parents=True)
-            model = plan.spec.model_from_dict(planned.model)
-            if getattr(model.encoder, "connection_logits", None) is not None:
-                model.encoder.connection_logits.data += 2 * torch.randn_like(model.encoder.connection_logits)
-            save_pretrained(model, run_dir / "best")
-            task.save_assets(run_dir / "best")
-            task.save_assets(run_dir)
-            (run_dir / "run.json").write_text(json.dumps({"task": plan.spec.name, "preset": planned.variant.preset,
-                                                          "model": planned.model, "train": asdict(train_cfg),
-                                                          "data": asdict(data)}))
-            lines = ["step,epoch,bleu,nll,elapsed_min"] + [
-                f"{10 * e},{e},{5 * e + rng.normal()},{3 - 0.2 * e},{0.1 * e + 0.01 * seed}" for e in range(1, 6)]
-            (run_dir / "valid.csv").write_text("\n".join(lines) + "\n")
-            sg = "crossformer_sg" in planned.variant.name
-            train = [f"step,loss,units_per_s{',crossformer_sg' if sg else ''}"] + [
-                f"{s},{4 - 0.05 * s},{1000 + 50 * seed}" + (f",{3.0 * math.exp(-s / 10)}" if sg else "")
-                for s in range(1, 41)]
-            (run_dir / "train.csv").write_text("\n".join(train) + "\n")
-            (run_dir / "compare_memory.json").write_text(json.dumps([{"peak_rss_mb": 300.0,
-                                                                      "peak_rss_growth_mb": 50.0 + seed}]))
-            (run_dir / "results.json").write_text(json.dumps({
-                "status": "finished", "epochs": 5, "steps": 50, "train_minutes": 0.5, "stop_reason": "budget",
-                "test_bleu": 20 + seed + rng.normal(), "peak_rss_growth_mb": 50.0 + seed}))
-
-
 def _check_png(picture):
     image = Image.open(picture.path)
     image.load()
@@ -423,16 +360,9 @@ def _check_png(picture):
     assert len(colours) > 50, f"{picture.path.name} has almost no content"
 
 
-def _faked_comparison(corpus, out: Path, variants: str) -> Plan:
-    """A 2-seed translation comparison of ``variants`` whose runs are all faked as finished (:func:`_fake_runs`)."""
-    plan = build_plan(make_settings("translation", [variants], seeds=2, budget_minutes=1.0, sets=_sets(corpus)))
-    _fake_runs(plan, out, corpus)
-    return plan
-
-
 def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
-    plan = _faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
+    plan = faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
     drawn_maps, colour_bars = [], []
     attention_maps, colorbar = plots.attention_maps, Figure.colorbar
     monkeypatch.setattr(plots, "attention_maps", lambda rows, *a, **k: drawn_maps.append(rows) or attention_maps(
@@ -496,7 +426,7 @@ def test_still_falling_curves_are_told_apart_from_levelled_ones():
 
 def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
     plan = build_plan(make_settings("translation", ["baseline"], budget_minutes=1.0,
-                                    sets={**_sets(corpus), "train.threads": "1"}))
+                                    sets={**compare_sets(corpus), "train.threads": "1"}))
     env = environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
     assert re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", env.commit)  # this checkout is a git work tree
     lines = env.lines()
@@ -553,7 +483,7 @@ def test_select_names_are_checked_before_training(corpus, tmp_path, capsys):
 
 def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     out = tmp_path / "cmp"
-    plan = _faked_comparison(corpus, out, "baseline,pa,pa_a0.3=pa+predictive.alpha=0.3")
+    plan = faked_comparison(corpus, out, "baseline,pa,pa_a0.3=pa+predictive.alpha=0.3")
     for seed in (1, 2):  # pa_a0.3 ahead on validation, behind on test: the choice must follow validation
         run = out / "runs" / f"pa_a0.3-s{seed}"
         (run / "valid.csv").write_text("step,epoch,bleu,nll,elapsed_min\n10,1,99.0,1.0,0.1\n")

@@ -1,16 +1,12 @@
 """The language-model comparison (the README's main job): its report under a step budget, faked runs only."""
 import json
-from dataclasses import asdict
 
-import numpy as np
 import pytest
 
-from interlayer.checkpoint import save_pretrained
 from interlayer.compare import build_plan, make_settings
-from interlayer.compare.plan import build_task
 from interlayer.compare.report import read_run, write_report
-from interlayer.config import dataclass_from_dict
-from interlayer.experiment import split_overrides
+
+from helpers.compare import fake_runs
 
 TEXT = "".join(f"Line {i}: to be, or not to be, that is the question {i * 3}.\n" for i in range(80))
 
@@ -24,32 +20,19 @@ def plan(tmp_path):
     return build_plan(make_settings("lm", ["baseline,pa"], seeds=2, budget_steps=40, sets=sets))
 
 
-def fake_runs(plan, out):
-    """Finished runs without training: initial weights as best/, validations every 4 steps, measured speeds."""
-    task, train_cfg = build_task(plan.spec, plan.settings.sets)
-    data = dataclass_from_dict(plan.spec.data_class, split_overrides(plan.settings.sets)[2], "data.")
-    rng = np.random.default_rng(0)
-    for planned in plan.variants:
-        for seed in plan.settings.seeds:
-            run = out / "runs" / f"{planned.variant.name}-s{seed}"
-            run.mkdir(parents=True)
-            save_pretrained(plan.spec.model_from_dict(planned.model), run / "best")
-            task.save_assets(run / "best")
-            task.save_assets(run)
-            (run / "run.json").write_text(json.dumps({"task": "lm", "preset": planned.variant.preset,
-                                                      "model": planned.model, "train": asdict(train_cfg),
-                                                      "data": asdict(data)}))
-            rows = [f"{4 * e},{e},{3 - 0.1 * e + 0.01 * seed},{e / 60 + rng.random()}" for e in range(1, 11)]
-            (run / "valid.csv").write_text("step,epoch,loss,elapsed_min\n" + "\n".join(rows) + "\n")
-            (run / "train.csv").write_text("step,loss,units_per_s\n4,3.0,1000\n")
-            (run / "results.json").write_text(json.dumps({"status": "finished", "steps": 40,
-                                                          "test_loss": 2.1234 + 0.001 * seed}))
+def lm_logs(run, planned, seed, rng):
+    """Validations every 4 steps (loss falling), measured speeds, a finished result."""
+    rows = [f"{4 * e},{e},{3 - 0.1 * e + 0.01 * seed},{e / 60 + rng.random()}" for e in range(1, 11)]
+    (run / "valid.csv").write_text("step,epoch,loss,elapsed_min\n" + "\n".join(rows) + "\n")
+    (run / "train.csv").write_text("step,loss,units_per_s\n4,3.0,1000\n")
+    (run / "results.json").write_text(json.dumps({"status": "finished", "steps": 40,
+                                                  "test_loss": 2.1234 + 0.001 * seed}))
 
 
 def test_lm_report_under_a_step_budget(plan, tmp_path):
     assert plan.settings.sets["train.max_steps"] == "40" and plan.settings.budget_minutes is None
     out = tmp_path / "cmp"
-    fake_runs(plan, out)
+    fake_runs(plan, out, lm_logs)
     report = write_report(plan, out, ["interlayer", "compare", "..."])
     # three decimals for the loss (the task's metric_decimals), not the two a value above 1 gets by default
     assert "| 2.125 ± 0.001 (n=2) " in report.table and "tokens/s" not in report.table

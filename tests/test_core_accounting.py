@@ -1,15 +1,10 @@
 """Parameter counts count tied tensors once; analytic MAdds equal torch's FLOP counter (FLOPs = 2 MAdds)."""
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer import ConfigError, count_madds, count_parameters, create_model
 
-
-def _flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
+from helpers import count_flops
 
 
 def test_tied_parameters_counted_once():
@@ -38,10 +33,10 @@ def test_madds_match_flop_counter(overrides):
                          attn_impl="eager", **overrides).eval()
     src, tgt = torch.randint(1, 50, (1, 9)), torch.randint(1, 50, (1, 7))
     if model.config.arch == "encoder_decoder":
-        flops = _flops(lambda: model(src, tgt))
+        flops = count_flops(lambda: model(src, tgt))
         assert flops == 2 * count_madds(model, 9, 7)
     else:
-        flops = _flops(lambda: model(src))
+        flops = count_flops(lambda: model(src))
         assert flops == 2 * count_madds(model, 9)
 
 

@@ -23,10 +23,11 @@ from interlayer.models.mcan import create_mcan, get_mcan_config
 from interlayer.core.config import ConfigError
 from interlayer.training.device import autocast, move, resolve_device, resolve_precision
 
+from helpers import gpu
+
 NAMES = list_models()
 TRANSFORMERS = set(list_models(family="transformer"))
 MCANS = set(list_models(family="mcan"))
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:

@@ -12,7 +12,7 @@ from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.training.engine import LAST, read_checkpoint
 
-from test_translation import _sentences  # noqa: E402  (shared tiny corpus)
+from helpers.translation import write_corpus
 
 
 def _free_port() -> int:
@@ -42,12 +42,8 @@ def _run(rank: int, world: int, port: int, corpus, run_dir, update_freq: int, ex
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 120, 1), ("valid", 8, 2), ("test", 8, 3)):
-        pairs = _sentences(n, seed)
-        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
-        (root / f"{split}.en").write_text("\n".join(p[1] for p in pairs) + "\n")
-    return root
+    """The tiny De-En corpus at 120/8/8 sentences, plain text."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (120, 1), "valid": (8, 2), "test": (8, 3)})
 
 
 @pytest.mark.parametrize("extra", [

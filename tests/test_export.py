@@ -4,7 +4,6 @@ written in interlayer's own format with the same files, and the command says so.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from interlayer.pretrained import PretrainedError, from_hf, load_tokenizer, to_h
 
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_finetune import write_checkpoint, write_data  # noqa: E402
+from helpers.finetune import write_checkpoint, write_data  # noqa: E402
 
 TEXTS = ["the film was good", "it was bad ,"]
 
@@ -83,7 +81,7 @@ def test_cli_export_of_a_pa_run_writes_interlayers_format_and_says_so(runs, tmp_
 
 
 def test_lm_export_writes_generation_config_and_refuses_a_missing_tokenizer(tmp_path):
-    from test_hf_gpt2 import hf_gpt2, write_tokenizer
+    from helpers.hf_gpt2 import hf_gpt2, write_tokenizer
 
     hf_gpt2("tied").save_pretrained(str(tmp_path / "gpt2"))
     write_tokenizer(tmp_path / "gpt2")

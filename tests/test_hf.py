@@ -30,29 +30,10 @@ from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
 from interlayer.models.vision import ImageClassifier, create_vision_model, get_vision_config
 
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).parent))
-from test_finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 
-VOCAB, D, HEADS, FFN, LAYERS, POSITIONS = 60, 16, 2, 32, 2, 40
-TEXT = dict(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-            intermediate_size=FFN, max_position_embeddings=POSITIONS)
-VIT = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN, image_size=16,
-           patch_size=4)
-# case -> (config class, model class, config fields); every model is random, from transformers' own init.
-CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "bert": ("BertConfig", "BertModel", TEXT),
-    "bert_classifier": ("BertConfig", "BertForSequenceClassification", dict(TEXT, num_labels=3)),
-    "electra": ("ElectraConfig", "ElectraModel", dict(TEXT, embedding_size=D)),
-    "roberta": ("RobertaConfig", "RobertaModel", dict(TEXT, type_vocab_size=1)),
-    "roberta_classifier": ("RobertaConfig", "RobertaForSequenceClassification",
-                           dict(TEXT, type_vocab_size=1, num_labels=3)),
-    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(TEXT, type_vocab_size=1)),
-    "distilbert": ("DistilBertConfig", "DistilBertModel",
-                   dict(vocab_size=VOCAB, dim=D, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN,
-                        max_position_embeddings=POSITIONS)),
-    "vit": ("ViTConfig", "ViTModel", VIT),
-    "vit_classifier": ("ViTConfig", "ViTForImageClassification", dict(VIT, num_labels=5)),
-}
+from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
+from helpers.hf import CASES, D, HEADS, LAYERS, TEXT, images, reference, text_ids  # noqa: E402
+
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 
 
@@ -70,29 +51,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[case] = root / case
         hf_model(case).save_pretrained(str(out[case]))
     return out
-
-
-def text_ids(pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids with padding at the end, at the start and in the middle (RoBERTa numbers only real tokens)."""
-    ids = torch.randint(5, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
-    ids[0, 6:] = pad
-    ids[1, :2] = pad
-    ids[2, 3:5] = pad
-    return ids, ids.ne(pad)
-
-
-def images(n: int = 2) -> torch.Tensor:
-    return torch.rand(n, 3, 16, 16, generator=torch.Generator().manual_seed(2))
-
-
-def reference(hf: Any, case: str) -> tuple[Any, Any]:
-    """(transformers' output, our model's inputs) on a padded text batch or random images."""
-    with torch.no_grad():
-        if case.startswith("vit"):
-            x = images()
-            return hf(pixel_values=(x - 0.5) / 0.5, output_hidden_states=True), x
-        ids, real = text_ids(hf.config.pad_token_id)
-        return hf(input_ids=ids, attention_mask=real.long(), output_hidden_states=True), ids
 
 
 def run(model: torch.nn.Module, inputs: torch.Tensor) -> Any:
@@ -256,7 +214,7 @@ def test_saved_tokenizers_keep_their_length_cap_and_no_baked_in_truncation(rober
     """Both tokenizers write through PretrainedTokenizer._write_files: the cap is ``model_max_length`` in
     tokenizer_config.json (transformers truncates to it), and tokenizer.json carries no truncation of its own."""
     from interlayer.pretrained.wordpiece import WordPieceTokenizer
-    from test_pretrained import tiny_state, write_bert
+    from helpers.pretrained import tiny_state, write_bert
 
     bert = write_bert(tmp_path / "bert", tiny_state())
     for name, tokenizer in [("bpe", BPETokenizer.from_pretrained(roberta_folder, max_length=9)),
@@ -340,7 +298,7 @@ def test_cli_fine_tunes_a_roberta_folder_on_sst2(roberta_folder: Path, tmp_path:
 def test_distilbert_fine_tunes_on_sentence_pairs(tmp_path: Path) -> None:
     from interlayer.experiment import train
     from interlayer.tasks import task_specs
-    from test_finetune import VOCAB as WORDS
+    from helpers.finetune import VOCAB as WORDS
 
     directory = tmp_path / "distilbert"
     config = transformers.DistilBertConfig(**dict(CASES["distilbert"][2], vocab_size=len(WORDS)))
@@ -647,7 +605,7 @@ def test_fine_tuning_configs_refuse_a_checkpoint_of_another_kind_and_pooling(tmp
     """The image and language-model fine-tuning configs take only their own kind of checkpoint, naming it and
     where the checkpoint does fit, and refuse a pooling setting (the checkpoint's head decides it)."""
     from interlayer.pretrained.finetune import lm_finetune_config, vision_finetune_config
-    from test_pretrained import tiny_state, write_bert
+    from helpers.pretrained import tiny_state, write_bert
 
     bert = write_bert(tmp_path / "bert", tiny_state())
     with pytest.raises(PretrainedError, match=r"holds a .*BERT.*, not an image model: fine-tune it on a text task"):

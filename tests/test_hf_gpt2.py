@@ -1,14 +1,13 @@
 """GPT-2 in and out (issue 21): ``from_hf``/``to_hf`` on the core's language model, its tokenizer, the methods.
 
-Every GPT-2 is random, built here by ``transformers`` from a tiny config (no download), in three shapes: tied
-output and tanh GELU; an untied head, ``n_inner`` and exact GELU; a bare ``GPT2Model`` with ReLU. The tokenizer is
-a byte-level BPE trained here and saved by ``transformers``' own ``GPT2Tokenizer``.
+Every GPT-2 is random, built by ``transformers`` from a tiny config (``helpers.hf_gpt2``, no download), in three
+shapes: tied output and tanh GELU; an untied head, ``n_inner`` and exact GELU; a bare ``GPT2Model`` with ReLU. The
+tokenizer is a byte-level BPE trained there and saved by ``transformers``' own ``GPT2Tokenizer``.
 """
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -29,49 +28,10 @@ from interlayer.training.config import TrainConfig
 from interlayer.training.engine import Trainer
 
 transformers = pytest.importorskip("transformers")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf import CASES as ENCODER_CASES  # noqa: E402
-from test_hf import reference as encoder_reference  # noqa: E402
-
-VOCAB, D, POSITIONS = 300, 16, 40
-# initializer_range 0.2 (GPT-2's is 0.02): attention maps far from uniform, so PA's prediction shows in the outputs
-BASE = dict(vocab_size=VOCAB, n_embd=D, n_positions=POSITIONS, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
-# case -> (model class, config fields)
-CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "tied": ("GPT2LMHeadModel", dict(BASE, n_layer=2, n_head=2)),
-    "untied": ("GPT2LMHeadModel", dict(BASE, n_layer=3, n_head=4, n_inner=24, activation_function="gelu",
-                                       layer_norm_epsilon=1e-6, tie_word_embeddings=False)),
-    "bare": ("GPT2Model", dict(BASE, n_layer=2, n_head=1, activation_function="relu")),
-}
-ADDED = "<| sep |>"  # outside the byte alphabet (spaces): spelled literally
-TEXTS = ["To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer",
-         "The quick brown fox jumps over the lazy dog. " * 3, "Ünïcödé, naïve café"]
-
-
-def hf_gpt2(case: str, seed: int = 0) -> Any:
-    model_class, fields = CASES[case]
-    torch.manual_seed(seed)
-    return getattr(transformers, model_class)(transformers.GPT2Config(**fields)).eval()
-
-
-def write_tokenizer(directory: Path) -> Any:
-    """A byte-level BPE with <|endoftext|> (id 0) and an added token holding spaces (id VOCAB - 1), saved as
-    transformers saves a GPT2Tokenizer."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 1, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(TEXTS, trainer=trainer)
-    raw = directory / "raw"
-    raw.mkdir(parents=True)
-    backend.model.save(str(raw))
-    tokenizer = transformers.GPT2Tokenizer(vocab=str(raw / "vocab.json"), merges=str(raw / "merges.txt"))
-    tokenizer.add_special_tokens({"additional_special_tokens": [ADDED]})
-    tokenizer.save_pretrained(str(directory))
-    return tokenizer
+from helpers.hf import CASES as ENCODER_CASES  # noqa: E402
+from helpers.hf import reference as encoder_reference  # noqa: E402
+from helpers.hf_gpt2 import ADDED, CASES, D, TEXTS, VOCAB, hf_gpt2, write_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ counts, the exact plain model at k=1, MAdds against torch's FLOP counter, increm
 import pytest
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, load_pretrained,
                         save_pretrained)
@@ -17,6 +16,8 @@ from interlayer.core.models import EncoderClassifier
 from interlayer.methods.lightweight import METHOD, GroupedFeedForward, GroupedLinear, GroupedMultiHeadAttention
 from interlayer.papers import lightweight
 from interlayer.papers.lightweight import layer_counts
+
+from helpers import count_flops
 
 D, H, DF, V = 32, 4, 64, 50
 TINY = dict(d_model=D, n_heads=H, d_ffn=DF, enc_layers=2, dec_layers=2, src_vocab_size=V, dropout=0.0)
@@ -233,12 +234,6 @@ def test_section_builds_with_overrides():
 
 # --- protocol: masking, fused/eager, cache, relative positions, logit mixer, MAdds ------------------------------
 
-def _flops(fn) -> int:
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
-
-
 @pytest.mark.parametrize("section, core", [
     (dict(), dict()),
     (dict(share_weights=False, qk_expansion=2), dict(positions="relative")),
@@ -250,9 +245,9 @@ def test_madds_match_flop_counter(section, core):
     model = _model(section, attn_impl="eager", **core)
     src, tgt = _tokens(b=1, t=9, pad_last=0), _tokens(b=1, t=7, pad_last=0)
     if model.config.arch == "encoder_decoder":
-        assert _flops(lambda: model(src, tgt)) == 2 * count_madds(model, 9, 7)
+        assert count_flops(lambda: model(src, tgt)) == 2 * count_madds(model, 9, 7)
     else:
-        assert _flops(lambda: model(src)) == 2 * count_madds(model, 9)
+        assert count_flops(lambda: model(src)) == 2 * count_madds(model, 9)
 
 
 def test_fused_and_eager_paths_agree_with_padding():

@@ -167,8 +167,13 @@ def test_qk_dim_and_relative_positions_work() -> None:
     assert not torch.allclose(mixed(x).logits, plain(x).logits)
 
 
-def test_padded_tokens_do_not_leak() -> None:
-    model = build(predictive={"alpha": 0.5, "conv_layers": 2})
+@pytest.mark.parametrize("fields", [
+    dict(predictive={"alpha": 0.5, "conv_layers": 2}),
+    # the PA-Conv-Transformer (PA Sec. 3.5): the padding must not leak through the convolution branch either
+    dict(n_heads=8, enc_layers=2, conv_branch={}, predictive={"alpha": 0.5}),
+], ids=["pa", "pa_conv_transformer"])
+def test_padded_tokens_do_not_leak(fields: dict[str, Any]) -> None:
+    model = build(**fields)
     x = torch.randint(1, 50, (2, T))
     pad = torch.zeros(2, T, dtype=torch.bool)
     pad[1, 5:] = True
@@ -302,8 +307,12 @@ def test_mixer_zeroes_padding_and_non_finite_values_before_the_conv() -> None:
     torch.testing.assert_close(extras["predicted"], mixer(cur, clean, pad)[1]["predicted"])
 
 
-def test_all_padding_sequence_gives_no_nan_forward_or_backward() -> None:
-    model = build(predictive={"alpha": 0.5})
+@pytest.mark.parametrize("fields", [
+    dict(predictive={"alpha": 0.5}),
+    dict(n_heads=8, enc_layers=2, conv_branch={}, predictive={"alpha": 0.5}),  # PA-Conv-Transformer (Sec. 3.5)
+], ids=["pa", "pa_conv_transformer"])
+def test_all_padding_sequence_gives_no_nan_forward_or_backward(fields: dict[str, Any]) -> None:
+    model = build(**fields)
     model.train()
     x = tokens(3)
     x[2] = 0

@@ -10,7 +10,8 @@ from interlayer.cli import main
 from interlayer.compare.runner import overall_eta
 from interlayer.training.engine import budget_steps
 
-TEXT = "".join(f"Line {i}: to be, or not to be; that is the question {i * 7}.\n" for i in range(60))
+from helpers import TEXT
+
 TINY = ["--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ffn=32", "--set", "enc_layers=1",
         "--set", "data.block_size=16", "--set", "data.eval_interval=3", "--set", "train.max_tokens=64",
         "--set", "train.warmup_steps=1"]

@@ -34,9 +34,8 @@ from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryL
 from interlayer.training.engine import LAST
 from interlayer.models.vision import get_vision_config
 
-from test_compare import corpus  # noqa: F401,E402  (the tiny De-En corpus fixture)
+from helpers import SRC
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
         "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0", "train.keep_last=1",
         "data.vocab_size=60"]

@@ -20,7 +20,8 @@ from interlayer.pretrained import PretrainedError, from_hf
 from interlayer.pretrained.hf import read_weights
 from interlayer.training.engine import LAST
 
-from test_compare import corpus  # noqa: F401  (the tiny De-En corpus fixture)
+from helpers import set_args
+from helpers.compare import compare_sets, faked_comparison
 
 TINY_TRANSLATION = ["d_model=32", "n_heads=2", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
                     "train.warmup_steps=2", "data.vocab_size=60"]
@@ -32,15 +33,11 @@ TINY_IMAGE = ["d_model=16", "n_heads=2", "d_ffn=32", "enc_layers=1", "data.batch
 TINY_LM = ["d_model=16", "n_heads=2", "d_ffn=32", "enc_layers=1", "data.block_size=16", "train.max_tokens=64"]
 
 
-def _sets(items) -> list[str]:
-    return [arg for item in items for arg in ("--set", item)]
-
-
 def _translation_args(corpus: Path, run: Path, *sets: str) -> list[str]:
     files = [arg for split in ("train", "valid", "test") for side, lang in (("src", "de"), ("tgt", "en"))
              for arg in (f"--{split}-{side}", str(corpus / f"{split}.{lang}"))]
     return ["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "1", *files,
-            *_sets([*TINY_TRANSLATION, *sets])]
+            *set_args([*TINY_TRANSLATION, *sets])]
 
 
 # -- a budget that ends before the first epoch ------------------------------------------------------------------
@@ -78,7 +75,7 @@ def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
     if task == "lm":  # the bundled Shakespeare takes 20 s to score
         (tmp_path / "book.txt").write_text("to be or not to be, that is the question.\n" * 40)
         data = ["--data", str(tmp_path / "book.txt")]
-    assert main(["train", task, "--run-dir", str(run), "--no-progress", *data, *_sets([*extra, budget])]) == 0
+    assert main(["train", task, "--run-dir", str(run), "--no-progress", *data, *set_args([*extra, budget])]) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "finished" and results["steps"] == (1 if "steps" in budget else 0)
     assert (run / "best" / "config.json").is_file()
@@ -96,7 +93,7 @@ def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
 def test_a_refused_run_leaves_no_directory_and_the_fixed_command_runs(tmp_path, capsys, task, sets, message):
     run = tmp_path / "run"
     tiny = TINY_VQA if task == "vqa" else TINY_TEXT
-    base = ["train", task, "--run-dir", str(run), "--no-progress", *_sets([*tiny, "train.max_steps=1"])]
+    base = ["train", task, "--run-dir", str(run), "--no-progress", *set_args([*tiny, "train.max_steps=1"])]
     assert main(base + sets) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not run.exists()
@@ -123,10 +120,8 @@ def test_a_run_dir_below_a_file_is_refused(tmp_path, capsys):
 
 # -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
 def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
-    from test_compare import _faked_comparison
-
     out = tmp_path / "cmp"
-    plan = _faked_comparison(corpus, out, "baseline,pa")
+    plan = faked_comparison(corpus, out, "baseline,pa")
     damaged = out / "runs" / "baseline-s1" / "results.json"
     damaged.write_text('{"status": "fini')  # what a crash mid-write of an in-place writer left
     report = write_report(plan, out, ["interlayer", "compare", "..."])
@@ -183,7 +178,7 @@ def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(fileio.Path, "write_bytes", write_bytes)
     run = tmp_path / "run"
     assert main(["train", "sst2", "--run-dir", str(run), "--no-progress",
-                 *_sets([*TINY_TEXT, "train.max_steps=1"])]) == 2
+                 *set_args([*TINY_TEXT, "train.max_steps=1"])]) == 2
     assert f"{run / 'results.json'}: no space left on device while writing it" in capsys.readouterr().err
     assert not (run / "results.json").exists() and not (run / "results.json.tmp").exists()
 
@@ -377,7 +372,7 @@ def test_a_run_json_edited_to_ten_million_layers_is_refused_on_resume_before_bui
 def test_a_last_step_that_diverges_stops_the_run_at_the_non_finite_validation(tmp_path, capsys):
     run = tmp_path / "run"
     sets = [*TINY_TEXT, "train.lr=1e30", "train.warmup_steps=0", "train.schedule=constant", "train.max_steps=1"]
-    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *_sets(sets)]) == 3
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *set_args(sets)]) == 3
     assert re.search(r"training diverged at step 1: the validation scores are not finite \(nll nan",
                      capsys.readouterr().err)
     assert not (run / "results.json").exists()
@@ -390,7 +385,7 @@ def test_non_finite_test_scores_stop_the_run_without_results(tmp_path, capsys, m
     monkeypatch.setattr(TextClassificationSpec, "finish",
                         lambda *args: {**finish(*args), "test_accuracy": float("nan")})
     run = tmp_path / "run"
-    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *_sets([*TINY_TEXT,
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress", *set_args([*TINY_TEXT,
                                                                                    "train.max_steps=1"])]) == 3
     assert "are not finite (test_accuracy nan); no results.json is written" in capsys.readouterr().err
     assert not (run / "results.json").exists()
@@ -402,7 +397,7 @@ def language_model(tmp_path_factory) -> Path:
     (root / "book.txt").write_text("to be or not to be, that is the question.\n" * 40)
     run = root / "run"
     assert main(["train", "lm", "--data", str(root / "book.txt"), "--run-dir", str(run), "--no-progress",
-                 *_sets([*TINY_LM, "train.max_steps=1"])]) == 0
+                 *set_args([*TINY_LM, "train.max_steps=1"])]) == 0
     return run / "best"
 
 
@@ -431,12 +426,10 @@ def test_generate_refuses_a_prompt_that_is_not_utf8_and_an_unbounded_length(lang
 
 
 def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
-    from test_compare import _faked_comparison
-
     from interlayer.compare.selection import parse_selections
 
     out = tmp_path / "cmp"
-    plan = _faked_comparison(corpus, out, "baseline,pa")
+    plan = faked_comparison(corpus, out, "baseline,pa")
     group = "<script>alert(1)</script>`x|y*"
     command = ["interlayer", "compare", "--select", f"{group}=baseline,pa", "--note", "a``b`"]
     report = write_report(plan, out, command, parse_selections([f"{group}=baseline,pa"]))
@@ -454,7 +447,7 @@ def test_the_search_study_is_created_under_a_lock_of_its_output(tmp_path, monkey
     import fcntl
 
     import interlayer.search.mpt as mpt
-    from test_search import DEFINITION, _settings
+    from helpers.search import DEFINITION, search_settings
 
     real, held = mpt.make_storage, []
 
@@ -468,7 +461,7 @@ def test_the_search_study_is_created_under_a_lock_of_its_output(tmp_path, monkey
         return real(settings)
 
     monkeypatch.setattr(mpt, "make_storage", make_storage)
-    study, _ = mpt.open_study(_settings(tmp_path, trials=2), DEFINITION)
+    study, _ = mpt.open_study(search_settings(tmp_path, trials=2), DEFINITION)
     assert held == [True] and len(study.get_trials()) == 1  # the identity, queued once
 
 
@@ -527,12 +520,10 @@ def test_a_duplicate_image_id_in_a_tsv_or_npz_folder_is_refused(tmp_path):
 
 def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
     """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
-    from test_compare import _sets as compare_sets
-
     out = tmp_path / "cmp"
     sets = {**compare_sets(corpus), "train.average_last": "5", "train.keep_last": "5"}
     assert main(["compare", "--task", "translation", "--variants", "baseline", "--budget-steps", "3", "--output",
-                 str(out), *_sets(f"{k}={v}" for k, v in sets.items())]) == 0
+                 str(out), *set_args(f"{k}={v}" for k, v in sets.items())]) == 0
     assert json.loads((out / "runs" / "baseline-s1" / "results.json").read_text())["averaged"].startswith("none:")
 
 

@@ -4,11 +4,9 @@ studies, worker processes (one of them SIGKILLed), the report, and one real tria
 The mechanics use injected objectives (module-level classes, so spawned worker processes can unpickle them);
 the last tests train a tiny translation model on a synthetic corpus.
 """
-import gzip
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -25,43 +23,12 @@ from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_
 from interlayer.search.policy import (Record, Strategy, all_patterns, decode, encode, good_and_poor, propose,
                                       rank_completed, swap_neighbours, within_one_swap)
 from interlayer.search.report import draw_pattern
-from interlayer.search.sampler import PARAM, PHASE_ATTR, Definition, MPTSearchSampler
+from interlayer.search.sampler import PARAM, PHASE_ATTR, MPTSearchSampler
+
+from helpers.search import DEFINITION, N, Scored, score, search_settings
+from helpers.translation import write_corpus
 
 TrialState = optuna.trial.TrialState
-N = 4
-DEFINITION = Definition(n_layers=N, metric="score", higher_is_better=True)
-TARGET = (0, 3, 1, 2)
-
-
-def _score(permutation) -> float:
-    """A smooth landscape: minus the distance to TARGET (0 at TARGET)."""
-    return -float(sum(abs(a - b) for a, b in zip(permutation, TARGET)))
-
-
-class Scored:
-    """Objective: the landscape score; writes the worker's pid into the trial's run directory."""
-
-    def __init__(self, seconds: float = 0.0, barrier: int = 0, seconds_after_kill: float = 0.0) -> None:
-        self.seconds, self.barrier, self.seconds_after_kill = seconds, barrier, seconds_after_kill
-
-    def __call__(self, request):
-        request.run_dir.mkdir(parents=True)
-        (request.run_dir / "pid").write_text(str(os.getpid()))
-        pids = request.settings.output / "pids"
-        pids.mkdir(exist_ok=True)
-        (pids / str(os.getpid())).touch()
-        deadline = time.time() + 30
-        while len(list(pids.iterdir())) < self.barrier and time.time() < deadline:
-            time.sleep(0.05)  # every worker process holds a trial before the first one ends
-        killed = (request.settings.output / "killed").exists()
-        time.sleep(self.seconds_after_kill if killed else self.seconds)
-        return TrialResult(_score(request.permutation), {"score": _score(request.permutation)}, 0.0, "test")
-
-
-def _settings(tmp_path, **changes) -> SearchSettings:
-    values = dict(task="sst5", trials=8, output=tmp_path / "search", coarse=3, top_k=2, heartbeat_seconds=1)
-    values.update(changes)
-    return SearchSettings(**values)
 
 
 def _memory_study(strategy: Strategy, trials: int) -> optuna.Study:
@@ -70,7 +37,7 @@ def _memory_study(strategy: Strategy, trials: int) -> optuna.Study:
     study = optuna.create_study(direction="maximize", sampler=MPTSearchSampler(strategy))
     choices = MPTSearchSampler(strategy).choices
     study.enqueue_trial({PARAM: encode(range(strategy.n_layers))}, user_attrs={PHASE_ATTR: "reference"})
-    study.optimize(lambda t: _score(decode(t.suggest_categorical(PARAM, choices))), n_trials=trials)
+    study.optimize(lambda t: score(decode(t.suggest_categorical(PARAM, choices))), n_trials=trials)
     return study
 
 
@@ -160,8 +127,10 @@ def test_a_diverged_trial_is_complete_with_the_worst_score(tmp_path):
     strategy = Strategy(N, coarse=2)
     study = optuna.create_study(direction="maximize", sampler=MPTSearchSampler(strategy))
     diverged = lambda request: TrialResult(math.nan)  # noqa: E731
-    study.optimize(lambda t: _run_trial(t, _settings(tmp_path), DEFINITION, diverged, all_patterns(N)), n_trials=1)
-    study.optimize(lambda t: _run_trial(t, _settings(tmp_path), DEFINITION, Scored(), all_patterns(N)), n_trials=1)
+    study.optimize(lambda t: _run_trial(t, search_settings(tmp_path), DEFINITION, diverged, all_patterns(N)),
+                   n_trials=1)
+    study.optimize(lambda t: _run_trial(t, search_settings(tmp_path), DEFINITION, Scored(), all_patterns(N)),
+                   n_trials=1)
     first, second = study.trials
     assert first.state == TrialState.COMPLETE and first.value == -math.inf and "NaN" in first.user_attrs["stop_reason"]
     records = [Record(t.number, decode(t.params[PARAM]), "", t.state, t.value) for t in study.trials]
@@ -170,12 +139,12 @@ def test_a_diverged_trial_is_complete_with_the_worst_score(tmp_path):
 
 # -- studies in SQLite ---------------------------------------------------------------------------------------------
 def test_resume_duplicates_report_and_figure(tmp_path):
-    settings = _settings(tmp_path, trials=4)
+    settings = search_settings(tmp_path, trials=4)
     first = run_search(settings, Scored(), DEFINITION)
     study, _ = open_study(settings)
     assert first.status == "done" and len(study.get_trials(states=(TrialState.COMPLETE,))) == 4
     study.enqueue_trial({PARAM: "0,1,2,3"})  # as if a second machine enqueued the identity at the same instant
-    second = run_search(_settings(tmp_path, trials=7), Scored(), DEFINITION)  # same command, more trials
+    second = run_search(search_settings(tmp_path, trials=7), Scored(), DEFINITION)  # same command, more trials
     trials = open_study(settings)[0].get_trials()
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert second.status == "done" and len(complete) == 7
@@ -183,10 +152,10 @@ def test_resume_duplicates_report_and_figure(tmp_path):
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     assert [t.user_attrs["duplicate_of"] for t in pruned] == [0]
     assert not (tmp_path / "search" / "trials" / str(pruned[0].number)).exists()  # never trained
-    assert run_search(_settings(tmp_path, trials=7), Scored(), DEFINITION).status == "done"
+    assert run_search(search_settings(tmp_path, trials=7), Scored(), DEFINITION).status == "done"
     assert len(open_study(settings)[0].get_trials()) == len(trials)  # nothing more to do
     with pytest.raises(ConfigError, match="seed: study has 1, this command 2"):
-        run_search(_settings(tmp_path, seed=2), Scored(), DEFINITION)
+        run_search(search_settings(tmp_path, seed=2), Scored(), DEFINITION)
 
     report = (tmp_path / "search" / "report.md").read_text()
     assert report == second.report
@@ -212,13 +181,13 @@ class Interrupted:
 
 
 def test_an_interrupted_trial_frees_its_pattern_and_the_identity_is_queued_again(tmp_path):
-    assert run_search(_settings(tmp_path, trials=2), Interrupted(), DEFINITION).status == "interrupted"
-    first = open_study(_settings(tmp_path, trials=2))[0].get_trials()
+    assert run_search(search_settings(tmp_path, trials=2), Interrupted(), DEFINITION).status == "interrupted"
+    first = open_study(search_settings(tmp_path, trials=2))[0].get_trials()
     assert [(t.params[PARAM], t.state, t.user_attrs.get("interrupted")) for t in first[:1]] == [
         ("0,1,2,3", TrialState.FAIL, True)]
     assert "interrupted (Ctrl-C/SIGTERM)" in (tmp_path / "search" / "report.md").read_text()
-    assert run_search(_settings(tmp_path, trials=2), Scored(), DEFINITION).status == "done"  # the same command
-    complete = open_study(_settings(tmp_path, trials=2))[0].get_trials(states=(TrialState.COMPLETE,))
+    assert run_search(search_settings(tmp_path, trials=2), Scored(), DEFINITION).status == "done"  # the same command
+    complete = open_study(search_settings(tmp_path, trials=2))[0].get_trials(states=(TrialState.COMPLETE,))
     assert complete[0].params[PARAM] == "0,1,2,3" and complete[0].user_attrs[PHASE_ATTR] == "reference"
 
 
@@ -234,7 +203,7 @@ def test_pattern_figure_for_the_papers_best(tmp_path):
 def test_two_worker_processes_share_one_study_and_a_killed_one_loses_only_its_trial(tmp_path):
     """``--workers 2`` on one SQLite study; one worker is SIGKILLed in the middle of its second trial. Trials take
     0.3 s, then 0.8 s after the kill, so that the survivor is still starting trials when the 2 s grace is over."""
-    settings = _settings(tmp_path, trials=8, workers=2, retry_lost=1)
+    settings = search_settings(tmp_path, trials=8, workers=2, retry_lost=1)
     trials_dir, killed = tmp_path / "search" / "trials", {}
 
     def kill_a_worker_in_its_second_trial() -> None:
@@ -272,7 +241,7 @@ def test_two_worker_processes_share_one_study_and_a_killed_one_loses_only_its_tr
 
 def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
     """``kill PID`` (SIGTERM to the parent only, not its process group) must not leave the workers training on."""
-    settings = _settings(tmp_path, trials=8, workers=2)
+    settings = search_settings(tmp_path, trials=8, workers=2)
     pids, sent = tmp_path / "search" / "pids", []
 
     def terminate_when_both_workers_hold_a_trial() -> None:
@@ -300,20 +269,11 @@ def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
 
 
 # -- one real trial ------------------------------------------------------------------------------------------------
-LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
-           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees", "große": "big", "kleine": "small"}
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 120, 1), ("valid", 12, 2), ("test", 12, 3)):
-        rng = random.Random(seed)
-        pairs = [rng.choices(list(LEXICON), k=rng.randint(3, 6)) for _ in range(n)]
-        (root / f"{split}.de").write_text("\n".join(" ".join(p).capitalize() + "." for p in pairs) + "\n")
-        with gzip.open(root / f"{split}.en.gz", "wt", encoding="utf-8") as handle:
-            handle.write("\n".join(" ".join(LEXICON[w] for w in p).capitalize() + "." for p in pairs) + "\n")
-    return root
+    """The tiny De-En corpus at 120/12/12 sentences, targets gzipped."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (120, 1), "valid": (12, 2), "test": (12, 3)},
+                        gzip_target=True)
 
 
 def test_one_real_trial_through_experiment_train_and_the_cli(corpus, tmp_path, capsys):
@@ -351,11 +311,11 @@ def test_killing_the_search_stops_its_workers(tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from pathlib import Path\n"
-        "from test_search import DEFINITION, Scored, _settings\n"
+        "from helpers.search import DEFINITION, Scored, search_settings\n"
         "from interlayer.search.mpt import run_search\n"
         "if __name__ == '__main__':  # the spawned workers import this file\n"
-        f"    run_search(_settings(Path({str(tmp_path)!r}), trials=20, workers=2), Scored(seconds=60, barrier=2), "
-        "DEFINITION)\n")
+        f"    run_search(search_settings(Path({str(tmp_path)!r}), trials=20, workers=2), "
+        "Scored(seconds=60, barrier=2), DEFINITION)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids_dir = tmp_path / "search" / "pids"
     try:

@@ -13,7 +13,8 @@ from interlayer.tasks import TaskSpec, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from helpers import SRC
+
 TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
 
 

@@ -20,8 +20,8 @@ from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.training import TrainConfig
 
-SICK_HEAD = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"
-MRPC_HEAD = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+from helpers.finetune import MRPC_HEAD, SICK_HEAD
+
 TINY = {"d_model": "32", "n_heads": "4", "d_ffn": "64", "enc_layers": "2"}
 WORDS = {0: "awful dreadful", 1: "bad dull", 2: "plain okay", 3: "good nice", 4: "great superb"}
 

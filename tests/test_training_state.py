@@ -17,6 +17,8 @@ from interlayer.cli import main
 from interlayer.training import TrainConfig, Trainer, engine, state_file
 from interlayer.training.engine import LAST, LEGACY_LAST, DivergenceError, read_checkpoint
 
+from helpers import gpu
+
 WORDS = ["awful", "bad", "plain", "good", "great", "the", "film", "is"]
 
 
@@ -269,9 +271,6 @@ def test_compile_trains_a_compiled_model_with_eager_losses(tmp_path, monkeypatch
 
 
 # -- GPU (skipped without CUDA) ---------------------------------------------------------------------------------
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 def _interrupted(tmp_path: Path, device: str, steps: int) -> Path:
     """A run on ``device`` stopped (as by SIGTERM) after ``steps`` steps; returns its directory."""
     task = _Task()

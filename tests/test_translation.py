@@ -1,5 +1,4 @@
 """Translation end to end on a tiny synthetic corpus: data checks, BPE, batching, decoding, training, CLI."""
-import gzip
 import json
 import random
 
@@ -19,28 +18,13 @@ from interlayer.tasks.translation_decoding import DecodeOptions, beam_search, gr
 from interlayer.tasks.translation import TranslationData, TranslationTask, pad_batch, score
 from interlayer.training import TrainConfig, Trainer
 
-LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schnell": "fast", "rote": "red",
-           "blaue": "blue", "mann": "man", "frau": "woman", "sieht": "sees", "große": "big", "kleine": "small"}
-
-
-def _sentences(n, seed):
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(n):
-        words = rng.choices(list(LEXICON), k=rng.randint(3, 6))
-        pairs.append((" ".join(words).capitalize() + ".", " ".join(LEXICON[w] for w in words).capitalize() + "."))
-    return pairs
-
+from helpers.translation import sentence_pairs, write_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 300, 1), ("valid", 20, 2), ("test", 20, 3)):
-        pairs = _sentences(n, seed)
-        (root / f"{split}.de").write_text("\n".join(p[0] for p in pairs) + "\n")
-        with gzip.open(root / f"{split}.en.gz", "wt", encoding="utf-8") as handle:
-            handle.write("\n".join(p[1] for p in pairs) + "\n")
-    return root
+    """The tiny De-En corpus at 300/20/20 sentences, targets gzipped."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (300, 1), "valid": (20, 2), "test": (20, 3)},
+                        gzip_target=True)
 
 
 def _data(corpus):
@@ -86,7 +70,7 @@ def test_blank_pairs_are_dropped_from_training_and_counted_but_refused_in_evalua
 
 
 def test_bpe_decodes_to_the_original_text_and_saves(tmp_path, corpus):
-    pairs = _sentences(50, 9)
+    pairs = sentence_pairs(50, 9)
     for joint in (True, False):
         vocab = VocabPair.train([p[0] for p in pairs], [p[1] for p in pairs], 60, joint=joint)
         assert vocab.joint is joint

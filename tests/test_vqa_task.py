@@ -21,19 +21,17 @@ from interlayer.tasks import vqa as vqa_task
 from interlayer.tasks.vqa import PAD, RegionImages, VQAData, VQATask, load_test_split, score
 from interlayer.training import TrainConfig
 
+from helpers import set_args
+
 TINY_MODEL = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16"]
 TINY_SOC = ["data.train_size=32", "data.valid_size=8", "data.test_size=8", "data.batch_size=16",
             "data.pavpu_samples=3", "train.max_epochs=1", "train.log_interval=1", "feature_dim=4"]
 
 
-def _sets(items):
-    return [arg for item in items for arg in ("--set", item)]
-
-
 def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     assert main(["train", "vqa", "--dataset", "sort_of_clevr", "--run-dir", str(run), "--no-progress",
-                 *_sets(TINY_MODEL + TINY_SOC + ["train.seed=7"])]) == 0
+                 *set_args(TINY_MODEL + TINY_SOC + ["train.seed=7"])]) == 0
     results = json.loads((run / "results.json").read_text())
     for key in ("test_accuracy", "test_accuracy_relational", "test_accuracy_non_relational", "test_pavpu",
                 "test_noisy_accuracy", "test_noisy_accuracy_relational", "test_noisy_pavpu"):
@@ -69,7 +67,7 @@ def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
     the checkpoint's evaluation rebuilds the same regions, and the option is refused for the path data sets."""
     run = tmp_path / "run"
     assert main(["train", "vqa", "--run-dir", str(run), "--no-progress",
-                 *_sets(TINY_MODEL + TINY_SOC[:-1] + ["data.image_features=objects"])]) == 0
+                 *set_args(TINY_MODEL + TINY_SOC[:-1] + ["data.image_features=objects"])]) == 0
     config = json.loads((run / "best" / "config.json").read_text())
     assert (config["image_input"], config["feature_dim"], config["max_regions"]) == ("features", 365, 6)
     results = json.loads((run / "results.json").read_text())
