@@ -7,7 +7,8 @@ import torch._dynamo
 
 from interlayer import ConfigError, create_model
 from interlayer.core.generation import SamplingOptions, generate, kv_cache_bytes_per_token
-from test_value_residual import TINY, T, lm, reference_layers, reference_logits
+from helpers.kv import reference_layers, reference_logits
+from helpers.lm import T, TINY, lm
 
 
 def cla_rule(factor):

@@ -7,6 +7,8 @@ import torch._dynamo
 from interlayer import ConfigError, create_model
 from interlayer.methods.denseformer import DepthWeightedAverage
 
+from helpers.lm import assert_cache_matches, assert_causal
+
 TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=5, max_positions=32, dropout=0.0,
             attn_dropout=0.0)
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, dropout=0.0,
@@ -92,7 +94,6 @@ def test_encoder_decoder_matches_the_equations_on_both_stacks():
 
 @pytest.mark.parametrize("k,p", [(1, 1), (2, 2)])
 def test_lm_is_causal_and_the_cache_gives_the_full_forward(k, p):
-    from test_lm_methods import assert_cache_matches, assert_causal
     model = lm(denseformer={"dilation": k, "period": p})
     randomise(model)
     with torch.no_grad():

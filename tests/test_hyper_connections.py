@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from interlayer import ConfigError, count_madds, create_model
 
+from helpers.lm import assert_cache_matches, assert_causal
+
 TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=3, max_positions=32, dropout=0.0,
             attn_dropout=0.0)
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, dropout=0.0,
@@ -117,7 +119,6 @@ def test_the_one_hot_input_follows_the_sublayer_index():
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_lm_is_causal_and_the_cache_gives_the_full_forward(dynamic):
-    from test_lm_methods import assert_cache_matches, assert_causal
     model = lm(hyper_connections={"rate": 4, "dynamic": dynamic})
     randomise(model)
     with torch.no_grad():

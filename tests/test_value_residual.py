@@ -1,63 +1,15 @@
 """Value residual learning (ResFormer, SVFormer; Zhou et al., arXiv:2410.17897): the plain model at lambdas
 [1, 0], a from-scratch reference of V_n' = lambda_1 V_n + lambda_2 V_1 (and V_n' = V_1), causality and the KV cache
 in the language model, parameter counts, cache bytes, compilation and the refused pairs."""
-import math
-
 import pytest
 import torch
 import torch._dynamo
-import torch.nn.functional as F
 
 from interlayer import ConfigError, create_model
 from interlayer.core.generation import SamplingOptions, generate, kv_cache_bytes_per_token
 
-TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=4, max_positions=32, dropout=0.0,
-            attn_dropout=0.0)
-T = 12
-
-
-def lm(**overrides):
-    torch.manual_seed(0)
-    return create_model("gpt_shakespeare_char", **{**TINY, **overrides}).eval()
-
-
-def _heads(x, h):
-    b, t, d = x.shape
-    return x.view(b, t, h, d // h).transpose(1, 2)
-
-
-def _linear(x, proj):
-    return F.linear(x, proj.weight, proj.bias)
-
-
-def reference_layers(model, x, rule, causal=True):
-    """The pre-LN stack written out: attention with the keys/values ``rule(i, k, v, ks, vs)`` gives, from the
-    layer's own ``k``/``v`` (None without a projection) and the earlier layers' ``ks``/``vs``."""
-    ks, vs = [], []
-    for i, layer in enumerate(model.encoder.layers):
-        att = layer.self_attn
-        a = layer.attn_block.norm(x)
-        h = att.n_heads
-        q = _heads(_linear(a, att.q_proj), h)
-        k = _heads(_linear(a, att.k_proj), h) if att.k_proj is not None else None
-        v = _heads(_linear(a, att.v_proj), h) if att.v_proj is not None else None
-        k, v = rule(i, k, v, ks, vs)
-        ks.append(k)
-        vs.append(v)
-        logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        if causal:
-            t = x.shape[1]
-            logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
-        x = x + _linear(out, att.out_proj)
-        x = x + layer.ffn(layer.ffn_block.norm(x))
-    return x
-
-
-def reference_logits(model, tokens, rule):
-    x = reference_layers(model, model.encoder.embed(tokens), rule)
-    return model.lm_head(model.encoder.final_norm(x))
-
+from helpers.kv import reference_layers, reference_logits
+from helpers.lm import T, TINY, lm
 
 def resformer_rule(model):
     def rule(i, k, v, ks, vs):
