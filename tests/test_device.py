@@ -21,7 +21,8 @@ from interlayer import create_model, get_config, list_models
 from interlayer.models.gat import with_self_loops
 from interlayer.models.mcan import create_mcan, get_mcan_config
 from interlayer.core.config import ConfigError
-from interlayer.training.device import autocast, move, resolve_device, resolve_precision
+from interlayer.devices import resolve_device
+from interlayer.training.device import autocast, move, resolve_precision
 
 NAMES = list_models()
 TRANSFORMERS = set(list_models(family="transformer"))

@@ -21,7 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from interlayer.accounting import count_madds, count_parameters
 from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, create_gat, gat_config, with_self_loops
 from interlayer.papers.crossformer import GAT_PRESETS
-from interlayer.checkpoint import load_pretrained, save_pretrained, tie_map
+from interlayer.checkpoint import save_pretrained, tie_map
+from interlayer.models.registry import load_pretrained
 from interlayer.core.config import ConfigError
 from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
 from interlayer.data.text import DataError

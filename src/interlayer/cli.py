@@ -271,7 +271,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    from .checkpoint import CONFIG_FILE, load_pretrained
+    from .checkpoint import CONFIG_FILE
+    from .models.registry import load_pretrained
     from .pretrained import PretrainedError
     from .pretrained.export import export
     source = Path(args.run_dir)

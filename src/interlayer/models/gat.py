@@ -87,7 +87,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin
 from ..core.config import ConfigError
@@ -329,13 +328,6 @@ class GAT(nn.Module, PretrainedMixin):
         return sum(layer.madds(num_nodes, total_edges) for layer in self.layers)
 
 
-def gat_from_dict(data: dict[str, Any]) -> GAT:
-    return GAT(GATConfig.from_dict(data))
-
-
-register_model_type(MODEL_TYPE, gat_from_dict)
-
-
 @functools.lru_cache(maxsize=None)
 def _graph_size(dataset: str) -> tuple[int, int]:
     """Nodes and directed edges of a bundled Planetoid graph, read once per process."""
@@ -351,4 +343,4 @@ def _graph_madds(name: str, model: nn.Module, length: int) -> int:
 register_family(Family(
     name=MODEL_TYPE, title="GAT", tasks="cora, citeseer", config_class=GATConfig, from_dict=GATConfig.from_dict,
     override=override_flat, build=GAT, madds=_graph_madds, madds_unit="MAdds per pass over the graph", rank=3,
-    claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))

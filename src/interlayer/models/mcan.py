@@ -63,7 +63,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..checkpoint import register_model_type
 from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
@@ -473,16 +472,10 @@ def create_mcan(name_or_config: Union[str, Path, MCANConfig, dict], **overrides:
     return MCAN(get_mcan_config(name_or_config, **overrides))
 
 
-def mcan_from_dict(data: dict[str, Any]) -> MCAN:
-    """The builder :func:`~interlayer.checkpoint.load_pretrained` uses for ``model_type`` ``mcan``."""
-    return MCAN(mcan_config_from_dict(data))
-
-
-register_model_type(MODEL_TYPE, mcan_from_dict)
 register_family(Family(
     name=MODEL_TYPE, title="MCAN (VQA)", tasks="vqa", config_class=MCANConfig,
     from_dict=mcan_config_from_dict, override=_override, build=MCAN,
     madds=lambda name, model, length: count_madds(model, None),
-    madds_unit="MAdds @ 14 question tokens + 100 regions (pixels: the grid)", rank=5,
+    madds_unit="MAdds @ 14 question tokens + 100 regions (pixels: the grid)", rank=5, model_types=(MODEL_TYPE,),
     claims=lambda data: data.get("model_type") == MODEL_TYPE or "num_answers" in data))
 register_presets(MODEL_TYPE, MCAN_PRESETS)

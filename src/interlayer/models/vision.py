@@ -61,7 +61,6 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..build import build_model
-from ..checkpoint import register_model_type
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
 from ..core.config import ConfigError
@@ -515,16 +514,9 @@ def build_vision_model(cfg: VisionConfig) -> ImageClassifier:
     return ImageClassifier(cfg, ConvStem(cfg), build_encoder_classifier(enc, mixer_factory))
 
 
-def vision_model_from_dict(data: dict[str, Any]) -> nn.Module:
-    """The builder :func:`~interlayer.checkpoint.load_pretrained` uses for ``model_type`` vit / conv_transformer."""
-    return build_vision_model(vision_config_from_dict(data))
-
-
-for _name in BACKBONES:
-    register_model_type(_name, vision_model_from_dict)
 register_family(Family(
     name="image", title="Image models", tasks="fashion_mnist", config_class=VisionConfig, from_dict=_from_dict,
     override=lambda cfg, overrides: _apply(cfg.to_dict(), overrides), build=build_vision_model,
     madds=lambda name, model, length: count_madds(model, model.config.tokens), madds_unit="MAdds per image",
-    rank=2, claims=lambda data: "backbone" in data or "encoder" in data))
+    rank=2, model_types=BACKBONES, claims=lambda data: "backbone" in data or "encoder" in data))
 register_presets("image", VISION_PRESETS)

@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..fileio import write_atomic
-from ..models.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
-from ..checkpoint import load_pretrained
+from ..models.gat import GATConfig, gat_config, with_self_loops
+from ..models.registry import load_pretrained
 from ..core.config import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..training.config import TrainConfig
@@ -230,8 +230,6 @@ class NodeClassificationSpec(TaskSpec):
         """A GAT preset or config file, then the data's fields (input width, classes), then the user's ``--set``."""
         return gat_config(preset, **task.model_fields(), **model_sets)
 
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return gat_from_dict(data)
 
 
 class CoraSpec(NodeClassificationSpec):

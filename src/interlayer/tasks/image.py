@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
+from ..models.registry import load_pretrained
 from ..core.config import ConfigError, check_choices, dataclass_from_dict
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
@@ -44,7 +44,7 @@ from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
 from ..core.losses import label_smoothed_nll, total_loss
-from ..models.vision import VisionConfig, get_vision_config, vision_model_from_dict
+from ..models.vision import VisionConfig, get_vision_config
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
 from .metrics import confusion_matrix, format_report, percent_correct, summary
@@ -366,9 +366,6 @@ class ImageClassificationSpec(TaskSpec):
             size = [fields["channels"], fields["image_height"], fields["image_width"]]
             return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
         return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return vision_model_from_dict(data)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""

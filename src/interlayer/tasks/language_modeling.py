@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
+from ..models.registry import load_pretrained
 from ..config import ModelConfig
 from ..core.config import ConfigError, check_choices
 from ..core.generation import SamplingOptions

@@ -47,8 +47,8 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
-from ..models.cnn_text import CNNTextConfig, cnn_from_dict
-from ..checkpoint import load_pretrained
+from ..models.cnn_text import CNNTextConfig
+from ..models.registry import load_pretrained
 from ..core.config import ConfigError
 from ..fileio import read_yaml_or_json, write_atomic
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
@@ -500,9 +500,6 @@ class TextClassificationSpec(TaskSpec):
         fields.pop("arch")
         base = {} if preset == CNN_TYPE else _config_file(preset)
         return CNNTextConfig.from_dict({**base, **fields, **model_sets}, source=f"--preset {preset}")
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return cnn_from_dict(data) if data.get("model_type") == CNN_TYPE else super().model_from_dict(data)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe of this task (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the

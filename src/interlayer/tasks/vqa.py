@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
+from ..models.registry import load_pretrained
 from ..config import dataclass_from_dict
 from ..core.config import ConfigError, check_choices
 from ..data import sort_of_clevr as soc
@@ -53,7 +53,7 @@ from ..data.text import DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
 from ..fileio import read_json, write_atomic
-from ..models.mcan import MCANConfig, get_mcan_config, mcan_from_dict
+from ..models.mcan import MCANConfig, get_mcan_config
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -588,6 +588,3 @@ class VQASpec(TaskSpec):
     def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
         keys = {"data.dataset": args.dataset, "data.dir": args.data_dir}
         return {key: value for key, value in keys.items() if value}, {}
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return mcan_from_dict(data)
