@@ -22,14 +22,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .errors import CheckpointError
 from .fileio import atomic_path, parse_json, read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into the requested model; the message says what differs."""
 
 
 def tie_map(model: nn.Module) -> dict[str, list[str]]:

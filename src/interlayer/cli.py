@@ -12,10 +12,9 @@ from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
-from .checkpoint import CheckpointError
+from .errors import CheckpointError, ConfigError, DataError
 from .compare import DEFAULT as COMPARE_DEFAULT
-from .core.config import ConfigError
-from .data.text import DataError, read_lines, read_stream_lines
+from .data.text import read_lines, read_stream_lines
 from .fileio import DiskFullError, read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .core.config import ConfigError
+from .errors import ConfigError
 
 
 def resolve_device(spec: str = "auto", local_rank: int = 0, world_size: int = 1) -> torch.device:

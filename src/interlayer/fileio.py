@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 
 import yaml
 
-from .core.config import ConfigError
+from .errors import ConfigError
 
 PathLike = Union[str, Path]
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError
+from ..errors import CheckpointError
 from ..models.registry import load_pretrained
 from ..config import dataclass_from_dict
 from ..fileio import write_atomic

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from ..core.attention import AttentionIntermediates, KVCache, MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

@@ -75,7 +75,7 @@ from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..core.feedforward import FeedForward
 
 if TYPE_CHECKING:

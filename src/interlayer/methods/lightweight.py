@@ -61,7 +61,8 @@ from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components, Side
-from ..core.config import ConfigError, TransformerConfig
+from ..core.config import TransformerConfig
+from ..errors import ConfigError
 from ..core.feedforward import FeedForward
 
 if TYPE_CHECKING:

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ..core.components import Components
-from ..core.config import ConfigError, TransformerConfig
+from ..core.config import TransformerConfig
+from ..errors import ConfigError
 from ..core.encoder import Encoder, EncoderOutput, Injector
 
 if TYPE_CHECKING:

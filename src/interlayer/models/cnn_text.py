@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin

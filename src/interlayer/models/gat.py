@@ -89,7 +89,7 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..data.planetoid import load_planetoid
 from .registry import Family, get_config, override_flat, register_family
 

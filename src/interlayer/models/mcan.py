@@ -66,7 +66,8 @@ from ..accounting import count_madds
 from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError, check_choices
+from ..core.config import check_choices
+from ..errors import ConfigError
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput

@@ -63,7 +63,7 @@ from ..accounting import count_madds
 from ..build import build_model
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
 from ..core.layers import EncoderLayer

@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from .export import to_hf
 from .families import SUPPORTED_MODEL_TYPES, BertFamily
 from .hf import (ImportReport, PretrainedError, encoder_config, from_checkpoint, load_checkpoint_state,

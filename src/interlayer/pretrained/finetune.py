@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
 from ..models.vision import VisionConfig

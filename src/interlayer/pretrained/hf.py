@@ -51,9 +51,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ..build import build_model
-from ..checkpoint import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..config import ModelConfig, config_from_dict
-from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
 from ..fileio import read_json as read_json_file
 from ..data.lm_tokenizers import ByteBPETokenizer

@@ -22,7 +22,8 @@ from typing import Any, Optional, Union
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import WEIGHTS_FILE, CheckpointError
+from ..checkpoint import WEIGHTS_FILE
+from ..errors import CheckpointError
 from ..models.registry import load_pretrained
 from .hf import from_hf, resolve_source
 

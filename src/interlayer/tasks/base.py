@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..models.registry import create_model, get_config
 from ..training.config import TrainConfig
 

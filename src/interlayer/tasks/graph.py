@@ -34,7 +34,7 @@ from ..accounting import count_madds, count_parameters
 from ..fileio import write_atomic
 from ..models.gat import GATConfig, gat_config, with_self_loops
 from ..models.registry import load_pretrained
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..training.config import TrainConfig
 from ..training.device import module_device, move

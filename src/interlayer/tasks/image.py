@@ -35,10 +35,10 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..models.registry import load_pretrained
-from ..core.config import ConfigError, check_choices, dataclass_from_dict
+from ..core.config import check_choices, dataclass_from_dict
+from ..errors import ConfigError, DataError
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
-from ..data.text import DataError
 from ..fileio import write_atomic
 from ..pretrained.bert import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config

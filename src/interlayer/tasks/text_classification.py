@@ -49,12 +49,11 @@ from ..accounting import count_madds, count_parameters
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
-from ..core.config import ConfigError
+from ..errors import ConfigError, DataError
 from ..fileio import read_yaml_or_json, write_atomic
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import resolve_path
-from ..data.text import DataError
 from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import importlib.util
 from typing import Literal
 
-from ..core.config import ConfigError, check_choices, check_finite
+from ..core.config import check_choices, check_finite
+from ..errors import ConfigError
 from ..devices import resolve_device
 
 # "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)

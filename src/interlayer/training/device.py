@@ -19,7 +19,8 @@ from typing import Any, ContextManager, Literal, Optional
 import torch
 from torch import nn
 
-from ..core.config import ConfigError, coerce
+from ..core.config import coerce
+from ..errors import ConfigError
 from .config import PrecisionSetting
 
 Precision = Literal["fp32", "bf16", "fp16"]

@@ -47,7 +47,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
+from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
+from ..errors import CheckpointError
 from . import distributed, state_file
 from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
