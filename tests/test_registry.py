@@ -106,18 +106,6 @@ def test_a_preset_name_is_one_model() -> None:
         registry.register_presets("transformer", {"gat_cora": ("again", {})})
 
 
-def test_old_import_paths_still_work() -> None:
-    """Kept for users' code: interlayer.registry, interlayer.vision, interlayer.baselines."""
-    from interlayer import registry as old_registry
-    from interlayer.baselines.gat import GAT_PRESETS, create_gat
-    from interlayer.vision import create_vision_model
-
-    assert old_registry.create_model is create_model and "transformer_small" in old_registry.PRESETS
-    assert old_registry.list_presets() == list_models(family="transformer") == sorted(interlayer.PRESETS)
-    assert type(create_gat("gat_cora")).__name__ == "GAT" and "gat_cora" in GAT_PRESETS
-    assert type(create_vision_model("vit_fashion_mnist")).__name__ == "ImageClassifier"
-
-
 # -- the layout --------------------------------------------------------------------------------------------------
 METHOD_MODULES = sorted(f"interlayer.methods.{p.stem}" for p in (SRC / "methods").glob("*.py"))
 

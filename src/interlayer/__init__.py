@@ -25,7 +25,7 @@ _LAZY: dict[str, str] = {
     "CheckpointError": "errors", "load_pretrained": "models.registry", "save_pretrained": "checkpoint",
     "ModelConfig": "config", "apply_overrides": "config", "config_from_dict": "config",
     "create_model": "models.registry", "get_config": "models.registry", "list_models": "models.registry",
-    "PRESETS": "registry", "list_presets": "registry", "from_hf": "pretrained", "to_hf": "pretrained",
+    "from_hf": "pretrained", "to_hf": "pretrained",
 }
 
 

@@ -634,6 +634,29 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     return report
 
 
+def load_checkpoint(model: nn.Module, directory: Union[str, Path]) -> ImportReport:
+    """Copy checkpoint ``directory``'s tensors into ``model``, built from a config the import made for it.
+
+    Why: a fine-tuning run builds its model itself, after seeding, so that what the checkpoint lacks (PA's
+    convolutions, a new head) gets the run's seeded initialisation; this is the loading half of the import (the
+    same head policy, report and notes). ``torch.manual_seed(s)`` then ``build_model(cfg)`` and
+    ``load_checkpoint`` give exactly the model of ``torch.manual_seed(s)`` then ``import_bert`` with that config's
+    options. A config with a section that restructures pretrained weights was only built because the import was
+    asked to re-initialise them (``reinitialise=True``), so they are re-initialised here too. The model is left in
+    its current mode.
+    """
+    reinitialise = bool(restructuring_sections(encoder_config(model.config)))
+    return load_checkpoint_state(model, read_checkpoint(directory), reinitialise=reinitialise)
+
+
+def checkpoint_tokenizer(directory: Union[str, Path]) -> PretrainedTokenizer:
+    """The checkpoint's tokenizer as :func:`import_bert` returns it (truncating to the position table at most)."""
+    checkpoint = read_checkpoint(directory)
+    if checkpoint.tokenizer is None:
+        raise PretrainedError(f"{directory}: " + " ".join(checkpoint.notes))
+    return checkpoint.tokenizer
+
+
 def _copy_state(model: nn.Module, family: Family, mapping: dict[str, str], state: dict[str, Tensor],
                 report: ImportReport, source: str, reinitialise: bool) -> set[int]:
     """Copy ``mapping``'s tensors; returns the ids of the parameters that received one."""

@@ -40,7 +40,7 @@ from ..errors import ConfigError, DataError
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
 from ..fileio import write_atomic
-from ..pretrained.bert import load_checkpoint
+from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
 from ..core.losses import label_smoothed_nll, total_loss

@@ -51,7 +51,7 @@ from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
 from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
 from ..fileio import write_atomic
-from ..pretrained.bert import load_checkpoint
+from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
 from ..training.config import TrainConfig

@@ -55,7 +55,7 @@ from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, E
                                    encode_example)
 from ..data.parallel import resolve_path
 from ..pretrained import PretrainedTokenizer, load_tokenizer
-from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
+from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.tokenization import tokenizer_kind
 from ..training.config import TrainConfig
