@@ -434,8 +434,8 @@ class MCAN(nn.Module, PretrainedMixin):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Presets: MCAN-small / -large (MCAN Sec. 4.1), Crossformer's 4-layer MCAN (App. A.2), LW's rows (Tables II-III)
-_CROSSFORMER_ROWS = {"kq": ("Key-Query", ["kq"]), "ffn": ("FFN", ["ffn"]), "all": ("All", ["kq", "vf", "ffn"])}
+# Presets: MCAN-small / -large (MCAN Sec. 4.1) and the four-layer MCAN Crossformer starts from (App. A.2); the
+# papers' methods on MCAN are theirs (interlayer.papers: predictive, crossformer, lightweight)
 MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mcan_small": ("MCAN-small (Yu et al. 2019; LW Table II's 'Transformer', 44.1M in its blocks): 6 SA + 6 SGA, "
                    "d=512, 8 heads, FFN 2048, 2048-d region features, 3,129 answers", {}),
@@ -446,13 +446,7 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                    dict(d_model=1024, n_heads=8, d_ffn=4096, flat_mlp=512, fused_dim=2048)),
     "mcan_4layer": ("Crossformer Table 4's BASE: the four-layer MCAN of App. A.2 (4 SA + 4 SGA, d=512)",
                     dict(layers=4)),
-    "pa_mcan": ("MCAN-small with predictive attention (PA Eq. 4, alpha=0.1, one 3x3 conv) in question SA blocks "
-                "2-6", dict(predictive=dict(alpha=0.1, conv_layers=1))),
 }
-for _suffix, (_block, _pairs) in _CROSSFORMER_ROWS.items():
-    MCAN_PRESETS[f"crossformer_{_suffix}_mcan"] = (
-        f"Crossformer-{_block} (Sec. 3.2, Table 4) on the four-layer MCAN: hard guidance between adjacent SA "
-        "blocks of the question stack and of the image stack", dict(layers=4, crossformer=dict(hard=list(_pairs))))
 
 
 
