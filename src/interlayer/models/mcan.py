@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
@@ -77,7 +76,7 @@ from ..methods import METHODS
 from ..methods.crossformer import CrossformerConfig
 from ..methods.lightweight import LightweightConfig
 from ..methods.predictive import PredictiveConfig
-from .registry import Family, get_config, register_family, register_presets
+from .registry import Family, register_family, register_presets
 
 MODEL_TYPE = "mcan"
 
@@ -450,21 +449,9 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 
-def get_mcan_config(name_or_config: Union[str, Path, MCANConfig, dict], **overrides: Any) -> MCANConfig:
-    """A validated config from a preset name, a .json/.yaml file, a dict or a config, plus overrides (fields, or a
-    section's keys as ``lightweight={"groups": 4}`` / ``lightweight__groups=4`` / ``**{"lightweight.groups": 4}``):
-    :func:`interlayer.get_config` restricted to MCAN."""
-    return get_config(name_or_config, family=MODEL_TYPE, **overrides)
-
-
 def _override(cfg: MCANConfig, overrides: dict[str, Any]) -> MCANConfig:
     return mcan_config_from_dict(set_dotted(cfg.to_dict(), overrides, lambda key: key in SECTIONS),
                                  source="overrides")
-
-
-def create_mcan(name_or_config: Union[str, Path, MCANConfig, dict], **overrides: Any) -> MCAN:
-    """Build an MCAN from a preset, file, dict or config; ``overrides`` as in :func:`get_mcan_config`."""
-    return MCAN(get_mcan_config(name_or_config, **overrides))
 
 
 register_family(Family(

@@ -52,8 +52,7 @@ import copy
 import difflib
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +69,7 @@ from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
 from ..methods.conv_branch import TokenConv, check_kernel
-from .registry import Family, get_config, register_family, register_presets
+from .registry import Family, register_family, register_presets
 
 Backbone = Literal["vit", "conv_transformer"]
 BACKBONES: tuple[str, ...] = typing.get_args(Backbone)
@@ -230,17 +229,6 @@ VISION_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 ENCODER_FIELDS = tuple(f.name for f in fields(ModelConfig))
 
 
-def get_vision_config(name_or_config: Union[str, Path, VisionConfig, dict], **overrides: Any) -> VisionConfig:
-    """A validated config from a preset name, a .json/.yaml file, a dict or a config, plus overrides:
-    :func:`interlayer.get_config` restricted to image models.
-
-    Overrides are vision fields (``patch_size=7``) or encoder fields (``d_model=32``, ``encoder__d_model=32``);
-    a method section takes a dict (``predictive={"alpha": 0.1}``) or dotted keys (``**{"predictive.alpha": 0.1}``).
-    The encoder's grid and ``max_positions`` follow from the image and cannot be set.
-    """
-    return get_config(name_or_config, family="image", **overrides)
-
-
 def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
     """Route each override to the vision fields or the encoder, derive the geometry, validate."""
     data = copy.deepcopy(data)
@@ -266,11 +254,6 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
     cfg.derive_geometry()  # the encoder's pooling decides whether a CLS token adds a position
     cfg.validate()
     return cfg
-
-
-def create_vision_model(name_or_config: Union[str, Path, VisionConfig, dict], **overrides: Any) -> nn.Module:
-    """Build an image model from a preset, file, dict or config; ``overrides`` as in :func:`get_vision_config`."""
-    return build_vision_model(get_vision_config(name_or_config, **overrides))
 
 
 def _from_dict(data: dict[str, Any], source: str) -> VisionConfig:

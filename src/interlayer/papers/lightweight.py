@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
-from ..models.mcan import MODEL_TYPE, create_mcan
-from ..models.registry import register_presets
+from ..models.mcan import MODEL_TYPE
+from ..models.registry import create_model, register_presets
 from ..models.vision import VIT, with_encoder
 from ..tables import human
 
@@ -54,7 +54,7 @@ def layer_counts(preset: str) -> tuple[int, int, int]:
     """(parameters of the SA and SGA blocks, of the whole MCAN, MAdds of the blocks at 14 tokens + 100 regions)
     of an MCAN preset; built on the meta device, so no memory is allocated."""
     with torch.device("meta"):
-        model = create_mcan(preset)
+        model = create_model(preset, family=MODEL_TYPE)
     layers = nn.ModuleList([*model.encoder.layers, *model.decoder.layers])
     madds = model.encoder.madds(_QUESTION_TOKENS) + model.decoder.madds(_REGIONS, _QUESTION_TOKENS)
     return count_parameters(layers), count_parameters(model), madds

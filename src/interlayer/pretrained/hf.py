@@ -57,7 +57,8 @@ from ..core.hub import PretrainedMixin
 from ..fileio import read_json as read_json_file
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
-from ..models.vision import VisionConfig, build_vision_model, get_vision_config
+from ..models.registry import get_config
+from ..models.vision import VisionConfig, build_vision_model
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
@@ -378,7 +379,7 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
     if input_size is not None:
         data["input_size"] = list(input_size)
     try:
-        return get_vision_config(data)
+        return get_config(data, family="image")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 

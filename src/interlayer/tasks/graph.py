@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..fileio import write_atomic
-from ..models.gat import GATConfig, gat_config, with_self_loops
-from ..models.registry import load_pretrained
+from ..models.gat import MODEL_TYPE, GATConfig, with_self_loops
+from ..models.registry import get_config, load_pretrained
 from ..errors import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..training.config import TrainConfig
@@ -228,7 +228,7 @@ class NodeClassificationSpec(TaskSpec):
 
     def resolve_model(self, preset: str, model_sets: dict[str, Any], task: NodeClassificationTask) -> GATConfig:
         """A GAT preset or config file, then the data's fields (input width, classes), then the user's ``--set``."""
-        return gat_config(preset, **task.model_fields(), **model_sets)
+        return get_config(preset, family=MODEL_TYPE, **task.model_fields(), **model_sets)
 
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import load_pretrained
+from ..models.registry import get_config, load_pretrained
 from ..core.config import check_choices, dataclass_from_dict
 from ..errors import ConfigError, DataError
 from ..data.idx import read_labelled_images, write_idx
@@ -44,7 +44,7 @@ from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
 from ..core.losses import label_smoothed_nll, total_loss
-from ..models.vision import VisionConfig, get_vision_config
+from ..models.vision import VisionConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
 from .metrics import confusion_matrix, format_report, percent_correct, summary
@@ -365,7 +365,7 @@ class ImageClassificationSpec(TaskSpec):
             fields = task.model_fields()
             size = [fields["channels"], fields["image_height"], fields["image_width"]]
             return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
-        return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
+        return get_config(get_config(preset, family="image", **task.model_fields()), family="image", **model_sets)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""

@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import load_pretrained
+from ..models.registry import get_config, load_pretrained
 from ..config import dataclass_from_dict
 from ..core.config import check_choices
 from ..errors import ConfigError, DataError
@@ -53,7 +53,7 @@ from ..data import sort_of_clevr as soc
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
 from ..fileio import read_json, write_atomic
-from ..models.mcan import MCANConfig, get_mcan_config
+from ..models.mcan import MODEL_TYPE, MCANConfig
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -558,7 +558,7 @@ class VQASpec(TaskSpec):
         """An MCAN preset (or config file) with the fields the data decides, then the user's overrides; region
         features fix the input width, so an override of it is refused here rather than at the first batch."""
         fields = task.model_fields()
-        config = get_mcan_config(get_mcan_config(preset, **fields), **model_sets)
+        config = get_config(get_config(preset, family=MODEL_TYPE, **fields), family=MODEL_TYPE, **model_sets)
         if fields["image_input"] == "features":
             for key in ("image_input", "feature_dim"):
                 if getattr(config, key) != fields[key]:
