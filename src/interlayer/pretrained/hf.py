@@ -54,7 +54,7 @@ from ..build import build_model
 from ..errors import CheckpointError, ConfigError
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
-from ..fileio import read_json as read_json_file
+from ..fileio import read_json
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
 from ..models.registry import get_config
@@ -63,7 +63,7 @@ from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
 from .gpt2 import load_gpt2_tokenizer
-from .tokenization import PretrainedTokenizer, TokenizerError, read_json, tokenizer_kind
+from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
     path = directory / "config.json"
     if not path.is_file():
         raise PretrainedError(f"{directory} has no config.json, so it is not a Hugging Face checkpoint")
-    hf = read_json_file(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
+    hf = read_json(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
     model_type = hf.get("model_type")
     family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
@@ -193,7 +193,7 @@ def _confined(directory: Path, path: Path, named_by: Path) -> Path:
 
 def _shards(directory: Path, index: Path) -> list[Path]:
     """The shard files of an index, each confined to ``directory`` (:func:`_confined`)."""
-    data = read_json_file(index, PretrainedError)
+    data = read_json(index, PretrainedError)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise PretrainedError(f"{index}: no weight_map (a JSON object of tensor name -> shard file), so it is not a "
@@ -296,7 +296,7 @@ def _pixel_normalisation(directory: Path, hf: dict[str, Any], notes: list[str]) 
     normalisation: the model sees ``(s x - mean) / std`` with ``s = 255 * rescale_factor`` (or 255 without
     rescaling), i.e. ``(x - mean / s) / (std / s)``."""
     channels = int(hf.get("num_channels", 3))
-    settings = read_json(directory / PROCESSOR_FILE)
+    settings = read_json(directory / PROCESSOR_FILE, TokenizerError, optional=True)
     if not settings:
         notes.append(f"no {PROCESSOR_FILE}: ViTImageProcessor's defaults (rescale 1/255, mean {VIT_PIXEL_MEAN}, "
                      f"std {VIT_PIXEL_STD}) are the model's pixel normalisation")
@@ -315,10 +315,10 @@ def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     modules_path = directory / ST_MODULES
     if not modules_path.is_file():
         return None
-    for module in read_json_file(modules_path, PretrainedError, expect=list):
+    for module in read_json(modules_path, PretrainedError, expect=list):
         if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
             config_path = directory / str(module.get("path", "")) / "config.json"
-            modes = (read_json_file(_confined(directory, config_path, modules_path), PretrainedError)
+            modes = (read_json(_confined(directory, config_path, modules_path), PretrainedError)
                      if os.path.lexists(config_path) else {})
             chosen = [mode for mode, on in modes.items() if mode.startswith("pooling_mode_") and on]
             if chosen == ["pooling_mode_mean_tokens"]:

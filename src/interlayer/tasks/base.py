@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from ..core.config import dataclass_from_dict
+from ..fileio import read_json
 from ..models.registry import create_model, get_config
 from ..training.config import TrainConfig
 
@@ -88,6 +90,11 @@ class TaskSpec(abc.ABC):
         """The model config: a preset (or config file) with the fields the data decides, then the user's
         ``--set`` overrides."""
         return get_config(get_config(preset, **task.model_fields()), **model_sets)
+
+    def saved_data(self, directory: Path) -> Any:
+        """The data settings a run saved beside its model (``data.json``, a :attr:`data_class`), checked as
+        ``--set data.KEY`` values are: what ``evaluate`` reads to rebuild the data the model was trained on."""
+        return dataclass_from_dict(self.data_class, read_json(Path(directory) / "data.json", DataError), "data.")
 
     def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
         """The model a saved config (``resolve_model(...).to_dict()``) describes, built by the family that claims

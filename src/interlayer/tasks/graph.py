@@ -219,7 +219,7 @@ class NodeClassificationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """The saved model on the test nodes of ``--data`` (default: the run's graph)."""
         model = load_pretrained(directory, getattr(args, "device", None)).eval()
-        data = GraphData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         source = args.data or data.source
         inputs = GraphInputs(load_planetoid(source), data.normalize_features)
         inputs.check(model, source)

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..models.registry import get_config, load_pretrained
-from ..core.config import check_choices, dataclass_from_dict
+from ..core.config import check_choices
 from ..errors import ConfigError, DataError
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
@@ -337,7 +337,7 @@ class ImageClassificationSpec(TaskSpec):
         """``interlayer evaluate`` for images: ``--data`` is a folder (its test files) or an images file with its
         labels file beside it (``...images-idx3...`` -> ``...labels-idx1...``); default the run's test files."""
         directory = Path(directory)
-        data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
+        data = self.saved_data(directory)
         names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
         model = load_pretrained(directory, getattr(args, "device", None))
         images_path, labels_path = _evaluation_files(data, args.data)

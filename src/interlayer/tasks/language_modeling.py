@@ -308,7 +308,7 @@ class LanguageModelingSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """Loss, perplexity and bits of the run's valid and test splits, or of the whole text of ``--data FILE``."""
         model, tokenizer = load_language_model(directory, args.device)
-        data = LMData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
         if args.data:
             texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}

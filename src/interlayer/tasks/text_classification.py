@@ -471,7 +471,7 @@ class TextClassificationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """The saved model on ``--data`` (default: the run's test split)."""
         model = load_pretrained(directory, getattr(args, "device", None)).eval()
-        data = self.data_class(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)
         examples = self.fmt.read(path)

@@ -302,7 +302,7 @@ class TranslationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """BLEU and chrF of ``--src`` against ``--ref`` (default: the run's test set)."""
         model, vocab = load_translator(directory, getattr(args, "device", None))
-        data = TranslationData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         src_path = Path(args.src) if args.src else data.resolve(data.test_src)
         ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
         pair = read_parallel(src_path, ref_path)

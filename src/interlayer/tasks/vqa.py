@@ -46,7 +46,6 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..models.registry import get_config, load_pretrained
-from ..config import dataclass_from_dict
 from ..core.config import check_choices
 from ..errors import ConfigError, DataError
 from ..data import sort_of_clevr as soc
@@ -533,7 +532,7 @@ class VQASpec(TaskSpec):
         clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features, drawn from the
         run's seed (``train_config.json``), so that ``--noise-std 1.0`` repeats the run's own noisy figures."""
         directory = Path(directory)
-        data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
+        data = self.saved_data(directory)
         info = read_json(directory / "task.json", DataError)
         if args.data:
             data.dir = args.data
