@@ -12,9 +12,9 @@ from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError, DataError
 from .compare import DEFAULT as COMPARE_DEFAULT
 from .data.text import read_lines, read_stream_lines
+from .errors import CheckpointError, ConfigError, DataError
 from .fileio import DiskFullError, read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError

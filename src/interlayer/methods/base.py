@@ -26,3 +26,21 @@ class Method(Protocol):
     def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None: ...
 
     def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None: ...
+
+
+class MethodBase:
+    """What most methods' hooks share: ``validate`` is the section's own ``validate(cfg)``, ``customize`` and
+    ``finalize`` change nothing. A method subclasses it, sets ``name`` and ``config_class`` and overrides the hooks
+    it needs (any object with those attributes and the three hooks is a :class:`Method` as well)."""
+
+    name: str
+    config_class: type
+
+    def validate(self, section: Any, cfg: "ModelConfig") -> None:
+        section.validate(cfg)
+
+    def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None:
+        """Nothing to replace before the build."""
+
+    def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie or add after the build."""

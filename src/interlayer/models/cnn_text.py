@@ -35,10 +35,10 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
-from ..errors import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
+from ..errors import ConfigError
 from .registry import Family, override_flat, register_family, register_presets
 
 MODEL_TYPE = "cnn_text"

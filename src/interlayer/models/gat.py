@@ -88,8 +88,8 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin
-from ..errors import ConfigError
 from ..data.planetoid import load_planetoid
+from ..errors import ConfigError
 from .registry import Family, override_flat, register_family
 
 MODEL_TYPE = "gat"

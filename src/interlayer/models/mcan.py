@@ -66,12 +66,12 @@ from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.config import check_choices
-from ..errors import ConfigError
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput
 from ..core.hub import PretrainedMixin
 from ..core.models import AuxLossFn
+from ..errors import ConfigError
 from ..methods import METHODS
 from ..methods.crossformer import CrossformerConfig
 from ..methods.lightweight import LightweightConfig

@@ -34,8 +34,8 @@ from torch import nn
 from ..accounting import count_parameters
 from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
 from ..checkpoint import load_saved_weights, read_saved
-from ..errors import CheckpointError, ConfigError
 from ..devices import resolve_device
+from ..errors import CheckpointError, ConfigError
 from ..tables import format_table, human
 
 # Packages whose modules register families and presets when imported.

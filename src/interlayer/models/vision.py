@@ -62,12 +62,12 @@ from ..accounting import count_madds
 from ..build import build_model
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
-from ..errors import ConfigError
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
 from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
+from ..errors import ConfigError
 from ..methods.conv_branch import TokenConv, check_kernel
 from .registry import Family, register_family, register_presets
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
-from ..errors import ConfigError
 from ..data.lm_tokenizers import ByteBPETokenizer
+from ..errors import ConfigError
 from ..methods import METHODS
 from ..models.vision import VisionConfig
 from .bert import import_bert

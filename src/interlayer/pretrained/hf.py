@@ -51,9 +51,9 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ..build import build_model
-from ..errors import CheckpointError, ConfigError
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
+from ..errors import CheckpointError, ConfigError
 from ..fileio import read_json
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS

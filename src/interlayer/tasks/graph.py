@@ -34,8 +34,8 @@ from ..accounting import count_madds, count_parameters
 from ..fileio import write_atomic
 from ..models.gat import MODEL_TYPE, GATConfig, with_self_loops
 from ..models.registry import get_config, load_pretrained
-from ..errors import ConfigError
 from ..data.planetoid import PlanetoidGraph, load_planetoid
+from ..errors import ConfigError
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..core.losses import label_smoothed_nll, total_loss

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 from ..accounting import count_madds, count_parameters
 from ..models.registry import get_config, load_pretrained
 from ..core.config import check_choices
-from ..errors import ConfigError, DataError
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
+from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
 from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config

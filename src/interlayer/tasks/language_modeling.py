@@ -46,10 +46,10 @@ from ..accounting import count_madds, count_parameters
 from ..models.registry import load_pretrained
 from ..config import ModelConfig
 from ..core.config import check_choices
-from ..errors import ConfigError, DataError
 from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
 from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
 from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer

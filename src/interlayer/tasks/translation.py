@@ -22,8 +22,8 @@ from tqdm import tqdm
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import read_parallel, resolve_path
-from ..errors import CheckpointError, ConfigError, DataError
 from ..accounting import count_madds, count_parameters
+from ..errors import CheckpointError, ConfigError, DataError
 from ..models.registry import load_pretrained
 from ..fileio import read_json, write_atomic
 from ..training.config import TrainConfig

@@ -47,8 +47,8 @@ from torch import Tensor, nn
 from ..accounting import count_madds, count_parameters
 from ..models.registry import get_config, load_pretrained
 from ..core.config import check_choices
-from ..errors import ConfigError, DataError
 from ..data import sort_of_clevr as soc
+from ..errors import ConfigError, DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
 from ..fileio import read_json, write_atomic

@@ -12,8 +12,8 @@ import importlib.util
 from typing import Literal
 
 from ..core.config import check_choices, check_finite
-from ..errors import ConfigError
 from ..devices import resolve_device
+from ..errors import ConfigError
 
 # "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)
 Optimizer = Literal["adam", "adamw"]
