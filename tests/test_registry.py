@@ -217,7 +217,7 @@ def test_the_checks_see_an_import_inside_a_function() -> None:
 # readers, the weights on disk); the package's ``__init__`` (""), which imports its public names lazily and gives
 # the core its saver and loader, stands on top with the CLI.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "fileio", "tables", "accounting", "devices", "checkpoint", "data"),
+    ("errors", "fileio", "tables", "accounting", "devices", "checkpoint", "plugins", "data"),
     ("core",),
     ("methods",),
     ("config", "build"),

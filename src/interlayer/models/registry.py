@@ -22,8 +22,6 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -36,6 +34,7 @@ from ..config import ConfigFile, checked_config, flatten_overrides, parse_value,
 from ..checkpoint import load_saved_weights, read_saved
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
+from ..plugins import import_modules
 from ..tables import format_table, human
 
 # Packages whose modules register families and presets when imported.
@@ -107,10 +106,8 @@ def register_presets(family: str, presets: dict[str, tuple[str, dict[str, Any]]]
 @functools.lru_cache(maxsize=None)
 def discover() -> None:
     """Import every module of :data:`PLUGIN_PACKAGES` once, so that all families and presets are registered."""
-    for package_name in PLUGIN_PACKAGES:
-        package = importlib.import_module(package_name)
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package_name}.{info.name}")
+    for package in PLUGIN_PACKAGES:
+        import_modules(package)
 
 
 def families() -> list[Family]:
