@@ -315,3 +315,22 @@ def test_load_pretrained_finds_a_family_nothing_has_imported_yet(tmp_path: Path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(SRC.parent)}).stdout.split()
     assert out == ["GAT", "True"]
+
+
+def test_the_core_saves_and_loads_through_what_the_package_registers(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``core/hub.py`` imports nothing above the core: ``save_pretrained`` / ``from_pretrained`` call the saver and
+    loader that ``interlayer/__init__`` registers, and say so when none is."""
+    from interlayer.core import hub
+    from interlayer.core.models import EncoderClassifier
+
+    model = create_model("gat_cora", hidden=2, heads=2)
+    model.save_pretrained(tmp_path / "gat")
+    assert type(type(model).from_pretrained(tmp_path / "gat")).__name__ == "GAT"
+    with pytest.raises(interlayer.CheckpointError, match="holds a GAT, not a EncoderClassifier"):
+        EncoderClassifier.from_pretrained(tmp_path / "gat")
+    monkeypatch.setattr(hub, "_STORAGE", {})
+    with pytest.raises(RuntimeError, match="no model saver is registered"):
+        model.save_pretrained(tmp_path / "again")
+    with pytest.raises(RuntimeError, match="no model loader is registered"):
+        type(model).from_pretrained(tmp_path / "gat")

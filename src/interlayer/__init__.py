@@ -6,7 +6,9 @@ the config and tied weights (also as ``model.save_pretrained`` / ``ModelClass.fr
 :func:`to_hf` bring Hugging Face BERT, ELECTRA, RoBERTa, DistilBERT and ViT models in and back out.
 
 The names below are imported when first used (PEP 562), so that importing one part of the package (a method
-module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`.
+module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`. The one
+thing done at import is giving the core's models their saver and loader (:func:`interlayer.core.hub.register_storage`),
+which this package, above every layer, may name and the core may not.
 """
 from __future__ import annotations
 

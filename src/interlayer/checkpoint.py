@@ -13,8 +13,8 @@ so the training engine, which only writes and reads weights, imports no model fa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Union
 
 import torch

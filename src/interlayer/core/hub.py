@@ -24,12 +24,12 @@ _STORAGE: dict[str, Callable[..., Any]] = {}
 
 def register_storage(*, save: Saver, load: Loader) -> None:
     """Give :class:`PretrainedMixin` the functions that write a model folder and load any saved model."""
-    _STORAGE.update(save=save, load=load)
+    _STORAGE.update(saver=save, loader=load)
 
 
 def _storage(role: str) -> Callable[..., Any]:
     if role not in _STORAGE:
-        raise RuntimeError(f"no model {role}r is registered: interlayer.core.hub.register_storage(save=..., "
+        raise RuntimeError(f"no model {role} is registered: interlayer.core.hub.register_storage(save=..., "
                            "load=...) is called by the interlayer package's __init__; call it yourself when using "
                            "the core without the package")
     return _STORAGE[role]
@@ -51,7 +51,7 @@ class PretrainedMixin:
 
     def save_pretrained(self, directory: Union[str, Path]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (ties kept); :func:`interlayer.save_pretrained`."""
-        return _storage("save")(self, Path(directory))
+        return _storage("saver")(self, Path(directory))
 
     @classmethod
     def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
@@ -65,7 +65,7 @@ class PretrainedMixin:
         It must be an instance of this class (``EncoderClassifier.from_pretrained`` refuses an image model);
         ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders.
         """
-        model = _storage("load")(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
+        model = _storage("loader")(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
                            **hf_options)
         if not isinstance(model, cls):
             raise CheckpointError(f"{source} holds a {type(model).__name__}, not a {cls.__name__}; load it with "

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
-from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
 from ..checkpoint import load_saved_weights, read_saved
+from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..plugins import import_modules
