@@ -24,7 +24,7 @@ import time
 import torch
 from torch import nn
 
-from interlayer import count_madds, count_parameters, create_model, list_presets
+from interlayer import count_madds, count_parameters, create_model, list_models
 from interlayer.core.positions import SinusoidalPositions
 from interlayer.tables import format_table, human
 
@@ -158,7 +158,7 @@ def main() -> None:
     if args.part in (None, 1):
         part_one(args.rounds, args.steps)
     if args.part in (None, 2):
-        part_two(args.presets or list_presets(), args.steps)
+        part_two(args.presets or list_models(family="transformer"), args.steps)
 
 
 if __name__ == "__main__":

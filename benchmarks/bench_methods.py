@@ -40,7 +40,8 @@ from torch import Tensor, nn
 from interlayer import count_madds, create_model
 from interlayer.core.generation import kv_cache_bytes_per_token
 from interlayer.tables import format_table
-from interlayer.training.device import autocast, configure_tf32, resolve_device, resolve_precision
+from interlayer.devices import resolve_device
+from interlayer.training.device import autocast, configure_tf32, resolve_precision
 
 # The main job's language model (interlayer.compare.DEFAULT's model settings).
 LM = dict(d_model=64, n_heads=4, d_ffn=256, enc_layers=4, dropout=0.0, attn_dropout=0.0, src_vocab_size=65)

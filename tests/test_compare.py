@@ -16,7 +16,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from interlayer import get_config
+from interlayer import get_config, list_models, save_pretrained
 from interlayer.cli import main
 from interlayer.core.config import ConfigError
 from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
@@ -28,7 +28,6 @@ from interlayer.compare.runner import run_state
 from interlayer.training.engine import LAST
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
-from interlayer.registry import PRESETS
 from interlayer.training.concurrency import threads_per_run
 
 from helpers.compare import compare_sets, faked_comparison
@@ -49,7 +48,7 @@ def test_entries_split_on_top_level_commas_and_adhoc_variants_parse():
     assert (sg.named, sg.preset, sg.sets) == ("crossformer_sg", "transformer_multi30k",
                                               {"crossformer.alpha": 0.1, "train.lr": 0.001})
     assert (big.named, big.preset, big.sets) == (None, "transformer_small", {"d_model": 64})
-    assert set(NAMED_VARIANTS).isdisjoint(PRESETS)  # a name means one thing
+    assert set(NAMED_VARIANTS).isdisjoint(list_models())  # a name means one thing
 
 
 @pytest.mark.parametrize("entries, baseline, message", [

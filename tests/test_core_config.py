@@ -2,7 +2,7 @@
 import pytest
 
 from interlayer import ConfigError, ModelConfig, apply_overrides, config_from_dict, create_model, get_config
-from interlayer.registry import PRESETS
+from interlayer import list_models
 
 
 def test_unknown_key_names_it_and_suggests():
@@ -59,7 +59,7 @@ def test_unknown_preset_suggests_close_names():
         get_config("transformer_smal")
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", list_models(family="transformer"))
 def test_every_preset_builds_and_runs(name):
     import torch
 

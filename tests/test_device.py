@@ -19,9 +19,9 @@ import torch._inductor.config
 
 from interlayer import create_model, get_config, list_models
 from interlayer.models.gat import with_self_loops
-from interlayer.models.mcan import create_mcan, get_mcan_config
 from interlayer.core.config import ConfigError
-from interlayer.training.device import autocast, move, resolve_device, resolve_precision
+from interlayer.devices import resolve_device
+from interlayer.training.device import autocast, move, resolve_precision
 
 from helpers import gpu
 
@@ -85,7 +85,7 @@ def shallow(name: str, device: str = "meta") -> torch.nn.Module:
     A preset whose method fixes its depth (an MPT permutation of 6 layers) is traced whole."""
     with torch.device(device):
         if name in MCANS:
-            return create_mcan(name, layers=min(get_mcan_config(name).layers, 2))
+            return create_model(name, layers=min(get_config(name).layers, 2))
         if name not in TRANSFORMERS:
             return create_model(name)
         cfg = get_config(name)

@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 import torch
 
+from interlayer import create_model, get_config
 from interlayer.training.engine import LAST, read_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer.accounting import count_madds, count_parameters
-from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, create_gat, gat_config, with_self_loops
+from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
 from interlayer.papers.crossformer import GAT_PRESETS
-from interlayer.checkpoint import load_pretrained, save_pretrained, tie_map
+from interlayer.checkpoint import save_pretrained, tie_map
+from interlayer.models.registry import load_pretrained
 from interlayer.core.config import ConfigError
 from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
 from interlayer.data.text import DataError
@@ -254,9 +256,9 @@ def test_dropout_acts_only_in_training() -> None:
 @pytest.mark.parametrize("name, plain, kq, ffn", [("cora", 92_373, 92_366, 92_359),
                                                   ("citeseer", 237_586, 237_580, 237_574)])
 def test_parameter_counts(name: str, plain: int, kq: int, ffn: int) -> None:
-    assert count_parameters(create_gat(f"gat_{name}")) == plain  # PyG's GAT on Cora has 92,373 too
-    assert count_parameters(create_gat(f"gat_{name}_crossformer_kq")) == kq
-    assert count_parameters(create_gat(f"gat_{name}_crossformer_ffn")) == ffn
+    assert count_parameters(create_model(f"gat_{name}")) == plain  # PyG's GAT on Cora has 92,373 too
+    assert count_parameters(create_model(f"gat_{name}_crossformer_kq")) == kq
+    assert count_parameters(create_model(f"gat_{name}_crossformer_ffn")) == ffn
 
 
 @pytest.mark.parametrize("option", OPTIONS)
@@ -344,15 +346,15 @@ def test_save_and_load_keep_the_ties(tmp_path: Path) -> None:
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"crossformer='kv' is not valid; choose one of 'kq'"):
-        gat_config("gat_cora", crossformer="kv")
+        get_config("gat_cora", crossformer="kv")
     with pytest.raises(ConfigError, match=r"unknown key 'head' \(did you mean 'heads'\?\)"):
-        gat_config("gat_cora", head=4)
+        get_config("gat_cora", head=4)
     with pytest.raises(ConfigError, match=r"attn_dropout=1.0 must lie in \[0, 1\)"):
-        gat_config("gat_cora", attn_dropout=1.0)
+        get_config("gat_cora", attn_dropout=1.0)
     with pytest.raises(ConfigError, match="unknown preset 'gat_pubmed'"):
-        gat_config("gat_pubmed")
-    create_gat("gat_cora", crossformer="ffn").config.save(tmp_path / "c.yaml")
-    assert gat_config(tmp_path / "c.yaml").crossformer == "ffn"
+        get_config("gat_pubmed")
+    create_model("gat_cora", crossformer="ffn").config.save(tmp_path / "c.yaml")
+    assert get_config(tmp_path / "c.yaml").crossformer == "ffn"
     assert set(GAT_PRESETS) >= {"gat_cora", "gat_citeseer_crossformer_kq"}
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import interlayer
-from interlayer import ConfigError, count_parameters, create_model
+from interlayer import ConfigError, count_parameters, create_model, get_config
 from interlayer.build import build_model
 from interlayer.checkpoint import CheckpointError
 from interlayer.cli import main
@@ -27,7 +27,7 @@ from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.pretrained import BPETokenizer, PretrainedError, from_hf, to_hf
 from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
-from interlayer.models.vision import ImageClassifier, create_vision_model, get_vision_config
+from interlayer.models.vision import ImageClassifier
 
 transformers = pytest.importorskip("transformers")
 
@@ -372,7 +372,7 @@ def test_input_size_repeats_grey_and_resizes_before_the_models_normalisation(fol
     with pytest.raises(ValueError, match=r"expected images of shape \(B, 1, 28, 28\)"):
         model(torch.zeros(1, 3, 16, 16))
     with pytest.raises(ConfigError, match=r"input_size=\[2, 28, 28\] must be \[channels, height, width\]"):
-        get_vision_config("vit_fashion_mnist", channels=3, pixel_mean=[0.0] * 3, pixel_std=[1.0] * 3,
+        get_config("vit_fashion_mnist", channels=3, pixel_mean=[0.0] * 3, pixel_std=[1.0] * 3,
                           input_size=[2, 28, 28])
 
 
@@ -431,7 +431,7 @@ def test_restructuring_methods_are_refused_unless_reinitialised(case: str, secti
     torch.manual_seed(4)
     model = from_hf(folders[case], extra_sections=sections, reinitialise=True)
     torch.manual_seed(4)
-    fresh = build_model(model.config) if case == "roberta" else create_vision_model(model.config)
+    fresh = build_model(model.config) if case == "roberta" else create_model(model.config)
     restructured = model.import_report.restructured
     assert restructured and all(name in read_checkpoint(folders[case]).state for name in restructured)
     ours, theirs = model.state_dict(), fresh.state_dict()
@@ -469,7 +469,7 @@ def test_fine_tuning_reinitialises_restructured_weights_only_when_asked(roberta_
 
 
 def test_models_trained_from_scratch_export_when_a_family_computes_them(tmp_path: Path) -> None:
-    vit = create_vision_model("vit_fashion_mnist").eval()
+    vit = create_model("vit_fashion_mnist").eval()
     to_hf(vit, tmp_path / "vit")
     back = transformers.AutoModelForImageClassification.from_pretrained(str(tmp_path / "vit")).eval()
     grey = torch.rand(2, 1, 28, 28)
@@ -490,10 +490,10 @@ def test_models_trained_from_scratch_export_when_a_family_computes_them(tmp_path
 
 @pytest.mark.parametrize("make, match", [
     (lambda: create_model("pa_transformer_text", src_vocab_size=50), "no Hugging Face family computes this model"),
-    (lambda: create_vision_model("pa_vit_fashion_mnist"), "the predictive section \\(ViT has no such computation\\)"),
-    (lambda: create_vision_model("lw_vit_fashion_mnist"), "the lightweight section"),
-    (lambda: create_vision_model("conv_transformer_fashion_mnist"), "backbone='conv_transformer'"),
-    (lambda: create_vision_model("vit_fashion_mnist", bias=False), "bias=False \\(ViT has True\\)"),
+    (lambda: create_model("pa_vit_fashion_mnist"), "the predictive section \\(ViT has no such computation\\)"),
+    (lambda: create_model("lw_vit_fashion_mnist"), "the lightweight section"),
+    (lambda: create_model("conv_transformer_fashion_mnist"), "backbone='conv_transformer'"),
+    (lambda: create_model("vit_fashion_mnist", bias=False), "bias=False \\(ViT has True\\)"),
     (lambda: create_model("transformer_small", src_vocab_size=50), "a EncoderDecoderModel has no Hugging Face class"),
 ])
 def test_models_without_a_hugging_face_class_are_refused(make: Callable, match: str, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from interlayer import create_model
 from interlayer.build import build_model
-from interlayer.checkpoint import load_pretrained
+from interlayer.models.registry import load_pretrained
 from interlayer.cli import main
 from interlayer.core.generation import SamplingOptions, position_ids
 from interlayer.data.lm_tokenizers import ByteBPETokenizer

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from interlayer import create_model
-from interlayer.models.vision import create_vision_model
 from interlayer.tasks.language_modeling import LanguageModelingTask, LMData
 from interlayer.training.config import TrainConfig
 
@@ -99,7 +98,7 @@ def test_encoder_classifier_takes_hf_arguments(method):
 
 def test_image_classifier_takes_pixel_values_and_labels():
     torch.manual_seed(0)
-    model = create_vision_model("vit_fashion_mnist", d_model=16, n_heads=2, d_ffn=32, enc_layers=2,
+    model = create_model("vit_fashion_mnist", d_model=16, n_heads=2, d_ffn=32, enc_layers=2,
                                 crossformer=SG).train()
     pixels = torch.rand(3, 1, 28, 28)
     labels = torch.tensor([1, 5, 9])

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import count_madds, count_parameters, load_pretrained, save_pretrained
+from interlayer import count_madds, count_parameters, create_model, get_config, load_pretrained, save_pretrained
 from interlayer.checkpoint import tie_map
 from interlayer.cli import main
 from interlayer.core.attention import MultiHeadAttention
@@ -28,7 +28,7 @@ from interlayer.tasks import task_specs
 from interlayer.tasks.image import (FASHION_MNIST_CLASSES, ImageData, ImageTask, augment, stratified_split,
                                     write_balanced_subset)
 from interlayer.training import TrainConfig, Trainer
-from interlayer.models.vision import VISION_FIELDS, ConvMixer, create_vision_model, get_vision_config
+from interlayer.models.vision import VISION_FIELDS, ConvMixer
 from interlayer.config import ModelConfig
 
 SMALL = dict(image_height=12, image_width=12, d_model=32, d_ffn=64)  # ViT: 3x3 patches (+ CLS); conv: 12 -> 6 -> 3
@@ -186,7 +186,7 @@ def test_batches_depend_only_on_seed_and_epoch_and_cover_the_split(idx_dir):
 def test_sample_input_feeds_attention_pictures(idx_dir):
     task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
     args, kwargs, labels = task_specs()["fashion_mnist"].sample_input(task)
-    model = create_vision_model(get_vision_config("pa_vit_fashion_mnist", **task.model_fields()), d_model=32)
+    model = create_model(get_config("pa_vit_fashion_mnist", **task.model_fields()), d_model=32)
     attentions = model.eval()(*args, **kwargs, need_intermediates=True).encoder.attentions
     assert args[0].shape == (1, 1, 12, 12) and labels == [] and "predicted" in attentions[1].extras
 
@@ -215,7 +215,7 @@ def test_augment_setting_reaches_the_training_batches(idx_dir):
 
 
 def test_evaluate_refuses_images_of_another_size_and_empty_validation(idx_dir, tmp_path, capsys):
-    model = create_vision_model("vit_fashion_mnist", **SMALL)
+    model = create_model("vit_fashion_mnist", **SMALL)
     save_pretrained(model, tmp_path / "m")
     ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig()).save_assets(tmp_path / "m")
     write_idx(tmp_path / "x-images-idx3-ubyte", np.zeros((2, 8, 8), np.uint8))
@@ -239,14 +239,14 @@ def test_data_settings_are_validated():
 # -- models ------------------------------------------------------------------------------------------------------
 def test_vision_and_encoder_fields_are_disjoint_so_flat_overrides_route():
     assert not set(VISION_FIELDS) & {f for f in ModelConfig.__dataclass_fields__}
-    cfg = get_vision_config("vit_fashion_mnist", patch_size=3, d_model=32, encoder__n_heads=2, image_height=12,
+    cfg = get_config("vit_fashion_mnist", patch_size=3, d_model=32, encoder__n_heads=2, image_height=12,
                             image_width=12)
     assert (cfg.patch_size, cfg.encoder.d_model, cfg.encoder.n_heads) == (3, 32, 2)
     assert (cfg.encoder.grid_height, cfg.encoder.grid_width, cfg.encoder.max_positions) == (4, 4, 17)
 
 
 def test_vit_forward_backward_reaches_every_parameter():
-    model = create_vision_model("vit_fashion_mnist", **SMALL)
+    model = create_model("vit_fashion_mnist", **SMALL)
     out = model(_images(3))
     assert out.logits.shape == (3, 10) and model.config.tokens == 10
     out.logits.sum().backward()
@@ -255,13 +255,13 @@ def test_vit_forward_backward_reaches_every_parameter():
 
 
 def test_mean_pooling_drops_the_cls_token():
-    model = create_vision_model("vit_fashion_mnist", pooling="mean", **SMALL)
+    model = create_model("vit_fashion_mnist", pooling="mean", **SMALL)
     assert model.embed.cls_token is None and model.config.tokens == 9
     assert model(_images()).encoder.hidden.shape == (2, 9, 32)
 
 
 def test_vit_with_2d_relative_positions_and_cls_prefix():
-    model = create_vision_model("vit_fashion_mnist", positions="relative_2d", **SMALL)
+    model = create_model("vit_fashion_mnist", positions="relative_2d", **SMALL)
     out = model(_images(), need_intermediates=True)
     relative = model.encoder.layers[0].self_attn.relative
     assert (relative.height, relative.width) == (3, 3) and model.encoder.embed.positions is None
@@ -271,20 +271,20 @@ def test_vit_with_2d_relative_positions_and_cls_prefix():
 
 def test_pixel_normalisation_uses_the_config_and_accepts_uint8_or_float():
     images = _images()
-    model = create_vision_model("vit_fashion_mnist", **SMALL).eval()
-    shifted = create_vision_model("vit_fashion_mnist", pixel_mean=[0.5], pixel_std=[0.25], **SMALL).eval()
+    model = create_model("vit_fashion_mnist", **SMALL).eval()
+    shifted = create_model("vit_fashion_mnist", pixel_mean=[0.5], pixel_std=[0.25], **SMALL).eval()
     shifted.load_state_dict(model.state_dict())
     assert torch.allclose(model(images).logits, model(images.float() / 255).logits, atol=1e-6)
     assert not torch.allclose(model(images).logits, shifted(images).logits)
     with pytest.raises(ValueError, match=r"expected images of shape \(B, 1, 12, 12\)"):
         model(_images(size=14))
-    colour = create_vision_model("vit_fashion_mnist", channels=3, pixel_mean=[0.1, 0.2, 0.3], pixel_std=[1, 1, 1],
+    colour = create_model("vit_fashion_mnist", channels=3, pixel_mean=[0.1, 0.2, 0.3], pixel_std=[1, 1, 1],
                                  **SMALL)
     assert colour.embed.proj.in_channels == 3 and colour(torch.rand(2, 3, 12, 12)).logits.shape == (2, 10)
 
 
 def test_conv_transformer_stages_widths_and_forward_backward():
-    model = create_vision_model("pa_conv_transformer_fashion_mnist", **CONV_SMALL)
+    model = create_model("pa_conv_transformer_fashion_mnist", **CONV_SMALL)
     assert [len(stage.blocks) for stage in model.embed.stages] == [1, 1]
     assert [stage.transition.out_channels for stage in model.embed.stages] == [8, 32]
     assert model.embed.stem.out_channels == 4 and model.config.grid == (3, 3)
@@ -300,7 +300,7 @@ def test_conv_transformer_stages_widths_and_forward_backward():
 
 
 def test_stage_blocks_and_conv_kernel_shape_the_cnn_stages():
-    model = create_vision_model("conv_transformer_fashion_mnist", stage_blocks=2, conv_kernel=5, **CONV_SMALL)
+    model = create_model("conv_transformer_fashion_mnist", stage_blocks=2, conv_kernel=5, **CONV_SMALL)
     assert [len(stage.blocks) for stage in model.embed.stages] == [2, 2]
     assert model.embed.stem.kernel_size == (5, 5)
     assert model.embed.stages[0].blocks[1].self_attn.conv.conv.kernel_size == (5, 5)
@@ -308,17 +308,17 @@ def test_stage_blocks_and_conv_kernel_shape_the_cnn_stages():
 
 
 def test_cnn_baseline_has_no_attention_and_refuses_attention_sections():
-    model = create_vision_model("cnn_fashion_mnist", **CONV_SMALL)
+    model = create_model("cnn_fashion_mnist", **CONV_SMALL)
     assert not any(isinstance(m, MultiHeadAttention) for m in model.modules())
     assert all(isinstance(layer.self_attn, ConvMixer) for layer in model.encoder.layers)
     assert model(_images()).logits.shape == (2, 10)
     with pytest.raises(ConfigError, match=r"attention=False builds the CNN baseline .* sections predictive"):
-        create_vision_model("cnn_fashion_mnist", predictive={}, **CONV_SMALL)
+        create_model("cnn_fashion_mnist", predictive={}, **CONV_SMALL)
 
 
 def test_table3_parameter_and_madds_ordering_at_28x28():
     """PA Table 3: the Conv-Transformer is smaller and cheaper than the CNN; PA adds few parameters."""
-    cnn, conv, pa = (create_vision_model(n) for n in ("cnn_fashion_mnist", "conv_transformer_fashion_mnist",
+    cnn, conv, pa = (create_model(n) for n in ("cnn_fashion_mnist", "conv_transformer_fashion_mnist",
                                                       "pa_conv_transformer_fashion_mnist"))
     assert count_parameters(conv) < count_parameters(cnn)
     assert count_parameters(pa) - count_parameters(conv) == 2 * (4 * 4 * 9 + 4)  # two 3x3 4->4 mixers
@@ -326,10 +326,10 @@ def test_table3_parameter_and_madds_ordering_at_28x28():
 
 
 def test_lw_presets_follow_table_ix_ratios():
-    base = count_parameters(create_vision_model("vit_fashion_mnist"))
-    k2 = count_parameters(create_vision_model("lw_vit_fashion_mnist"))
-    k4 = count_parameters(create_vision_model("lw_vit_k4_fashion_mnist"))
-    large = count_parameters(create_vision_model("lw_large_vit_fashion_mnist"))
+    base = count_parameters(create_model("vit_fashion_mnist"))
+    k2 = count_parameters(create_model("lw_vit_fashion_mnist"))
+    k4 = count_parameters(create_model("lw_vit_k4_fashion_mnist"))
+    large = count_parameters(create_model("lw_large_vit_fashion_mnist"))
     assert 0.65 < k2 / base < 0.75 and k4 < k2 and 0.95 < large / base < 1.1  # Table IX: 70.7%, 59.7%, 95.4%
 
 
@@ -342,7 +342,7 @@ def test_lw_presets_follow_table_ix_ratios():
     ("pa_conv_transformer_fashion_mnist", dict(CONV_SMALL)),
 ])
 def test_madds_match_the_flop_counter(preset, overrides):
-    model = create_vision_model(preset, attn_impl="eager", **overrides).eval()
+    model = create_model(preset, attn_impl="eager", **overrides).eval()
     with FlopCounterMode(display=False) as counter:
         model(_images(2))
     assert counter.get_total_flops() == 2 * 2 * count_madds(model, model.config.tokens)
@@ -351,17 +351,17 @@ def test_madds_match_the_flop_counter(preset, overrides):
 
 
 def test_method_sections_apply_to_the_image_encoder():
-    lw = create_vision_model("vit_fashion_mnist", lightweight={"groups": 2}, **SMALL)
+    lw = create_model("vit_fashion_mnist", lightweight={"groups": 2}, **SMALL)
     assert all(isinstance(layer.self_attn, GroupedMultiHeadAttention) for layer in lw.encoder.layers)
-    pa = create_vision_model("vit_fashion_mnist", **{"predictive.alpha": 0.5}, **SMALL)
+    pa = create_model("vit_fashion_mnist", **{"predictive.alpha": 0.5}, **SMALL)
     assert pa.encoder.layers[1].self_attn.logit_mixer.alpha == 0.5
-    mpt = create_vision_model("vit_fashion_mnist", multipass={"passes": 2, "loss": "all"}, **SMALL)
+    mpt = create_model("vit_fashion_mnist", multipass={"passes": 2, "loss": "all"}, **SMALL)
     assert isinstance(mpt.encoder, MultiPassEncoder)
     assert len(mpt.train()(_images()).exit_logits) == 2
-    cross = create_vision_model("vit_fashion_mnist", crossformer={"hard": ["kq"]}, **SMALL)
+    cross = create_model("vit_fashion_mnist", crossformer={"hard": ["kq"]}, **SMALL)
     layers = cross.encoder.layers
     assert layers[0].self_attn.k_proj.weight is layers[1].self_attn.q_proj.weight and tie_map(cross)
-    sg = create_vision_model("vit_fashion_mnist", crossformer={"soft": ["kq"]}, **SMALL)
+    sg = create_model("vit_fashion_mnist", crossformer={"soft": ["kq"]}, **SMALL)
     assert float(sg(_images()).aux_losses["crossformer_sg"].detach()) > 0
 
 
@@ -376,19 +376,19 @@ def test_override_and_validation_errors_name_the_key():
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
-            get_vision_config("vit_fashion_mnist", **overrides)
+            get_config("vit_fashion_mnist", **overrides)
     with pytest.raises(ConfigError, match=r"pooling='mean', got pooling='cls'"):
-        get_vision_config("conv_transformer_fashion_mnist", pooling="cls")
+        get_config("conv_transformer_fashion_mnist", pooling="cls")
     with pytest.raises(ConfigError, match=r"stage_widths=\[4, 4, 4\] halves the image 3 times"):
-        get_vision_config("conv_transformer_fashion_mnist", stage_widths=[4, 4, 4])
+        get_config("conv_transformer_fashion_mnist", stage_widths=[4, 4, 4])
     with pytest.raises(ConfigError, match=r"unknown preset 'vit_fashion'"):
-        get_vision_config("vit_fashion")
+        get_config("vit_fashion")
 
 
 def test_save_and_load_pretrained_rebuild_both_backbones(tmp_path):
     for preset, overrides in (("vit_fashion_mnist", dict(SMALL, crossformer={"hard": ["kq"]})),
                               ("pa_conv_transformer_fashion_mnist", CONV_SMALL)):
-        model = create_vision_model(preset, **overrides).eval()
+        model = create_model(preset, **overrides).eval()
         save_pretrained(model, tmp_path / preset)
         loaded = load_pretrained(tmp_path / preset).eval()
         assert type(loaded) is type(model) and loaded.model_type == model.config.backbone
@@ -422,7 +422,7 @@ def test_interrupted_and_resumed_run_with_augmentation_reaches_the_same_weights(
     task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4, augment="crop_flip"), cfg)
 
     def tiny():
-        return create_vision_model(get_vision_config("vit_fashion_mnist", **task.model_fields()), d_model=16,
+        return create_model(get_config("vit_fashion_mnist", **task.model_fields()), d_model=16,
                                    n_heads=2, d_ffn=32, enc_layers=2, dropout=0.1)
 
     torch.manual_seed(0)

@@ -208,14 +208,13 @@ def test_paper_rows_and_tables():
     """The rows are MCAN presets (interlayer.models.mcan; tests/test_mcan.py checks each count against the
     table); the Transformer registry holds no LW preset any more."""
     from interlayer import list_models
-    from interlayer.models.mcan import get_mcan_config
 
     assert [row[0] for row in lightweight.LW_TABLE_ROWS] == [
         "mcan_small", "lw_mcan_1x_gmha", "lw_mcan_1x_gffn", "lw_mcan_1x_gmha_gffn", "lw_mcan_1x", "lw_mcan_2x",
         "lw_mcan_3x", "lw_mcan_3x_k4", "lw_mcan_3x_k8", "lw_mcan_1x_glml", "lw_mcan_mini", "lw_mcan_1x_glml_gil"]
     assert set(list_models(family="mcan")) >= {row[0] for row in lightweight.LW_TABLE_ROWS}
     assert not hasattr(lightweight, "PRESETS")
-    mini = get_mcan_config("lw_mcan_mini").lightweight
+    mini = get_config("lw_mcan_mini").lightweight
     assert mini.group_intermediate and not mini.group_merge and mini.share_weights
     tables = lightweight.paper_tables()
     assert [len(rows) for _, _, rows in tables] == [9, 3]

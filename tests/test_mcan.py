@@ -9,15 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import ConfigError, count_madds, count_parameters, list_models, load_pretrained, save_pretrained
+from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, list_models,
+                        load_pretrained, save_pretrained)
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.decoder import run_decoder_layers
 from interlayer.papers import lightweight
 from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
 from interlayer.papers.lightweight import layer_counts
 from interlayer.methods.predictive import PredictiveMixer
-from interlayer.models.mcan import (MCAN, MCAN_PRESETS, MCANConfig, QuestionLSTM, create_mcan, get_mcan_config,
-                                    mcan_config_from_dict)
+from interlayer.models.mcan import MCAN, MCANConfig, QuestionLSTM, mcan_config_from_dict
 
 TINY = dict(vocab_size=30, num_answers=7, word_dim=12, feature_dim=10, d_model=16, n_heads=4, d_ffn=24, layers=2,
             flat_mlp=8, flat_glimpses=2, fused_dim=20, max_question_len=8)
@@ -25,7 +25,7 @@ TINY = dict(vocab_size=30, num_answers=7, word_dim=12, feature_dim=10, d_model=1
 
 def tiny(name: str = "mcan_small", **overrides) -> MCAN:
     torch.manual_seed(0)
-    return create_mcan(name, **dict(TINY, **overrides)).eval()
+    return create_model(name, **dict(TINY, **overrides)).eval()
 
 
 def batch(b: int = 3, t: int = 6, r: int = 5, feature_dim: int = 10):
@@ -176,7 +176,7 @@ def mcan_formula(cfg: MCANConfig, region_dim: int) -> tuple[int, int]:
                                              ("mcan_4layer", {})])
 def test_parameter_counts_follow_mcan_formula(name, overrides):
     with torch.device("meta"):
-        model = create_mcan(name, **overrides)
+        model = create_model(name, **overrides)
     blocks, whole = mcan_formula(model.config, model.config.feature_dim)
     assert count_parameters(nn.ModuleList([*model.encoder.layers, *model.decoder.layers])) == blocks
     assert count_parameters(model) == whole
@@ -193,7 +193,7 @@ IRREPRODUCIBLE = {"lw_mcan_1x_gmha_gffn": 30_769_152, "lw_mcan_3x_k4": 20_234_49
 def test_lw_presets_are_mcan_models_with_table_ii_iii_counts(row):
     name, _, section, paper_params, paper_madds = row
     assert name in list_models(family="mcan")
-    cfg = get_mcan_config(name)
+    cfg = get_config(name)
     assert (cfg.lightweight is None) == (section is None) and (cfg.d_model, cfg.layers) == (512, 6)
     params, _, madds = layer_counts(name)
     if name in IRREPRODUCIBLE:
@@ -353,20 +353,20 @@ def test_pixels_make_a_grid_of_coordinate_tagged_cells():
 
 
 def test_config_round_trips_and_bad_values_name_the_key(tmp_path):
-    cfg = get_mcan_config("crossformer_kq_mcan", **{"crossformer.alpha": 0.5}, vocab_size=99)
+    cfg = get_config("crossformer_kq_mcan", **{"crossformer.alpha": 0.5}, vocab_size=99)
     cfg.save(tmp_path / "mcan.json")
-    again = get_mcan_config(tmp_path / "mcan.json")
+    again = get_config(tmp_path / "mcan.json")
     assert again == cfg and json.loads((tmp_path / "mcan.json").read_text())["crossformer"]["hard"] == ["kq"]
     with pytest.raises(ConfigError, match="image_input='grid' is not valid"):
         mcan_config_from_dict({"image_input": "grid"})
     with pytest.raises(ConfigError, match="lightweight.groups=3 does not divide n_heads=8"):
-        get_mcan_config("lw_mcan_1x", lightweight={"groups": 3})
+        get_config("lw_mcan_1x", lightweight={"groups": 3})
     with pytest.raises(ConfigError, match="did you mean 'layers'"):
-        get_mcan_config("mcan_small", layer=3)
+        get_config("mcan_small", layer=3)
     with pytest.raises(ConfigError, match="soft_target='states' is not available"):
-        get_mcan_config("mcan_4layer", crossformer=dict(soft=["kq"], soft_target="states"))
+        get_config("mcan_4layer", crossformer=dict(soft=["kq"], soft_target="states"))
     with pytest.raises(ConfigError, match="did you mean"):
-        get_mcan_config("mcan_smal")
+        get_config("mcan_smal")
 
 
 def test_save_and_load_keep_the_ties(tmp_path):
@@ -385,7 +385,7 @@ def test_every_layer_norm_uses_mcans_epsilon_and_large_is_the_official_config():
     MULTI_HEAD 8, FLAT_MLP_SIZE 512, FLAT_OUT_SIZE 2048, FF_SIZE 4 x 1024."""
     for name in ("mcan_small", "mcan_large"):
         with torch.device("meta"):
-            model = create_mcan(name)
+            model = create_model(name)
         norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
         assert len(norms) == 2 * 6 + 3 * 6 + 1 and {m.eps for m in norms} == {1e-6}, name
     cfg = model.config

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from interlayer import get_config
-from interlayer.models.gat import gat_config
 from interlayer.cli import main
 from interlayer.compare.runner import Runner
 from interlayer.config import parse_value, read_config_file
@@ -32,7 +31,7 @@ from interlayer.data.text import DataError
 from interlayer.training import TrainConfig
 from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryLock
 from interlayer.training.engine import LAST
-from interlayer.models.vision import get_vision_config
+
 
 from helpers import SRC
 
@@ -242,9 +241,9 @@ def test_one_finite_check_covers_every_config_and_section():
     with pytest.raises(ConfigError, match=r"crossformer.alpha=nan is not a finite number"):
         get_config("transformer_small", crossformer={"soft": ["kq"], "alpha": float("nan")})
     with pytest.raises(ConfigError, match=r"negative_slope=inf"):
-        gat_config("gat_cora", negative_slope=float("inf"))
+        get_config("gat_cora", negative_slope=float("inf"))
     with pytest.raises(ConfigError, match=r"pixel_std\[0\]=nan"):
-        get_vision_config("vit_fashion_mnist", pixel_std=[float("nan")])
+        get_config("vit_fashion_mnist", pixel_std=[float("nan")])
 
 
 def test_search_refuses_zero_trials(monkeypatch, capsys):

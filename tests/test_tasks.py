@@ -83,13 +83,6 @@ def test_the_cli_dispatches_every_command_through_its_table():
     assert set(COMMANDS) == set(commands)
 
 
-def test_the_old_decoding_import_path_still_works():
-    from interlayer.decoding import DecodeOptions, decode
-    from interlayer.tasks import translation_decoding
-
-    assert (DecodeOptions, decode) == (translation_decoding.DecodeOptions, translation_decoding.decode)
-
-
 @pytest.mark.parametrize("args", [["models", "transformer_small"], ["tables"]])
 def test_a_listing_piped_into_head_ends_quietly(tmp_path, args):
     """``interlayer models | head -3`` through a real shell pipe: head's exit status, nothing on stderr. The

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from interlayer import create_model
 from interlayer.data import sort_of_clevr as soc
-from interlayer.models.mcan import create_mcan
 from interlayer.tasks.vqa import VQAData, VQATask
 from interlayer.training.config import TrainConfig
 
@@ -34,7 +34,7 @@ def test_reference_rules_on_the_release():
 def task_and_model():
     torch.manual_seed(0)
     task = VQATask(VQAData(image_features="objects", train_size=40, valid_size=40), TrainConfig())
-    model = create_mcan("mcan_4layer", **{**task.model_fields(), "d_model": 16, "n_heads": 2, "d_ffn": 32,
+    model = create_model("mcan_4layer", **{**task.model_fields(), "d_model": 16, "n_heads": 2, "d_ffn": 32,
                                           "word_dim": 8, "flat_mlp": 16, "fused_dim": 16, "layers": 2}).eval()
     return task, model
 

@@ -6,25 +6,46 @@ the config and tied weights (also as ``model.save_pretrained`` / ``ModelClass.fr
 :func:`to_hf` bring Hugging Face BERT, ELECTRA, RoBERTa, DistilBERT and ViT models in and back out.
 
 The names below are imported when first used (PEP 562), so that importing one part of the package (a method
-module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`.
+module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`. The one
+thing done at import is giving the core's models their saver and loader (:func:`interlayer.core.hub.register_storage`),
+which this package, above every layer, may name and the core may not.
 """
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
-from .core.config import ConfigError
+from .core.hub import register_storage
+from .errors import ConfigError
 
 __version__ = "0.1.0"
 
 # public name -> the module (relative to this package) that defines it
 _LAZY: dict[str, str] = {
     "count_madds": "accounting", "count_parameters": "accounting", "build_model": "build",
-    "CheckpointError": "checkpoint", "load_pretrained": "checkpoint", "save_pretrained": "checkpoint",
+    "CheckpointError": "errors", "load_pretrained": "models.registry", "save_pretrained": "checkpoint",
     "ModelConfig": "config", "apply_overrides": "config", "config_from_dict": "config",
     "create_model": "models.registry", "get_config": "models.registry", "list_models": "models.registry",
-    "PRESETS": "registry", "list_presets": "registry", "from_hf": "pretrained", "to_hf": "pretrained",
+    "from_hf": "pretrained", "to_hf": "pretrained",
 }
+
+
+def _save(model: Any, directory: Path) -> Path:
+    from .checkpoint import save_pretrained
+
+    return save_pretrained(model, directory)
+
+
+def _load(source: Any, **options: Any) -> Any:
+    from .pretrained.hub import load_model
+
+    return load_model(source, **options)
+
+
+# The core's models save and load through these (core/hub.py): the package, which sits above every layer, wires
+# them, so the core imports nothing above it and each is imported when first used.
+register_storage(save=_save, load=_load)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ from typing import Optional
 
 from torch import nn
 
-from .core.config import ConfigError
+from .errors import ConfigError
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:

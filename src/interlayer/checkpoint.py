@@ -5,29 +5,28 @@ embeddings/output projection, Crossformer's hard guidance, LW's group sharing. `
 that share storage, so a checkpoint stores each tied tensor once, under its first name, and records the *tie map*
 (name -> the names it is also known by) in the file's metadata. Loading rebuilds the model from the stored config
 (which re-creates the ties), checks the rebuilt model has the same tie map, and loads the canonical tensors.
+
+This module is the bottom layer of saving and loading: tensors, tie maps and the two files. Rebuilding a model
+from its saved ``model_type`` and config is the registry's (:func:`interlayer.models.registry.load_pretrained`),
+so the training engine, which only writes and reads weights, imports no model family.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Union
+from typing import Any, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .build import build_model
-from .config import config_from_dict
-from .core.config import ConfigError
+from .errors import CheckpointError
 from .fileio import atomic_path, parse_json, read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into the requested model; the message says what differs."""
 
 
 def tie_map(model: nn.Module) -> dict[str, list[str]]:
@@ -64,23 +63,11 @@ def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
     model.load_state_dict({k: state[k] for k in expected}, strict=False)
 
 
-# Model families besides the Transformer (a CNN baseline, GAT, ...) register how to rebuild themselves from the
-# dict in config.json: a model with ``model_type = "name"`` is saved with that name in the weights' metadata.
-_BUILDERS: dict[str, Callable[[dict], nn.Module]] = {
-    "transformer": lambda data: build_model(config_from_dict(data)),
-}
-
-
-def register_model_type(name: str, builder: Callable[[dict], nn.Module]) -> None:
-    """Let :func:`load_pretrained` rebuild models whose ``model_type`` is ``name`` from their config dict."""
-    _BUILDERS[name] = builder
-
-
 def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (tie map and model type in its metadata) into ``directory``.
 
-    ``model.config`` must offer ``save(path)`` and ``to_dict()``; ``model.model_type`` names a registered builder
-    (default ``"transformer"``).
+    ``model.config`` must offer ``save(path)`` and ``to_dict()``; ``model.model_type`` names the family that
+    rebuilds it (a ``model_types`` entry of a registered family; default ``"transformer"``).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -93,10 +80,28 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     return directory
 
 
-def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
-    """Rebuild the model from ``config.json`` and load its weights, re-tying shared parameters; on ``device``
-    (a ``torch.device`` or ``"auto" | "cpu" | "cuda[:N]" | "mps"``; default the CPU) when given. The model's
-    ``source_dir`` is ``directory``."""
+@dataclass(frozen=True)
+class SavedModel:
+    """A model folder as read from disk, before any model is built: its ``model_type`` (from the weights'
+    metadata; :func:`interlayer.models.registry.load_pretrained` picks the family that rebuilds it), the config
+    dict and the tie map it was saved with."""
+
+    directory: Path
+    model_type: str
+    config: dict[str, Any]
+    ties: dict[str, list[str]]
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / CONFIG_FILE
+
+    @property
+    def weights_path(self) -> Path:
+        return self.directory / WEIGHTS_FILE
+
+
+def read_saved(directory: Union[str, Path]) -> SavedModel:
+    """The config, model type and tie map of a folder written by :func:`save_pretrained` (tensors not read)."""
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
@@ -108,33 +113,23 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err}); it may be truncated or "
                               "corrupt: copy it again, or save the model again") from None
-    stored_ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
-    model_type = metadata.get("model_type", "transformer")
-    if model_type not in _BUILDERS:
-        from .models.registry import discover  # imports the model families, which register their types here
+    ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
+    return SavedModel(directory, metadata.get("model_type", "transformer"), read_json(config_path, CheckpointError),
+                      ties)
 
-        discover()
-    if model_type not in _BUILDERS:
-        raise CheckpointError(f"{weights_path} holds a {model_type!r} model; known model types: "
-                              f"{', '.join(sorted(_BUILDERS))} (import the module that registers it)")
-    data = read_json(config_path, CheckpointError)
-    try:
-        model = _BUILDERS[model_type](data)
-    except ConfigError as err:
-        raise CheckpointError(f"{config_path}: {err}") from None
-    if stored_ties != tie_map(model):
-        raise CheckpointError(f"{weights_path} was saved with tied parameters {stored_ties}, but its config "
+
+def load_saved_weights(model: nn.Module, saved: SavedModel) -> nn.Module:
+    """Load ``saved``'s tensors into ``model``, rebuilt from ``saved.config``, after checking that it is tied as the
+    saved one was; sets ``model.source_dir`` (an export finds the run's tokenizer, labels and scores there:
+    pretrained/run_assets.py)."""
+    if saved.ties != tie_map(model):
+        raise CheckpointError(f"{saved.weights_path} was saved with tied parameters {saved.ties}, but its config "
                               f"builds a model tied as {tie_map(model)}; the files come from different models")
     try:
-        tensors = load_file(str(weights_path))
+        tensors = load_file(str(saved.weights_path))
     except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{weights_path}: cannot read the tensors ({err}); the file may be truncated or "
-                              "corrupt: copy it again, or save the model again") from None
-    load_canonical_state_dict(model, tensors, source=str(weights_path))
-    # where it came from: an export finds the run's tokenizer, labels and scores there (pretrained/run_assets.py)
-    model.source_dir = directory
-    if device is not None:
-        from .training.device import resolve_device  # the training package imports this module
-
-        model.to(device if isinstance(device, torch.device) else resolve_device(device))
+        raise CheckpointError(f"{saved.weights_path}: cannot read the tensors ({err}); the file may be truncated "
+                              "or corrupt: copy it again, or save the model again") from None
+    load_canonical_state_dict(model, tensors, source=str(saved.weights_path))
+    model.source_dir = saved.directory
     return model

@@ -12,10 +12,9 @@ from typing import Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
-from .checkpoint import CheckpointError
 from .compare import DEFAULT as COMPARE_DEFAULT
-from .core.config import ConfigError
-from .data.text import DataError, read_lines, read_stream_lines
+from .data.text import read_lines, read_stream_lines
+from .errors import CheckpointError, ConfigError, DataError
 from .fileio import DiskFullError, read_json
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
@@ -271,7 +270,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    from .checkpoint import CONFIG_FILE, load_pretrained
+    from .checkpoint import CONFIG_FILE
+    from .models.registry import load_pretrained
     from .pretrained import PretrainedError
     from .pretrained.export import export
     source = Path(args.run_dir)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
-from .core.config import ConfigError, TransformerConfig, dataclass_from_dict, unknown_key
+from .core.config import TransformerConfig, dataclass_from_dict, unknown_key
+from .errors import ConfigError
 from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
 from .methods.cla import CLAConfig

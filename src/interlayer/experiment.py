@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .config import dataclass_from_dict, parse_value
-from .core.config import ConfigError
+from .errors import ConfigError
 from .fileio import read_json, write_atomic, write_json
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 
 import yaml
 
-from .core.config import ConfigError
+from .errors import ConfigError
 
 PathLike = Union[str, Path]
 
@@ -143,8 +143,12 @@ def parse_json(text: str, source: str, error: type[Exception] = ConfigError) -> 
         raise error(f"{source}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
 
 
-def read_json(path: PathLike, error: type[Exception] = ConfigError, *, expect: type = dict) -> Any:
-    """The JSON document in file ``path``, which must be of type ``expect`` (a mapping by default)."""
+def read_json(path: PathLike, error: type[Exception] = ConfigError, *, expect: type = dict,
+              optional: bool = False) -> Any:
+    """The JSON document in file ``path``, which must be of type ``expect`` (a mapping by default); with
+    ``optional``, an empty ``expect()`` when the file does not exist (a tokenizer folder's optional files)."""
+    if optional and not Path(path).is_file():
+        return expect()
     data = parse_json(read_text(path, error), str(path), error)
     if not isinstance(data, expect):
         raise error(f"{path}: expected a JSON {'object' if expect is dict else expect.__name__}, got "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..training.concurrency import DirectoryLock
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections

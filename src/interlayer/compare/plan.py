@@ -22,7 +22,7 @@ import torch
 from .. import __version__
 from ..accounting import count_madds, count_parameters
 from ..config import dataclass_from_dict
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
 from ..tasks import TaskSpec, task_specs

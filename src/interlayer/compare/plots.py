@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -64,24 +64,31 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> Optional[tupl
     return points[:, :, 0].mean(0), y.mean(0), y.min(0), y.max(0)
 
 
-def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: str, baseline: str,
-                    path: Path, x_label: str = "training minutes (validation excluded)") -> Optional[Picture]:
-    """``series``: variant -> one (x, validation metric) curve per seed; x is what ``x_label`` says (training
-    minutes, or optimiser steps)."""
-    fig = _figure(*CURVE_SIZE)
-    ax = fig.add_subplot()
+def _mean_lines(ax: Any, series: dict[str, list[list[tuple[float, float]]]],
+                style: Callable[[str, list[list[tuple[float, float]]]], dict[str, Any]]) -> int:
+    """Each variant's mean curve (:func:`mean_curve`) with its seeds' min-max band, in ``style(name, curves)``;
+    returns how many were drawn (a variant with no point is left out)."""
     drawn = 0
     for name, curves in series.items():
         mean = mean_curve(curves)
         if mean is None:
             continue
         x, y, low, high = mean
-        line, = ax.plot(x, y, marker="o", markersize=3, linewidth=2.4 if name == baseline else 1.6,
-                        label=f"{name} ({len([c for c in curves if c])} seed(s))")
+        line, = ax.plot(x, y, marker="o", markersize=3, **style(name, curves))
         if len(curves) > 1:
             ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
         drawn += 1
-    if not drawn:
+    return drawn
+
+
+def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: str, baseline: str,
+                    path: Path, x_label: str = "training minutes (validation excluded)") -> Optional[Picture]:
+    """``series``: variant -> one (x, validation metric) curve per seed; x is what ``x_label`` says (training
+    minutes, or optimiser steps)."""
+    fig = _figure(*CURVE_SIZE)
+    ax = fig.add_subplot()
+    if not _mean_lines(ax, series, lambda name, curves: dict(
+            linewidth=2.4 if name == baseline else 1.6, label=f"{name} ({len([c for c in curves if c])} seed(s))")):
         return None
     ax.set_xlabel(x_label)
     ax.set_ylabel(f"validation {metric}")
@@ -129,17 +136,7 @@ def sg_curves(series: dict[str, list[list[tuple[float, float]]]], path: Path) ->
     """``series``: variant -> one (step, crossformer_sg) curve per seed."""
     fig = _figure(*SG_SIZE)
     ax = fig.add_subplot()
-    drawn = 0
-    for name, curves in series.items():
-        mean = mean_curve(curves)
-        if mean is None:
-            continue
-        x, y, low, high = mean
-        line, = ax.plot(x, y, marker="o", markersize=3, label=name)
-        if len(curves) > 1:
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-        drawn += 1
-    if not drawn:
+    if not _mean_lines(ax, series, lambda name, curves: dict(label=name)):
         return None
     values = [v for curves in series.values() for c in curves for _, v in c]
     if min(values) > 0 and max(values) > 10 * min(values):  # a log axis only where it spans a decade

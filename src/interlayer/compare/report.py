@@ -34,7 +34,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError, load_pretrained
+from ..errors import CheckpointError
+from ..models.registry import load_pretrained
 from ..config import dataclass_from_dict
 from ..fileio import write_atomic
 from ..tables import format_table, human

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..core.config import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .report import VariantSummary

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 
 from ..config import parse_value
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..methods import METHODS
 
 # Method sections of a Transformer config. A global --set on one of them would switch the method on in every

@@ -23,6 +23,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional, Union
 
+from ..errors import ConfigError
+
 Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
 # Absolute positions: "zero" numbers the tokens 0..T-1; "after_pad" numbers the non-padding tokens from pad_id + 1
@@ -32,10 +34,6 @@ Activation = Literal["relu", "gelu", "gelu_tanh"]
 Pooling = Literal["cls", "mean"]
 # "auto": fused SDPA when no option needs the logits; "eager": always explicit
 AttnImpl = Literal["auto", "eager"]
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message names the key, the value and what would be valid."""
 
 
 def check_finite(cfg: Any, prefix: str = "") -> None:

@@ -1,18 +1,38 @@
 """``model.save_pretrained(directory)`` and ``ModelClass.from_pretrained(source)``: the Hugging Face convention.
 
-The methods delegate to :func:`interlayer.save_pretrained` and :func:`interlayer.pretrained.hub.load_model`,
-imported when called: both build models, so importing them here would be circular.
+Writing the files and rebuilding a model by its type (or importing a Hugging Face folder) are done above the core
+(:mod:`interlayer.checkpoint`, :mod:`interlayer.models.registry`, :mod:`interlayer.pretrained.hub`), which the
+core must not import. So the mixin calls a saver and a loader registered here with :func:`register_storage`;
+the package's ``__init__``, run before any of its modules, registers the real ones (imported when first called),
+and a model class used without them fails with a message saying so.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
+from ..errors import CheckpointError
 from .positions import LearnedPositions
 
 ModelT = TypeVar("ModelT", bound="PretrainedMixin")
+Saver = Callable[[Any, Path], Path]  # (model, directory) -> directory
+Loader = Callable[..., Any]  # (source, *, revision, local_files_only, cache_dir, **hf_options) -> model
+_STORAGE: dict[str, Callable[..., Any]] = {}
+
+
+def register_storage(*, save: Saver, load: Loader) -> None:
+    """Give :class:`PretrainedMixin` the functions that write a model folder and load any saved model."""
+    _STORAGE.update(saver=save, loader=load)
+
+
+def _storage(role: str) -> Callable[..., Any]:
+    if role not in _STORAGE:
+        raise RuntimeError(f"no model {role} is registered: interlayer.core.hub.register_storage(save=..., "
+                           "load=...) is called by the interlayer package's __init__; call it yourself when using "
+                           "the core without the package")
+    return _STORAGE[role]
 
 
 class PretrainedMixin:
@@ -31,9 +51,7 @@ class PretrainedMixin:
 
     def save_pretrained(self, directory: Union[str, Path]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (ties kept); :func:`interlayer.save_pretrained`."""
-        from ..checkpoint import save_pretrained
-
-        return save_pretrained(self, directory)
+        return _storage("saver")(self, Path(directory))
 
     @classmethod
     def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
@@ -47,10 +65,7 @@ class PretrainedMixin:
         It must be an instance of this class (``EncoderClassifier.from_pretrained`` refuses an image model);
         ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders.
         """
-        from ..checkpoint import CheckpointError
-        from ..pretrained.hub import load_model
-
-        model = load_model(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
+        model = _storage("loader")(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
                            **hf_options)
         if not isinstance(model, cls):
             raise CheckpointError(f"{source} holds a {type(model).__name__}, not a {cls.__name__}; load it with "

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..fileio import read_json, write_atomic
-from .text import DataError
+from ..errors import DataError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]

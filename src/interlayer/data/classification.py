@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from ..fileio import read_json, write_atomic
-from .text import DataError, PathLike, iter_lines
+from .text import PathLike, iter_lines
+from ..errors import DataError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID = 0, 1, 2, 3
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Union
 
 from .parallel import resolve_path
-from .text import DataError
+from ..errors import DataError
 
 PathLike = Union[str, Path]
 SPLITS = ("train", "valid", "test")

@@ -17,7 +17,7 @@ from typing import Union
 
 import numpy as np
 
-from .text import DataError
+from ..errors import DataError
 
 PathLike = Union[str, Path]
 GZIP_MAGIC = b"\x1f\x8b"

@@ -26,7 +26,7 @@ from torch import Tensor
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ..fileio import write_atomic
-from .text import DataError
+from ..errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
 Kind = Literal["char", "bpe"]

@@ -53,7 +53,8 @@ import torch
 from torch import Tensor
 
 from .parallel import resolve_path
-from .text import DataError, iter_lines
+from .text import iter_lines
+from ..errors import DataError
 
 PathLike = Union[str, Path]
 RAW_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")

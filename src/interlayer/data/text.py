@@ -10,11 +10,9 @@ import gzip
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Union
 
+from ..errors import DataError
+
 PathLike = Union[str, Path]
-
-
-class DataError(ValueError):
-    """A data file that cannot be used as it is; the message names the file, the line and what was expected."""
 
 
 def _decoded(raw_lines: Iterable[bytes], source: object, max_chars: int) -> Iterator[tuple[int, str]]:

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Protocol, Sequence
 import numpy as np
 
 from ..fileio import read_json
-from .text import DataError
+from ..errors import DataError
 
 # -- the official VQA answer normalisation (vqaEval.py of the VQA API, Antol et al. 2015) ------------------------
 PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -41,3 +41,19 @@ def check_core_self_attention(cfg: "ModelConfig", key: str, sides: list[str]) ->
         raise ConfigError(f"{key} feeds earlier layers' keys/values into the core self-attention, but conv_branch "
                           f"replaces the self-attention of sides {list(cfg.conv_branch.sides)} with its attention + "
                           f"convolution block; remove one of the conv_branch and {key} sections")
+class MethodBase:
+    """What most methods' hooks share: ``validate`` is the section's own ``validate(cfg)``, ``customize`` and
+    ``finalize`` change nothing. A method subclasses it, sets ``name`` and ``config_class`` and overrides the hooks
+    it needs (any object with those attributes and the three hooks is a :class:`Method` as well)."""
+
+    name: str
+    config_class: type
+
+    def validate(self, section: Any, cfg: "ModelConfig") -> None:
+        section.validate(cfg)
+
+    def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None:
+        """Nothing to replace before the build."""
+
+    def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None:
+        """Nothing to tie or add after the build."""

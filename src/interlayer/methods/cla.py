@@ -43,8 +43,8 @@ from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory
 from ..core.components import Components
-from ..core.config import ConfigError
-from .base import check_core_self_attention
+from ..errors import ConfigError
+from .base import MethodBase, check_core_self_attention
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -111,12 +111,9 @@ class SharedKV(nn.Module):
         return history[self.source]
 
 
-class _CLAMethod:
+class _CLAMethod(MethodBase):
     name = "cla"
     config_class = CLAConfig
-
-    def validate(self, section: CLAConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: CLAConfig, cfg: "ModelConfig", components: Components) -> None:
         """Every layer that does not lead its group gets a :class:`SharedKV` source (none at factor 1)."""
@@ -130,9 +127,6 @@ class _CLAMethod:
             return SharedKV(leader)
 
         components.kv_source = factory
-
-    def finalize(self, section: CLAConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie: a reusing layer has no K/V parameters at all."""
 
 
 METHOD = _CLAMethod()

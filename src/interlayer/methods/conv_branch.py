@@ -47,7 +47,8 @@ from torch import Tensor, nn
 
 from ..core.attention import AttentionIntermediates, KVCache, MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -269,12 +270,11 @@ def _relative(components: Components, side: str, index: int, head_dim: int) -> O
     return components.relative(side, index)
 
 
-class _ConvBranchMethod:
+class _ConvBranchMethod(MethodBase):
+    """Nothing to tie or add after the build: the block is complete once built."""
+
     name = "conv_branch"
     config_class = ConvBranchConfig
-
-    def validate(self, section: ConvBranchConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: ConvBranchConfig, cfg: "ModelConfig", components: Components) -> None:
         previous = components.self_attention
@@ -288,9 +288,6 @@ class _ConvBranchMethod:
             return build_block(section, cfg, components, side, index)
 
         components.self_attention = factory
-
-    def finalize(self, section: ConvBranchConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie or add: the block is complete once built."""
 
 
 METHOD = _ConvBranchMethod()

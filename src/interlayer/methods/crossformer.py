@@ -75,8 +75,9 @@ from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError
 from ..core.feedforward import FeedForward
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -627,15 +628,11 @@ def _check_unique(key: str, values: Any) -> None:
         raise ConfigError(f"{key}={list(values)} lists {repeated} more than once")
 
 
-class _CrossformerMethod:
+class _CrossformerMethod(MethodBase):
+    """Nothing to replace before the build: Crossformer reuses the plain modules and only ties or regularises them."""
+
     name = "crossformer"
     config_class = CrossformerConfig
-
-    def validate(self, section: CrossformerConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
-
-    def customize(self, section: CrossformerConfig, cfg: "ModelConfig", components: Components) -> None:
-        """Nothing to replace: Crossformer reuses the plain modules and only ties or regularises them."""
 
     def finalize(self, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
         """Tie the hard pairs top-down and register the soft-guidance loss (with its recording hooks for states).

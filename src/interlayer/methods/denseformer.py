@@ -45,8 +45,9 @@ import torch
 from torch import Tensor, nn
 
 from ..core.components import Components, Side
-from ..core.config import ConfigError
 from ..core.layers import DepthConnection
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -112,12 +113,9 @@ class DepthWeightedAverage(DepthConnection):
         return (alpha * sources).sum(0)
 
 
-class _DenseFormerMethod:
+class _DenseFormerMethod(MethodBase):
     name = "denseformer"
     config_class = DenseFormerConfig
-
-    def validate(self, section: DenseFormerConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: DenseFormerConfig, cfg: "ModelConfig", components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:
@@ -130,9 +128,6 @@ class _DenseFormerMethod:
             return DepthWeightedAverage(layers, section.dilation, section.period)
 
         components.depth_connection = depth_connection
-
-    def finalize(self, section: DenseFormerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie: the DWA weights are the only new parameters."""
 
 
 METHOD = _DenseFormerMethod()

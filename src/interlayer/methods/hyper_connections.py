@@ -73,8 +73,9 @@ import torch
 from torch import Tensor, nn
 
 from ..core.components import Components, Side, SublayerKind
-from ..core.config import ConfigError
 from ..core.layers import DepthConnection
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -185,7 +186,7 @@ class Streams(DepthConnection):
         return h.sum(-2)
 
 
-class _HyperConnectionsMethod:
+class _HyperConnectionsMethod(MethodBase):
     name = "hyper_connections"
     config_class = HyperConnectionsConfig
 
@@ -211,9 +212,6 @@ class _HyperConnectionsMethod:
 
         components.residual = residual
         components.depth_connection = lambda side: Streams(section.rate)
-
-    def finalize(self, section: HyperConnectionsConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie."""
 
 
 METHOD = _HyperConnectionsMethod()

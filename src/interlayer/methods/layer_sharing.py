@@ -63,7 +63,8 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 from torch import nn
 
 from ..core.components import Components
-from ..core.config import ConfigError
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -207,15 +208,9 @@ def repeat_blocks(cfg: Any, repeats: int = 2, order: Order = "immediate", share:
     return dataclasses.replace(cfg, **depths, layer_sharing=section)
 
 
-class _LayerSharingMethod:
+class _LayerSharingMethod(MethodBase):
     name = "layer_sharing"
     config_class = LayerSharingConfig
-
-    def validate(self, section: LayerSharingConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
-
-    def customize(self, section: LayerSharingConfig, cfg: "ModelConfig", components: Components) -> None:
-        """Nothing to replace: the layers are built as usual (each its own module) and tied in ``finalize``."""
 
     def finalize(self, section: LayerSharingConfig, cfg: "ModelConfig", model: nn.Module) -> None:
         """Tie each stack's layers onto its unique blocks (module docstring): one ``nn.Parameter`` per block."""

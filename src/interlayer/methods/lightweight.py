@@ -61,8 +61,10 @@ from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components, Side
-from ..core.config import ConfigError, TransformerConfig
+from ..core.config import TransformerConfig
 from ..core.feedforward import FeedForward
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -301,7 +303,9 @@ def _feed_forward(section: LightweightConfig, cfg: TransformerConfig) -> Grouped
                               activation=cfg.activation, act_dropout=cfg.act_dropout, bias=cfg.bias)
 
 
-class _LightweightMethod:
+class _LightweightMethod(MethodBase):
+    """Nothing to tie after the build: a shared group weight is a single tensor inside its layer."""
+
     name = "lightweight"
     config_class = LightweightConfig
 
@@ -323,9 +327,6 @@ class _LightweightMethod:
             components.cross_attention = lambda i: _attention(section, cfg, None, None)
         if section.replaces_ffn:
             components.ffn = lambda side, i: _feed_forward(section, cfg)
-
-    def finalize(self, section: LightweightConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie: a shared group weight is a single tensor inside its layer."""
 
 
 METHOD = _LightweightMethod()

@@ -36,8 +36,10 @@ import torch
 from torch import Tensor, nn
 
 from ..core.components import Components
-from ..core.config import ConfigError, TransformerConfig
+from ..core.config import TransformerConfig
 from ..core.encoder import Encoder, EncoderOutput, Injector
+from ..errors import ConfigError
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -265,21 +267,17 @@ class MultiPassEncoder(Encoder):
         return self._exit_pass * super().madds(t)
 
 
-class _MultiPassMethod:
+class _MultiPassMethod(MethodBase):
+    """Nothing to tie after the build: every pass calls the same layer modules."""
+
     name = "multipass"
     config_class = MultiPassConfig
-
-    def validate(self, section: MultiPassConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: MultiPassConfig, cfg: "ModelConfig", components: Components) -> None:
         if components.encoder_class is not None:
             raise ConfigError(f"multipass replaces the encoder class, but another method already installed "
                               f"{components.encoder_class.__name__}; these two cannot be combined")
         components.encoder_class = MultiPassEncoder
-
-    def finalize(self, section: MultiPassConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie: every pass calls the same layer modules."""
 
 
 METHOD = _MultiPassMethod()

@@ -99,9 +99,10 @@ from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
 from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
-from ..core.config import ConfigError
 from ..core.precision import fp32_island
+from ..errors import ConfigError
 from .conv_branch import attention_heads, check_kernel, check_sides
+from .base import MethodBase
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -481,12 +482,11 @@ def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> Pre
                            negative_slope=LEAKY_SLOPE if section.activation == "leaky_relu" else 0.0)
 
 
-class _PredictiveMethod:
+class _PredictiveMethod(MethodBase):
+    """Nothing to tie or add after the build: the mixers are installed in the attention modules at build time."""
+
     name = "predictive"
     config_class = PredictiveConfig
-
-    def validate(self, section: PredictiveConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: PredictiveConfig, cfg: "ModelConfig", components: Components) -> None:
         previous = components.logit_mixer
@@ -503,9 +503,6 @@ class _PredictiveMethod:
             return shared if shared is not None else make_mixer(section, heads, cfg)
 
         components.logit_mixer = factory
-
-    def finalize(self, section: PredictiveConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie or add: the mixers are installed in the attention modules at build time."""
 
 
 METHOD = _PredictiveMethod()

@@ -50,8 +50,8 @@ from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory
 from ..core.components import Components
-from ..core.config import ConfigError
-from .base import check_core_self_attention
+from ..errors import ConfigError
+from .base import MethodBase, check_core_self_attention
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -143,12 +143,9 @@ class SharedFirstValue(nn.Module):
         return (cache.append_keys(k) if cache is not None else k), history[0][1]
 
 
-class _ValueResidualMethod:
+class _ValueResidualMethod(MethodBase):
     name = "value_residual"
     config_class = ValueResidualConfig
-
-    def validate(self, section: ValueResidualConfig, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
 
     def customize(self, section: ValueResidualConfig, cfg: "ModelConfig", components: Components) -> None:
         """Give every self-attention layer n > 1 of the chosen stacks its value source; layer 1 stays plain."""
@@ -164,9 +161,6 @@ class _ValueResidualMethod:
             return ValueResidual(section.lambdas, section.learnable, heads)
 
         components.kv_source = factory
-
-    def finalize(self, section: ValueResidualConfig, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie: the sources are built inside their layers."""
 
 
 METHOD = _ValueResidualMethod()

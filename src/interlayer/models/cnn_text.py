@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
-from ..core.config import ConfigError
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
+from ..errors import ConfigError
 from .registry import Family, override_flat, register_family, register_presets
 
 MODEL_TYPE = "cnn_text"
@@ -166,16 +165,11 @@ class CNNTextClassifier(nn.Module, PretrainedMixin):
         return sum(layer.madds(src_len) for layer in self.layers) + self.head.weight.numel()
 
 
-def cnn_from_dict(data: dict[str, Any]) -> CNNTextClassifier:
-    return CNNTextClassifier(CNNTextConfig.from_dict(data))
-
-
-register_model_type(MODEL_TYPE, cnn_from_dict)
 register_family(Family(
     name="text_cnn", title="Text CNN (PA Table 1)", tasks="sst5, sst2, sick, mrpc", config_class=CNNTextConfig,
     from_dict=CNNTextConfig.from_dict, override=override_flat, build=CNNTextClassifier,
     madds=lambda name, model, length: count_madds(model, length), madds_unit="MAdds @ {length} tokens", rank=1,
-    claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
 register_presets("text_cnn", {MODEL_TYPE: ("PA Table 1's CNN: M=3 blocks of a kernel-3 convolution and the "
                                            "Transformer's FFN, d=256 (the text tasks fill in the data's fields)",
                                            {})})

@@ -70,7 +70,7 @@ copied: GAT has no query/key/FFN matrices, and its two layers have no weight of 
   half, which :meth:`GAT.madds` counts.
 
 The presets of Crossformer Table 5's rows for Cora and Citeseer are in :mod:`interlayer.papers.crossformer`;
-:func:`create_gat` builds them with overrides. The data decides ``in_features`` and ``num_classes`` (the task
+``interlayer.create_model("gat_cora", crossformer="kq")`` builds them with overrides. The data decides ``in_features`` and ``num_classes`` (the task
 sets them).
 """
 from __future__ import annotations
@@ -79,20 +79,18 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..checkpoint import register_model_type
 from ..config import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin
-from ..core.config import ConfigError
 from ..data.planetoid import load_planetoid
-from .registry import Family, get_config, override_flat, register_family
+from ..errors import ConfigError
+from .registry import Family, override_flat, register_family
 
 MODEL_TYPE = "gat"
 # crossformer option -> {role in layer 2: the layer-1 attention vector it is}; "dst" is the query, "src" the key
@@ -139,17 +137,6 @@ class GATConfig(ConfigFile):
     def from_dict(cls, data: dict[str, Any], source: str = "gat config") -> "GATConfig":
         """Checked like every interlayer config: unknown keys and wrong types raise, naming the key."""
         return checked_config(cls, data, source)
-
-
-def gat_config(name_or_path: Union[str, Path, dict[str, Any]], **overrides: Any) -> GATConfig:
-    """A validated config from a preset name, a .json/.yaml file or a dict, with field overrides applied:
-    :func:`interlayer.get_config` restricted to GAT."""
-    return get_config(name_or_path, family=MODEL_TYPE, **overrides)
-
-
-def create_gat(name_or_path: Union[str, Path, dict[str, Any]], **overrides: Any) -> "GAT":
-    """``create_gat("gat_cora", crossformer="kq")``: the model of a preset, file or dict with overrides."""
-    return GAT(gat_config(name_or_path, **overrides))
 
 
 @dataclass
@@ -329,13 +316,6 @@ class GAT(nn.Module, PretrainedMixin):
         return sum(layer.madds(num_nodes, total_edges) for layer in self.layers)
 
 
-def gat_from_dict(data: dict[str, Any]) -> GAT:
-    return GAT(GATConfig.from_dict(data))
-
-
-register_model_type(MODEL_TYPE, gat_from_dict)
-
-
 @functools.lru_cache(maxsize=None)
 def _graph_size(dataset: str) -> tuple[int, int]:
     """Nodes and directed edges of a bundled Planetoid graph, read once per process."""
@@ -351,4 +331,4 @@ def _graph_madds(name: str, model: nn.Module, length: int) -> int:
 register_family(Family(
     name=MODEL_TYPE, title="GAT", tasks="cora, citeseer", config_class=GATConfig, from_dict=GATConfig.from_dict,
     override=override_flat, build=GAT, madds=_graph_madds, madds_unit="MAdds per pass over the graph", rank=3,
-    claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
@@ -63,21 +62,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..checkpoint import register_model_type
 from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import ConfigError, check_choices
+from ..core.config import check_choices
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput
 from ..core.hub import PretrainedMixin
 from ..core.models import AuxLossFn
+from ..errors import ConfigError
 from ..methods import METHODS
 from ..methods.crossformer import CrossformerConfig
 from ..methods.lightweight import LightweightConfig
 from ..methods.predictive import PredictiveConfig
-from .registry import Family, get_config, register_family, register_presets
+from .registry import Family, register_family, register_presets
 
 MODEL_TYPE = "mcan"
 
@@ -434,8 +433,8 @@ class MCAN(nn.Module, PretrainedMixin):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Presets: MCAN-small / -large (MCAN Sec. 4.1), Crossformer's 4-layer MCAN (App. A.2), LW's rows (Tables II-III)
-_CROSSFORMER_ROWS = {"kq": ("Key-Query", ["kq"]), "ffn": ("FFN", ["ffn"]), "all": ("All", ["kq", "vf", "ffn"])}
+# Presets: MCAN-small / -large (MCAN Sec. 4.1) and the four-layer MCAN Crossformer starts from (App. A.2); the
+# papers' methods on MCAN are theirs (interlayer.papers: predictive, crossformer, lightweight)
 MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "mcan_small": ("MCAN-small (Yu et al. 2019; LW Table II's 'Transformer', 44.1M in its blocks): 6 SA + 6 SGA, "
                    "d=512, 8 heads, FFN 2048, 2048-d region features, 3,129 answers", {}),
@@ -446,21 +445,8 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                    dict(d_model=1024, n_heads=8, d_ffn=4096, flat_mlp=512, fused_dim=2048)),
     "mcan_4layer": ("Crossformer Table 4's BASE: the four-layer MCAN of App. A.2 (4 SA + 4 SGA, d=512)",
                     dict(layers=4)),
-    "pa_mcan": ("MCAN-small with predictive attention (PA Eq. 4, alpha=0.1, one 3x3 conv) in question SA blocks "
-                "2-6", dict(predictive=dict(alpha=0.1, conv_layers=1))),
 }
-for _suffix, (_block, _pairs) in _CROSSFORMER_ROWS.items():
-    MCAN_PRESETS[f"crossformer_{_suffix}_mcan"] = (
-        f"Crossformer-{_block} (Sec. 3.2, Table 4) on the four-layer MCAN: hard guidance between adjacent SA "
-        "blocks of the question stack and of the image stack", dict(layers=4, crossformer=dict(hard=list(_pairs))))
 
-
-
-def get_mcan_config(name_or_config: Union[str, Path, MCANConfig, dict], **overrides: Any) -> MCANConfig:
-    """A validated config from a preset name, a .json/.yaml file, a dict or a config, plus overrides (fields, or a
-    section's keys as ``lightweight={"groups": 4}`` / ``lightweight__groups=4`` / ``**{"lightweight.groups": 4}``):
-    :func:`interlayer.get_config` restricted to MCAN."""
-    return get_config(name_or_config, family=MODEL_TYPE, **overrides)
 
 
 def _override(cfg: MCANConfig, overrides: dict[str, Any]) -> MCANConfig:
@@ -468,21 +454,10 @@ def _override(cfg: MCANConfig, overrides: dict[str, Any]) -> MCANConfig:
                                  source="overrides")
 
 
-def create_mcan(name_or_config: Union[str, Path, MCANConfig, dict], **overrides: Any) -> MCAN:
-    """Build an MCAN from a preset, file, dict or config; ``overrides`` as in :func:`get_mcan_config`."""
-    return MCAN(get_mcan_config(name_or_config, **overrides))
-
-
-def mcan_from_dict(data: dict[str, Any]) -> MCAN:
-    """The builder :func:`~interlayer.checkpoint.load_pretrained` uses for ``model_type`` ``mcan``."""
-    return MCAN(mcan_config_from_dict(data))
-
-
-register_model_type(MODEL_TYPE, mcan_from_dict)
 register_family(Family(
     name=MODEL_TYPE, title="MCAN (VQA)", tasks="vqa", config_class=MCANConfig,
     from_dict=mcan_config_from_dict, override=_override, build=MCAN,
     madds=lambda name, model, length: count_madds(model, None),
-    madds_unit="MAdds @ 14 question tokens + 100 regions (pixels: the grid)", rank=5,
+    madds_unit="MAdds @ 14 question tokens + 100 regions (pixels: the grid)", rank=5, model_types=(MODEL_TYPE,),
     claims=lambda data: data.get("model_type") == MODEL_TYPE or "num_answers" in data))
 register_presets(MODEL_TYPE, MCAN_PRESETS)

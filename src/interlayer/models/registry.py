@@ -22,8 +22,6 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -32,8 +30,11 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
+from ..checkpoint import load_saved_weights, read_saved
 from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
-from ..core.config import ConfigError
+from ..devices import resolve_device
+from ..errors import CheckpointError, ConfigError
+from ..plugins import import_modules
 from ..tables import format_table, human
 
 # Packages whose modules register families and presets when imported.
@@ -49,7 +50,9 @@ class Family:
     overrides)`` returns a new validated config with dotted-key overrides applied (string values are ``--set``
     text); ``claims(data)`` says whether a config dict describes this family (``None``: the default family, the
     Transformer); ``madds(preset, model, length)`` is what ``interlayer models`` prints under ``madds_unit``
-    (``{length}`` is filled in); ``rank`` orders the families' tables.
+    (``{length}`` is filled in); ``rank`` orders the families' tables; ``model_types`` are the ``model_type``
+    names its models are saved under (:func:`~interlayer.checkpoint.save_pretrained`), which
+    :func:`load_pretrained` rebuilds with ``build(from_dict(config))``.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Family:
     madds: Callable[[str, nn.Module, int], int]
     madds_unit: str
     rank: int
+    model_types: tuple[str, ...]
     claims: Optional[Callable[[dict[str, Any]], bool]] = None
 
 
@@ -75,6 +79,7 @@ class Preset:
 
 _FAMILIES: dict[str, Family] = {}
 _PRESETS: dict[str, Preset] = {}
+_MODEL_TYPES: dict[str, Family] = {}  # a saved model's ``model_type`` -> the family that rebuilds it
 
 
 def register_family(family: Family) -> Family:
@@ -82,7 +87,11 @@ def register_family(family: Family) -> Family:
         raise RuntimeError(f"model family {family.name!r} is registered twice")
     if family.claims is None and any(f.claims is None for f in _FAMILIES.values()):
         raise RuntimeError(f"model family {family.name!r}: only one family may be the default (claims=None)")
+    taken = sorted(set(family.model_types) & set(_MODEL_TYPES))
+    if taken:
+        raise RuntimeError(f"model family {family.name!r}: model types {taken} are already registered")
     _FAMILIES[family.name] = family
+    _MODEL_TYPES.update(dict.fromkeys(family.model_types, family))
     return family
 
 
@@ -97,10 +106,8 @@ def register_presets(family: str, presets: dict[str, tuple[str, dict[str, Any]]]
 @functools.lru_cache(maxsize=None)
 def discover() -> None:
     """Import every module of :data:`PLUGIN_PACKAGES` once, so that all families and presets are registered."""
-    for package_name in PLUGIN_PACKAGES:
-        package = importlib.import_module(package_name)
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package_name}.{info.name}")
+    for package in PLUGIN_PACKAGES:
+        import_modules(package)
 
 
 def families() -> list[Family]:
@@ -150,6 +157,26 @@ def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, famil
     """Build the model of a preset name, config file, dict or config; ``overrides`` as in :func:`get_config`."""
     cfg = get_config(name_or_config, family=family, **overrides)
     return next(kind for kind in families() if isinstance(cfg, kind.config_class)).build(cfg)
+
+
+def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
+    """The model saved in ``directory`` by :func:`~interlayer.checkpoint.save_pretrained`, rebuilt by the family
+    that registered its ``model_type`` and re-tied, on ``device`` (a ``torch.device`` or ``"auto" | "cpu" |
+    "cuda[:N]" | "mps"``; default the CPU) when given. The model's ``source_dir`` is ``directory``."""
+    saved = read_saved(directory)
+    discover()
+    if saved.model_type not in _MODEL_TYPES:
+        raise CheckpointError(f"{saved.weights_path} holds a {saved.model_type!r} model; known model types: "
+                              f"{', '.join(sorted(_MODEL_TYPES))} (import the module that registers it)")
+    kind = _MODEL_TYPES[saved.model_type]
+    try:
+        model = kind.build(kind.from_dict(saved.config, "config"))
+    except ConfigError as err:
+        raise CheckpointError(f"{saved.config_path}: {err}") from None
+    load_saved_weights(model, saved)
+    if device is not None:
+        model.to(device if isinstance(device, torch.device) else resolve_device(device))
+    return model
 
 
 def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:

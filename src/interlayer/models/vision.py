@@ -52,8 +52,7 @@ import copy
 import difflib
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -61,17 +60,16 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..build import build_model
-from ..checkpoint import register_model_type
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
-from ..core.config import ConfigError
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin
 from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
+from ..errors import ConfigError
 from ..methods.conv_branch import TokenConv, check_kernel
-from .registry import Family, get_config, register_family, register_presets
+from .registry import Family, register_family, register_presets
 
 Backbone = Literal["vit", "conv_transformer"]
 BACKBONES: tuple[str, ...] = typing.get_args(Backbone)
@@ -210,66 +208,25 @@ def vision_config_from_dict(data: dict[str, Any], source: str = "config") -> Vis
 # The ViT baseline, sized for the bar "at least 88% on the full Fashion-MNIST test set within 20 minutes on 2 CPU
 # cores" (docs/classification-image.md has the timings): 7 x 7 patches of 4 x 4, d=64, 4 heads, 4 pre-LN layers,
 # GELU, FFN 2x, learned positions, a CLS token; no dropout (0.14M parameters against 54k images, a 12-epoch
-# budget and label smoothing already regularise, and dropout costs about a fifth of the step time on CPU).
-_VIT_ENCODER: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=1, num_classes=10, d_model=64,
-                                    n_heads=4, d_ffn=128, enc_layers=4, norm_first=True, activation="gelu",
-                                    positions="learned", pooling="cls", dropout=0.0)
-_VIT: dict[str, Any] = dict(backbone="vit", patch_size=4, encoder=_VIT_ENCODER)
-# PA Sec. 4.2.1 at Fashion-MNIST scale: CNN stages of 16 and 32 channels at 28 x 28 and 14 x 14 (the paper's
-# widths double per stage from 64 at 32 x 32), then 3 blocks at 7 x 7 and d=64 with 2-D relative positions (Eq. 3),
-# FFN 4x (Eq. 6), global average pooling, dropout 0.1 (App. B.3.1 uses 0.2 over 630 epochs; 12 epochs need less).
-# One CNN block per stage instead of the paper's three keeps an epoch of 54k images near 3 CPU-minutes.
-_CONV_ENCODER: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=1, num_classes=10, d_model=64,
-                                     n_heads=4, d_ffn=256, enc_layers=3, positions="relative_2d", pooling="mean",
-                                     dropout=0.1)
-_CONV: dict[str, Any] = dict(backbone="conv_transformer", stage_widths=[16, 32], stage_blocks=1)
-_PA_IMAGE = dict(alpha=0.01, conv_layers=1)  # PA Sec. 4.2.1: "We set alpha = 0.01 empirically" (CIFAR)
-_LW_IMAGE = dict(groups=2, share_weights=False)  # LW Sec. IV-A: "we remove weight-sharing" for Swin
+# budget and label smoothing already regularise, and dropout costs about a fifth of the step time on CPU). The
+# papers' image models over it and over the Conv-Transformer stages are in interlayer.papers (predictive,
+# lightweight).
+VIT_ENCODER: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=1, num_classes=10, d_model=64,
+                                   n_heads=4, d_ffn=128, enc_layers=4, norm_first=True, activation="gelu",
+                                   positions="learned", pooling="cls", dropout=0.0)
+VIT: dict[str, Any] = dict(backbone="vit", patch_size=4, encoder=VIT_ENCODER)
 
 
-def _with(base: dict[str, Any], **encoder: Any) -> dict[str, Any]:
+def with_encoder(base: dict[str, Any], **encoder: Any) -> dict[str, Any]:
+    """An image preset's fields with ``encoder`` fields (a method section, a depth) set over ``base``'s."""
     return dict(base, encoder=dict(base["encoder"], **encoder))
 
 
 VISION_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "vit_fashion_mnist": (
-        "ViT baseline for 28x28 grey images: 4x4 patches, d=64, 4 heads, 4 pre-LN layers, FFN 128, CLS token",
-        _VIT),
-    "pa_vit_fashion_mnist": (
-        "the ViT with predictive attention (PA Eq. 4) in layers 2-4, alpha=0.01 (PA Sec. 4.2.1's image value)",
-        _with(_VIT, predictive=_PA_IMAGE)),
-    "lw_vit_fashion_mnist": (
-        "LW-Transformer1x on the ViT (LW Table IX row k=2): G-MHA + G-FFN, 2 groups, no weight sharing",
-        _with(_VIT, lightweight=_LW_IMAGE)),
-    "lw_vit_k4_fashion_mnist": (
-        "LW-Transformer1x on the ViT (LW Table IX row k=4): G-MHA + G-FFN, 4 groups, no weight sharing",
-        _with(_VIT, lightweight=dict(_LW_IMAGE, groups=4))),
-    "lw_large_vit_fashion_mnist": (
-        "LW-Transformer-large1x (LW Table IX): k=2, 6 layers instead of 4 for about the ViT's parameters",
-        _with(_VIT, enc_layers=6, lightweight=_LW_IMAGE)),
-    "cnn_fashion_mnist": (
-        "PA Table 3's CNN: the Conv-Transformer with 3x3 convolution blocks in place of attention everywhere",
-        dict(_CONV, attention=False, encoder=dict(_CONV_ENCODER))),
-    "conv_transformer_fashion_mnist": (
-        "PA Table 3's Conv-Transformer: CNN stages 16/32 channels, then 3 blocks of half 4-head attention, half "
-        "3x3 conv at 7x7, d=64, 2-D relative positions",
-        dict(_CONV, encoder=dict(_CONV_ENCODER, conv_branch={}))),
-    "pa_conv_transformer_fashion_mnist": (
-        "PA Table 3's PA-Conv-Transformer: the Conv-Transformer plus attention prediction, alpha=0.01",
-        dict(_CONV, encoder=dict(_CONV_ENCODER, conv_branch={}, predictive=_PA_IMAGE))),
+        "ViT baseline for 28x28 grey images: 4x4 patches, d=64, 4 heads, 4 pre-LN layers, FFN 128, CLS token", VIT),
 }
 ENCODER_FIELDS = tuple(f.name for f in fields(ModelConfig))
-
-
-def get_vision_config(name_or_config: Union[str, Path, VisionConfig, dict], **overrides: Any) -> VisionConfig:
-    """A validated config from a preset name, a .json/.yaml file, a dict or a config, plus overrides:
-    :func:`interlayer.get_config` restricted to image models.
-
-    Overrides are vision fields (``patch_size=7``) or encoder fields (``d_model=32``, ``encoder__d_model=32``);
-    a method section takes a dict (``predictive={"alpha": 0.1}``) or dotted keys (``**{"predictive.alpha": 0.1}``).
-    The encoder's grid and ``max_positions`` follow from the image and cannot be set.
-    """
-    return get_config(name_or_config, family="image", **overrides)
 
 
 def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
@@ -297,11 +254,6 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
     cfg.derive_geometry()  # the encoder's pooling decides whether a CLS token adds a position
     cfg.validate()
     return cfg
-
-
-def create_vision_model(name_or_config: Union[str, Path, VisionConfig, dict], **overrides: Any) -> nn.Module:
-    """Build an image model from a preset, file, dict or config; ``overrides`` as in :func:`get_vision_config`."""
-    return build_vision_model(get_vision_config(name_or_config, **overrides))
 
 
 def _from_dict(data: dict[str, Any], source: str) -> VisionConfig:
@@ -515,16 +467,9 @@ def build_vision_model(cfg: VisionConfig) -> ImageClassifier:
     return ImageClassifier(cfg, ConvStem(cfg), build_encoder_classifier(enc, mixer_factory))
 
 
-def vision_model_from_dict(data: dict[str, Any]) -> nn.Module:
-    """The builder :func:`~interlayer.checkpoint.load_pretrained` uses for ``model_type`` vit / conv_transformer."""
-    return build_vision_model(vision_config_from_dict(data))
-
-
-for _name in BACKBONES:
-    register_model_type(_name, vision_model_from_dict)
 register_family(Family(
     name="image", title="Image models", tasks="fashion_mnist", config_class=VisionConfig, from_dict=_from_dict,
     override=lambda cfg, overrides: _apply(cfg.to_dict(), overrides), build=build_vision_model,
     madds=lambda name, model, length: count_madds(model, model.config.tokens), madds_unit="MAdds per image",
-    rank=2, claims=lambda data: "backbone" in data or "encoder" in data))
+    rank=2, model_types=BACKBONES, claims=lambda data: "backbone" in data or "encoder" in data))
 register_presets("image", VISION_PRESETS)

@@ -8,17 +8,14 @@ may define ``paper_tables()``: the paper's parameter (and MAdds) tables beside t
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from ..plugins import import_modules
 from ..tables import format_table
 
 
 def paper_tables() -> str:
     """Every paper module's tables, formatted, in the modules' name order."""
     parts = []
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for module in import_modules(__name__):
         for title, headers, rows in getattr(module, "paper_tables", lambda: [])():
             parts.append(f"## {title}\n\n{format_table(headers, rows)}")
     return "\n\n".join(parts)

@@ -1,6 +1,7 @@
 """Crossformer's presets and tables: Tables 1-3's translation models (:mod:`interlayer.methods.crossformer`), their
-parameter counts beside ours, and Table 5's GAT rows on Cora and Citeseer (:mod:`interlayer.models.gat`, this
-project's adaptation of hard guidance to GAT: the paper gives no GAT details).
+parameter counts beside ours, Table 4's MCAN rows (:mod:`interlayer.models.mcan`) and Table 5's GAT rows on Cora
+and Citeseer (:mod:`interlayer.models.gat`, this project's adaptation of hard guidance to GAT: the paper gives no
+GAT details).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..accounting import count_parameters
 from ..build import build_model
 from ..config import ModelConfig, config_from_dict
 from ..models.gat import MODEL_TYPE as GAT
+from ..models.mcan import MODEL_TYPE as MCAN
 from ..models.registry import get_config, register_presets
 
 # Table 1 (IWSLT'14 De-En, 52M): the paper follows Transformer-Base's hyper-parameters with d_f = 4 d_m
@@ -167,5 +169,15 @@ GAT_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     for graph, fields in (("Cora", _CORA), ("Citeseer", _CITESEER)) for order in (None, "kq", "ffn")}
 
 
+# Table 4 (VQA v2): hard guidance between adjacent SA blocks of MCAN's question stack and of its image stack, on the
+# four-layer MCAN of App. A.2 (interlayer.models.mcan's mcan_4layer)
+_MCAN_ROWS = {"kq": ("Key-Query", ["kq"]), "ffn": ("FFN", ["ffn"]), "all": ("All", ["kq", "vf", "ffn"])}
+MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    f"crossformer_{suffix}_mcan": (
+        f"Crossformer-{block} (Sec. 3.2, Table 4) on the four-layer MCAN: hard guidance between adjacent SA blocks "
+        "of the question stack and of the image stack", dict(layers=4, crossformer=dict(hard=list(pairs))))
+    for suffix, (block, pairs) in _MCAN_ROWS.items()}
+
 register_presets("transformer", PRESETS)
 register_presets(GAT, GAT_PRESETS)
+register_presets(MCAN, MCAN_PRESETS)

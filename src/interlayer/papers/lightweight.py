@@ -2,7 +2,8 @@
 
 Every headline row of the paper is MCAN on VQA (Sec. IV-A), so each row here is an MCAN preset
 (:mod:`interlayer.models.mcan`) whose ``lightweight`` section is the row's configuration; ``interlayer tables``
-prints the comparison. The method itself is :mod:`interlayer.methods.lightweight`.
+prints the comparison. Table IX's image rows are ViT presets at Fashion-MNIST scale (:mod:`interlayer.models.vision`).
+The method itself is :mod:`interlayer.methods.lightweight`.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
-from ..models.mcan import MODEL_TYPE, create_mcan
-from ..models.registry import register_presets
+from ..models.mcan import MODEL_TYPE
+from ..models.registry import create_model, register_presets
+from ..models.vision import VIT, with_encoder
 from ..tables import human
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -52,7 +54,7 @@ def layer_counts(preset: str) -> tuple[int, int, int]:
     """(parameters of the SA and SGA blocks, of the whole MCAN, MAdds of the blocks at 14 tokens + 100 regions)
     of an MCAN preset; built on the meta device, so no memory is allocated."""
     with torch.device("meta"):
-        model = create_mcan(preset)
+        model = create_model(preset, family=MODEL_TYPE)
     layers = nn.ModuleList([*model.encoder.layers, *model.decoder.layers])
     madds = model.encoder.madds(_QUESTION_TOKENS) + model.decoder.madds(_REGIONS, _QUESTION_TOKENS)
     return count_parameters(layers), count_parameters(model), madds
@@ -101,3 +103,16 @@ register_presets(MODEL_TYPE, {
     name: (f"{row} on MCAN-small (LW Table II/III: {params}M in the blocks, {madds}G MAdds)",
            dict(lightweight=dict(section)))
     for name, row, section, params, madds in LW_TABLE_ROWS if section is not None})
+
+_LW_IMAGE = dict(groups=2, share_weights=False)  # Sec. IV-A: "we remove weight-sharing" for Swin
+register_presets("image", {
+    "lw_vit_fashion_mnist": (
+        "LW-Transformer1x on the ViT (LW Table IX row k=2): G-MHA + G-FFN, 2 groups, no weight sharing",
+        with_encoder(VIT, lightweight=_LW_IMAGE)),
+    "lw_vit_k4_fashion_mnist": (
+        "LW-Transformer1x on the ViT (LW Table IX row k=4): G-MHA + G-FFN, 4 groups, no weight sharing",
+        with_encoder(VIT, lightweight=dict(_LW_IMAGE, groups=4))),
+    "lw_large_vit_fashion_mnist": (
+        "LW-Transformer-large1x (LW Table IX): k=2, 6 layers instead of 4 for about the ViT's parameters",
+        with_encoder(VIT, enc_layers=6, lightweight=_LW_IMAGE)),
+})

@@ -5,11 +5,11 @@ Families: BERT, ELECTRA, RoBERTa/XLM-R, DistilBERT and ViT (:mod:`interlayer.pre
 as the PA paper does (Sec. 4.1.2, Table 2, App. B.2.2); ``import_bert`` is the text import returning
 ``(model, tokenizer)``.
 """
-from .bert import (PA_BERT_ALPHA, SUPPORTED_MODEL_TYPES, export_bert, import_bert, load_checkpoint,
-                   pa_bert_section)
+from .bert import PA_BERT_ALPHA, export_bert, import_bert, pa_bert_section
 from .bpe import BPETokenizer
 from .export import to_hf
-from .hf import ImportReport, PretrainedError, from_hf, load_tokenizer
+from .families import SUPPORTED_MODEL_TYPES
+from .hf import ImportReport, PretrainedError, from_hf, load_checkpoint, load_tokenizer
 from .tokenization import EncodedBatch, PretrainedTokenizer, TokenizerError
 from .wordpiece import WordPieceTokenizer
 

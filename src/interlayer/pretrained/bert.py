@@ -1,8 +1,9 @@
-"""The BERT-family entry points of issue 6, now on the generic import of :mod:`interlayer.pretrained.hf`.
+"""The BERT-family entry points of issue 6, on the generic import of :mod:`interlayer.pretrained.hf`.
 
 :func:`import_bert` returns ``(model, tokenizer)`` for any text family (BERT, ELECTRA, RoBERTa/XLM-R, DistilBERT);
-:func:`export_bert` writes a BERT; :func:`pa_bert_section` is PA-BERT's method section (PA Sec. 4.1.2, Table 6);
-:func:`load_checkpoint` and :func:`checkpoint_tokenizer` are the halves a fine-tuning run uses.
+:func:`export_bert` writes a BERT; :func:`pa_bert_section` is PA-BERT's method section (PA Sec. 4.1.2, Table 6).
+The halves a fine-tuning run of any family uses (:func:`~interlayer.pretrained.hf.load_checkpoint`,
+:func:`~interlayer.pretrained.hf.checkpoint_tokenizer`) are in the generic module.
 """
 from __future__ import annotations
 
@@ -12,16 +13,13 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from .export import to_hf
-from .families import SUPPORTED_MODEL_TYPES, BertFamily
-from .hf import (ImportReport, PretrainedError, encoder_config, from_checkpoint, load_checkpoint_state,
-                 read_checkpoint, restructuring_sections)
+from .families import BertFamily
+from .hf import PretrainedError, from_checkpoint, read_checkpoint
 from .tokenization import PretrainedTokenizer
 
-__all__ = ["ImportReport", "PA_BERT_ALPHA", "PretrainedError", "SUPPORTED_MODEL_TYPES", "bert_config",
-           "checkpoint_tokenizer", "encoder_parameter_map", "export_bert", "import_bert", "load_checkpoint",
-           "pa_bert_section"]
+__all__ = ["PA_BERT_ALPHA", "bert_config", "encoder_parameter_map", "export_bert", "import_bert", "pa_bert_section"]
 
 # PA App. B.2.2, Table 6: alpha of Eq. 4 for PA-BERT fine-tuning on each GLUE task.
 PA_BERT_ALPHA = {"cola": 0.2, "sst2": 0.1, "mrpc": 0.2, "stsb": 0.4, "qqp": 0.2, "mnli": 0.4, "qnli": 0.4,
@@ -58,29 +56,6 @@ def import_bert(directory: Union[str, Path], *, num_classes: Optional[int] = Non
     model = from_checkpoint(checkpoint, num_classes=num_classes, pooling=pooling, pooler=pooler,
                             extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
     return model, model.tokenizer
-
-
-def load_checkpoint(model: nn.Module, directory: Union[str, Path]) -> ImportReport:
-    """Copy checkpoint ``directory``'s tensors into ``model``, built from a config the import made for it.
-
-    Why: a fine-tuning run builds its model itself, after seeding, so that what the checkpoint lacks (PA's
-    convolutions, a new head) gets the run's seeded initialisation; this is the loading half of the import (the
-    same head policy, report and notes). ``torch.manual_seed(s)`` then ``build_model(cfg)`` and
-    ``load_checkpoint`` give exactly the model of ``torch.manual_seed(s)`` then ``import_bert`` with that config's
-    options. A config with a section that restructures pretrained weights was only built because the import was
-    asked to re-initialise them (``reinitialise=True``), so they are re-initialised here too. The model is left in
-    its current mode.
-    """
-    reinitialise = bool(restructuring_sections(encoder_config(model.config)))
-    return load_checkpoint_state(model, read_checkpoint(directory), reinitialise=reinitialise)
-
-
-def checkpoint_tokenizer(directory: Union[str, Path]) -> PretrainedTokenizer:
-    """The checkpoint's tokenizer as :func:`import_bert` returns it (truncating to the position table at most)."""
-    checkpoint = read_checkpoint(directory)
-    if checkpoint.tokenizer is None:
-        raise PretrainedError(f"{directory}: " + " ".join(checkpoint.notes))
-    return checkpoint.tokenizer
 
 
 def pa_bert_section(task: Optional[str] = None, **fields: Any) -> dict[str, Any]:

@@ -28,12 +28,11 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
-from ..fileio import read_text
+from ..fileio import read_json, read_text
 
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
                            TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, add_tokens,
-                           checked_special_tokens, model_max_length, read_added_tokens, read_json,
-                           read_special_tokens)
+                           checked_special_tokens, model_max_length, read_added_tokens, read_special_tokens)
 
 SPECIAL_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                     "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
@@ -73,9 +72,9 @@ class BPETokenizer(PretrainedTokenizer):
         """Read the BPE model of ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``) and
         ``tokenizer_config.json``; ``max_length`` caps the checkpoint's ``model_max_length``."""
         directory = Path(directory)
-        settings = read_json(directory / TOKENIZER_CONFIG_FILE)
-        special_map = read_json(directory / SPECIAL_TOKENS_FILE)
-        backend_file = read_json(directory / TOKENIZER_FILE)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
+        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True)
+        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True)
         vocab, merges = read_bpe(directory, backend_file)
         specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         return cls(vocab, merges, add_prefix_space=bool(settings.get("add_prefix_space", False)),
@@ -129,7 +128,7 @@ def read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, i
     vocab_path, merges_path = directory / BPE_VOCAB_FILE, directory / BPE_MERGES_FILE
     if vocab_path.is_file() and merges_path.is_file():
         lines = read_text(merges_path, TokenizerError).splitlines()
-        return _checked_vocab(read_json(vocab_path), vocab_path), [_merge(line, merges_path) for line in lines
+        return _checked_vocab(read_json(vocab_path, TokenizerError, optional=True), vocab_path), [_merge(line, merges_path) for line in lines
                                                                    if line and not line.startswith("#version")]
     found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither"
     raise TokenizerError(f"{directory} has no byte-level BPE vocabulary: expected a BPE {TOKENIZER_FILE} or "

@@ -51,19 +51,19 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ..build import build_model
-from ..checkpoint import CheckpointError
 from ..config import ModelConfig, config_from_dict
-from ..core.config import ConfigError
 from ..core.hub import PretrainedMixin
-from ..fileio import read_json as read_json_file
+from ..errors import CheckpointError, ConfigError
+from ..fileio import read_json
 from ..data.lm_tokenizers import ByteBPETokenizer
 from ..methods import METHODS
-from ..models.vision import VisionConfig, build_vision_model, get_vision_config
+from ..models.registry import get_config
+from ..models.vision import VisionConfig, build_vision_model
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
 from .gpt2 import load_gpt2_tokenizer
-from .tokenization import PretrainedTokenizer, TokenizerError, read_json, tokenizer_kind
+from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
     path = directory / "config.json"
     if not path.is_file():
         raise PretrainedError(f"{directory} has no config.json, so it is not a Hugging Face checkpoint")
-    hf = read_json_file(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
+    hf = read_json(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
     model_type = hf.get("model_type")
     family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
@@ -193,7 +193,7 @@ def _confined(directory: Path, path: Path, named_by: Path) -> Path:
 
 def _shards(directory: Path, index: Path) -> list[Path]:
     """The shard files of an index, each confined to ``directory`` (:func:`_confined`)."""
-    data = read_json_file(index, PretrainedError)
+    data = read_json(index, PretrainedError)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise PretrainedError(f"{index}: no weight_map (a JSON object of tensor name -> shard file), so it is not a "
@@ -296,7 +296,7 @@ def _pixel_normalisation(directory: Path, hf: dict[str, Any], notes: list[str]) 
     normalisation: the model sees ``(s x - mean) / std`` with ``s = 255 * rescale_factor`` (or 255 without
     rescaling), i.e. ``(x - mean / s) / (std / s)``."""
     channels = int(hf.get("num_channels", 3))
-    settings = read_json(directory / PROCESSOR_FILE)
+    settings = read_json(directory / PROCESSOR_FILE, TokenizerError, optional=True)
     if not settings:
         notes.append(f"no {PROCESSOR_FILE}: ViTImageProcessor's defaults (rescale 1/255, mean {VIT_PIXEL_MEAN}, "
                      f"std {VIT_PIXEL_STD}) are the model's pixel normalisation")
@@ -315,10 +315,10 @@ def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     modules_path = directory / ST_MODULES
     if not modules_path.is_file():
         return None
-    for module in read_json_file(modules_path, PretrainedError, expect=list):
+    for module in read_json(modules_path, PretrainedError, expect=list):
         if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
             config_path = directory / str(module.get("path", "")) / "config.json"
-            modes = (read_json_file(_confined(directory, config_path, modules_path), PretrainedError)
+            modes = (read_json(_confined(directory, config_path, modules_path), PretrainedError)
                      if os.path.lexists(config_path) else {})
             chosen = [mode for mode, on in modes.items() if mode.startswith("pooling_mode_") and on]
             if chosen == ["pooling_mode_mean_tokens"]:
@@ -379,7 +379,7 @@ def model_config(checkpoint: HFCheckpoint, *, num_classes: Optional[int] = None,
     if input_size is not None:
         data["input_size"] = list(input_size)
     try:
-        return get_vision_config(data)
+        return get_config(data, family="image")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
@@ -633,6 +633,29 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
         log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,
                  len(report.loaded), report.initialised, report.ignored, report.restructured, " ".join(report.notes))
     return report
+
+
+def load_checkpoint(model: nn.Module, directory: Union[str, Path]) -> ImportReport:
+    """Copy checkpoint ``directory``'s tensors into ``model``, built from a config the import made for it.
+
+    Why: a fine-tuning run builds its model itself, after seeding, so that what the checkpoint lacks (PA's
+    convolutions, a new head) gets the run's seeded initialisation; this is the loading half of the import (the
+    same head policy, report and notes). ``torch.manual_seed(s)`` then ``build_model(cfg)`` and
+    ``load_checkpoint`` give exactly the model of ``torch.manual_seed(s)`` then ``import_bert`` with that config's
+    options. A config with a section that restructures pretrained weights was only built because the import was
+    asked to re-initialise them (``reinitialise=True``), so they are re-initialised here too. The model is left in
+    its current mode.
+    """
+    reinitialise = bool(restructuring_sections(encoder_config(model.config)))
+    return load_checkpoint_state(model, read_checkpoint(directory), reinitialise=reinitialise)
+
+
+def checkpoint_tokenizer(directory: Union[str, Path]) -> PretrainedTokenizer:
+    """The checkpoint's tokenizer as :func:`import_bert` returns it (truncating to the position table at most)."""
+    checkpoint = read_checkpoint(directory)
+    if checkpoint.tokenizer is None:
+        raise PretrainedError(f"{directory}: " + " ".join(checkpoint.notes))
+    return checkpoint.tokenizer
 
 
 def _copy_state(model: nn.Module, family: Family, mapping: dict[str, str], state: dict[str, Tensor],

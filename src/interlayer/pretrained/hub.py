@@ -22,7 +22,9 @@ from typing import Any, Optional, Union
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import WEIGHTS_FILE, CheckpointError, load_pretrained
+from ..checkpoint import WEIGHTS_FILE
+from ..errors import CheckpointError
+from ..models.registry import load_pretrained
 from .hf import from_hf, resolve_source
 
 

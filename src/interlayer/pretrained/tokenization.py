@@ -24,7 +24,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
-from ..fileio import read_json as read_json_file
+from ..fileio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -176,13 +176,6 @@ class PretrainedTokenizer(ABC):
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``, or ``{}`` when the file does not exist."""
-    if not path.is_file():
-        return {}
-    return read_json_file(path, TokenizerError)  # names the file: bad UTF-8, bad JSON, not an object
-
-
 def token_content(token: Union[str, dict[str, Any]]) -> str:
     """A special token given as a string or as a serialised ``AddedToken`` (``{"content": ...}``)."""
     return token["content"] if isinstance(token, dict) else str(token)
@@ -200,7 +193,7 @@ def model_max_length(settings: dict[str, Any], max_length: Optional[int]) -> Opt
 def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
     """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none."""
     directory = Path(directory)
-    declared = str(read_json(directory / TOKENIZER_CONFIG_FILE).get("tokenizer_class", ""))
+    declared = str(read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True).get("tokenizer_class", ""))
     if declared in WORDPIECE_CLASSES:
         return "wordpiece"
     if declared in BPE_CLASSES:
@@ -209,7 +202,7 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
         return "wordpiece"
     if (directory / BPE_VOCAB_FILE).is_file() and (directory / BPE_MERGES_FILE).is_file():
         return "bpe"
-    backend = read_json(directory / TOKENIZER_FILE).get("model", {}).get("type")
+    backend = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True).get("model", {}).get("type")
     return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(backend)
 
 

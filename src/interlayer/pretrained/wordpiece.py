@@ -27,11 +27,11 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from ..fileio import read_text
+from ..fileio import read_json, read_text
 
 from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
-                           PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens,
-                           model_max_length, read_added_tokens, read_json, read_special_tokens)
+                           PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens, model_max_length,
+                           read_added_tokens, read_special_tokens)
 from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]
@@ -87,9 +87,9 @@ class WordPieceTokenizer(PretrainedTokenizer):
         ``max_length`` caps the checkpoint's ``model_max_length`` (the importer passes the position table size).
         """
         directory = Path(directory)
-        settings = read_json(directory / TOKENIZER_CONFIG_FILE)
-        special_map = read_json(directory / SPECIAL_TOKENS_FILE)
-        backend_file = read_json(directory / TOKENIZER_FILE)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
+        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True)
+        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True)
         tokens = _read_vocab(directory, backend_file)
         specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         limit = model_max_length(settings, max_length)

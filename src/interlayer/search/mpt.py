@@ -52,7 +52,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from ..core.config import ConfigError
+from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
 from .policy import Strategy, decode, encode

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from optuna.trial import TrialState
 
-from ..core.config import ConfigError
+from ..errors import ConfigError
 
 MAX_LAYERS = 7  # Optuna stores every categorical choice with every trial: 8! = 40,320 choices is 0.75 MB a trial
 

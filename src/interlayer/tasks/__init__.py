@@ -2,18 +2,16 @@
 ``name`` is a task (``interlayer train NAME``). ``tasks/base.py`` says how to write one."""
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 
+from ..plugins import import_modules
 from .base import SampleInput, TaskSpec
 
 
 def task_specs() -> dict[str, TaskSpec]:
     """Every task, by name: the named, concrete :class:`TaskSpec` subclasses defined in this package's modules."""
     specs: dict[str, TaskSpec] = {}
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for module in import_modules(__name__):
         for cls in vars(module).values():
             if not (isinstance(cls, type) and issubclass(cls, TaskSpec) and cls.__module__ == module.__name__
                     and cls.name and not inspect.isabstract(cls)):

@@ -22,7 +22,7 @@ is, methods are hooks with defaults that a task overrides where it differs::
 
 Every other hook is optional: ``add_arguments``/``options_from_args`` (flags of ``interlayer train mytask``),
 ``evaluate`` (``interlayer evaluate``), ``sample_input`` (attention-map pictures in ``compare``), ``resolve_model``
-and ``model_from_dict`` (a model other than the interlayer Transformer), ``defaults_for`` (defaults that depend on
+(a model other than the interlayer Transformer; the registry rebuilds it from its saved config), ``defaults_for`` (defaults that depend on
 the user's ``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old record
 ``SPEC = TaskSpec(name=..., make_task=f, ...)``: each keyword becomes a class attribute or a method of the same
 name taking ``self`` first.
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
-from ..build import build_model
-from ..config import config_from_dict
-from ..core.config import ConfigError
-from ..models.registry import get_config
+from ..core.config import dataclass_from_dict
+from ..errors import ConfigError, DataError
+from ..fileio import read_json
+from ..models.registry import create_model, get_config
 from ..training.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -91,9 +91,15 @@ class TaskSpec(abc.ABC):
         ``--set`` overrides."""
         return get_config(get_config(preset, **task.model_fields()), **model_sets)
 
+    def saved_data(self, directory: Path) -> Any:
+        """The data settings a run saved beside its model (``data.json``, a :attr:`data_class`), checked as
+        ``--set data.KEY`` values are: what ``evaluate`` reads to rebuild the data the model was trained on."""
+        return dataclass_from_dict(self.data_class, read_json(Path(directory) / "data.json", DataError), "data.")
+
     def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        """The model a saved config (``resolve_model(...).to_dict()``) describes."""
-        return build_model(config_from_dict(data))
+        """The model a saved config (``resolve_model(...).to_dict()``) describes, built by the family that claims
+        it in the registry (a ``model_type`` key, an image ``backbone``; else the Transformer)."""
+        return create_model(data)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """Defaults, as ``--set`` keys, that depend on the user's ``sets`` (a fine-tuning recipe when a checkpoint is

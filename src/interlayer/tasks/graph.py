@@ -32,10 +32,10 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..fileio import write_atomic
-from ..models.gat import GATConfig, gat_config, gat_from_dict, with_self_loops
-from ..checkpoint import load_pretrained
-from ..core.config import ConfigError
+from ..models.gat import MODEL_TYPE, GATConfig, with_self_loops
+from ..models.registry import get_config, load_pretrained
 from ..data.planetoid import PlanetoidGraph, load_planetoid
+from ..errors import ConfigError
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from ..core.losses import label_smoothed_nll, total_loss
@@ -219,7 +219,7 @@ class NodeClassificationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """The saved model on the test nodes of ``--data`` (default: the run's graph)."""
         model = load_pretrained(directory, getattr(args, "device", None)).eval()
-        data = GraphData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         source = args.data or data.source
         inputs = GraphInputs(load_planetoid(source), data.normalize_features)
         inputs.check(model, source)
@@ -228,10 +228,8 @@ class NodeClassificationSpec(TaskSpec):
 
     def resolve_model(self, preset: str, model_sets: dict[str, Any], task: NodeClassificationTask) -> GATConfig:
         """A GAT preset or config file, then the data's fields (input width, classes), then the user's ``--set``."""
-        return gat_config(preset, **task.model_fields(), **model_sets)
+        return get_config(preset, family=MODEL_TYPE, **task.model_fields(), **model_sets)
 
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return gat_from_dict(data)
 
 
 class CoraSpec(NodeClassificationSpec):

@@ -34,17 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
-from ..core.config import ConfigError, check_choices, dataclass_from_dict
+from ..models.registry import get_config, load_pretrained
+from ..core.config import check_choices
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
-from ..data.text import DataError
+from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
-from ..pretrained.bert import load_checkpoint
+from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
 from ..core.losses import label_smoothed_nll, total_loss
-from ..models.vision import VisionConfig, get_vision_config, vision_model_from_dict
+from ..models.vision import VisionConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
 from .metrics import confusion_matrix, format_report, percent_correct, summary
@@ -337,7 +337,7 @@ class ImageClassificationSpec(TaskSpec):
         """``interlayer evaluate`` for images: ``--data`` is a folder (its test files) or an images file with its
         labels file beside it (``...images-idx3...`` -> ``...labels-idx1...``); default the run's test files."""
         directory = Path(directory)
-        data = dataclass_from_dict(ImageData, json.loads((directory / "data.json").read_text()), "data.")
+        data = self.saved_data(directory)
         names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
         model = load_pretrained(directory, getattr(args, "device", None))
         images_path, labels_path = _evaluation_files(data, args.data)
@@ -365,10 +365,7 @@ class ImageClassificationSpec(TaskSpec):
             fields = task.model_fields()
             size = [fields["channels"], fields["image_height"], fields["image_width"]]
             return vision_finetune_config(Path(task.data.pretrained), fields["num_classes"], size, model_sets)
-        return get_vision_config(get_vision_config(preset, **task.model_fields()), **model_sets)
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return vision_model_from_dict(data)
+        return get_config(get_config(preset, family="image", **task.model_fields()), family="image", **model_sets)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""

@@ -43,15 +43,15 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
+from ..models.registry import load_pretrained
 from ..config import ModelConfig
-from ..core.config import ConfigError, check_choices
+from ..core.config import check_choices
 from ..core.generation import SamplingOptions
 from ..data.corpus import Corpus, load_corpus, read_text
 from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
-from ..data.text import DataError
+from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
-from ..pretrained.bert import load_checkpoint
+from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
 from ..training.config import TrainConfig
@@ -308,7 +308,7 @@ class LanguageModelingSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """Loss, perplexity and bits of the run's valid and test splits, or of the whole text of ``--data FILE``."""
         model, tokenizer = load_language_model(directory, args.device)
-        data = LMData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
         if args.data:
             texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}

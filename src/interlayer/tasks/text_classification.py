@@ -47,16 +47,15 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
-from ..models.cnn_text import CNNTextConfig, cnn_from_dict
-from ..checkpoint import load_pretrained
-from ..core.config import ConfigError
+from ..models.cnn_text import CNNTextConfig
+from ..models.registry import load_pretrained
+from ..errors import ConfigError, DataError
 from ..fileio import read_yaml_or_json, write_atomic
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import resolve_path
-from ..data.text import DataError
 from ..pretrained import PretrainedTokenizer, load_tokenizer
-from ..pretrained.bert import checkpoint_tokenizer, load_checkpoint
+from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
 from ..pretrained.tokenization import tokenizer_kind
 from ..training.config import TrainConfig
@@ -472,7 +471,7 @@ class TextClassificationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """The saved model on ``--data`` (default: the run's test split)."""
         model = load_pretrained(directory, getattr(args, "device", None)).eval()
-        data = self.data_class(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         encoder = load_encoder(directory, data)
         path = Path(args.data) if args.data else data.resolve(data.test)
         examples = self.fmt.read(path)
@@ -500,9 +499,6 @@ class TextClassificationSpec(TaskSpec):
         fields.pop("arch")
         base = {} if preset == CNN_TYPE else _config_file(preset)
         return CNNTextConfig.from_dict({**base, **fields, **model_sets}, source=f"--preset {preset}")
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return cnn_from_dict(data) if data.get("model_type") == CNN_TYPE else super().model_from_dict(data)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe of this task (PA Table 6 over BERT's, :func:`fine_tuning_defaults`) as the

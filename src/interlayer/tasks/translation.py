@@ -22,10 +22,9 @@ from tqdm import tqdm
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import read_parallel, resolve_path
-from ..data.text import DataError
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import CheckpointError, load_pretrained
-from ..core.config import ConfigError
+from ..errors import CheckpointError, ConfigError, DataError
+from ..models.registry import load_pretrained
 from ..fileio import read_json, write_atomic
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -303,7 +302,7 @@ class TranslationSpec(TaskSpec):
     def evaluate(self, directory: Path, args: argparse.Namespace) -> str:
         """BLEU and chrF of ``--src`` against ``--ref`` (default: the run's test set)."""
         model, vocab = load_translator(directory, getattr(args, "device", None))
-        data = TranslationData(**json.loads((directory / "data.json").read_text()))
+        data = self.saved_data(directory)
         src_path = Path(args.src) if args.src else data.resolve(data.test_src)
         ref_path = Path(args.ref) if args.ref else data.resolve(data.test_tgt)
         pair = read_parallel(src_path, ref_path)

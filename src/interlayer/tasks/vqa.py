@@ -45,15 +45,14 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..checkpoint import load_pretrained
-from ..config import dataclass_from_dict
-from ..core.config import ConfigError, check_choices
+from ..models.registry import get_config, load_pretrained
+from ..core.config import check_choices
 from ..data import sort_of_clevr as soc
-from ..data.text import DataError
+from ..errors import ConfigError, DataError
 from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
                                 open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
 from ..fileio import read_json, write_atomic
-from ..models.mcan import MCANConfig, get_mcan_config, mcan_from_dict
+from ..models.mcan import MODEL_TYPE, MCANConfig
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -533,7 +532,7 @@ class VQASpec(TaskSpec):
         clean, and with ``--noise-std`` (default 0: clean only) Gaussian noise on the image features, drawn from the
         run's seed (``train_config.json``), so that ``--noise-std 1.0`` repeats the run's own noisy figures."""
         directory = Path(directory)
-        data = dataclass_from_dict(VQAData, read_json(directory / "data.json", DataError), "data.")
+        data = self.saved_data(directory)
         info = read_json(directory / "task.json", DataError)
         if args.data:
             data.dir = args.data
@@ -558,7 +557,7 @@ class VQASpec(TaskSpec):
         """An MCAN preset (or config file) with the fields the data decides, then the user's overrides; region
         features fix the input width, so an override of it is refused here rather than at the first batch."""
         fields = task.model_fields()
-        config = get_mcan_config(get_mcan_config(preset, **fields), **model_sets)
+        config = get_config(get_config(preset, family=MODEL_TYPE, **fields), family=MODEL_TYPE, **model_sets)
         if fields["image_input"] == "features":
             for key in ("image_input", "feature_dim"):
                 if getattr(config, key) != fields[key]:
@@ -588,6 +587,3 @@ class VQASpec(TaskSpec):
     def options_from_args(self, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, Any]]:
         keys = {"data.dataset": args.dataset, "data.dir": args.data_dir}
         return {key: value for key, value in keys.items() if value}, {}
-
-    def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
-        return mcan_from_dict(data)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import importlib.util
 from typing import Literal
 
-from ..core.config import ConfigError, check_choices, check_finite
+from ..core.config import check_choices, check_finite
+from ..devices import resolve_device
+from ..errors import ConfigError
 
 # "adam" (L2 through weight_decay, as the papers) or "adamw" (decoupled weight decay)
 Optimizer = Literal["adam", "adamw"]
@@ -125,8 +127,6 @@ class TrainConfig:
                               f"not train.schedule={self.schedule!r}")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ConfigError(f"train.device={self.device!r} is not valid; choose auto, cpu, cuda, cuda:N or mps")
-        from .device import resolve_device  # device.py reads this module's PrecisionSetting
-
         resolve_device(self.device)  # a device this machine lacks is refused before a run directory is written
         if self.logger == "wandb" and importlib.util.find_spec("wandb") is None:
             raise ConfigError("train.logger=wandb needs the optional package wandb: pip install 'interlayer[wandb]' "

@@ -47,11 +47,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from ..checkpoint import CheckpointError, canonical_state_dict, load_canonical_state_dict, save_pretrained
+from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
+from ..errors import CheckpointError
 from . import distributed, state_file
 from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
-from .device import autocast, configure_tf32, make_scaler, resolve_device, resolve_precision
+from ..devices import resolve_device
+from .device import autocast, configure_tf32, make_scaler, resolve_precision
 
 LAST = "checkpoint_last.safetensors"
 LEGACY_LAST = "checkpoint_last.pt"  # the pickle format of interlayer <= 0.1.0: never read (it could run code)

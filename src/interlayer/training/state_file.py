@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import CheckpointError
+from ..errors import CheckpointError
 from ..fileio import atomic_path
 
 FORMAT = "interlayer-train-state"
