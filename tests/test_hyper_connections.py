@@ -151,14 +151,18 @@ def test_parameter_count_is_the_papers(rate, dynamic):
     assert added == sublayers * per_sublayer
 
 
-def test_madds_count_the_dynamic_projection_as_the_flop_counter_does():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_madds_count_the_width_connection_and_dynamic_projection_as_the_flop_counter_does(dynamic):
+    """Per position and sublayer: ``[A_m | A_r]^T H``, n (n+1) d, and with DHC ``norm(H) W``, n d (n+2)."""
     from torch.utils.flop_counter import FlopCounterMode
-    model = lm(hyper_connections={"rate": 4}, attn_impl="eager")
+    model = lm(hyper_connections={"rate": 4, "dynamic": dynamic}, attn_impl="eager")
     tokens = torch.randint(0, 40, (1, 9))
     with FlopCounterMode(display=False) as counter:
         model(tokens)
     assert counter.get_total_flops() == 2 * count_madds(model, 9)
-    assert count_madds(model, 9) - count_madds(lm(attn_impl="eager"), 9) == 2 * TINY["enc_layers"] * 9 * 4 * 32 * 6
+    per_position = 4 * 5 * 32 + (4 * 32 * 6 if dynamic else 0)
+    added = count_madds(model, 9) - count_madds(lm(attn_impl="eager"), 9)
+    assert added == 2 * TINY["enc_layers"] * 9 * per_position
 
 
 def test_static_matrices_get_no_weight_decay_and_the_dynamic_weights_do():

@@ -57,9 +57,11 @@ Choices where the paper leaves room:
   the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
   not say in which direction, and the initial model is then no longer the pre-norm one.
 * **Arithmetic**: ``W`` is a product (``n d (n + 2)`` multiply-adds per position and sublayer, counted in
-  MAdds); the mixing of streams by ``A`` and ``B`` is element-wise in the stream's dtype (``n (n + 2) d``
-  multiply-adds, not counted, as residual additions are not), not a matmul, so TF32/bf16 products do not round
-  the residual streams.
+  MAdds). The width connection ``[A_m | A_r]^T H`` is one small matrix product per position (``n (n + 1) d``
+  multiply-adds, counted), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
+  with TF32 allowed, fp32 products may still round them to TF32's 10-bit mantissa, as the paper's own matmul
+  would); it was an element-wise broadcast-and-sum first, which took twice as long on the CPU (docs/benchmarks.md).
+  The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions are not).
 * **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
   neither paper says which of the n streams would receive them.
 """
@@ -74,6 +76,7 @@ from torch import Tensor, nn
 
 from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
+from ..core.precision import fp32_island
 from ..errors import ConfigError
 from .base import MethodBase
 
@@ -153,8 +156,12 @@ class HyperConnection(nn.Module):
 
     def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
         alpha, beta = self.weights(streams)
-        # (..., n, n+1, 1) * (..., n, 1, d) summed over the n input streams: row 0 is A_m^T H, rows 1.. A_r^T H.
-        mixed = (alpha.to(streams.dtype).unsqueeze(-1) * streams.unsqueeze(-2)).sum(-3)
+        # [A_m | A_r]^T H: one (n+1, n) x (n, d) product per position (Algorithm 2's matmul): row 0 is the
+        # sublayer's input A_m^T H, rows 1.. the kept streams A_r^T H. Autocast is off around it, so under bf16
+        # autocast the residual streams stay in their own dtype instead of being rounded at every sublayer (the
+        # product with A's exact 0/1 at initialisation reproduces H exactly in fp32: the n=1 identity holds).
+        with fp32_island(streams.device):
+            mixed = alpha.to(streams.dtype).transpose(-1, -2) @ streams
         h0 = mixed[..., 0, :]
         if branch_add is not None:
             h0 = h0 + branch_add
@@ -165,8 +172,10 @@ class HyperConnection(nn.Module):
         return beta.to(kept.dtype).unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2) + kept
 
     def madds(self, t: int) -> int:
-        """The dynamic projection ``norm(H) W`` (the stream mixing is element-wise and not counted)."""
-        return t * self.rate * self.dynamic_weight.shape[0] * (self.rate + 2) if self.dynamic else 0
+        """The width connection ``[A_m | A_r]^T H`` and, when dynamic, the projection ``norm(H) W`` (the depth
+        connection's scaled addition is element-wise and not counted, as residual additions are not)."""
+        n, d = self.rate, self.norm.normalized_shape[0]
+        return t * n * (n + 1) * d + (t * n * d * (n + 2) if self.dynamic else 0)
 
 
 class Streams(DepthConnection):
