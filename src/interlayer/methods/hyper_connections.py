@@ -120,7 +120,7 @@ class HyperConnection(nn.Module):
     """The residual module of one sublayer (``Components.residual``): :meth:`split` is the width connection
     (Eq. 3-4, with the dynamic weights of Eq. 10-13), :meth:`combine` the depth connection (Eq. 5).
 
-    The stack state is ``(..., n, d)``. ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)), ``static_beta`` is ``B``;
+    The stack state is ``(n, ..., d)`` (the stream index first). ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)), ``static_beta`` is ``B``;
     ``dynamic_weight`` is ``[W_m | W_r | W_beta]`` (d x (n+2)), one product for all three.
     """
 
@@ -144,32 +144,43 @@ class HyperConnection(nn.Module):
             self.alpha_scale = nn.Parameter(torch.tensor(float(scale_init)))
             self.beta_scale = nn.Parameter(torch.tensor(float(scale_init)))
 
-    def weights(self, streams: Tensor) -> tuple[Tensor, Tensor]:
-        """``([A_m | A_r], B)``: ``(n, n+1)`` and ``(n,)`` static, or ``(..., n, n+1)`` and ``(..., n)``."""
+    def weights(self, streams: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+        """The static ``[A_m | A_r]`` ``(n, n+1)`` and ``B`` ``(n,)``, and the dynamic parts of Eq. 11-13 (None for
+        SHC): ``s_alpha tanh(H_bar W_{m,r})`` ``(n, ..., n+1)`` and ``s_beta tanh(H_bar W_beta)`` ``(n, ...)``, to
+        be added to the static ones."""
         if not self.dynamic:
-            return self.static_alpha, self.static_beta
+            return self.static_alpha, self.static_beta, None, None
         n = self.rate
         w = torch.tanh(self.stream_norm(streams) @ self.dynamic_weight)
-        alpha = self.alpha_scale * w[..., :n + 1] + self.static_alpha
-        beta = self.beta_scale * w[..., n + 1] + self.static_beta
-        return alpha, beta
+        return self.static_alpha, self.static_beta, self.alpha_scale * w[..., :n + 1], self.beta_scale * w[..., n + 1]
 
     def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
-        alpha, beta = self.weights(streams)
-        # [A_m | A_r]^T H: one (n+1, n) x (n, d) product per position (Algorithm 2's matmul): row 0 is the
-        # sublayer's input A_m^T H, rows 1.. the kept streams A_r^T H. Autocast is off around it, so under bf16
-        # autocast the residual streams stay in their own dtype instead of being rounded at every sublayer (the
-        # product with A's exact 0/1 at initialisation reproduces H exactly in fp32: the n=1 identity holds).
+        """``streams`` ``(n, ..., d)``, the stream index first, so the static width connection ``[A_m | A_r]^T H``
+        (Algorithm 2's matmul) is one ``(n+1, n) x (n, positions * d)`` product over the whole batch: row 0 the
+        sublayer's input ``A_m^T H``, rows 1.. the kept streams ``A_r^T H``; the dynamic part adds, per position,
+        ``sum_j alpha_dyn[j] H[j]`` (n element-wise terms). With the streams last, the same product ran as one tiny
+        matmul per position, with copies, at twice the time (docs/benchmarks.md)."""
+        static_alpha, static_beta, dynamic_alpha, dynamic_beta = self.weights(streams)
+        n = self.rate
+        # Autocast off: under bf16 autocast the residual streams stay in their own dtype instead of being rounded at
+        # every sublayer; A's exact 0/1 at initialisation reproduce H exactly in fp32 (the n=1 identity holds).
         with fp32_island(streams.device):
-            mixed = alpha.to(streams.dtype).transpose(-1, -2) @ streams
-        h0 = mixed[..., 0, :]
+            mixed = (static_alpha.to(streams.dtype).t() @ streams.reshape(n, -1)).view(n + 1, *streams.shape[1:])
+        beta = static_beta.to(streams.dtype).view(n, *([1] * (streams.dim() - 1)))
+        if dynamic_alpha is not None:
+            coefficients = dynamic_alpha.to(streams.dtype).movedim(-1, 1).unsqueeze(-1)  # (n, n+1, ..., 1)
+            for j in range(n):
+                mixed = mixed + coefficients[j] * streams[j]
+            beta = beta + dynamic_beta.to(streams.dtype).unsqueeze(-1)
+        h0 = mixed[0]
         if branch_add is not None:
             h0 = h0 + branch_add
-        return self.norm(h0), (mixed[..., 1:, :], beta)
+        return self.norm(h0), (mixed[1:], beta)
 
     def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
+        """Eq. 5: ``B^T T(h_0) + H'``, the sublayer's output scaled into every stream."""
         kept, beta = carry
-        return beta.to(kept.dtype).unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2) + kept
+        return beta * self.dropout(branch_out) + kept
 
     def madds(self, t: int) -> int:
         """The width connection ``[A_m | A_r]^T H`` and, when dynamic, the projection ``norm(H) W`` (the depth
@@ -179,20 +190,21 @@ class HyperConnection(nn.Module):
 
 
 class Streams(DepthConnection):
-    """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, Algorithm 1)."""
+    """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, Algorithm 1). The
+    streams are stacked first, ``(n, ..., d)``, so a stream is a contiguous ``(..., d)`` tensor."""
 
     def __init__(self, rate: int) -> None:
         super().__init__()
         self.rate = rate
 
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
-        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1]), None
+        return x.unsqueeze(0).expand(self.rate, *x.shape), None
 
     def finish(self, h: Tensor, state: Any) -> Tensor:
-        return h.sum(-2)
+        return h.sum(0)
 
     def view(self, h: Tensor) -> Tensor:
-        return h.sum(-2)
+        return h.sum(0)
 
 
 class _HyperConnectionsMethod(MethodBase):
