@@ -57,11 +57,12 @@ Choices where the paper leaves room:
   the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
   not say in which direction, and the initial model is then no longer the pre-norm one.
 * **Arithmetic**: ``W`` is a product (``n d (n + 2)`` multiply-adds per position and sublayer, counted in
-  MAdds). The width connection ``[A_m | A_r]^T H`` is one small matrix product per position (``n (n + 1) d``
-  multiply-adds, counted), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
+  MAdds). The streams are stacked first, ``(n, ..., d)``, so the static width connection ``[A_m | A_r]^T H`` is
+  one matrix product over the whole batch (``n (n + 1) d`` multiply-adds per position, counted; DHC's per-position
+  part is added element-wise), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
   with TF32 allowed, fp32 products may still round them to TF32's 10-bit mantissa, as the paper's own matmul
-  would); it was an element-wise broadcast-and-sum first, which took twice as long on the CPU (docs/benchmarks.md).
-  The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions are not).
+  would). The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions
+  are not). The layouts tried and their step costs: docs/benchmarks.md.
 * **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
   neither paper says which of the n streams would receive them.
 """
