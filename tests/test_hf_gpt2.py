@@ -220,7 +220,10 @@ def scratch_lm(**changes: Any) -> torch.nn.Module:
     return create_model("gpt2_small", **{**fields, **changes}).eval()
 
 
-@pytest.mark.parametrize("changes", [{}, {"activation": "gelu", "tie_output": False, "dropout": 0.0}])
+@pytest.mark.parametrize("changes", [{}, {"activation": "gelu", "tie_output": False, "dropout": 0.0},
+                                     {"enc_layers": 4, "layer_sharing": {"repeats": 2}},
+                                     {"enc_layers": 3, "crossformer": {"hard": ["kq", "ffn"]}}],
+                         ids=["plain", "gelu-untied", "layer_sharing", "crossformer_hard"])
 def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(changes: dict,
                                                                              tmp_path: Path) -> None:
     model = scratch_lm(**changes)
@@ -232,7 +235,7 @@ def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(cha
     tokens = torch.randint(0, 50, (2, 11))
     with torch.no_grad():
         assert (back(input_ids=tokens).logits - model(tokens).logits).abs().max() < 1e-5
-    assert back.config.activation_function == ("gelu" if changes else "gelu_new")
+    assert back.config.activation_function == changes.get("activation", "gelu_new")
 
 
 @pytest.mark.parametrize("make, match", [
@@ -243,6 +246,10 @@ def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(cha
     (lambda: scratch_lm(predictive={"alpha": 0.1}), "the predictive section \\(GPT-2 has no such computation\\)"),
     (lambda: scratch_lm(lightweight={"groups": 2}), "the lightweight section"),
     (lambda: scratch_lm(multipass={}), "the multipass section"),
+    (lambda: scratch_lm(value_residual={"mode": "svformer"}), "the value_residual section"),
+    (lambda: scratch_lm(cla={"sharing_factor": 2}), "the cla section"),
+    (lambda: scratch_lm(denseformer={}), "the denseformer section"),
+    (lambda: scratch_lm(hyper_connections={"rate": 2}), "the hyper_connections section"),
 ])
 def test_language_models_gpt2_cannot_express_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
     with pytest.raises(PretrainedError, match=f"{match}.*interlayer's own format.*model.save_pretrained"):

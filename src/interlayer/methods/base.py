@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 class Method(Protocol):
     name: str  # the section's key in ModelConfig
     config_class: type
+    # True when the method only ties parameters (and may add training losses): the forward computation is the plain
+    # model's, so a model using it can be written out in a format that stores every weight separately (to_hf).
+    ties_only: bool
 
     def validate(self, section: Any, cfg: "ModelConfig") -> None: ...
 
@@ -48,6 +51,7 @@ class MethodBase:
 
     name: str
     config_class: type
+    ties_only: bool = False
 
     def validate(self, section: Any, cfg: "ModelConfig") -> None:
         section.validate(cfg)

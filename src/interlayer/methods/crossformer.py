@@ -633,6 +633,7 @@ class _CrossformerMethod(MethodBase):
 
     name = "crossformer"
     config_class = CrossformerConfig
+    ties_only = True  # hard guidance ties weights, soft guidance adds a training loss: the forward pass is plain
 
     def finalize(self, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
         """Tie the hard pairs top-down and register the soft-guidance loss (with its recording hooks for states).

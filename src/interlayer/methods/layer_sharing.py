@@ -211,6 +211,7 @@ def repeat_blocks(cfg: Any, repeats: int = 2, order: Order = "immediate", share:
 class _LayerSharingMethod(MethodBase):
     name = "layer_sharing"
     config_class = LayerSharingConfig
+    ties_only = True  # each executed layer computes as a plain one; only its parameters are another layer's
 
     def finalize(self, section: LayerSharingConfig, cfg: "ModelConfig", model: nn.Module) -> None:
         """Tie each stack's layers onto its unique blocks (module docstring): one ``nn.Parameter`` per block."""
