@@ -7,18 +7,17 @@ import torch._dynamo
 from interlayer import ConfigError, create_model
 from interlayer.methods.denseformer import DepthWeightedAverage
 
-from helpers.lm import assert_cache_matches, assert_causal
+from helpers.lm import TINY as LM_FIELDS, assert_cache_matches, assert_causal, lm as tiny_lm
 
-TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=5, max_positions=32, dropout=0.0,
-            attn_dropout=0.0)
+TINY = {**LM_FIELDS, "enc_layers": 5}
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, dropout=0.0,
              attn_dropout=0.0)
 KXP = [(1, 1), (2, 2), (2, 1), (1, 2), (3, 2), (4, 5)]
 
 
 def lm(**overrides):
-    torch.manual_seed(0)
-    return create_model("gpt_shakespeare_char", **{**TINY, **overrides}).eval()
+    """The shared tiny LM (helpers.lm) at this file's depth."""
+    return tiny_lm(**{"enc_layers": TINY["enc_layers"], **overrides})
 
 
 def randomise(model):

@@ -4,11 +4,11 @@ and without the KV cache, and cached decoding equals the full forward pass."""
 import pytest
 import torch
 
-from interlayer import ConfigError, create_model
+from interlayer import ConfigError
 from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
 from interlayer.methods.multipass import MultiPassEncoder
 
-from helpers.lm import CHANGED, T, TINY, assert_cache_matches, assert_causal, lm
+from helpers.lm import CHANGED, T, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 
 CROSSFORMER = {
     **{f"hard_{pair}": {"hard": [pair]} for pair in ("kq", "qk", "qq", "kk", "vf", "ffn")},
@@ -112,19 +112,8 @@ def test_causal_predictive_attention_does_not_leak_inside_a_cached_chunk(conv_la
 
 
 def test_causal_predictive_generation_is_the_same_cached_batched_or_alone():
-    from interlayer.core.generation import SamplingOptions, generate
-
     model = lm(predictive={"conv_layers": 2, "alpha": 0.5}, positions="rotary")
-    greedy = SamplingOptions(max_new_tokens=6, temperature=0)
-    prompts = [[5, 9, 2, 7, 1], [4, 8], [11, 12, 13]]
-    alone = [generate(model, torch.tensor([p]), greedy).tokens[0] for p in prompts]
-    uncached = [generate(model, torch.tensor([p]), SamplingOptions(max_new_tokens=6, temperature=0,
-                                                                   use_cache=False)).tokens[0] for p in prompts]
-    assert all(torch.equal(a, u) for a, u in zip(alone, uncached))
-    rows = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])  # right-padded
-    mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
-    batched = generate(model, rows, greedy, padding_mask=mask).tokens
-    assert all(torch.equal(row, a) for row, a in zip(batched, alone))
+    assert_padded_generation_matches(model)
 
 
 def test_symmetric_prediction_kernel_is_refused_in_a_causal_model():

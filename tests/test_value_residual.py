@@ -6,10 +6,10 @@ import torch
 import torch._dynamo
 
 from interlayer import ConfigError, create_model
-from interlayer.core.generation import SamplingOptions, generate, kv_cache_bytes_per_token
+from interlayer.core.generation import kv_cache_bytes_per_token
 
 from helpers.kv import reference_layers, reference_logits
-from helpers.lm import T, TINY, lm
+from helpers.lm import T, TINY, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 
 def resformer_rule(model):
     def rule(i, k, v, ks, vs):
@@ -89,30 +89,14 @@ def test_causal_and_the_cache_equals_the_full_forward(mode, positions):
     model = lm(value_residual=MODES[mode], positions=positions)
     if "resformer_head" == mode:
         randomise_lambdas(model)
-    tokens = torch.randint(0, 40, (2, T))
-    later = tokens.clone()
-    later[:, 6] = (later[:, 6] + 1) % 40
-    full = model(tokens).logits
-    assert torch.equal(full[:, :6], model(later).logits[:, :6])
-    cache = model.new_cache()
-    steps = [model(tokens[:, :3], cache=cache).logits] + [model(tokens[:, i:i + 1], cache=cache).logits
-                                                           for i in range(3, T)]
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert_causal(model)
+    assert_cache_matches(model)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_padded_prompts_generate_as_alone_with_and_without_cache(mode):
     model = lm(value_residual=MODES[mode], positions="rotary")
-    greedy = SamplingOptions(max_new_tokens=6, temperature=0)
-    prompts = [[5, 9, 2, 7, 1], [4, 8], [11, 12, 13]]
-    alone = [generate(model, torch.tensor([p]), greedy).tokens[0] for p in prompts]
-    uncached = [generate(model, torch.tensor([p]), SamplingOptions(max_new_tokens=6, temperature=0,
-                                                                   use_cache=False)).tokens[0] for p in prompts]
-    assert all(torch.equal(a, u) for a, u in zip(alone, uncached))
-    rows = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])
-    mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
-    batched = generate(model, rows, greedy, padding_mask=mask).tokens
-    assert all(torch.equal(row, a) for row, a in zip(batched, alone))
+    assert_padded_generation_matches(model)
 
 
 def test_parameter_counts_follow_the_paper():

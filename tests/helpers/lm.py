@@ -1,9 +1,10 @@
-"""The tiny causal language model the method tests share, and the two properties every method must keep on it:
-causality (a later token never changes an earlier output) and cache-exactness (decoding step by step with the KV
-cache gives the full forward pass's logits)."""
+"""The tiny causal language model the method tests share, and the properties every method must keep on it:
+causality (a later token never changes an earlier output), cache-exactness (decoding step by step with the KV
+cache gives the full forward pass's logits), and generation that does not depend on the cache or on padding."""
 import torch
 
 from interlayer import create_model
+from interlayer.core.generation import SamplingOptions, generate
 
 TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=4, max_positions=32, dropout=0.0,
             attn_dropout=0.0)
@@ -25,11 +26,28 @@ def assert_causal(model) -> None:
     assert not torch.allclose(a[:, CHANGED:], b[:, CHANGED:])
 
 
-def assert_cache_matches(model) -> None:
-    """Prompt, then token by token with the cache: the logits of the full forward, and causal in the cache too."""
+def assert_cache_matches(model):
+    """Prompt, then token by token with the cache: the logits of the full forward, and causal in the cache too.
+    Returns the filled cache, for what a test checks it holds."""
     tokens = torch.randint(0, 40, (2, T))
     full = model(tokens).logits
     cache = model.new_cache()
     steps = [model(tokens[:, :3], cache=cache).logits] + [model(tokens[:, i:i + 1], cache=cache).logits
                                                            for i in range(3, T)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    return cache
+
+
+def assert_padded_generation_matches(model) -> None:
+    """Greedy continuations of three prompts of different lengths: the same with and without the cache, and the
+    same in one right-padded batch (with its padding mask) as alone."""
+    greedy = SamplingOptions(max_new_tokens=6, temperature=0)
+    prompts = [[5, 9, 2, 7, 1], [4, 8], [11, 12, 13]]
+    alone = [generate(model, torch.tensor([p]), greedy).tokens[0] for p in prompts]
+    uncached = [generate(model, torch.tensor([p]), SamplingOptions(max_new_tokens=6, temperature=0,
+                                                                   use_cache=False)).tokens[0] for p in prompts]
+    assert all(torch.equal(a, u) for a, u in zip(alone, uncached))
+    rows = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])
+    mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
+    batched = generate(model, rows, greedy, padding_mask=mask).tokens
+    assert all(torch.equal(row, a) for row, a in zip(batched, alone))

@@ -7,7 +7,7 @@ cannot compose is rejected by ``validate`` with the reason.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
 
 from torch import nn
 
@@ -16,6 +16,11 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+
+
+# The stacks a method with a ``sides`` option may apply to: the encoder (a causal LM's stack is its encoder) and the
+# decoder of an encoder-decoder.
+StackSide = Literal["encoder", "decoder"]
 
 
 class Method(Protocol):
@@ -61,3 +66,33 @@ class MethodBase:
 
     def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None:
         """Nothing to tie or add after the build."""
+
+
+def stack_sides(key: str, sides: Optional[Sequence[str]], cfg: "ModelConfig") -> list[str]:
+    """The stacks a method's ``sides`` option names, checked (``key`` is the section, for the error): ``None`` is
+    every stack the model has, an explicit list names each of ``encoder`` / ``decoder`` at most once and only
+    those the architecture has."""
+    if sides is None:
+        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+    if (not isinstance(sides, (list, tuple)) or not sides or len(set(sides)) != len(sides)
+            or not set(sides) <= {"encoder", "decoder"}):
+        raise ConfigError(f"{key}.sides={sides!r} must list 'encoder' and/or 'decoder' once each, or be null for "
+                          "every stack of the model")
+    if cfg.arch != "encoder_decoder" and "decoder" in sides:
+        raise ConfigError(f"{key}.sides={list(sides)} includes 'decoder', but arch={cfg.arch!r} has no decoder (a "
+                          "causal LM's stack is 'encoder'); use sides=['encoder']")
+    return list(sides)
+
+
+def add_kv_sources(components: Components, sides: Sequence[str], source: Callable[[int], Optional[nn.Module]]
+                   ) -> None:
+    """Give layer ``i`` of the stacks in ``sides`` the K/V source ``source(i)``
+    (:class:`~interlayer.core.attention.KVSource`); where it returns None, and in other stacks, the layer keeps the
+    source it had (another method's, or none)."""
+    previous = components.kv_source
+
+    def factory(side: str, index: int) -> Optional[nn.Module]:
+        made = source(index) if side in sides else None
+        return made if made is not None else previous(side, index)
+
+    components.kv_source = factory

@@ -37,19 +37,18 @@ Readings chosen where the text leaves a choice (each with the reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory
 from ..core.components import Components
 from ..errors import ConfigError
-from .base import MethodBase, check_core_self_attention
+from .base import MethodBase, StackSide, add_kv_sources, check_core_self_attention, stack_sides
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
-Side = Literal["encoder", "decoder"]
 KV_PAIRS = ("kq", "qk", "kk", "vf")  # Crossformer pairs that tie a key or value projection
 
 
@@ -59,24 +58,15 @@ class CLAConfig:
     ``sides``: the self-attention stacks (None: all of the model's)."""
 
     sharing_factor: int = 2
-    sides: Optional[list[Side]] = None
+    sides: Optional[list[StackSide]] = None
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
-        if self.sides is not None:
-            return list(self.sides)
-        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+        return stack_sides("cla", self.sides, cfg)
 
     def validate(self, cfg: "ModelConfig") -> None:
         if self.sharing_factor < 1:
             raise ConfigError(f"cla.sharing_factor={self.sharing_factor} must be at least 1 (1 is the plain model; "
                               "the paper uses 2 and 3)")
-        if self.sides is not None:
-            if not self.sides or len(set(self.sides)) != len(self.sides):
-                raise ConfigError(f"cla.sides={self.sides} must list 'encoder' and/or 'decoder' once each, or be "
-                                  "null for every self-attention stack")
-            if cfg.arch != "encoder_decoder" and "decoder" in self.sides:
-                raise ConfigError(f"cla.sides={self.sides} includes 'decoder', but arch={cfg.arch!r} has no "
-                                  "decoder; use sides=['encoder']")
         if cfg.crossformer is not None and self.sharing_factor > 1:
             pairs = [p for p in (*cfg.crossformer.hard, *cfg.crossformer.soft) if p in KV_PAIRS]
             if pairs:
@@ -117,16 +107,12 @@ class _CLAMethod(MethodBase):
 
     def customize(self, section: CLAConfig, cfg: "ModelConfig", components: Components) -> None:
         """Every layer that does not lead its group gets a :class:`SharedKV` source (none at factor 1)."""
-        previous = components.kv_source
-        sides = section.resolved_sides(cfg)
 
-        def factory(side: str, index: int) -> Optional[nn.Module]:
+        def source(index: int) -> Optional[nn.Module]:
             leader = group_leader(index, section.sharing_factor)
-            if side not in sides or leader == index:
-                return previous(side, index)
-            return SharedKV(leader)
+            return None if leader == index else SharedKV(leader)
 
-        components.kv_source = factory
+        add_kv_sources(components, section.resolved_sides(cfg), source)
 
 
 METHOD = _CLAMethod()

@@ -121,7 +121,8 @@ class HyperConnection(nn.Module):
     """The residual module of one sublayer (``Components.residual``): :meth:`split` is the width connection
     (Eq. 3-4, with the dynamic weights of Eq. 10-13), :meth:`combine` the depth connection (Eq. 5).
 
-    The stack state is ``(n, ..., d)`` (the stream index first). ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)), ``static_beta`` is ``B``;
+    The stack state is ``(n, ..., d)`` (the stream index first). ``static_alpha`` is ``[A_m | A_r]`` (n x (n+1)),
+    ``static_beta`` is ``B``;
     ``dynamic_weight`` is ``[W_m | W_r | W_beta]`` (d x (n+2)), one product for all three.
     """
 

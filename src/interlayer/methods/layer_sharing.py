@@ -58,21 +58,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from torch import nn
 
-from ..core.components import Components
 from ..errors import ConfigError
-from .base import MethodBase
+from .base import MethodBase, StackSide, stack_sides
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
 Share = Literal["all", "attention", "ffn"]
 Order = Literal["immediate", "all_over", "reverse"]
-Side = Literal["encoder", "decoder"]
-SIDES: tuple[str, ...] = get_args(Side)
 
 # The submodules of a layer each choice ties ("" is the whole layer). Absent ones (an encoder layer has no
 # cross-attention) are skipped.
@@ -99,25 +96,16 @@ class LayerSharingConfig:
     share: Share = "all"
     repeats: Optional[int] = None
     order: Order = "immediate"
-    sides: Optional[list[Side]] = None
+    sides: Optional[list[StackSide]] = None
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
-        if self.sides is not None:
-            return list(self.sides)
-        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+        return stack_sides("layer_sharing", self.sides, cfg)
 
     def validate(self, cfg: "ModelConfig") -> None:
         if self.repeats is not None and (isinstance(self.repeats, bool) or not isinstance(self.repeats, int)
                                          or self.repeats < 1):
             raise ConfigError(f"layer_sharing.repeats={self.repeats!r} must be a positive integer (2 is "
                               "MobileLLM's, 1 the plain model) or null for one block shared by every layer (ALBERT)")
-        if self.sides is not None:
-            if not isinstance(self.sides, (list, tuple)) or not self.sides or len(set(self.sides)) != len(self.sides):
-                raise ConfigError(f"layer_sharing.sides={self.sides!r} must be a non-empty list of distinct stacks "
-                                  f"from {', '.join(map(repr, SIDES))}, or null for every stack")
-            if cfg.arch != "encoder_decoder" and "decoder" in self.sides:
-                raise ConfigError(f"layer_sharing.sides={self.sides} includes 'decoder', but arch={cfg.arch!r} has "
-                                  "no decoder (a causal LM's stack is 'encoder'); use sides=['encoder']")
         for side in self.resolved_sides(cfg):
             key, depth = _depth(cfg, side)
             if self.repeats is not None and depth % self.repeats:
@@ -198,7 +186,7 @@ def stacks(section: LayerSharingConfig, cfg: "ModelConfig", model: nn.Module) ->
 
 
 def repeat_blocks(cfg: Any, repeats: int = 2, order: Order = "immediate", share: Share = "all",
-                  sides: Optional[list[Side]] = None) -> Any:
+                  sides: Optional[list[StackSide]] = None) -> Any:
     """MobileLLM's reading of depth: ``cfg``'s ``enc_layers`` (and ``dec_layers`` for a shared decoder) count
     unique blocks, each run ``repeats`` times, so the returned config executes ``repeats`` times as many layers
     with the same parameters (MobileLLM-LS: same size, ``repeats`` x the compute)."""

@@ -51,14 +51,13 @@ from torch import Tensor, nn
 from ..core.attention import KVCache, KVHistory
 from ..core.components import Components
 from ..errors import ConfigError
-from .base import MethodBase, check_core_self_attention
+from .base import MethodBase, StackSide, add_kv_sources, check_core_self_attention, stack_sides
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
 Mode = Literal["resformer", "svformer"]
 Granularity = Literal["layer", "head"]
-Side = Literal["encoder", "decoder"]
 
 
 @dataclass
@@ -72,12 +71,10 @@ class ValueResidualConfig:
     lambdas: list[float] = field(default_factory=lambda: [0.5, 0.5])
     learnable: bool = False
     granularity: Granularity = "layer"
-    sides: Optional[list[Side]] = None
+    sides: Optional[list[StackSide]] = None
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
-        if self.sides is not None:
-            return list(self.sides)
-        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+        return stack_sides("value_residual", self.sides, cfg)
 
     def validate(self, cfg: "ModelConfig") -> None:
         if len(self.lambdas) != 2 or not all(math.isfinite(x) for x in self.lambdas):
@@ -92,13 +89,6 @@ class ValueResidualConfig:
             raise ConfigError("value_residual.granularity='head' gives each head its own learnable pair; with "
                               "value_residual.learnable=false every head would hold the same numbers. Set "
                               "learnable=true or granularity='layer'")
-        if self.sides is not None:
-            if not self.sides or len(set(self.sides)) != len(self.sides):
-                raise ConfigError(f"value_residual.sides={self.sides} must list 'encoder' and/or 'decoder' once "
-                                  "each, or be null for every self-attention stack")
-            if cfg.arch != "encoder_decoder" and "decoder" in self.sides:
-                raise ConfigError(f"value_residual.sides={self.sides} includes 'decoder', but arch={cfg.arch!r} "
-                                  "has no decoder; use sides=['encoder']")
         if cfg.crossformer is not None and self.mode == "svformer":
             pairs = [p for p in (*cfg.crossformer.hard, *cfg.crossformer.soft) if p == "vf"]
             if pairs:
@@ -149,18 +139,16 @@ class _ValueResidualMethod(MethodBase):
 
     def customize(self, section: ValueResidualConfig, cfg: "ModelConfig", components: Components) -> None:
         """Give every self-attention layer n > 1 of the chosen stacks its value source; layer 1 stays plain."""
-        previous = components.kv_source
-        sides = section.resolved_sides(cfg)
+        heads = cfg.n_heads if section.granularity == "head" else None
 
-        def factory(side: str, index: int) -> Optional[nn.Module]:
-            if side not in sides or index == 0:
-                return previous(side, index)
+        def source(index: int) -> Optional[nn.Module]:
+            if index == 0:
+                return None
             if section.mode == "svformer":
                 return SharedFirstValue()
-            heads = cfg.n_heads if section.granularity == "head" else None
             return ValueResidual(section.lambdas, section.learnable, heads)
 
-        components.kv_source = factory
+        add_kv_sources(components, section.resolved_sides(cfg), source)
 
 
 METHOD = _ValueResidualMethod()
