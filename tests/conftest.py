@@ -2,10 +2,16 @@
 
 Plain functions and constants that several modules share are in ``tests/helpers``; no test module imports
 another (``tests/test_test_layout.py``)."""
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run under Triton's interpreter, in the tests that ask for them
+# (``kernel_mode("triton")``); set before any kernel module is imported, since ``triton.jit`` reads it then.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from helpers.translation import SHORT_LEXICON, write_corpus
 

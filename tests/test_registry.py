@@ -112,15 +112,15 @@ METHOD_MODULES = sorted(f"interlayer.methods.{p.stem}" for p in (SRC / "methods"
 
 @pytest.mark.parametrize("module", METHOD_MODULES)
 def test_a_method_module_imports_only_the_core(module: str) -> None:
-    """In a fresh interpreter, a method module loads the core and the methods only: not the composed config,
-    the builder, the registry (old or new), the papers or the models."""
+    """In a fresh interpreter, a method module loads the core, the kernels and the methods only: not the composed
+    config, the builder, the registry (old or new), the papers or the models."""
     code = (f"import sys, {module}\n"
             "print('\\n'.join(m for m in sys.modules if m.startswith('interlayer')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": str(SRC.parent)}).stdout.split()
     assert module in loaded
     outside = [m for m in loaded if m not in ("interlayer", "interlayer.errors")
-               and not m.startswith(("interlayer.core", "interlayer.methods"))]
+               and not m.startswith(("interlayer.core", "interlayer.kernels", "interlayer.methods"))]
     assert outside == []
 
 
@@ -219,6 +219,7 @@ def test_the_checks_see_an_import_inside_a_function() -> None:
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "fileio", "tables", "accounting", "devices", "checkpoint", "plugins", "data"),
     ("core",),
+    ("kernels",),
     ("methods",),
     ("config", "build"),
     ("models",),
@@ -241,7 +242,7 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_layer_reaches_up() -> None:
-    """bottom <- core <- methods <- config/build <- models <- papers <- pretrained, training <- tasks <- experiment
+    """bottom <- core <- kernels <- methods <- config/build <- models <- papers <- pretrained, training <- tasks <- experiment
     <- compare, search <- cli, imports inside functions counted: the core knows nothing of the papers or of saving, a method nothing
     of the composed config, a model family nothing of the tasks (docs/architecture.md, "Layers and imports")."""
     assert _upward(_import_graph()) == []

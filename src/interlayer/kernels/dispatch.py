@@ -1,0 +1,79 @@
+"""The one rule that picks a Triton kernel or its reference path.
+
+``auto`` (the default): the kernel wherever it can run, the reference elsewhere. ``reference``: never a kernel (a
+bit-level comparison, a debugging session, a suspected kernel bug). ``triton``: the kernel wherever it can run and
+an error where it cannot, so a benchmark or a test that means to measure the kernel cannot silently measure the
+fallback. The mode comes from the environment variable ``INTERLAYER_KERNELS`` and can be changed for a block with
+:func:`kernel_mode`.
+
+The rule is evaluated in Python when a model runs (or when ``torch.compile`` traces it), never inside a kernel, so a
+compiled graph contains one path and no branch.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from typing import Iterator, Literal, Optional
+
+from torch import Tensor
+
+KernelMode = Literal["auto", "triton", "reference"]
+MODES: tuple[KernelMode, ...] = ("auto", "triton", "reference")
+_override: Optional[KernelMode] = None
+
+
+def current_mode() -> KernelMode:
+    """The mode in force: :func:`kernel_mode`'s, else ``INTERLAYER_KERNELS``, else ``auto``."""
+    if _override is not None:
+        return _override
+    mode = os.environ.get("INTERLAYER_KERNELS", "auto").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"INTERLAYER_KERNELS={mode!r} is not a kernel mode; use one of {', '.join(MODES)}")
+    return mode  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def kernel_mode(mode: KernelMode) -> Iterator[None]:
+    """Run a block with ``mode`` (``auto``, ``triton`` or ``reference``), then restore the previous one."""
+    global _override
+    if mode not in MODES:
+        raise ValueError(f"kernel mode {mode!r} is not one of {', '.join(MODES)}")
+    previous, _override = _override, mode
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Whether Triton is installed (it is an optional dependency: ``pip install triton``)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its kernels on the CPU through its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(*tensors: Tensor, covered: bool = True, kernel: str = "kernel") -> bool:
+    """True when ``kernel`` should run on ``tensors``: Triton is installed, every tensor is on a CUDA device, the
+    kernel ``covered`` the case (its own shape and option checks), and the mode is not ``reference``. CPU tensors
+    take a kernel only in ``triton`` mode under ``TRITON_INTERPRET=1`` (how the suite tests kernels: the
+    interpreter is far too slow to be anyone's default). In ``triton`` mode a case the kernel cannot run raises
+    instead of falling back, saying why."""
+    mode = current_mode()
+    if mode == "reference":
+        return False
+    devices = {t.device.type for t in tensors}
+    where = devices <= {"cuda"} or (mode == "triton" and interpreting() and devices <= {"cpu"})
+    reasons = [why for why, bad in (("Triton is not installed (pip install triton)", not triton_available()),
+                                    (f"its tensors are on {sorted(devices)}, not CUDA (nor the CPU under "
+                                     "TRITON_INTERPRET=1)", not where),
+                                    ("it does not cover this case (shape, dtype or option)", not covered)) if bad]
+    if reasons and mode == "triton":
+        raise RuntimeError(f"INTERLAYER_KERNELS=triton asks for the {kernel} kernel, but it cannot run: "
+                           + "; ".join(reasons))
+    return not reasons
