@@ -218,8 +218,8 @@ def test_the_checks_see_an_import_inside_a_function() -> None:
 # the core its saver and loader, stands on top with the CLI.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "fileio", "tables", "accounting", "devices", "checkpoint", "plugins", "data"),
-    ("core",),
     ("kernels",),
+    ("core",),
     ("methods",),
     ("config", "build"),
     ("models",),
@@ -242,7 +242,7 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_layer_reaches_up() -> None:
-    """bottom <- core <- kernels <- methods <- config/build <- models <- papers <- pretrained, training <- tasks <- experiment
+    """bottom <- kernels <- core <- methods <- config/build <- models <- papers <- pretrained, training <- tasks <- experiment
     <- compare, search <- cli, imports inside functions counted: the core knows nothing of the papers or of saving, a method nothing
     of the composed config, a model family nothing of the tasks (docs/architecture.md, "Layers and imports")."""
     assert _upward(_import_graph()) == []

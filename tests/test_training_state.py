@@ -2,6 +2,7 @@
 truncated one is a clear error, a diverging run stops, mixed precision and compilation do what they say."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import pickle
@@ -164,6 +165,20 @@ def _model():
 
 
 @pytest.mark.parametrize("kind", ["loss", "grad"])
+def test_a_divergence_noticed_later_is_named_exactly_and_never_saved(tmp_path, kind):
+    """With the terms read every 50 steps, the run still stops at the next checkpoint (step 4), names step 3, and
+    keeps step 2's checkpoint: no weights of a diverged step reach the disk."""
+    cfg = TrainConfig(max_epochs=3, warmup_steps=0, clip_norm=1.0, log_interval=50, save_interval_steps=2)
+    trainer = Trainer(_Task(lambda step: kind if step == 3 else None), _model(), cfg, tmp_path, progress=False)
+    with pytest.raises(DivergenceError, match="diverged at step 3") as err:
+        trainer.fit()
+    assert "kept" in str(err.value) and trainer.state.step == 4
+    kept = read_checkpoint(tmp_path / LAST)
+    assert kept["state"]["step"] == 2
+    assert all(torch.isfinite(t).all() for t in kept["model"].values())
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad"])
 def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, kind):
     cfg = TrainConfig(max_epochs=3, warmup_steps=0, log_interval=1, save_interval_steps=1)
     trainer = Trainer(_Task(lambda step: kind if step == 3 else None), _model(), cfg, tmp_path, progress=False)
@@ -236,38 +251,66 @@ def test_fp16_scaler_state_survives_a_resume(tmp_path):
     assert planted.scaler.get_scale() == 1024.0 and planted.scaler.state_dict()["_growth_tracker"] == 7
 
 
-def test_compile_trains_a_compiled_model_with_eager_losses(tmp_path, monkeypatch):
-    """``train.compile`` hands the training model to ``torch.compile`` (here with dynamo's eager backend and
-    ``fullgraph=True``, so a graph break fails the test; inductor's code generation takes minutes on 2 cores and
-    is measured by benchmarks/bench_compare.py instead) and the losses equal the eager run's."""
+def test_compile_compiles_the_model_and_the_loss_as_one_graph(tmp_path, monkeypatch):
+    """``train.compile`` hands the task's whole loss (the model's forward *and* the loss on its logits) to
+    ``torch.compile`` (here with dynamo's eager backend and ``fullgraph=True``, so a graph break fails the test;
+    inductor's code generation takes minutes on 2 cores and is measured by benchmarks/bench_gpu.py instead), and
+    the losses equal the eager run's."""
     calls = []
     real = torch.compile
 
-    def compile_fullgraph(model, **kwargs):
-        calls.append(model)
-        return real(model, backend="eager", fullgraph=True)
+    def compile_fullgraph(fn, **kwargs):
+        calls.append(fn)
+        return real(fn, backend="eager", fullgraph=True)
 
     monkeypatch.setattr(torch, "compile", compile_fullgraph)
     losses = {}
     for flag in (False, True):
         torch.manual_seed(0)
-        task = _Task()
-        recorded = []
-        inner = task.loss
-
-        def loss(model, batch, inner=inner, recorded=recorded):
-            value, logs, units = inner(model, batch)
-            recorded.append(float(value.detach()))
-            return value, logs, units
-
-        task.loss = loss
-        trainer = Trainer(task, _model(), TrainConfig(max_epochs=2, warmup_steps=0, compile=flag),
+        task = _TensorTask()
+        trainer = Trainer(task, _model(), TrainConfig(max_epochs=2, warmup_steps=0, compile=flag, log_interval=1),
                           tmp_path / str(flag), progress=False)
         trainer.fit()
-        losses[flag] = recorded
-        assert (trainer.train_model is not trainer.model) == flag
-    assert len(calls) == 1
-    assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(losses[False], losses[True]))
+        losses[flag] = [float(row["loss"]) for row in csv.DictReader((tmp_path / str(flag) / "train.csv").open())]
+        assert (trainer.step_loss is not None) == flag
+    assert len(calls) == 1 and calls[0] == task.loss
+    assert len(losses[True]) == 4 and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(*losses.values()))
+
+
+class _TensorTask(_Task):
+    """The scripted task as the built-in tasks write it: its logged terms are tensors, read by the engine later."""
+
+    def loss(self, model, batch):
+        loss = model(batch).logits.float().square().mean()
+        return loss, {"loss": loss.detach()}, 1
+
+
+def test_a_step_never_waits_for_the_device(tmp_path, monkeypatch):
+    """No ``float()``, ``.item()``, ``.tolist()`` or truth value of a tensor is taken by interlayer's code during a
+    training step (one process, fp32/bf16): each would wait for the GPU. The logged terms are read once per
+    ``log_interval`` (here at step 4), all together."""
+    waits: list[str] = []
+
+    def spy(name):
+        real = getattr(torch.Tensor, name)
+
+        def call(self, *args, **kwargs):
+            caller = __import__("sys")._getframe(1).f_code.co_filename
+            if "/interlayer/" in caller.replace("\\", "/") and "/tests/" not in caller:
+                waits.append(f"{name} in {caller}")
+            return real(self, *args, **kwargs)
+        return call
+
+    for name in ("__float__", "item", "tolist", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    trainer = Trainer(_TensorTask(), _model(), TrainConfig(max_epochs=1, warmup_steps=0, clip_norm=1.0,
+                                                          log_interval=4), tmp_path, progress=False)
+    batches = trainer._step_batches(trainer.task.train_batches(1, 0))
+    for _ in range(3):
+        trainer._step(batches[0])
+    assert waits == []
+    trainer.step_logs.read(trainer._diverged_at)
+    assert waits and all("step_logs.py" in w for w in waits)
 
 
 # -- GPU (skipped without CUDA) ---------------------------------------------------------------------------------

@@ -3,52 +3,63 @@
 They live in the core because the models compute them too: ``model(..., labels=...)`` returns ``.loss`` as the
 tasks compute it (:func:`labels_loss`), so Hugging Face habits and the training engine agree.
 
-Every term is also returned as a float under its own name, so the Crossformer-SG regulariser and each Multi-Pass
-exit's loss are logged separately from the task loss they are added to.
+Every term is also returned under its own name, so the Crossformer-SG regulariser and each Multi-Pass exit's loss
+are logged separately from the task loss they are added to. The logged terms are detached 0-dim tensors, never
+Python floats: reading a float would wait for the device (a host synchronisation) and break a compiled graph, so the
+training engine reads them once per logging interval instead (``train.log_interval``).
+
+Two decisions a caller may meet:
+
+* **Shapes are checked**: ``target`` must have the logits' shape without the class axis (with ``labels=`` on a
+  causal LM: the input ids' shape). A smaller target would otherwise index a part of the logits and give a number.
+* **Nothing to predict gives 0, not NaN**: when every target is ``ignore_index`` the mean over no tokens is
+  defined as 0 with zero gradient (Hugging Face returns NaN), so a batch that happens to hold only padding or
+  prompt tokens neither stops a run as diverged nor poisons an accumulated loss.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from ..kernels.cross_entropy import smoothed_cross_entropy
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_index: int = -100
                        ) -> tuple[Tensor, Tensor]:
-    """Mean label-smoothed loss and mean NLL over non-ignored positions (Szegedy et al. 2016).
+    """Mean label-smoothed loss and mean NLL (detached) over non-ignored positions (Szegedy et al. 2016).
 
-    ``(1 - eps) * nll + eps * mean_v(-log p_v)``, PyTorch's ``label_smoothing`` form, computed from one
-    log-softmax that also yields the NLL (``F.cross_entropy`` would need a second pass over the vocabulary for it).
+    ``(1 - eps) * nll + eps * mean_v(-log p_v)``, PyTorch's ``label_smoothing`` form, accumulated in fp32 from
+    logits of any dtype without an fp32 copy of them where the cross-entropy kernel runs
+    (:mod:`interlayer.kernels.cross_entropy`), and fused by ``torch.compile`` elsewhere.
     """
-    lprobs = F.log_softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
-    target = target.reshape(-1)
-    keep = target.ne(ignore_index)
-    count = keep.sum().clamp_min(1)
-    nll = -lprobs.gather(1, target.clamp_min(0)[:, None]).squeeze(1)
-    per_token = nll if not smoothing else (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1)
-    loss = per_token.masked_fill(~keep, 0.0).sum() / count
-    return loss, nll.detach().masked_fill(~keep, 0.0).sum() / count
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"the targets (labels) have shape {tuple(target.shape)}, but the logits "
+                         f"{tuple(logits.shape)} need {tuple(logits.shape[:-1])}: one target per position (use "
+                         f"{ignore_index} where no loss is wanted)")
+    loss, nll = smoothed_cross_entropy(logits, target, smoothing, ignore_index)
+    count = target.ne(ignore_index).sum().clamp_min(1)
+    return loss.sum() / count, nll.sum() / count
 
 
-def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, dict[str, float]]:
-    """Sum of the loss of every exit (one, unless the encoder has several) plus the model's auxiliary losses."""
+def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Sum of the loss of every exit (one, unless the encoder has several) plus the model's auxiliary losses, and
+    every term by name as a detached 0-dim tensor (``loss``, ``task_loss``, ``nll``, ``loss_exitN``, each aux)."""
     exits = output.exit_logits or [output.logits]
-    logs: dict[str, float] = {}
+    logs: dict[str, Tensor] = {}
     total = torch.zeros((), device=output.logits.device)
     for i, logits in enumerate(exits):
         loss, nll = exit_loss(logits)
         total = total + loss
         if len(exits) > 1:
-            logs[f"loss_exit{i + 1}"] = float(loss.detach())
-    logs["nll"] = float(nll)  # the main (last) exit's NLL, comparable across variants
-    task = float(total.detach())
+            logs[f"loss_exit{i + 1}"] = loss.detach()
+    logs["nll"] = nll  # the main (last) exit's NLL, comparable across variants
+    logs["task_loss"] = total.detach()
     for name, value in output.aux_losses.items():
         total = total + value
-        logs[name] = float(value.detach())
-    logs["task_loss"] = task
-    logs["loss"] = float(total.detach())
+        logs[name] = value.detach()
+    logs["loss"] = total.detach()
     return total, logs
 
 
@@ -57,8 +68,14 @@ def labels_loss(output, labels: Tensor, *, shift: bool = False) -> Tensor:
     over exits and auxiliary losses exactly as the training engine sums them (:func:`total_loss`).
 
     ``shift`` is the causal language model's convention: ``labels`` are the input ids, and position ``t``'s logits
-    predict label ``t + 1``, so ``model(input_ids=x, labels=x)`` needs no shifting by the caller.
+    predict label ``t + 1``, so ``model(input_ids=x, labels=x)`` needs no shifting by the caller. The shifted views
+    are read in place (no copy of the logits).
     """
+    if shift and tuple(labels.shape) != tuple(output.logits.shape[:-1]):
+        raise ValueError(f"labels have shape {tuple(labels.shape)}, but the input ids have "
+                         f"{tuple(output.logits.shape[:-1])}: a causal LM's labels are the input ids themselves "
+                         "(shifted inside), with -100 where no loss is wanted")
+
     def exit_loss(logits: Tensor) -> tuple[Tensor, Tensor]:
         if shift:
             return label_smoothed_nll(logits[:, :-1], labels[:, 1:], 0.0)

@@ -92,7 +92,7 @@ class NodeClassificationTask:
     def train_batches(self, epoch: int, seed: int) -> list[GraphBatch]:
         return [GraphBatch(self.inputs.split("train"))]
 
-    def loss(self, model: nn.Module, batch: GraphBatch) -> tuple[Tensor, dict[str, float], int]:
+    def loss(self, model: nn.Module, batch: GraphBatch) -> tuple[Tensor, dict[str, Tensor], int]:
         nodes, labels = move((batch.nodes, self.inputs.labels[batch.nodes]), module_device(model))
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(self.inputs.run(model),

@@ -47,7 +47,7 @@ from ..core.losses import label_smoothed_nll, total_loss
 from ..models.vision import VisionConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
-from .metrics import confusion_matrix, format_report, percent_correct, summary
+from .metrics import confusion_matrix, format_report, percent_correct, percent_correct_tensor, summary
 
 TASK_NAME = "fashion_mnist"
 BUNDLED = "bundled:fashion-mnist"
@@ -211,12 +211,16 @@ class ImageTask:
             images = augment(images, self.data.augment, self.data.crop_padding, generator)
         return images, labels
 
-    def loss(self, model: nn.Module, batch: ImageBatch) -> tuple[Tensor, dict[str, float], int]:
-        images, labels = move(self.batch_images(batch), module_device(model))  # augmented on the CPU
+    def prepare(self, batch: ImageBatch) -> tuple[Tensor, Tensor]:
+        """The batch's images (augmented on the CPU) and labels; the engine moves them to the device."""
+        return self.batch_images(batch)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor], int]:
+        images, labels = move(batch, module_device(model))
         output = model(images)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, labels, smoothing))
-        logs["accuracy"] = percent_correct(output.logits, labels)
+        logs["accuracy"] = percent_correct_tensor(output.logits, labels)
         return loss, logs, len(labels)
 
     def validate(self, model: nn.Module) -> dict[str, float]:

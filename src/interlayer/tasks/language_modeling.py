@@ -156,7 +156,7 @@ class LanguageModelingTask:
         span = torch.arange(block + 1)
         return [train[row[:, None] + span] for row in starts]
 
-    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, float], int]:
+    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, Tensor], int]:
         batch = move(batch, module_device(model))
         inputs, targets = batch[:, :-1], batch[:, 1:]
         output = model(inputs)

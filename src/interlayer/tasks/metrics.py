@@ -36,6 +36,12 @@ def percent_correct(logits: Tensor, labels: Tensor) -> float:
     return 100.0 * int((logits.argmax(-1) == labels).sum()) / len(labels)
 
 
+def percent_correct_tensor(logits: Tensor, labels: Tensor) -> Tensor:
+    """:func:`percent_correct` as a 0-dim tensor on the logits' device, for a training step's logs (read later,
+    with the step's other terms, instead of waiting for the device here)."""
+    return (logits.argmax(-1) == labels).sum().double() * (100.0 / len(labels))
+
+
 def accuracy(matrix: list[list[int]]) -> float:
     """Percent of the examples on the diagonal (0 for an empty matrix)."""
     total = sum(map(sum, matrix))

@@ -348,7 +348,7 @@ class TextClassificationTask:
         return [make_batch([self.train_set.inputs[i] for i in chunk], [self.train_set.labels[i] for i in chunk],
                            self.pair, self.pad_id) for chunk in chunks]
 
-    def loss(self, model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float], int]:
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor], int]:
         smoothing = self.train_cfg.label_smoothing
         batch = move(batch, module_device(model))
         loss, logs = total_loss(run_model(model, batch),

@@ -139,7 +139,7 @@ class TranslationTask:
         return [self.make_batch([self.train_src[i] for i in b], [self.train_tgt[i] for i in b]) for b in order]
 
     # -- training --------------------------------------------------------------------------------------------
-    def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, dict[str, float], int]:
+    def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, dict[str, Tensor], int]:
         batch = move(batch, module_device(model))
         output = model(batch.src, batch.tgt_in)
         smoothing = self.train_cfg.label_smoothing

@@ -461,21 +461,25 @@ class VQATask:
         generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
         return list(torch.randperm(len(self.train_set), generator=generator).split(self.data.batch_size))
 
-    def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, float], int]:
+    def prepare(self, batch: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        """The model's inputs for the batch's rows and their soft answer targets, built on the host."""
         rows = batch.tolist()
-        device = module_device(model)
-        output = model(*move(self.train_set.inputs(rows), device))
-        target = self.train_set.target_matrix(rows, len(self.vocab.answers)).to(device)
+        return self.train_set.inputs(rows), self.train_set.target_matrix(rows, len(self.vocab.answers))
+
+    def loss(self, model: nn.Module, batch: tuple[tuple[Tensor, ...], Tensor]
+             ) -> tuple[Tensor, dict[str, Tensor], int]:
+        inputs, target = move(batch, module_device(model))
+        output = model(*inputs)
         logits = output.logits.float()
-        bce = F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(rows)
+        bce = F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(target)
         total = bce
-        logs = {"bce": float(bce.detach())}
+        logs = {"bce": bce.detach()}
         for name, value in output.aux_losses.items():
             total = total + value
-            logs[name] = float(value.detach())
-        logs["loss"] = float(total.detach())
-        logs["score"] = 100.0 * float(target.gather(1, logits.argmax(-1, keepdim=True)).mean())
-        return total, logs, len(rows)
+            logs[name] = value.detach()
+        logs["loss"] = total.detach()
+        logs["score"] = 100.0 * target.gather(1, logits.argmax(-1, keepdim=True)).mean()
+        return total, logs, len(target)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         metrics = score(model, self.valid_set, self.vocab, self.data.dataset, samples=0)

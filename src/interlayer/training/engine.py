@@ -10,11 +10,14 @@ What it guarantees:
   CPU and the other way round.
 * **Any device, any precision.** ``train.device`` (CPU, CUDA, MPS), ``train.precision`` (fp32, bf16 autocast,
   fp16 autocast with a gradient scaler whose state is checkpointed), ``train.compile`` (``torch.compile`` of the
-  training model), TF32 on GPUs (:mod:`.device`). The model moves to the device here; each task moves its batches
-  (``Task.loss``).
-* **No silent divergence.** A non-finite loss, or non-finite gradients (fp32/bf16; with fp16's scaler, more than
-  ``MAX_SKIPPED_STEPS`` skipped steps in a row), stops the run with :class:`DivergenceError` naming the step; the
-  last checkpoint, written before the divergence, is kept.
+  step's forward: the model and the task's loss as one graph), TF32 on GPUs (:mod:`.device`). The model and every
+  batch move to the device here (``Task.prepare`` first, for host-side work).
+* **No host synchronisation in a step** (one process): the logged terms stay on the device and are read once per
+  ``log_interval`` (:mod:`.step_logs`); a diverged step is still named exactly, and caught before any checkpoint.
+* **No silent divergence.** A non-finite loss, or a non-finite gradient norm (fp32/bf16 with ``clip_norm``; with
+  fp16's scaler, more than ``MAX_SKIPPED_STEPS`` skipped steps in a row), stops the run with
+  :class:`DivergenceError` naming the step, at the latest ``log_interval`` steps later and before any checkpoint or
+  validation; the last checkpoint, written before the divergence, is kept.
 * **Nothing lost on Ctrl-C / SIGTERM.** The signal only sets a flag; the loop finishes the current step, writes
   ``checkpoint_last.pt`` and returns. A SIGKILL loses at most the steps since the last checkpoint (epoch end, or
   every ``save_interval_steps``).
@@ -53,7 +56,8 @@ from . import distributed, state_file
 from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
 from ..devices import resolve_device
-from .device import autocast, configure_tf32, make_scaler, resolve_precision
+from .device import autocast, configure_tf32, make_scaler, move, resolve_precision
+from .step_logs import StepLogs
 
 LAST = "checkpoint_last.safetensors"
 LEGACY_LAST = "checkpoint_last.pt"  # the pickle format of interlayer <= 0.1.0: never read (it could run code)
@@ -79,12 +83,15 @@ class Task(Protocol):
     def model_fields(self) -> dict[str, Any]:
         """Model config fields the data decides (vocabulary size, classes, ...)."""
 
-    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float], int]:
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any], int]:
         """(loss to minimise, named terms for the log, number of tokens or examples in the batch)
 
-        The batch comes as ``train_batches`` made it (on the CPU); the task moves what the model reads to the
-        model's device (``training.device.move`` / ``module_device``), because only the task knows which of its
-        fields are model inputs and which are indices into data it keeps (augmented images, a graph)."""
+        The batch arrives on the training device: what ``train_batches`` made, passed through the task's optional
+        ``prepare(batch)`` (host-side work: augmenting images, indexing data the task keeps) and moved by the
+        engine (every tensor, also inside tuples, lists, dicts and dataclasses). With ``train.compile`` this whole
+        method is compiled with the model, so it should be tensor work only: no Python floats of tensors (return
+        the logged terms as detached tensors; the engine reads them once per ``log_interval``), no host-side
+        data handling (that belongs in ``prepare``)."""
 
     def validate(self, model: nn.Module) -> dict[str, float]: ...
 
@@ -265,15 +272,22 @@ class Trainer:
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
-        # Compiled for training steps only; validation and decoding run the eager model (their shapes change every
-        # call, and a compiled graph per validation shape would cost more than it saves).
-        self.train_model = torch.compile(train_model) if cfg.compile else train_model
+        self.train_model = train_model
+        # The whole training step's forward is compiled as one graph: the model *and* the task's loss (its label
+        # smoothing, exits and auxiliary terms), so the loss fuses with the logits instead of running eager on an
+        # fp32 copy of them (12 of 49 ms of a GPT-2-small step on an H100, docs/benchmarks.md). Validation and
+        # decoding run the eager model (their shapes change every call, and a graph per shape costs more than it
+        # saves).
+        self.step_loss = torch.compile(task.loss) if cfg.compile else None
+        self.step_logs = StepLogs(self.dist)
         self._step_listeners = [m for m in model.modules() if callable(getattr(m, "optimizer_step_done", None))]
         self.scaler = make_scaler(self.device, self.precision)
         self._skipped_steps = 0
         optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        # On a GPU the fused kernel: one launch for every parameter's update instead of a dozen per group
+        fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
-                                   eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+                                   eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused)
         self.state = TrainState()
         model_config = getattr(model, "config", None)
         self.logs = _Logs(self.run_dir, self.dist.is_main, cfg.logger,
@@ -310,7 +324,9 @@ class Trainer:
         return self._asset_cache
 
     def save_last(self) -> None:
-        """Rank 0 writes the checkpoint, holding every rank's random generators (a collective call)."""
+        """Rank 0 writes the checkpoint, holding every rank's random generators (a collective call), after the
+        pending step terms are read: a diverged step stops the run before its weights reach the disk."""
+        self._read_logs()
         rng = distributed.gather(state_file.rng_state(), self.dist)
         if self.dist.is_main:
             self._write_checkpoint(rng)
@@ -427,8 +443,8 @@ class Trainer:
             self._total_steps = cfg.max_steps or cfg.max_epochs * len(steps)
             bar.total = self._bar_total(first_step, first_elapsed, state.elapsed)
             bar.set_description(f"epoch {state.epoch}")
-            window: dict[str, float] = {}
-            window_steps, window_units, window_start = 0, 0.0, time.perf_counter()
+            window_start = time.perf_counter()
+            self.step_logs.take_units()  # the throughput of a window counts the steps of this epoch only
             for micro_batches in steps[state.batch_in_epoch:]:
                 elapsed = state.elapsed + time.perf_counter() - started
                 reason = self._out_of_budget(elapsed)
@@ -440,25 +456,21 @@ class Trainer:
                 if stop:
                     return self._stop(started, "stopped by request (signal)", bar, resumable=True)
                 used = elapsed / self.dist.world_size / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
-                logs, units = self._step(micro_batches, used)
+                self._step(micro_batches, used)
                 state.batch_in_epoch += 1
-                window_steps += 1
-                window_units += units
-                for key, value in logs.items():
-                    window[key] = window.get(key, 0.0) + value
                 bar.update(1)
                 if cfg.max_minutes:
                     bar.total = self._bar_total(first_step, first_elapsed,
                                                 state.elapsed + time.perf_counter() - started)
                 if state.step % cfg.log_interval == 0:
+                    row = self.step_logs.row(self._diverged_at)  # a window may start mid-interval
                     seconds = time.perf_counter() - window_start
-                    row = {k: v / window_steps for k, v in window.items()}  # a window may start mid-interval
                     row.update(epoch=state.epoch, lr=self.optimizer.param_groups[0]["lr"],
-                               units_per_s=window_units / max(seconds, 1e-9))
+                               units_per_s=self.step_logs.take_units() / max(seconds, 1e-9))
                     self.logs.write("train", state.step, row)
                     bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                     tok_s=f"{row['units_per_s']:.0f}")
-                    window, window_steps, window_units, window_start = {}, 0, 0.0, time.perf_counter()
+                    window_start = time.perf_counter()
                 if cfg.save_interval_steps and state.step % cfg.save_interval_steps == 0:
                     self._bank_time(started)
                     started = time.perf_counter()
@@ -477,14 +489,17 @@ class Trainer:
         return budget_steps(self.state.step - first_step, elapsed - first_elapsed, elapsed, self.cfg.max_minutes,
                             self.state.step, self._total_steps)
 
-    def _step(self, micro_batches: list[Any], budget_used: float = 0.0) -> tuple[dict[str, float], float]:
+    def _step(self, micro_batches: list[Any], budget_used: float = 0.0) -> None:
         """One optimiser step over this rank's micro-batches (``budget_used``: the share of the time budget spent,
-        for ``anneal_to_budget``); returns the logged terms and the global units.
+        for ``anneal_to_budget``); its logged terms go to :attr:`step_logs`, still on the device.
 
         Each micro-batch's mean loss is weighted by its units (tokens or examples) and the summed gradient is
         divided by the units of the whole step over all ranks, so the update is the gradient of the mean loss over
         the global batch whatever the split into processes and micro-batches (tested: 2 processes = 1 process with
-        ``update_freq=2``).
+        ``update_freq=2``). In one process nothing here waits for the device (no ``float(tensor)``, no
+        ``.item()``): the loss terms and the gradient norm are read once per ``log_interval`` by
+        :class:`~interlayer.training.step_logs.StepLogs`. Several processes agree on the step's units with one
+        small all-reduce; fp16's gradient scaler reads its overflow flag every step (PyTorch's ``GradScaler``).
         """
         self.train_model.train()
         self.state.step += 1
@@ -492,57 +507,68 @@ class Trainer:
             group["lr"] = learning_rate(self.state.step, self.cfg, self._total_steps, self._steps_per_epoch,
                                         budget_used)
         self.optimizer.zero_grad(set_to_none=True)
+        step_loss = self.step_loss or self.task.loss  # eager: the task's loss as it is now
         local_units, sums = 0.0, {}
         for i, batch in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
             with sync:
+                inputs = move(self._prepare(batch), self.device)
                 with autocast(self.device, self.precision):
-                    loss, logs, units = self.task.loss(self.train_model, batch)
+                    loss, logs, units = step_loss(self.train_model, inputs)
                 scaled = loss * units
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             local_units += units
             for key, value in logs.items():
                 sums[key] = sums.get(key, 0.0) + value * units
-        keys = sorted(sums)
-        totals = distributed.sum_all([local_units] + [sums[k] for k in keys], self.dist)
-        units = totals[0]
-        logs = {k: v / max(units, 1.0) for k, v in zip(keys, totals[1:])}
-        if not math.isfinite(logs.get("loss", 0.0)):
-            raise DivergenceError(self._diverged(f"the training loss is {logs['loss']}"))
+        units = distributed.sum_all([local_units], self.dist)[0]
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # true gradients, for the division above and for clipping
-        scale = self.dist.world_size / max(units, 1.0)  # DDP averaged over ranks: undo, then divide by all units
-        for param in self.model.parameters():
-            if param.grad is not None:
-                param.grad.mul_(scale)
+            self.scaler.unscale_(self.optimizer)  # true gradients, for the division below and for clipping
+        # DDP averaged over ranks: undo, then divide by all units
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, self.dist.world_size / max(units, 1.0))
+        per_step: dict[str, Any] = {}
         if self.cfg.clip_norm:
-            logs["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm))
-            if not math.isfinite(logs["grad_norm"]) and self.scaler is None:
-                raise DivergenceError(self._diverged(f"the gradient norm is {logs['grad_norm']}"))
+            per_step["grad_norm"] = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         if self.scaler is None:
             self.optimizer.step()
             self._optimizer_step_done()
-            return logs, units
+            self.step_logs.add(self.state.step, sums, units, per_step)
+            return
+        per_step.pop("grad_norm", None)  # an overflowing fp16 step has an infinite norm: the scaler skips it
         before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)  # skipped when the unscaled gradients hold inf/NaN
         self.scaler.update()
         self._optimizer_step_done()
         self._skipped_steps = self._skipped_steps + 1 if self.scaler.get_scale() < before else 0
-        logs["loss_scale"] = self.scaler.get_scale()
+        per_step["loss_scale"] = self.scaler.get_scale()
+        self.step_logs.add(self.state.step, sums, units, per_step)
         if self._skipped_steps > MAX_SKIPPED_STEPS:
             raise DivergenceError(self._diverged(f"the fp16 gradients overflowed {self._skipped_steps} steps in a "
                                                  f"row (loss scale now {self.scaler.get_scale():.3g})"))
-        return logs, units
+
+    def _prepare(self, batch: Any) -> Any:
+        """The task's host-side preparation of a batch (``Task.prepare``: augmentation, indexing), if it has one."""
+        prepare = getattr(self.task, "prepare", None)
+        return prepare(batch) if prepare is not None else batch
+
+    def _read_logs(self) -> None:
+        """Bring the pending step terms to the host, stopping the run if a step diverged (before any checkpoint)."""
+        self.step_logs.read(self._diverged_at)
+
+    def _diverged_at(self, what: str, step: int) -> DivergenceError:
+        return DivergenceError(self._diverged(what, step))
 
     def _optimizer_step_done(self) -> None:
         for module in self._step_listeners:
             module.optimizer_step_done()
 
-    def _diverged(self, what: str) -> str:
+    def _diverged(self, what: str, step: Optional[int] = None) -> str:
         kept = (f"{self.run_dir / LAST} (written before the divergence) is kept"
                 if (self.run_dir / LAST).exists() else "no checkpoint had been written yet")
-        return (f"training diverged at step {self.state.step}: {what}; {kept}. Lower train.lr (now {self.cfg.lr}) "
+        step = self.state.step if step is None else step
+        return (f"training diverged at step {step}: {what}; {kept}. Lower train.lr (now {self.cfg.lr}) "
                 "or raise the warm-up, check the data for non-finite values, or use train.precision=fp32")
 
     def _judge(self, metrics: dict[str, float]) -> tuple[bool, bool]:
@@ -579,9 +605,11 @@ class Trainer:
         return improved
 
     def _validate(self) -> dict[str, float]:
-        """The task's validation of the eager model, in the training precision; a score that is not a finite
-        number stops the run as a diverged loss does (the last optimiser step is checked by nothing else: a
-        one-step run at ``lr=1e30`` would "finish" with NaN scores)."""
+        """The task's validation of the eager model, in the training precision, after the pending step terms are
+        read (a diverged step is named as such, before anything is saved); a score that is not a finite number
+        stops the run as a diverged loss does (the last optimiser step is checked by nothing else: a one-step run
+        at ``lr=1e30`` would "finish" with NaN scores)."""
+        self._read_logs()
         with autocast(self.device, self.precision):
             metrics = self.task.validate(self.model)
         bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}

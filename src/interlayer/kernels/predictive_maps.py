@@ -1,0 +1,156 @@
+"""Predictive Attention's map pipeline as one op: the CNN over the previous layer's logits, Eq. 4's mix with the
+layer's own logits, and attention from the mixed logits.
+
+    M   = alpha * CNN(A_prev) + (1 - alpha) * S          (PA Eq. 4; Evolving Attention with ``beta``)
+    out = softmax(M masked) @ v,   M is also the next layer's A_prev
+
+(``S``: the layer's logits ``q k^T / sqrt(d)`` (+ any relative-position bias); the CNN: 3 x 3 convolutions over
+the heads as channels, each followed by a (leaky) ReLU, with the hidden cells (padding, a causal upper triangle)
+zeroed before every convolution; see :mod:`interlayer.methods.predictive` for the paper's readings).
+
+Why one op: on one H100 at GPT-2 small (batch 8 x 1,024, bf16, eager) causal PA took 8.9x the plain model's step
+(docs/benchmarks.md): the library convolution with 12 channels over 1,024 x 1,024 maps (fp32, TF32) and its weight
+gradient took 93 ms, fp32 copies of the maps 84 ms. The method must move few bytes per map cell, and the op moves
+them once per pass.
+
+Cost model, per layer and per map of N cells (``B x H x T x T``; a causal map's blocks above the diagonal are
+skipped, so about ``N / 2`` cells are touched), 16-bit maps, one 3 x 3 convolution:
+* forward: read ``A_prev`` (2 bytes/cell; the 3 x 3 halo comes from cache) and ``S`` (2), write ``M`` (2); the
+  attention reads ``M`` (2): 8 bytes a cell (``S`` itself is written once more by the matrix product ``q k^T``).
+  The reference moves about 60 (fp32 copies of the input, padded input, output, mix, mask, softmax).
+* backward: the attention reads ``M`` and the next layer's gradient of ``M`` and writes ``dM`` (6); the CNN's
+  backward reads ``dM`` and ``A_prev`` and writes ``dS`` (2+2+2) and an fp32 ``dZ`` (4), then reads ``dZ`` and
+  writes ``dA_prev`` (4+2): 22 bytes a cell, against about 120 on the reference path.
+At T = 1,024, B = 8, H = 12 (N = 100M, 50M cells touched) that is 1.5 GB a layer, about 0.45 ms at the H100's
+3.35 TB/s, against ~3 ms of matrix products in the layer. Extra memory kept for the backward: ``M`` per layer (the
+reference keeps the fp32 maps of every step of the pipeline).
+
+Dispatch (:func:`interlayer.kernels.dispatch.use_triton`): the kernels cover 3 x 3 convolutions over up to 64 heads
+on contiguous square maps, with or without a causal triangle and key padding, 0 to any number of convolutions, ReLU
+or leaky ReLU, ``beta`` or not; anything else (another kernel size, attention dropout while training, a KV cache)
+takes :func:`reference`, which is also the path on CPUs.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import logits_attention
+from .dispatch import use_triton
+
+
+def hidden_cells(shape: Sequence[int], key_padding_mask: Optional[Tensor], causal: bool, device: torch.device
+                 ) -> Optional[Tensor]:
+    """Boolean ``(B|1, 1, T, T)``: the cells the CNN reads as zero (padded rows and columns, a causal upper
+    triangle), or None when there are none."""
+    t = shape[-1]
+    hidden = None
+    if key_padding_mask is not None:
+        hidden = key_padding_mask[:, None, :, None] | key_padding_mask[:, None, None, :]
+    if causal:
+        upper = (torch.arange(t, device=device)[None, :] > torch.arange(t, device=device)[:, None])[None, None]
+        hidden = upper if hidden is None else hidden | upper
+    return hidden
+
+
+def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
+              alpha: Any, beta: Any, slope: float, causal: bool, key_padding_mask: Optional[Tensor]
+              ) -> tuple[Tensor, Tensor]:
+    """``(out, M)`` op by op in fp32, as :class:`~interlayer.methods.predictive.PredictiveMixer` and the core's
+    eager attention compute them (the definition the kernels are tested against)."""
+    residual = s.float()
+    source = prev
+    if beta is not None:
+        source = residual = (1.0 - beta) * residual + beta * prev.float()
+    x = source.float()
+    x = x.masked_fill(~torch.isfinite(x), 0.0)
+    hidden = hidden_cells(x.shape, key_padding_mask, causal, x.device)
+    if hidden is not None:
+        x = x.masked_fill(hidden, 0.0)
+    for weight, bias in zip(weights, biases):
+        k_rows, k_cols = weight.shape[-2:]
+        pads = (k_cols // 2, k_cols // 2, k_rows - 1, 0) if causal else (k_cols // 2, k_cols // 2, k_rows // 2,
+                                                                          k_rows // 2)
+        x = F.leaky_relu(F.conv2d(F.pad(x, pads), weight.float(), bias.float()), slope)
+        if hidden is not None:
+            x = x.masked_fill(hidden, 0.0)
+    mixed = torch.lerp(residual, x, alpha).to(s.dtype)
+    return logits_attention.reference(mixed, v, key_padding_mask, causal), mixed
+
+
+class PredictiveAttention(torch.autograd.Function):
+    """The Triton forward and backward (:mod:`.predictive_maps_triton`, :mod:`.logits_attention_triton`).
+
+    Saved for the backward: the previous logits (the next layer's own output, so no extra memory), the fp32
+    intermediate maps of a CNN deeper than one convolution, ``M``, and the layer's logits only with ``beta``."""
+
+    @staticmethod
+    def forward(ctx: Any, s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
+                key_padding_mask: Optional[Tensor], causal: bool, slope: float, n: int, *params: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        from . import logits_attention_triton as attention
+        from . import predictive_maps_triton as maps
+
+        weights, biases = params[:n], params[n:]
+        inputs, x = [], prev
+        for k in range(max(n, 1)):
+            final = k == max(n, 1) - 1
+            inputs.append(x)
+            x = maps.conv_forward(x, s, prev, weights[k] if n else None, biases[k] if n else None, alpha, beta,
+                                  key_padding_mask, causal, slope, first=k == 0, final=final)
+        mixed = x
+        out, lse = attention.forward(mixed, v, key_padding_mask, causal)
+        intermediates = inputs[1:]  # the fp32 outputs of every convolution but the last
+        ctx.save_for_backward(s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out,
+                              lse, *params, *intermediates)
+        ctx.causal, ctx.slope, ctx.n = causal, slope, n
+        return out, mixed
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor, grad_mixed: Optional[Tensor]) -> tuple[Any, ...]:
+        from . import logits_attention_triton as attention
+        from . import predictive_maps_triton as maps
+
+        s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, *rest = ctx.saved_tensors
+        n, causal, slope = ctx.n, ctx.causal, ctx.slope
+        weights, biases, intermediates = rest[:n], rest[n:2 * n], rest[2 * n:]
+        grad, grad_v = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed)
+        ds = torch.empty_like(mixed)
+        s_or_mixed = s if s is not None else mixed  # the kernels read S only with beta
+        grad_w: list[Optional[Tensor]] = [None] * n
+        grad_b: list[Optional[Tensor]] = [None] * n
+        residual_grad = None
+        for k in reversed(range(max(n, 1))):
+            x = prev if k == 0 else intermediates[k - 1]
+            y = intermediates[k] if k < n - 1 else None
+            grad, dw, db, dr = maps.conv_backward(
+                grad, x, s_or_mixed, weights[k] if n else None, biases[k] if n else None, y, alpha, beta,
+                key_padding_mask, causal, slope, first=k == 0, final=k == max(n, 1) - 1, ds=ds,
+                residual_grad=residual_grad)
+            if k == max(n, 1) - 1:
+                residual_grad = dr
+            if n:
+                grad_w[k], grad_b[k] = dw, db
+        return (ds, grad, grad_v, None, None, None, None, None, None, *grad_w, *grad_b)
+
+
+def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:
+    """What the kernels handle: contiguous square 4-D maps of at most 64 heads, 3 x 3 convolutions."""
+    return (s.dim() == 4 and s.is_contiguous() and s.shape[-1] == s.shape[-2] and s.shape[1] <= 64
+            and all(tuple(w.shape[-2:]) == (3, 3) for w in weights))
+
+
+def predictive_attention(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
+                         alpha: Tensor, beta: Optional[Tensor], slope: float, causal: bool,
+                         key_padding_mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(attention output, mixed logits M)`` of one Predictive Attention layer (module doc). ``alpha`` and
+    ``beta`` are 0-dim fp32 tensors on the maps' device (a warm-up ramp changes them without recompiling)."""
+    weights, biases = list(weights), list(biases)
+    if not use_triton(s, prev, v, covered=covers(s, weights), kernel="predictive-attention"):
+        return reference(s, prev, v, weights, biases, alpha, beta, slope, causal, key_padding_mask)
+    prev = prev if prev.is_contiguous() else prev.contiguous()
+    params = [w.float().contiguous() for w in weights] + [b.float().contiguous() for b in biases]
+    return PredictiveAttention.apply(s, prev, v, alpha, beta, key_padding_mask, causal, slope, len(weights), *params)

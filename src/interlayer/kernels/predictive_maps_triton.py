@@ -1,0 +1,339 @@
+"""Triton code of :mod:`interlayer.kernels.predictive_maps`: the CNN over attention maps and Eq. 4's mix.
+
+Layout: maps are contiguous ``(B, H, T, T)`` (heads are the CNN's channels). A program handles a tile of ``BR x BC``
+cells and every channel at once, as a ``(HP, BR * BC)`` block (``HP``: the heads rounded up to a power of two, at
+least 16), so one tap of the 3 x 3 convolution is one matrix product ``W_tap (HP x HP) @ X_shifted (HP x cells)``
+on the tensor cores (TF32 for fp32 operands, as cuDNN runs the reference's convolution). Cells outside the map,
+above a causal diagonal or in a padded row or column read as zero (the CNN's hidden cells); a causal tile wholly
+above the diagonal is skipped (or, for a gradient something downstream reads, filled with zeros).
+
+Kernels:
+* ``_conv_forward``: ``Y = act(conv(X) + b) * keep``; with ``FINAL`` the mix ``M = R + alpha (Y - R)`` is its
+  epilogue and only ``M`` is written (``R`` is the layer's own logits, or Evolving Attention's source); with
+  ``NCONV`` there is no convolution (Res-Transformer: ``Y = X`` visible). ``FIRST`` marks the CNN's input (the
+  previous layer's logits, non-finite values read as zero; with ``BETA`` the source ``(1-beta) S + beta M_prev``).
+* ``_conv_backward_z``: one program per (batch, column of tiles), down the rows: the gradient of the
+  pre-activation ``dZ = dY keep act'(Z)`` (``Z`` recomputed for the last convolution, read off the stored ``Y``
+  for the others), the weight and bias gradients accumulated in registers (nine taps: the kernel covers 3 x 3,
+  the paper's size) and written once per program, and for the last convolution ``dR = (1 - alpha) dM``.
+* ``_conv_backward_x``: the input gradient, ``dX = sum_tap W_tap^T dZ(shifted back)``, times the input's keep;
+  for the CNN's input it becomes the gradient of the previous layer's logits (and with ``BETA`` of the layer's own).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BR, BC = 16, 16  # the tile: 256 cells x HP channels
+
+
+@triton.jit
+def _visible(b, rr, cc, T, pad_ptr, s_pb, CAUSAL: tl.constexpr, PADDED: tl.constexpr):
+    ok = (rr >= 0) & (rr < T) & (cc >= 0) & (cc < T)
+    if CAUSAL:
+        ok = ok & (cc <= rr)
+    if PADDED:
+        pr = tl.load(pad_ptr + b * s_pb + rr, mask=(rr >= 0) & (rr < T), other=1)
+        pc = tl.load(pad_ptr + b * s_pb + cc, mask=(cc >= 0) & (cc < T), other=1)
+        ok = ok & (pr == 0) & (pc == 0)
+    return ok
+
+
+@triton.jit
+def _load(ptr, base, ch, rr, cc, H, T, ok):
+    """A ``(HP, cells)`` block of a map at rows ``rr``, columns ``cc``; zero where not ``ok``; fp32."""
+    offs = base + ch[:, None].to(tl.int64) * T * T + (rr * T + cc)[None, :]
+    return tl.load(ptr + offs, mask=(ch[:, None] < H) & ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST: tl.constexpr, BETA: tl.constexpr):
+    """The CNN's input at shifted cells: the previous layer's logits (non-finite read as 0), Evolving Attention's
+    source, or an intermediate map (already zero where hidden)."""
+    x = _load(X, base, ch, rr, cc, H, T, ok)
+    if FIRST:
+        if BETA:
+            x = (1.0 - beta) * _load(S, base, ch, rr, cc, H, T, ok) + beta * x
+        x = tl.where((x == x) & (tl.abs(x) != float("inf")), x, 0.0)
+    return x
+
+
+@triton.jit
+def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slope,
+                  CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+                  BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
+                  HP: tl.constexpr):
+    b = tl.program_id(0)
+    rb = tl.program_id(1)
+    cb = tl.program_id(2)
+    if CAUSAL and cb > rb:
+        return
+    cell = tl.arange(0, 256)
+    r = rb * 16 + cell // 16
+    c = cb * 16 + cell % 16
+    ch = tl.arange(0, HP)
+    base = b.to(tl.int64) * H * T * T
+    beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
+    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
+    if NCONV:
+        y = _input(X, S, beta, base, ch, r, c, H, T, keep, FIRST, BETA)
+    else:
+        acc = tl.zeros([HP, 256], tl.float32)
+        ci = tl.arange(0, HP)
+        for tap in tl.static_range(9):
+            rr = r + tap // 3 - TOP
+            cc = c + tap % 3 - 1
+            ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+            x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+            w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
+                        other=0.0)
+            acc += tl.dot(w, x)
+        z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+        y = tl.where(z > 0, z, z * slope) * keep[None, :].to(tl.float32)
+    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    if FINAL:
+        alpha = tl.load(ALPHA)
+        res = tl.load(S + offs, mask=inside, other=0.0).to(tl.float32)
+        if BETA_RES:  # Evolving Attention: the residual is the source, (1 - beta) S + beta M_prev
+            res = (1.0 - beta) * res + beta * tl.load(Prev + offs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(Out + offs, (res + alpha * (y - res)).to(Out.dtype.element_ty), mask=inside)
+    else:
+        tl.store(Out + offs, y.to(Out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _tap_grad(dz, X, S, beta, base, ch, r, c, dr: tl.constexpr, dc: tl.constexpr, b, H, T, PAD, s_pb,
+              CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+              TOP: tl.constexpr):
+    rr = r + dr - TOP
+    cc = c + dc - 1
+    ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+    x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+    return tl.dot(dz, tl.trans(x))
+
+
+@triton.jit
+def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H, T, s_pb, slope, n_cb,
+                     CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+                     FINAL: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
+    b = tl.program_id(0)
+    cb = tl.program_id(1)
+    cell = tl.arange(0, 256)
+    c = cb * 16 + cell % 16
+    ch = tl.arange(0, HP)
+    ci = tl.arange(0, HP)
+    base = b.to(tl.int64) * H * T * T
+    beta = tl.load(BETA_W) if BETA else 0.0
+    alpha = tl.load(ALPHA) if FINAL else 1.0
+    w00 = tl.zeros([HP, HP], tl.float32)
+    w01 = tl.zeros([HP, HP], tl.float32)
+    w02 = tl.zeros([HP, HP], tl.float32)
+    w10 = tl.zeros([HP, HP], tl.float32)
+    w11 = tl.zeros([HP, HP], tl.float32)
+    w12 = tl.zeros([HP, HP], tl.float32)
+    w20 = tl.zeros([HP, HP], tl.float32)
+    w21 = tl.zeros([HP, HP], tl.float32)
+    w22 = tl.zeros([HP, HP], tl.float32)
+    db = tl.zeros([HP], tl.float32)
+    first_rb = cb if CAUSAL else 0
+    for rb in range(first_rb, tl.cdiv(T, 16)):
+        r = rb * 16 + cell // 16
+        keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
+        inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+        offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+        g = tl.load(G + offs, mask=inside, other=0.0).to(tl.float32)
+        if FINAL:
+            if BETA:
+                tl.store(DR + offs, (1.0 - alpha) * g, mask=inside)
+            else:
+                tl.store(DR + offs, ((1.0 - alpha) * g).to(DR.dtype.element_ty), mask=inside)
+            acc = tl.zeros([HP, 256], tl.float32)
+            for tap in tl.static_range(9):
+                rr = r + tap // 3 - TOP
+                cc = c + tap % 3 - 1
+                ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+                x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+                w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap,
+                            mask=(ch[:, None] < H) & (ci[None, :] < H), other=0.0)
+                acc += tl.dot(w, x)
+            z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+            active = z > 0
+            g = alpha * g
+        else:
+            active = tl.load(Y + offs, mask=inside, other=0.0) > 0
+        dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
+        tl.store(DZ + offs, dz, mask=inside)
+        db += tl.sum(dz, 1)
+        w00 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w01 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w02 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w10 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w11 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w12 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w20 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w21 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+        w22 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
+    # this program's partial sums: DW[b, cb, o, i, tap], DB[b, cb, o]; the host adds them up
+    part = (b * n_cb + cb).to(tl.int64)
+    wmask = (ch[:, None] < H) & (ci[None, :] < H)
+    woffs = part * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
+    tl.store(DW + woffs + 0, w00, mask=wmask)
+    tl.store(DW + woffs + 1, w01, mask=wmask)
+    tl.store(DW + woffs + 2, w02, mask=wmask)
+    tl.store(DW + woffs + 3, w10, mask=wmask)
+    tl.store(DW + woffs + 4, w11, mask=wmask)
+    tl.store(DW + woffs + 5, w12, mask=wmask)
+    tl.store(DW + woffs + 6, w20, mask=wmask)
+    tl.store(DW + woffs + 7, w21, mask=wmask)
+    tl.store(DW + woffs + 8, w22, mask=wmask)
+    tl.store(DB + part * H + ch, db, mask=ch < H)
+    # the upper tiles of a causal column: their dZ (and dR) are read by nobody but must not be garbage
+    if CAUSAL:
+        for rb in range(0, cb):
+            r = rb * 16 + cell // 16
+            inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+            offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+            zero = tl.zeros([HP, 256], tl.float32)
+            tl.store(DZ + offs, zero, mask=inside)
+            if FINAL:
+                tl.store(DR + offs, zero.to(DR.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _conv_backward_x(DZ, W, DR, DX, DS, PAD, ALPHA, BETA_W, H, T, s_pb,
+                     CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+                     NCONV: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
+    """``dX = sum_tap W_tap^T dZ[cells - tap]`` times the input's keep. ``FIRST``: ``dX`` is the gradient of the
+    previous layer's logits (``BETA``: of the source, split into it and the layer's own ``DS``, with ``DR`` added).
+    ``NCONV``: no convolution, ``dX = DZ`` (which holds ``alpha dM``)."""
+    b = tl.program_id(0)
+    rb = tl.program_id(1)
+    cb = tl.program_id(2)
+    cell = tl.arange(0, 256)
+    r = rb * 16 + cell // 16
+    c = cb * 16 + cell % 16
+    ch = tl.arange(0, HP)
+    base = b.to(tl.int64) * H * T * T
+    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    if CAUSAL and cb > rb:
+        zero = tl.zeros([HP, 256], tl.float32)
+        tl.store(DX + offs, zero.to(DX.dtype.element_ty), mask=inside)
+        if BETA:
+            tl.store(DS + offs, zero.to(DS.dtype.element_ty), mask=inside)
+        return
+    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
+    if NCONV:
+        dx = tl.load(DZ + offs, mask=inside, other=0.0).to(tl.float32)
+    else:
+        dx = tl.zeros([HP, 256], tl.float32)
+        co = tl.arange(0, HP)
+        for tap in tl.static_range(9):
+            # the output cell that read input (r, c) through this tap
+            rr = r - tap // 3 + TOP
+            cc = c - tap % 3 + 1
+            ok = (rr >= 0) & (rr < T) & (cc >= 0) & (cc < T)
+            dz = _load(DZ, base, ch, rr, cc, H, T, ok)
+            # W_tap^T: [in, out]
+            wt = tl.load(W + (co[None, :] * H + ch[:, None]) * 9 + tap, mask=(ch[:, None] < H) & (co[None, :] < H),
+                         other=0.0)
+            dx += tl.dot(wt, dz)
+    dx = dx * keep[None, :].to(tl.float32)
+    if BETA:
+        beta = tl.load(BETA_W)
+        source = dx + tl.load(DR + offs, mask=inside, other=0.0)
+        tl.store(DS + offs, ((1.0 - beta) * source).to(DS.dtype.element_ty), mask=inside)
+        dx = beta * source
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inside)
+
+
+def _grid_cells(B: int, T: int) -> tuple[int, int, int]:
+    n = triton.cdiv(T, BR)
+    return B, n, n
+
+
+def _hp(H: int) -> int:
+    return max(16, triton.next_power_of_2(H))
+
+
+def _padding(key_padding_mask: Optional[Tensor], device: torch.device) -> tuple[Tensor, int, bool]:
+    if key_padding_mask is None:
+        return torch.zeros(1, dtype=torch.int8, device=device), 0, False
+    pad = key_padding_mask.to(torch.int8).contiguous()
+    return pad, pad.stride(0), True
+
+
+def conv_forward(x: Tensor, s: Tensor, prev: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                 alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], causal: bool, slope: float,
+                 first: bool, final: bool) -> Tensor:
+    """One convolution of the CNN over ``x`` (``weight`` None: none, the Res-Transformer), with the mix when
+    ``final`` (``s``: the layer's own logits; ``prev``: the previous layer's, for Evolving Attention's residual).
+    Returns the mixed map in ``s``'s dtype (``final``) or the fp32 intermediate map."""
+    B, H, T, _ = s.shape
+    out = torch.empty_like(s) if final else torch.empty(B, H, T, T, device=s.device, dtype=torch.float32)
+    pad, s_pb, padded = _padding(key_padding_mask, s.device)
+    dummy = alpha
+    _conv_forward[_grid_cells(B, T)](
+        x, s, prev, weight if weight is not None else dummy, bias if bias is not None else dummy, out, pad, alpha,
+        beta if beta is not None else dummy, H, T, s_pb, slope, CAUSAL=causal, PADDED=padded, FIRST=first,
+        BETA=beta is not None and first, BETA_RES=beta is not None and final, FINAL=final, NCONV=weight is None,
+        TOP=2 if causal else 1, HP=_hp(H))
+    return out
+
+
+def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                  y: Optional[Tensor], alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                  causal: bool, slope: float, first: bool, final: bool, ds: Tensor,
+                  residual_grad: Optional[Tensor] = None
+                  ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """The backward of :func:`conv_forward`: ``(grad of x, grad of its weight, of its bias, dR)``.
+
+    ``grad``: the gradient of the convolution's output (``final``: of the mixed map ``M``); ``y`` its stored output
+    (an intermediate convolution's, for the activation's derivative; None for the last, which recomputes it).
+    With ``final`` the residual's gradient ``dR = (1 - alpha) dM`` is written into ``ds`` (the layer's logits'
+    gradient) or, with ``beta``, returned in fp32; the CNN input's backward (``first``) then splits
+    ``residual_grad`` (that ``dR``) plus its own gradient into ``ds`` and the previous logits' gradient. The grad of
+    ``x`` is in ``x``'s dtype (``first``: the previous layer's logits) or fp32 (an intermediate map)."""
+    B, H, T, _ = s.shape
+    pad, s_pb, padded = _padding(key_padding_mask, s.device)
+    hp, top, n_cb = _hp(H), 2 if causal else 1, triton.cdiv(T, BC)
+    has_beta = beta is not None and first
+    dummy = alpha
+    dr = None
+    if final:
+        dr = torch.empty(B, H, T, T, device=s.device, dtype=torch.float32) if beta is not None else ds
+    source_grad = dr if final else residual_grad
+    dz = torch.empty(B, H, T, T, device=s.device, dtype=torch.float32)
+    dw = db = None
+    if weight is None:  # no convolution: the prediction is the input itself
+        _identity_backward(grad, dz, dr, alpha, B, H, T)
+    else:
+        dw_parts = torch.empty(B, n_cb, H, H, 9, device=s.device, dtype=torch.float32)
+        db_parts = torch.empty(B, n_cb, H, device=s.device, dtype=torch.float32)
+        _conv_backward_z[(B, n_cb)](
+            grad, x, s, weight, bias, y if y is not None else dummy, dz, dr if dr is not None else dummy,
+            dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb,
+            CAUSAL=causal, PADDED=padded, FIRST=first, BETA=has_beta, FINAL=final, TOP=top, HP=hp)
+        dw = dw_parts.sum((0, 1)).view_as(weight)
+        db = db_parts.sum((0, 1))
+    dx = torch.empty(B, H, T, T, device=s.device, dtype=x.dtype if first else torch.float32)
+    _conv_backward_x[_grid_cells(B, T)](
+        dz, weight if weight is not None else dummy, source_grad if has_beta else dummy, dx, ds if has_beta else dummy,
+        pad, alpha, beta if beta is not None else dummy, H, T, s_pb, CAUSAL=causal, PADDED=padded, FIRST=first,
+        BETA=has_beta, NCONV=weight is None, TOP=top, HP=hp)
+    return dx, dw, db, dr
+
+
+def _identity_backward(grad: Tensor, dz: Tensor, dr: Optional[Tensor], alpha: Tensor, B: int, H: int, T: int
+                       ) -> None:
+    """Without a convolution: ``dZ = alpha dM`` (the input's keep is applied by ``_conv_backward_x``) and
+    ``dR = (1 - alpha) dM``."""
+    g = grad.float()
+    torch.mul(g, alpha, out=dz)
+    if dr is not None:
+        dr.copy_(g * (1.0 - alpha))
