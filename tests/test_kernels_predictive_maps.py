@@ -87,3 +87,74 @@ def test_nonfinite_previous_logits_read_as_zero() -> None:
         out, mixed = pm.predictive_attention(s, prev, v, *args)
     ref_out, _ = pm.reference(s, prev, v, *args)
     torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+
+
+# -- whole models: the method's fast path against its reference path ------------------------------------------
+def _model_grads(model, run, mode):
+    model.zero_grad(set_to_none=True)
+    with kernel_mode(mode):
+        loss = run(model)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], rtol=1e-4, atol=1e-4)
+    assert a[1].keys() == b[1].keys()
+    for name in a[1]:
+        torch.testing.assert_close(a[1][name], b[1][name], rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_a_causal_pa_language_model_takes_the_kernels_and_equals_its_reference_path(monkeypatch) -> None:
+    from interlayer import create_model
+    from interlayer.kernels import logits_attention
+
+    torch.manual_seed(0)
+    model = create_model("gpt_shakespeare_char", d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dropout=0.0,
+                         attn_dropout=0.0, src_vocab_size=40, max_positions=24,
+                         predictive={"conv_layers": 2, "alpha": 0.3, "alpha_warmup_steps": 4})
+    for _ in range(2):  # mid-ramp: alpha is a device tensor, 0.15
+        model.encoder.layers[1].self_attn.logit_mixer.optimizer_step_done()
+        model.encoder.layers[2].self_attn.logit_mixer.optimizer_step_done()
+    ids = torch.randint(0, 40, (2, 21))
+    calls = {"maps": 0, "logits": 0}
+    for module, name, key in ((pm, "forward_op", "maps"), (logits_attention, "_forward_op", "logits")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, key=key: calls.__setitem__(key, calls[key] + 1)
+                            or real(*a))
+
+    def run(m):
+        return m(input_ids=ids, labels=ids).loss
+
+    reference = _model_grads(model, run, "reference")
+    assert calls == {"maps": 0, "logits": 0}
+    fast = _model_grads(model, run, "triton")
+    assert calls == {"maps": 2, "logits": 1}  # layer 0 hands its logits on; layers 1 and 2 predict
+    _assert_same(fast, reference)
+
+
+def test_a_padded_pa_encoder_with_relative_positions_takes_the_kernels() -> None:
+    from interlayer import create_model
+
+    torch.manual_seed(0)
+    model = create_model("pa_transformer_text", d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dropout=0.0,
+                         attn_dropout=0.0, embed_dropout=0.0, src_vocab_size=50, num_classes=3)
+    tokens = torch.randint(4, 50, (3, 19))
+    tokens[0, 12:] = model.config.pad_id
+    labels = torch.tensor([0, 2, 1])
+
+    def run(m):
+        return torch.nn.functional.cross_entropy(m(tokens).logits, labels)
+
+    _assert_same(_model_grads(model, run, "triton"), _model_grads(model, run, "reference"))
+
+
+def test_the_fast_path_compiles_without_graph_breaks() -> None:
+    from interlayer import create_model
+
+    model = create_model("gpt_shakespeare_char", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, dropout=0.0,
+                         attn_dropout=0.0, src_vocab_size=40, max_positions=20, predictive={})
+    ids = torch.randint(0, 40, (2, 17))
+    with kernel_mode("triton"):
+        explained = torch._dynamo.explain(lambda x: model(input_ids=x, labels=x).loss)(ids)
+    assert explained.graph_break_count == 0, explained.break_reasons

@@ -26,18 +26,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels.logits_attention import logits_attention
+
 
 @dataclass
 class AttentionIntermediates:
     """What one attention call computed, for analysis, plots and cross-layer methods.
 
     ``logits`` are pre-softmax and *unmasked* (they include relative-position bias and any logit mixing), so a
-    next layer can read them without meeting a masking constant. ``probs`` are the masked softmax. ``extras``
+    next layer can read them without meeting a masking constant. ``probs`` are the masked softmax, None when only
+    the logits were asked for (``need_logits``: a next layer that reads them), in which case a causal map's cells
+    above the diagonal are unspecified (the fast paths never compute them; every reader masks them). ``extras``
     holds method-specific maps (e.g. Predictive Attention's CNN prediction).
     """
 
     logits: Tensor
-    probs: Tensor
+    probs: Optional[Tensor]
     q: Tensor
     k: Tensor
     v: Tensor
@@ -177,6 +181,8 @@ class MultiHeadAttention(nn.Module):
     ``qk_dim`` the total width of queries and keys (``d_model`` by default). Values and output are ``d_model``.
     """
 
+    logits_on_request = True  # forward(need_logits=True): the logits alone, for a next layer that mixes them in
+
     def __init__(self, d_model: int, n_heads: int, *, kv_dim: Optional[int] = None, qk_dim: Optional[int] = None,
                  dropout: float = 0.0, bias: bool = True, relative: Optional[nn.Module] = None,
                  logit_mixer: Optional[nn.Module] = None, force_eager: bool = False,
@@ -254,7 +260,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 causal: bool = False, prev_logits: Optional[Tensor] = None, need_intermediates: bool = False,
-                cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
+                need_logits: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates]]:
         """Attend from ``x`` (B, Tq, d_model) to itself, or to ``memory`` (B, Tk, kv_dim) for cross-attention.
 
@@ -262,6 +268,8 @@ class MultiHeadAttention(nn.Module):
         new positions and keys/values are appended; with ``cache`` and cross-attention the memory projections are
         computed once and reused. ``kv_history`` (self-attention; the stack passes it only when a layer has a
         ``kv_source``): the earlier layers' keys/values, which ``kv_source`` may reuse; this layer's are appended.
+        ``need_logits``: return intermediates holding the logits only (a next layer mixes them in), which the maps
+        path (:meth:`_maps`) computes without the probabilities; ``need_intermediates`` returns everything.
         """
         b, t_q, _ = x.shape
         q_offset = 0
@@ -286,8 +294,13 @@ class MultiHeadAttention(nn.Module):
         bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None and not rotary else None
         allowed = build_allowed_mask(key_padding_mask, t_q, t_k, causal, q_offset, x.device)
 
-        eager = need_intermediates or self.logit_mixer is not None or self.force_eager
-        if eager:
+        maps = None
+        if not need_intermediates and not self.force_eager and (need_logits or self.logit_mixer is not None):
+            maps = self._maps(q, k, v, bias, key_padding_mask, prev_logits, causal and q_offset == 0, cache)
+        eager = need_intermediates or self.logit_mixer is not None or self.force_eager or need_logits
+        if maps is not None:
+            out, inter = maps
+        elif eager:
             context = MixerContext(causal, q_offset, cache if memory is None else None)
             out, inter = self._eager(q, k, v, bias, allowed, key_padding_mask, prev_logits, context)
         else:
@@ -297,7 +310,31 @@ class MultiHeadAttention(nn.Module):
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
         out = out.transpose(1, 2).reshape(b, t_q, self.d_model)
-        return self.out_proj(out), inter if need_intermediates else None
+        return self.out_proj(out), inter if need_intermediates or need_logits else None
+
+    def _maps(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], key_padding_mask: Optional[Tensor],
+              prev_logits: Optional[Tensor], causal: bool, cache: Optional[KVCache]
+              ) -> Optional[tuple[Tensor, AttentionIntermediates]]:
+        """Attention whose logits must exist as a map (a next layer reads them, or a logit mixer rewrites them),
+        without the probabilities: the logits ``S``, then the mixer's fused map op where it ``fuses`` this case
+        (``fuses(prev_logits, v, causal)``, asked before anything is computed, and ``fused_attention(logits,
+        prev_logits, v, key_padding_mask, causal) -> (out, mixed logits)``), else attention from the logits
+        (:func:`~interlayer.kernels.logits_attention.logits_attention`). None where the eager path must run:
+        attention dropout while training, a cache (incremental decoding), a mixer that does not fuse the case."""
+        if (self.dropout and self.training) or cache is not None:
+            return None
+        mixer = self.logit_mixer
+        if mixer is not None and (prev_logits is None or not getattr(mixer, "fuses", lambda *a: False)(
+                prev_logits, v, causal)):
+            return None
+        logits = torch.matmul(q * self.scale, k.transpose(-2, -1))
+        if bias is not None:
+            logits = logits + bias
+        if mixer is not None:
+            out, logits = mixer.fused_attention(logits, prev_logits, v, key_padding_mask, causal)
+        else:
+            out = logits_attention(logits, v, key_padding_mask, causal)
+        return out, AttentionIntermediates(logits=logits, probs=None, q=q, k=k, v=v)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
                plain_causal: bool) -> Tensor:

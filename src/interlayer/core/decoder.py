@@ -20,7 +20,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DecoderLayer, DecoderLayerCache, DepthConnection, shares_kv
+from .layers import DecoderLayer, DecoderLayerCache, DepthConnection, logits_wanted, shares_kv
 
 
 @dataclass
@@ -67,12 +67,12 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
     kv_history: Optional[KVHistory] = [] if shares_kv(layers) else None
     if depth is not None:
         x, depth_state = depth.start(x)
-    for i, layer in enumerate(layers):
-        wants = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
+    for i, (layer, (needed, alone)) in enumerate(zip(layers, logits_wanted(layers))):
         x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
                                            memory_padding_mask=memory_padding_mask,
                                            cache=cache.layers[i] if cache is not None else None,
-                                           need_intermediates=need_intermediates or wants, prev_logits=prev_logits,
+                                           need_intermediates=need_intermediates or (needed and not alone),
+                                           need_logits=alone and not need_intermediates, prev_logits=prev_logits,
                                            kv_history=kv_history)
         if depth is not None:
             x = depth.after_layer(i, x, depth_state)

@@ -17,7 +17,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DepthConnection, EncoderLayer, shares_kv
+from .layers import DepthConnection, EncoderLayer, logits_wanted, shares_kv
 
 # Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
@@ -51,9 +51,9 @@ class Encoder(nn.Module):
         self.depth: Optional[DepthConnection] = components.depth_connection("encoder")
         self.final_norm = (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_first
                            else None)
-        # Layer i must return its logits when layer i+1 mixes them in (predictive attention).
-        self._logits_needed = [getattr(layer.self_attn, "wants_prev_logits", False)
-                               for layer in list(self.layers)[1:]] + [False]
+        # Layer i must return its logits when layer i+1 mixes them in (predictive attention): alone where its
+        # self-attention can, else with every intermediate.
+        self._logits_wanted = logits_wanted(self.layers)
         # Some layer reuses earlier layers' keys/values (attention.KVSource): each run keeps a KVHistory.
         self._shares_kv = shares_kv(self.layers)
 
@@ -90,8 +90,10 @@ class Encoder(nn.Module):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
                 x = x + input_add
+            needed, alone = self._logits_wanted[i]
             out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
-                        need_intermediates=need_intermediates or self._logits_needed[i], causal=self.causal,
+                        need_intermediates=need_intermediates or (needed and not alone),
+                        need_logits=alone and not need_intermediates, causal=self.causal,
                         cache=cache[i] if cache is not None else None, kv_history=kv_history)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None

@@ -14,7 +14,7 @@ so a replaced self-attention module need not accept it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from torch import Tensor, nn
 
@@ -101,11 +101,13 @@ class EncoderLayer(nn.Module):
                                                         Residual(d_model, dropout, norm_first, eps, bias))
 
     def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
-                branch_add: Optional[Tensor] = None, need_intermediates: bool = False, causal: bool = False,
-                cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None) -> LayerOutput:
-        """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions."""
+                branch_add: Optional[Tensor] = None, need_intermediates: bool = False, need_logits: bool = False,
+                causal: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
+                ) -> LayerOutput:
+        """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions.
+        ``need_logits``: the self-attention's logits only (:func:`logits_request`)."""
         branch, carry = self.attn_block.split(x, branch_add)
-        shared = {} if kv_history is None else {"kv_history": kv_history}
+        shared = logits_request(need_logits) | ({} if kv_history is None else {"kv_history": kv_history})
         attn_out, inter = self.self_attn(branch, key_padding_mask=key_padding_mask,
                                          prev_logits=prev_logits, need_intermediates=need_intermediates,
                                          causal=causal, cache=cache, **shared)
@@ -144,10 +146,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
-                need_intermediates: bool = False, prev_logits: Optional[Tensor] = None,
+                need_intermediates: bool = False, need_logits: bool = False, prev_logits: Optional[Tensor] = None,
                 kv_history: Optional[KVHistory] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
-        shared = {} if kv_history is None else {"kv_history": kv_history}
+        shared = logits_request(need_logits) | ({} if kv_history is None else {"kv_history": kv_history})
         branch, carry = self.attn_block.split(x)
         attn_out, self_inter = self.self_attn(
             branch, key_padding_mask=self_padding_mask, causal=self.causal,
@@ -166,6 +168,24 @@ class DecoderLayer(nn.Module):
     def madds(self, t: int, src_len: int) -> int:
         return (self.self_attn.madds(t, t) + self.cross_attn.madds(t, src_len) + self.ffn.madds(t)
                 + sum(block.madds(t) for block in (self.attn_block, self.cross_block, self.ffn_block)))
+
+
+def logits_request(need_logits: bool) -> dict[str, bool]:
+    """The keyword a self-attention receives when a next layer reads its logits and it can return them alone
+    (``logits_on_request``; the core's attention does): passed only when wanted, so a replaced self-attention
+    module without it need not accept the keyword."""
+    return {"need_logits": True} if need_logits else {}
+
+
+def logits_wanted(layers: Sequence[nn.Module]) -> list[tuple[bool, bool]]:
+    """For each layer of a stack, ``(needs_logits, logits_only)``: whether the next layer mixes its self-attention
+    logits in (predictive attention), and whether its self-attention can return them alone (``need_logits``, no
+    probabilities: the fast path); where it cannot, the stack asks for every intermediate instead."""
+    wanted = []
+    for i, layer in enumerate(layers):
+        needed = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
+        wanted.append((needed, needed and getattr(layer.self_attn, "logits_on_request", False)))
+    return wanted
 
 
 def shares_kv(layers: nn.ModuleList) -> bool:

@@ -12,7 +12,6 @@ compiled graph contains one path and no branch.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 from typing import Iterator, Literal, Optional
@@ -47,10 +46,12 @@ def kernel_mode(mode: KernelMode) -> Iterator[None]:
         _override = previous
 
 
-@functools.lru_cache(maxsize=None)
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    """Whether Triton is installed (it is an optional dependency: ``pip install triton``)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether Triton is installed (it is an optional dependency: ``pip install triton``); looked up once."""
+    return _TRITON_FOUND
 
 
 def interpreting() -> bool:

@@ -52,25 +52,51 @@ def reference(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], cau
     return out
 
 
-class LogitsAttention(torch.autograd.Function):
-    """The Triton forward and backward (:mod:`.logits_attention_triton`)."""
+# The kernels as registered operators, so that torch.compile keeps them whole (no graph break; the fake
+# implementations give it the shapes) instead of tracing into the launchers.
+@torch.library.custom_op("interlayer::logits_attention", mutates_args=())
+def _forward_op(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool
+                ) -> tuple[Tensor, Tensor]:
+    from . import logits_attention_triton as kernels
 
-    @staticmethod
-    def forward(ctx: Any, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
-        from . import logits_attention_triton as kernels
+    return kernels.forward(logits, v, key_padding_mask, causal)
 
-        out, lse = kernels.forward(logits, v, key_padding_mask, causal)
-        ctx.save_for_backward(logits, v, key_padding_mask, out, lse)
-        ctx.causal = causal
-        return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Any, ...]:
-        from . import logits_attention_triton as kernels
+@_forward_op.register_fake
+def _(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> tuple[Tensor, Tensor]:
+    b, h, t_q, _ = logits.shape
+    return v.new_empty(b, h, t_q, v.shape[-1]), logits.new_empty(b, h, t_q, dtype=torch.float32)
 
-        logits, v, key_padding_mask, out, lse = ctx.saved_tensors
-        grad_logits, grad_v = kernels.backward(grad_out, logits, v, key_padding_mask, out, lse, ctx.causal, None)
-        return grad_logits, grad_v, None, None
+
+@torch.library.custom_op("interlayer::logits_attention_backward", mutates_args=())
+def backward_op(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor,
+                lse: Tensor, causal: bool, logits_grad: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The gradients of the logits (plus ``logits_grad``, an incoming gradient of the same map) and of ``v``."""
+    from . import logits_attention_triton as kernels
+
+    return kernels.backward(grad_out, logits, v, key_padding_mask, out, lse, causal, logits_grad)
+
+
+@backward_op.register_fake
+def _(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
+      causal: bool, logits_grad: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(logits), v.new_empty(v.shape)
+
+
+def _setup(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    logits, v, key_padding_mask, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(logits, v, key_padding_mask, out, lse)
+    ctx.causal = causal
+
+
+def _grad(ctx: Any, grad_out: Tensor, _grad_lse: Optional[Tensor]) -> tuple[Any, ...]:
+    logits, v, key_padding_mask, out, lse = ctx.saved_tensors
+    grad_logits, grad_v = backward_op(grad_out, logits, v, key_padding_mask, out, lse, ctx.causal, None)
+    return grad_logits, grad_v, None, None
+
+
+_forward_op.register_autograd(_grad, setup_context=_setup)
 
 
 def covers(logits: Tensor, v: Tensor, causal: bool) -> bool:
@@ -86,4 +112,4 @@ def logits_attention(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tenso
     reference."""
     if not use_triton(logits, v, covered=covers(logits, v, causal), kernel="logits-attention"):
         return reference(logits, v, key_padding_mask, causal)
-    return LogitsAttention.apply(logits, v, key_padding_mask, causal)
+    return _forward_op(logits, v, key_padding_mask, causal)[0]

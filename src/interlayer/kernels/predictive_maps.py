@@ -81,60 +81,98 @@ def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], bia
     return logits_attention.reference(mixed, v, key_padding_mask, causal), mixed
 
 
-class PredictiveAttention(torch.autograd.Function):
-    """The Triton forward and backward (:mod:`.predictive_maps_triton`, :mod:`.logits_attention_triton`).
+# The forward and the backward as registered operators, so that torch.compile keeps them whole (no graph break; the
+# fake implementations give it the shapes). Forward outputs: the attention output, the mixed logits M, each row's
+# log-sum-exp, and the fp32 output of every convolution but the last (kept for the backward). Saved for the backward
+# besides those: the previous logits (the previous layer's own output, so no extra memory) and the layer's logits
+# only with ``beta``.
+@torch.library.custom_op("interlayer::predictive_attention", mutates_args=())
+def forward_op(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
+               key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor],
+               biases: list[Tensor]) -> list[Tensor]:
+    from . import logits_attention_triton as attention
+    from . import predictive_maps_triton as maps
 
-    Saved for the backward: the previous logits (the next layer's own output, so no extra memory), the fp32
-    intermediate maps of a CNN deeper than one convolution, ``M``, and the layer's logits only with ``beta``."""
+    n = len(weights)
+    intermediates, x = [], prev
+    for k in range(max(n, 1)):
+        x = maps.conv_forward(x, s, prev, weights[k] if n else None, biases[k] if n else None, alpha, beta,
+                              key_padding_mask, causal, slope, first=k == 0, final=k == max(n, 1) - 1)
+        intermediates.append(x)
+    mixed = intermediates.pop()
+    out, lse = attention.forward(mixed, v, key_padding_mask, causal)
+    return [out, mixed, lse, *intermediates]
 
-    @staticmethod
-    def forward(ctx: Any, s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
-                key_padding_mask: Optional[Tensor], causal: bool, slope: float, n: int, *params: Tensor
-                ) -> tuple[Tensor, Tensor]:
-        from . import logits_attention_triton as attention
-        from . import predictive_maps_triton as maps
 
-        weights, biases = params[:n], params[n:]
-        inputs, x = [], prev
-        for k in range(max(n, 1)):
-            final = k == max(n, 1) - 1
-            inputs.append(x)
-            x = maps.conv_forward(x, s, prev, weights[k] if n else None, biases[k] if n else None, alpha, beta,
-                                  key_padding_mask, causal, slope, first=k == 0, final=final)
-        mixed = x
-        out, lse = attention.forward(mixed, v, key_padding_mask, causal)
-        intermediates = inputs[1:]  # the fp32 outputs of every convolution but the last
-        ctx.save_for_backward(s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out,
-                              lse, *params, *intermediates)
-        ctx.causal, ctx.slope, ctx.n = causal, slope, n
-        return out, mixed
+@forward_op.register_fake
+def _(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor],
+      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor]) -> list[Tensor]:
+    b, h, t, _ = s.shape
+    maps = [s.new_empty(b, h, t, t, dtype=torch.float32) for _ in range(len(weights) - 1)]
+    return [v.new_empty(b, h, t, v.shape[-1]), torch.empty_like(s), s.new_empty(b, h, t, dtype=torch.float32),
+            *maps]
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor, grad_mixed: Optional[Tensor]) -> tuple[Any, ...]:
-        from . import logits_attention_triton as attention
-        from . import predictive_maps_triton as maps
 
-        s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, *rest = ctx.saved_tensors
-        n, causal, slope = ctx.n, ctx.causal, ctx.slope
-        weights, biases, intermediates = rest[:n], rest[n:2 * n], rest[2 * n:]
-        grad, grad_v = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed)
-        ds = torch.empty_like(mixed)
-        s_or_mixed = s if s is not None else mixed  # the kernels read S only with beta
-        grad_w: list[Optional[Tensor]] = [None] * n
-        grad_b: list[Optional[Tensor]] = [None] * n
-        residual_grad = None
-        for k in reversed(range(max(n, 1))):
-            x = prev if k == 0 else intermediates[k - 1]
-            y = intermediates[k] if k < n - 1 else None
-            grad, dw, db, dr = maps.conv_backward(
-                grad, x, s_or_mixed, weights[k] if n else None, biases[k] if n else None, y, alpha, beta,
-                key_padding_mask, causal, slope, first=k == 0, final=k == max(n, 1) - 1, ds=ds,
-                residual_grad=residual_grad)
-            if k == max(n, 1) - 1:
-                residual_grad = dr
-            if n:
-                grad_w[k], grad_b[k] = dw, db
-        return (ds, grad, grad_v, None, None, None, None, None, None, *grad_w, *grad_b)
+@torch.library.custom_op("interlayer::predictive_attention_backward", mutates_args=())
+def backward_op(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor,
+                alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor,
+                lse: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+                intermediates: list[Tensor]) -> list[Tensor]:
+    """``[dS, dA_prev, dv, *d weights, *d biases]``: the attention's backward (adding the next layer's gradient of
+    ``M``), then the CNN's, last convolution first."""
+    from . import logits_attention_triton as attention
+    from . import predictive_maps_triton as maps
+
+    n = len(weights)
+    grad, grad_v = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed)
+    ds = torch.empty_like(mixed)
+    s_or_mixed = s if s is not None else mixed  # the kernels read S only with beta
+    grad_w: list[Tensor] = []
+    grad_b: list[Tensor] = []
+    residual_grad = None
+    for k in reversed(range(max(n, 1))):
+        last = k == max(n, 1) - 1
+        grad, dw, db, dr = maps.conv_backward(
+            grad, prev if k == 0 else intermediates[k - 1], s_or_mixed, weights[k] if n else None,
+            biases[k] if n else None, None if last else intermediates[k], alpha, beta, key_padding_mask, causal,
+            slope, first=k == 0, final=last, ds=ds, residual_grad=residual_grad)
+        residual_grad = dr if last else residual_grad
+        if n:
+            grad_w.insert(0, dw)
+            grad_b.insert(0, db)
+    return [ds, grad, grad_v, *grad_w, *grad_b]
+
+
+@backward_op.register_fake
+def _(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor, alpha: Tensor,
+      beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor, lse: Tensor,
+      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor], intermediates: list[Tensor]
+      ) -> list[Tensor]:
+    return [torch.empty_like(mixed), torch.empty_like(prev), v.new_empty(v.shape),
+            *[torch.empty_like(w) for w in weights], *[torch.empty_like(b) for b in biases]]
+
+
+def _setup(ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
+    s, prev, v, alpha, beta, key_padding_mask, causal, slope, weights, biases = inputs
+    out, mixed, lse, *intermediates = output
+    ctx.save_for_backward(s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out, lse,
+                          *weights, *biases, *intermediates)
+    ctx.causal, ctx.slope, ctx.n = causal, slope, len(weights)
+
+
+def _grad(ctx: Any, grads: list[Optional[Tensor]]) -> tuple[Any, ...]:
+    s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, *rest = ctx.saved_tensors
+    n = ctx.n
+    grad_out, grad_mixed = grads[0], grads[1]
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    result = backward_op(grad_out, grad_mixed, s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse,
+                         ctx.causal, ctx.slope, list(rest[:n]), list(rest[n:2 * n]), list(rest[2 * n:]))
+    ds, dprev, dv = result[:3]
+    return ds, dprev, dv, None, None, None, None, None, list(result[3:3 + n]), list(result[3 + n:])
+
+
+forward_op.register_autograd(_grad, setup_context=_setup)
 
 
 def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:
@@ -152,5 +190,12 @@ def predictive_attention(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[T
     if not use_triton(s, prev, v, covered=covers(s, weights), kernel="predictive-attention"):
         return reference(s, prev, v, weights, biases, alpha, beta, slope, causal, key_padding_mask)
     prev = prev if prev.is_contiguous() else prev.contiguous()
-    params = [w.float().contiguous() for w in weights] + [b.float().contiguous() for b in biases]
-    return PredictiveAttention.apply(s, prev, v, alpha, beta, key_padding_mask, causal, slope, len(weights), *params)
+    out, mixed = forward_op(s, prev, v, alpha, beta, key_padding_mask, causal, slope,
+                            [w.float().contiguous() for w in weights], [b.float().contiguous() for b in biases])[:2]
+    return out, mixed
+
+
+def runs_kernel(prev: Tensor, v: Tensor, weights: Sequence[Tensor]) -> bool:
+    """Whether :func:`predictive_attention` would run the kernels for maps shaped like ``prev`` (the one dispatch
+    rule, asked before the layer computes anything, so a caller can keep its own path where they would not)."""
+    return use_triton(prev, v, covered=covers(prev, weights), kernel="predictive-attention")

@@ -101,6 +101,7 @@ from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
 from ..core.precision import fp32_island
 from ..errors import ConfigError
+from ..kernels import predictive_maps
 from .conv_branch import attention_heads, check_kernel, check_sides
 from .base import MethodBase
 
@@ -303,6 +304,28 @@ class PredictiveMixer(nn.Module):
             mixed = torch.lerp(residual, predicted, alpha)
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
 
+    def fuses(self, prev_logits: Tensor, v: Tensor, causal: bool) -> bool:
+        """Whether :meth:`fused_attention` takes this case: the GPU kernels of
+        :mod:`interlayer.kernels.predictive_maps` run here (the one dispatch rule), the convolution's causality is
+        the attention's (the kernels tie them), and ``fast`` is on. Elsewhere the core runs :meth:`forward` and its
+        own softmax: the reference path, and on CPUs the registered convolution operators below."""
+        return (self.fast and causal == self.causal_kernel
+                and predictive_maps.runs_kernel(prev_logits, v, [conv.weight for conv in self.convs]))
+
+    def fused_attention(self, logits: Tensor, prev_logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                        causal: bool) -> tuple[Tensor, Tensor]:
+        """Eq. 4 and the attention over its result in one op (:func:`~interlayer.kernels.predictive_maps.
+        predictive_attention`): ``(softmax(M masked) @ v, M)``, the mixed logits ``M`` handed to the next layer.
+        The weights travel as 0-dim device tensors, so the warm-up ramp changes them without a host round trip."""
+        if prev_logits.shape != logits.shape or logits.shape[1] != self.heads:
+            raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
+                             f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
+        alpha, beta = self._weights()
+        return predictive_maps.predictive_attention(
+            logits, prev_logits, v, [conv.weight for conv in self.convs], [conv.bias for conv in self.convs],
+            _device_scalar(alpha, logits.device), None if beta is None else _device_scalar(beta, logits.device),
+            self.negative_slope, causal, key_padding_mask)
+
     def optimizer_step_done(self) -> None:
         """One more optimiser step (the training engine calls this after each): advances the warm-up."""
         if self.warmup_steps:
@@ -464,6 +487,13 @@ def _pad_channels_last(x: Tensor, pads: list[int]) -> Tensor:
                       memory_format=torch.channels_last).zero_()
     out[:, :, top:top + h, left:left + w] = x
     return out
+
+
+def _device_scalar(value: Union[float, Tensor], device: torch.device) -> Tensor:
+    """A 0-dim fp32 tensor on ``device``: a fill kernel for a number (no host-to-device copy to wait for)."""
+    if isinstance(value, Tensor):
+        return value.to(device=device, dtype=torch.float32).reshape(())
+    return torch.full((), float(value), device=device, dtype=torch.float32)
 
 
 def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
