@@ -66,3 +66,55 @@ def test_count_madds_takes_no_length_from_a_model_that_fixes_its_own() -> None:
     assert count_madds(vit) == count_madds(vit, vit.config.tokens) > 0
     with pytest.raises(ConfigError, match=r"count_madds\(EncoderDecoderModel\) needs src_len"):
         count_madds(create_model("transformer_small"))
+
+
+# -- the cost model of a training step (accounting.step_cost) ----------------------------------------------------
+TINY_GPT = dict(d_model=32, n_heads=4, d_ffn=128, enc_layers=2, src_vocab_size=40, max_positions=16, dropout=0.0)
+
+
+def test_step_cost_of_the_plain_model_against_a_hand_count() -> None:
+    """2 sequences x 16 tokens of a 2-layer GPT (d=32, FFN 128, 40 tokens), bf16 (2-byte activations):
+    weights 12 and AdamW 28 bytes a parameter; per layer q, k, v and the heads' output (4 x 32 channels), the FFN's
+    two 128-wide activations, each written and read back (x 2 x 2 bytes); two residual connections a layer, each
+    its fp32 stream read and written forward and backward (16 bytes a channel) and its norm (2 x 2 + 4 bytes a
+    channel); the logits written, read, their gradient written and read (4 x 2 bytes x 40); the embedding (8 bytes
+    a channel)."""
+    from interlayer.accounting import PEAKS, step_cost
+
+    model = create_model("gpt_shakespeare_char", **TINY_GPT)
+    cost = step_cost(model, 2, 16)
+    tokens, params = 32, count_parameters(model)
+    attention = 2 * 2 * tokens * (4 * 32)
+    ffn = 2 * 2 * tokens * (2 * 128)
+    norms = 4 * (2 * 2 + 4) * tokens * 32
+    assert cost.bytes == {"weights": 12 * params, "optimizer": 28 * params, "activations": 2 * (attention + ffn) + norms,
+                          "residual stream": 4 * 16 * tokens * 32, "logits": 4 * 2 * tokens * 40,
+                          "embedding": 8 * tokens * 32}
+    assert cost.madds == 2 * count_madds(model, 16) and cost.flops == 6 * cost.madds
+    h100 = PEAKS["H100"]
+    assert cost.bound(h100) == max(cost.flops / 989.4e12, cost.total_bytes / 3.35e12)
+    assert cost.bound_by(h100) == "memory"  # a toy model moves more bytes than it computes
+    assert step_cost(model, 2, 16, precision="fp32").bytes["logits"] == 2 * cost.bytes["logits"]
+
+
+def test_step_cost_counts_the_maps_predictive_attention_materialises() -> None:
+    """Causal PA on the same model: layer 1 mixes in layer 0's logits, so both layers keep a 4-head map of the 136
+    cells of a 16-token causal triangle, written and read forward, its gradient written and read backward."""
+    from interlayer.accounting import step_cost
+
+    plain = step_cost(create_model("gpt_shakespeare_char", **TINY_GPT), 2, 16)
+    pa = step_cost(create_model("gpt_shakespeare_char", **TINY_GPT, predictive={}), 2, 16)
+    assert pa.bytes["attention maps"] == 4 * 2 * 2 * 4 * 136 * 2
+    assert "attention maps" not in plain.bytes
+    assert pa.madds - plain.madds == 2 * 16 * 16 * 4 * 4 * 9  # the one 3x3 convolution over 4 heads, full maps
+
+
+def test_step_cost_rejects_an_unknown_precision_and_the_cpu_peak_is_measured() -> None:
+    from interlayer.accounting import measure_cpu_peak, step_cost
+
+    with pytest.raises(ConfigError, match="precision='int8'"):
+        step_cost(create_model("gpt_shakespeare_char", **TINY_GPT), 1, 4, precision="int8")
+    peak = measure_cpu_peak(size=128, repeats=2)
+    assert peak.flops["fp32"] > 0 and peak.bandwidth > 0  # measured on a shared machine: only its sign is sure
+    with pytest.raises(ConfigError, match="no peak for precision 'fp8'"):
+        peak.flops_for("fp8")

@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 # public name -> the module (relative to this package) that defines it
 _LAZY: dict[str, str] = {
-    "count_madds": "accounting", "count_parameters": "accounting", "build_model": "build",
+    "count_madds": "accounting", "count_parameters": "accounting", "step_cost": "accounting", "build_model": "build",
     "CheckpointError": "errors", "load_pretrained": "models.registry", "save_pretrained": "checkpoint",
     "ModelConfig": "config", "apply_overrides": "config", "config_from_dict": "config",
     "create_model": "models.registry", "get_config": "models.registry", "list_models": "models.registry",

@@ -365,6 +365,14 @@ class MultiHeadAttention(nn.Module):
         dropped = F.dropout(probs, self.dropout, self.training) if self.dropout else probs
         return dropped @ v, AttentionIntermediates(logits=logits, probs=probs, q=q, k=k, v=v, extras=extras)
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move for this attention's saved activations (:func:`interlayer.accounting.
+        step_cost`): the projected queries, keys and values and the heads' output, written forward, read backward
+        (flash attention keeps no map; a method that materialises maps reports them itself)."""
+        own = self.qk_dim + (self.qk_dim if self.k_proj is not None else 0) + (
+            self.d_model if self.v_proj is not None else 0) + self.d_model
+        return {"activations": 2.0 * width * batch * length * own}
+
     def madds(self, t_q: int, t_k: int) -> int:
         """Multiply-adds of one forward pass without cache (projections, logits, weighted sum, extras)."""
         kv_width = (self.qk_dim if self.k_proj is not None else 0) + (self.d_model if self.v_proj is not None else 0)

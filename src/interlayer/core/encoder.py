@@ -113,5 +113,16 @@ class Encoder(nn.Module):
     def finish(self, x: Tensor) -> Tensor:
         return self.final_norm(x) if self.final_norm is not None else x
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move for the attention maps this stack materialises
+        (:func:`interlayer.accounting.step_cost`): a layer whose logits the next layer mixes in, or that mixes in the
+        previous layer's, keeps a ``heads x T x T`` map (the lower triangle when causal), written once and read once
+        forward, its gradient written once and read once backward."""
+        maps = sum(1 for i, layer in enumerate(self.layers)
+                   if self._logits_wanted[i][0] or getattr(layer.self_attn, "wants_prev_logits", False))
+        heads = getattr(self.layers[0].self_attn, "n_heads", 0) if maps else 0
+        cells = length * (length + 1) // 2 if self.causal else length * length
+        return {"attention maps": 4.0 * width * batch * heads * cells * maps} if maps else {}
+
     def madds(self, t: int) -> int:
         return sum(layer.madds(t) for layer in self.layers) + (self.depth.madds(t) if self.depth is not None else 0)

@@ -26,5 +26,10 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.act_dropout(self.activation(self.fc1(x))))
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move for the saved activations (:func:`interlayer.accounting.step_cost`): the
+        first product's output and the activation's, written forward, read backward."""
+        return {"activations": 2.0 * width * batch * length * 2 * self.fc1.out_features}
+
     def madds(self, t: int) -> int:
         return t * (self.fc1.in_features * self.fc1.out_features + self.fc2.in_features * self.fc2.out_features)

@@ -57,6 +57,14 @@ class Residual(nn.Module):
         """Multiply-adds beyond the sublayer's own (none: the addition and LN are not counted, as everywhere)."""
         return 0
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move here (:func:`interlayer.accounting.step_cost`): the fp32 residual stream
+        read and written forward and its gradient read and written backward (16 bytes a channel), and the norm's
+        output written forward and read backward (its input is the stream, read once more backward)."""
+        d = self.norm.normalized_shape[0]
+        tokens = batch * length
+        return {"residual stream": 16.0 * tokens * d, "activations": (2.0 * width + 4.0) * tokens * d}
+
 
 class DepthConnection(nn.Module):
     """A stack-level hook, built by ``Components.depth_connection(side)`` (None by default: the plain stack).

@@ -147,6 +147,14 @@ class CausalLM(nn.Module, PretrainedMixin):
         return generate_like_hf(self, tokens, padding_mask=padding_from(attention_mask, padding_mask),
                                 generator=generator, **hf_options)
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move for the logits (:func:`interlayer.accounting.step_cost`): written by the
+        output layer, read by the loss, their gradient written and read back (the loss fused with them, as the
+        compiled step does it), plus the embedding's output and its gradient (fp32)."""
+        tokens = batch * length
+        return {"logits": 4.0 * width * tokens * self.lm_head.out_features,
+                "embedding": 8.0 * tokens * self.lm_head.in_features}
+
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         """Multiply-adds of one forward pass over ``src_len`` tokens: the stack and the output projection."""
         return self.encoder.madds(src_len) + src_len * self.lm_head.in_features * self.lm_head.out_features

@@ -86,9 +86,11 @@ class DepthWeightedAverage(DepthConnection):
     ``state`` (one per run of the stack) is the list ``[X_0, X_1, ...]`` of the raw block outputs so far.
     """
 
-    def __init__(self, n_layers: int, dilation: int, period: int) -> None:
+    def __init__(self, n_layers: int, dilation: int, period: int, width: Optional[int] = None) -> None:
+        """``width``: the model's d, for the cost model only (:meth:`traffic`)."""
         super().__init__()
         self.dilation = dilation
+        self.width = width
         blocks = [i for i in range(1, n_layers + 1) if i % period == 0]
         # slot[index]: which DWA follows 0-based layer ``index`` (block i = index + 1), None where none does.
         self.slot: list[Optional[int]] = [blocks.index(i) if i in blocks else None for i in range(1, n_layers + 1)]
@@ -101,6 +103,13 @@ class DepthWeightedAverage(DepthConnection):
 
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
         return x, [x]
+
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move for the averages (:func:`interlayer.accounting.step_cost`): each DWA reads
+        its k inputs and writes its output forward (fp32 residual states), and reads its output's gradient and writes
+        the k inputs' gradients backward; the block outputs it keeps are activations their blocks save anyway."""
+        reads = sum(len(w) + 1 for w in self.alphas)
+        return {"depth averages": 8.0 * batch * length * reads * self.width} if self.width else {}
 
     def after_layer(self, index: int, h: Tensor, state: Any) -> Tensor:
         state.append(h)
@@ -125,7 +134,7 @@ class _DenseFormerMethod(MethodBase):
 
         def depth_connection(side: Side) -> DepthConnection:
             layers = cfg.enc_layers if side == "encoder" else cfg.dec_layers
-            return DepthWeightedAverage(layers, section.dilation, section.period)
+            return DepthWeightedAverage(layers, section.dilation, section.period, cfg.d_model)
 
         components.depth_connection = depth_connection
 
