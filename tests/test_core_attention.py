@@ -85,3 +85,44 @@ def test_relative_2d_bias_matches_pa_eq3_and_ignores_prefix():
             torch.testing.assert_close(bias[0, 1, i + 1, j + 1], want)
     with pytest.raises(ValueError, match="grid"):
         rel(q[:, :, :4], 0, 4)
+
+
+# -- which SDPA call each configuration makes (the flash path where it applies) ------------------------------------
+def _sdpa_calls(monkeypatch: pytest.MonkeyPatch, run) -> list[tuple]:
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        calls.append((None if attn_mask is None else (attn_mask.dtype, tuple(attn_mask.shape)), is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        run()
+    return calls
+
+
+def test_each_configuration_makes_the_cheapest_sdpa_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Causal without padding: ``is_causal`` and no mask (the flash kernel). Padded: one boolean mask, broadcast
+    over heads (and over queries for an encoder: ``(B, 1, 1, T)``), for the memory-efficient kernel. A decoding
+    step (one new query at the end): no mask at all. An encoder reading token ids always has its padding mask
+    (whether a batch holds padding would be a question to the device, a host synchronisation): the broadcast one."""
+    from interlayer import create_model
+
+    lm = create_model("gpt_shakespeare_char", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, src_vocab_size=40,
+                      max_positions=16).eval()
+    ids = torch.randint(0, 40, (2, 9))
+    assert _sdpa_calls(monkeypatch, lambda: lm(ids)) == [(None, True)] * 2
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, :3] = True
+    assert _sdpa_calls(monkeypatch, lambda: lm(ids, padding_mask=pad)) == [((torch.bool, (2, 1, 9, 9)), False)] * 2
+    cache = lm.new_cache()
+    lm(ids, cache=cache)
+    assert _sdpa_calls(monkeypatch, lambda: lm(ids[:, :1], cache=cache)) == [(None, False)] * 2
+    encoder = create_model("transformer_text_cls", d_model=32, n_heads=4, d_ffn=64, enc_layers=2,
+                           src_vocab_size=40, num_classes=2, positions="learned").eval()
+    tokens = torch.randint(4, 40, (2, 9))
+    assert _sdpa_calls(monkeypatch, lambda: encoder(tokens)) == [((torch.bool, (2, 1, 1, 9)), False)] * 2
+    assert _sdpa_calls(monkeypatch, lambda: encoder(inputs_embeds=torch.randn(2, 9, 32))) == [(None, False)] * 2
+    tokens[0, 6:] = encoder.config.pad_id
+    assert _sdpa_calls(monkeypatch, lambda: encoder(tokens)) == [((torch.bool, (2, 1, 1, 9)), False)] * 2

@@ -251,7 +251,15 @@ def gpu_checks(tests: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def throughput(campaign: Campaign) -> None:
-    """bench_compare.py eager and compiled at the two paper sizes, then the method benchmark, compiled."""
+    """bench_gpu.py (GPT-2 small against its peers, every method against the plain model, each beside the cost
+    model's bound), then bench_compare.py eager and compiled at the encoder-decoder sizes."""
+    path = campaign.scratch / "bench_gpu.json"
+    campaign.step("bench_gpu", campaign.python(
+        "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "peers,methods",
+        *(["--tiny"] if campaign.tiny else []), "--budget", "330", "--json", str(path)), limit=400)
+    if path.is_file():
+        campaign.record["bench_gpu"] = json.loads(path.read_text())
+    campaign.save()
     precision = "bf16" if campaign.device.startswith("cuda") else "fp32"
     if campaign.tiny:  # a CPU's inductor build takes minutes; the eager backend traces the same graphs
         size, backend = ["--sizes", "transformer_small", "--batch", "2", "--length", "8", "--rounds", "1",
@@ -270,19 +278,6 @@ def throughput(campaign: Campaign) -> None:
     campaign.record["bench_compare"] = results
     if "compiled" in results:
         campaign.record["targets"] = targets(results["compiled"])
-    campaign.save()
-    methods = ROOT / "benchmarks" / "bench_methods.py"
-    path = campaign.scratch / "bench_methods.json"
-    if not methods.is_file():
-        campaign.record["steps"].append({"name": "bench_methods", "status": "missing"})
-        campaign.fail(f"{methods.relative_to(ROOT)} does not exist: the method benchmark of the efficiency issue "
-                      "must be in the tree before this part runs")
-        return
-    campaign.step("bench_methods", campaign.python(
-        str(methods.relative_to(ROOT)), "--device", campaign.device, "--precision", precision, "--compile",
-        *(["--tiny"] if campaign.tiny else []), "--json", str(path)), limit=150)
-    if path.is_file():
-        campaign.record["bench_methods"] = json.loads(path.read_text())
     campaign.save()
 
 

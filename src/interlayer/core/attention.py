@@ -292,20 +292,25 @@ class MultiHeadAttention(nn.Module):
         t_k = k.shape[2]
         # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
         bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None and not rotary else None
-        allowed = build_allowed_mask(key_padding_mask, t_q, t_k, causal, q_offset, x.device)
+        # One new query at the end of the sequence (a decoding step) sees every key: no causal mask to build.
+        masked_causal = causal and not (t_q == 1 and q_offset == t_k - 1)
+        # The flash path of a causal stack: is_causal, no mask tensor (the mask is built only where it is read).
+        plain_causal = masked_causal and key_padding_mask is None and q_offset == 0 and t_q == t_k and bias is None
 
         maps = None
         if not need_intermediates and not self.force_eager and (need_logits or self.logit_mixer is not None):
             maps = self._maps(q, k, v, bias, key_padding_mask, prev_logits, causal and q_offset == 0, cache)
         eager = need_intermediates or self.logit_mixer is not None or self.force_eager or need_logits
+        allowed = None
+        if maps is None and (eager or not plain_causal):
+            allowed = build_allowed_mask(key_padding_mask, t_q, t_k, masked_causal, q_offset, x.device)
         if maps is not None:
             out, inter = maps
         elif eager:
             context = MixerContext(causal, q_offset, cache if memory is None else None)
             out, inter = self._eager(q, k, v, bias, allowed, key_padding_mask, prev_logits, context)
         else:
-            out, inter = self._fused(q, k, v, bias, allowed, causal and key_padding_mask is None and q_offset == 0
-                                     and t_q == t_k), None
+            out, inter = self._fused(q, k, v, bias, allowed, plain_causal), None
         empty = _rows_without_keys(allowed, key_padding_mask, causal)
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
@@ -338,8 +343,12 @@ class MultiHeadAttention(nn.Module):
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
                plain_causal: bool) -> Tensor:
+        """SDPA with the least mask it needs: ``is_causal`` and none for an unpadded causal map (the flash kernel),
+        none at all where every key is allowed, else the boolean mask as broadcast as it is built (``(B, 1, 1, Tk)``
+        for padding alone, which the memory-efficient kernel reads without expanding), or the bias with the masked
+        cells at the most negative float."""
         dropout = self.dropout if self.training else 0.0
-        if plain_causal and bias is None:
+        if plain_causal:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
         mask = allowed
         if bias is not None:
