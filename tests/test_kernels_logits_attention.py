@@ -7,6 +7,18 @@ from interlayer.kernels import logits_attention as la
 from interlayer.kernels.dispatch import kernel_mode
 
 pytest.importorskip("triton")
+# on a GPU machine the compiled kernels, else Triton's interpreter (tests/conftest.py sets it)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 products run as TF32 on a GPU's tensor cores, in the kernels as in cuDNN's convolution
+FP32 = dict(rtol=5e-3, atol=5e-3) if DEVICE == "cuda" else dict(rtol=1e-4, atol=1e-4)
+HALF = [torch.float16, torch.bfloat16] if DEVICE == "cuda" else [torch.float16]  # the interpreter's bf16 is wrong
+
+
+@pytest.fixture(autouse=True)
+def _on_device():
+    """Every tensor and model of these tests is made on the device the kernels run on."""
+    with torch.device(DEVICE):
+        yield
 
 
 def _case(dtype, b=2, h=3, t=70, d=24, seed=0):
@@ -22,7 +34,7 @@ def _grads(fn, logits, v, grad_out):
     return out, gl, gv
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("padded", [False, True])
 def test_kernel_equals_the_reference(dtype, causal, padded) -> None:
@@ -36,7 +48,7 @@ def test_kernel_equals_the_reference(dtype, causal, padded) -> None:
     with kernel_mode("triton"):
         out, gl, gv = _grads(lambda: la.logits_attention(logits, v, pad, causal), logits, v, grad_out)
     ref, rgl, rgv = _grads(lambda: la.reference(logits, v, pad, causal), logits, v, grad_out)
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else dict(rtol=6e-2, atol=6e-2)
     torch.testing.assert_close(out, ref, **tol)
     torch.testing.assert_close(gl, rgl, **tol)
     torch.testing.assert_close(gv, rgv, **tol)
