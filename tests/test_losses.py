@@ -51,3 +51,36 @@ def test_total_loss_gradient_is_the_sum_of_every_exit_and_the_sg_term(soft_targe
     values = [float(term.detach()) for term in terms]
     assert logs["loss"] == pytest.approx(sum(values), rel=1e-5)
     assert (logs["loss_exit1"], logs["loss_exit2"], logs["crossformer_sg"]) == pytest.approx(values, rel=1e-5)
+
+
+def test_labels_and_the_lm_tasks_loss_trace_without_graph_breaks(tmp_path) -> None:
+    """``model(input_ids, labels=)`` and the language-modelling task's loss (what ``train.compile`` compiles, the
+    model with its loss) are single graphs: no ``float()`` of a loss term, no host synchronisation."""
+    from interlayer.tasks.language_modeling import LanguageModelingTask, LMData
+    from interlayer.training.config import TrainConfig
+
+    text = tmp_path / "book.txt"
+    text.write_text("to be, or not to be: that is the question.\n" * 20, encoding="utf-8")
+    task = LanguageModelingTask(LMData(path=str(text), block_size=16, eval_interval=2),
+                                TrainConfig(max_tokens=32, label_smoothing=0.1))
+    model = create_model("gpt_shakespeare_char", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, max_positions=16,
+                         src_vocab_size=len(task.tokenizer), crossformer={"soft": ["kq"]})
+    batch = task.train_batches(1, 0)[0]
+    for fn, args in ((lambda ids: model(input_ids=ids, labels=ids).loss, (batch[:, :-1],)),
+                     (lambda b: task.loss(model, b)[0], (batch,))):
+        explained = torch._dynamo.explain(fn)(*args)
+        assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_labels_of_the_wrong_shape_are_refused_and_all_ignored_gives_zero() -> None:
+    """Hugging Face raises for labels that do not match the input; interlayer too, naming both shapes. A batch
+    whose every label is ignored has a loss of 0 with zero gradient (a documented choice: Hugging Face gives NaN)."""
+    model = create_model("gpt_shakespeare_char", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, max_positions=8,
+                         src_vocab_size=20)
+    ids = torch.randint(0, 20, (2, 6))
+    for bad in (ids[:1], ids[:, :3]):
+        with pytest.raises(ValueError, match=rf"labels have shape \({bad.shape[0]}, {bad.shape[1]}\).*\(2, 6\)"):
+            model(input_ids=ids, labels=bad)
+    loss = model(input_ids=ids, labels=torch.full_like(ids, -100)).loss
+    loss.backward()
+    assert loss.item() == 0.0 and all(p.grad is None or not p.grad.any() for p in model.parameters())
