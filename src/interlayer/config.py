@@ -25,6 +25,8 @@ from .methods.denseformer import DenseFormerConfig
 from .methods.hyper_connections import HyperConnectionsConfig
 from .methods.layer_sharing import LayerSharingConfig
 from .methods.lightweight import LightweightConfig
+from .methods.mhc import MHCConfig
+from .methods.muddformer import MUDDFormerConfig
 from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
 from .methods.value_residual import ValueResidualConfig
@@ -57,6 +59,8 @@ class ModelConfig(ConfigFile, TransformerConfig):
     cla: Optional[CLAConfig] = None
     denseformer: Optional[DenseFormerConfig] = None
     hyper_connections: Optional[HyperConnectionsConfig] = None
+    mhc: Optional[MHCConfig] = None
+    muddformer: Optional[MUDDFormerConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""
