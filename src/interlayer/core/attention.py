@@ -223,6 +223,8 @@ class MultiHeadAttention(nn.Module):
         fairseq's layout; only the product is fused), else one product each. With ``kv_inputs`` the key and value
         projections read their own inputs: three products."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        if kv_inputs is not None and kv_inputs[0] is kv_inputs[1] and None not in projections[1:]:
+            return [self.q_proj(x), *_project_together(kv_inputs[0], projections[1:])]  # one input for k and v
         if kv_inputs is not None:
             return [p(t) if p is not None else None for p, t in zip(projections, (x, *kv_inputs))]
         present = iter(_project_together(x, [p for p in projections if p is not None]))

@@ -37,7 +37,9 @@ class Residual(nn.Module):
     A residual module has two steps around the sublayer ``f``: :meth:`split` returns what ``f`` reads and a
     ``carry`` (anything; here the residual ``x`` itself), :meth:`combine` merges ``carry`` with ``f``'s output into
     the next state. Splitting the connection this way lets a method replace it (Hyper-Connections carry several
-    streams and the mixing weights from the split to the combine) without the layer knowing what it holds.
+    streams and the mixing weights from the split to the combine) without the layer knowing what it holds. The
+    branch of a self-attention sublayer may be a tuple ``(query input, key input, value input)``: the layer then
+    hands the last two to the self-attention as ``kv_inputs`` (separate norms for the projections, e.g. CLA's).
     """
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
@@ -189,11 +191,12 @@ def _attention_branch(block: nn.Module, x: Tensor, branch_add: Optional[Tensor],
     """The self-attention's query input, the residual carry, and the keyword arguments the self-attention receives
     only when there is something to pass (``kv_history``; ``kv_inputs`` from separate ``attn_inputs``)."""
     shared: dict[str, Any] = {} if kv_history is None else {"kv_history": kv_history}
-    if attn_inputs is None:
-        branch, carry = block.split(x, branch_add)
+    branch, carry = (block.split(x, branch_add) if attn_inputs is None
+                     else block.split_inputs(x, attn_inputs, branch_add))
+    if not isinstance(branch, tuple):
         return branch, carry, shared
-    (branch, k_in, v_in), carry = block.split_inputs(x, attn_inputs, branch_add)
-    return branch, carry, {**shared, "kv_inputs": (k_in, v_in)}
+    q_in, k_in, v_in = branch
+    return q_in, carry, {**shared, "kv_inputs": (k_in, v_in)}
 
 
 def shares_kv(layers: nn.ModuleList) -> bool:
