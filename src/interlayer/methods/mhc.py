@@ -51,7 +51,8 @@ Choices where the paper leaves room (each with the reason):
 * **Static variant**: the paper names none; ``dynamic=False`` keeps Eq. 7's static part only (``H~ = b``), the
   analogue of HC's SHC: one ``H_pre, H_post, H_res`` per sublayer for every position.
 * **Overflow guard**: ``exp`` is taken of ``H~_res`` minus its largest entry. Eq. 9's first step divides each column
-  by its sum, which cancels any common factor of the matrix, so the result is Eq. 9's exactly.
+  by its sum, which cancels any common factor of the matrix, so the result is Eq. 9's exactly. A sum that
+  underflowed to 0 (logits hundreds apart) is divided by the smallest normal number instead: zeros, not NaN.
 * **Precision**: the coefficients (Eq. 14-19) are computed in float32 with autocast off, as the paper's kernels do;
   the stream mixing ``[H_pre; H_res] x_l`` is one batched ``(n+1) x n`` by ``n x C`` product per position, run with
   autocast off so that bf16 autocast does not round the residual streams (as HC's here; fp32 products on a GPU that
@@ -119,11 +120,14 @@ class MHCConfig:
 
 def sinkhorn_knopp(logits: Tensor, iters: int) -> Tensor:
     """Eq. 9 on ``(..., n, n)``: ``M^(0) = exp(logits)``, then ``iters`` times columns then rows normalised. The
-    largest entry is subtracted before ``exp`` (the first column normalisation cancels that common factor)."""
+    largest entry is subtracted before ``exp`` (the first column normalisation cancels that common factor), and a
+    sum is never taken below the dtype's smallest normal number, so logits hundreds apart, whose ``exp`` underflows
+    to a zero column, give zeros there instead of 0/0 (otherwise the sums are far above it: Eq. 9 exactly)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    tiny = torch.finfo(m.dtype).tiny
     for _ in range(iters):
-        m = m / m.sum(-2, keepdim=True)  # T_c
-        m = m / m.sum(-1, keepdim=True)  # T_r
+        m = m / m.sum(-2, keepdim=True).clamp_min(tiny)  # T_c
+        m = m / m.sum(-1, keepdim=True).clamp_min(tiny)  # T_r
     return m
 
 
@@ -156,16 +160,17 @@ class ManifoldHyperConnection(nn.Module):
             self.register_buffer("alpha_index", torch.tensor([0] * n + [1] * n + [2] * n * n), persistent=False)
 
     def mappings(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``H_pre`` ``(..., n)``, ``H_post`` ``(..., n)``, ``H_res`` ``(..., n, n)`` (float32) at every position of
-        ``streams`` ``(..., n, C)`` (static: ``(n,)``, ``(n,)``, ``(n, n)``)."""
+        """``H_pre`` ``(..., n)``, ``H_post`` ``(..., n)``, ``H_res`` ``(..., n, n)`` at every position of ``streams``
+        ``(..., n, C)`` (static: ``(n,)``, ``(n,)``, ``(n, n)``), in float32 (float64 for float64 streams)."""
         n = self.rate
+        dtype = torch.promote_types(streams.dtype, torch.float32)
         with fp32_island(streams.device):
-            coefficients = self.static.float()
+            coefficients = self.static.to(dtype)
             if self.dynamic:
-                flat = streams.flatten(-2).float()  # vec(x_l), (..., nC)
+                flat = streams.flatten(-2).to(dtype)  # vec(x_l), (..., nC)
                 inv_r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # 1/r, Eq. 15
-                scaled = (flat @ self.phi.float()) * inv_r  # Eq. 14, then Eq. 16's 1/r
-                coefficients = self.alpha.float()[self.alpha_index] * scaled + coefficients
+                scaled = (flat @ self.phi.to(dtype)) * inv_r  # Eq. 14, then Eq. 16's 1/r
+                coefficients = self.alpha.to(dtype)[self.alpha_index] * scaled + coefficients
             pre = torch.sigmoid(coefficients[..., :n])
             post = 2 * torch.sigmoid(coefficients[..., n:2 * n])
             res = sinkhorn_knopp(coefficients[..., 2 * n:].unflatten(-1, (n, n)), self.sinkhorn_iters)
