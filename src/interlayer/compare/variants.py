@@ -301,8 +301,8 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                              _kv_method("ResFormer", mode="svformer")),
     "cla2": NamedVariant("Cross-Layer Attention, sharing factor 2: pairs of layers share one K/V, half the KV cache "
                          "(Brandon et al. 2024, Sec. 2)", _kv_method("CLA", sharing_factor=2)),
-    "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a last group of fewer layers where 3 does not "
-                         "divide the depth, as the paper allows (Brandon et al. 2024, Sec. 2.1)",
+    "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a first group of fewer layers where 3 does not "
+                         "divide the depth, as the paper's Fig. 2 (Brandon et al. 2024, Sec. 2.1)",
                          _kv_method("CLA", sharing_factor=3)),
     "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
                                 "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
