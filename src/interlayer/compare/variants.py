@@ -317,20 +317,24 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                                              "Hyper-Connections Sec. 2.1); needs pre-LN",
                                              _stack_method("hyper_connections", "Hyper-connections", rate=4,
                                                            dynamic=False)),
-    "mhc": NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
-                        "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
-                        _stack_method("mhc", "mHC")),
-    "muddformer": NamedVariant("MUDDFormer: per-position dense aggregates of every earlier block's output, one each for "
-                               "the query, key, value and residual inputs of the next block, started as the plain "
-                               "model (MUDDFormer Sec. 2, Eq. 3-8, Sec. 3)", _stack_method("muddformer", "MUDDFormer")),
-    "muddformer_static": NamedVariant("MUDDFormer's multiway static dense connections: one learned weight per (way, "
-                                      "earlier block), no per-position part (Table 5's '+Multiway Static Dense'; "
-                                      "single-way it is DenseFormer)",
-                                      _stack_method("muddformer", "MUDDFormer", dynamic=False)),
-    "muddformer_2x2": NamedVariant("MUDDFormer-2x2: dilation 2, a DA after every second block, the paper's cheaper "
-                                   "trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
-                                   _stack_method("muddformer", "MUDDFormer", dilation=2, period=2)),
 }
+# mHC and MUDDFormer, added by keyword (their names are method sections too; the sections are listed only in
+# methods/__init__.py).
+NAMED_VARIANTS.update(
+    mhc=NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
+                     "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
+                     _stack_method("mhc", "mHC")),
+    muddformer=NamedVariant("MUDDFormer: per-position dense aggregates of every earlier block's output, one each for "
+                            "the query, key, value and residual inputs of the next block, started as the plain "
+                            "model (MUDDFormer Sec. 2, Eq. 3-8, Sec. 3)", _stack_method("muddformer", "MUDDFormer")),
+    muddformer_static=NamedVariant("MUDDFormer's multiway static dense connections: one learned weight per (way, "
+                                   "earlier block), no per-position part (Table 5's '+Multiway Static Dense'; "
+                                   "single-way it is DenseFormer)",
+                                   _stack_method("muddformer", "MUDDFormer", dynamic=False)),
+    muddformer_2x2=NamedVariant("MUDDFormer-2x2: dilation 2, a DA after every second block, the paper's cheaper "
+                                "trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
+                                _stack_method("muddformer", "MUDDFormer", dilation=2, period=2)),
+)
 
 
 # -- parsing --------------------------------------------------------------------------------------------------
