@@ -55,7 +55,8 @@ def reference_mhc(block, x, sublayer):
         m = m / m.sum(-1, keepdim=True)  # T_r
     h_in = torch.einsum("...j,...jc->...c", h_pre.expand(*x.shape[:-1]), x)
     out = sublayer(block.norm(h_in))
-    return torch.einsum("...ij,...jc->...ic", m.expand(*x.shape[:-2], n, n), x) + h_post.unsqueeze(-1) * out.unsqueeze(-2)
+    kept = torch.einsum("...ij,...jc->...ic", m.expand(*x.shape[:-2], n, n), x)
+    return kept + h_post.unsqueeze(-1) * out.unsqueeze(-2)
 
 
 def reference_logits(model, tokens, rate):

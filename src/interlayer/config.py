@@ -129,7 +129,8 @@ def _legacy_lambdas(block: dict[str, Any]) -> dict[str, Any]:
                           "numbers; better, give value_residual.lambda_1 (on V_1) and lambda_2 (on V_n), as the paper "
                           "names them")
     warnings.warn(f"value_residual.lambdas={list(old)} is deprecated: it listed [weight on V_n, weight on V_1], the "
-                  f"reverse of the paper's lambda_{{n,1}} (on V_1), lambda_{{n,2}} (on V_n); read as lambda_1={old[1]}, "
+                  f"reverse of the paper's lambda_{{n,1}} (on V_1), lambda_{{n,2}} (on V_n); read as "
+                  f"lambda_1={old[1]}, "
                   f"lambda_2={old[0]}. Write those keys instead", DeprecationWarning, stacklevel=4)
     block["lambda_2"], block["lambda_1"] = old
     return block

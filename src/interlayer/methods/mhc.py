@@ -110,7 +110,8 @@ class MHCConfig:
         if not self.norm_eps > 0:
             raise ConfigError(f"mhc.norm_eps={self.norm_eps!r} must be > 0 (Table 5: 1e-20)")
         if not 0 < self.init_epsilon < 1 / self.rate:
-            raise ConfigError(f"mhc.init_epsilon={self.init_epsilon!r} must be in (0, 1/rate) = (0, {1 / self.rate:g}): "
+            raise ConfigError(f"mhc.init_epsilon={self.init_epsilon!r} must be in (0, 1/rate) = "
+                              f"(0, {1 / self.rate:g}): "
                               "H_pre and H_res start at weight 1-(n-1)*eps on one stream and eps on each other; at "
                               "1/rate every stream would be read alike and the streams would never differ")
         if not cfg.norm_first:

@@ -5,8 +5,9 @@ aggregate for each input the next block reads (its query, key, value and residua
 
 Paper map (arXiv v2 equation and section numbers; App. B is the paper's PyTorch-style pseudo-code):
 
-* **Dense connections** (Sec. 2, Eq. 3): ``X_0 = Embedding(X)``, ``X_i = B_i(X_bar_{i-1})``, ``X_bar_i = DA_i(X_0..X_i)``;
-  the DA's inputs are the raw block outputs ``X_j`` (as DenseFormer's), never earlier aggregates.
+* **Dense connections** (Sec. 2, Eq. 3): ``X_0 = Embedding(X)``, ``X_i = B_i(X_bar_{i-1})``,
+  ``X_bar_i = DA_i(X_0..X_i)``; the DA's inputs are the raw block outputs ``X_j`` (as DenseFormer's), never
+  earlier aggregates.
 * **Static** (Sec. 2.1, Eq. 4): ``DA_i = sum_j a_ij X_j`` with learned scalars: DenseFormer (Pagliardini et al.
   2024) exactly (tested against :mod:`~interlayer.methods.denseformer` with the same weights).
 * **Dynamic** (Sec. 2.2, Eq. 5-6): ``X_bar_i[t] = sum_j A_ij[t] X_j[t]`` with ``A_i(X_i) = GELU(RMSNorm(X_i) W1) W2 +
