@@ -291,7 +291,7 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
     "mobilellm_deep": NamedVariant("MobileLLM-LS as the paper counts depth: each base layer a unique block run "
                                    "twice in a row, so the base's parameters at twice its layers and compute "
                                    "(MobileLLM Sec. 2.3)", _layer_sharing(deep=True, repeats=2, order="immediate")),
-    "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_n + 0.5 V_1 in every layer n > 1 (Value Residual Learning, "
+    "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_1 + 0.5 V_n in every layer n > 1 (Value Residual Learning, "
                               "Zhou et al. 2025, Sec. 3; the official code's fixed mix)", _kv_method("ResFormer")),
     "resformer_learnable": NamedVariant("ResFormer with learnable lambda_1, lambda_2 per layer from 0.5, 0.5 "
                                         "(Value Residual Learning's learnable variant)",
