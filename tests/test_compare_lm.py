@@ -62,3 +62,22 @@ def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_mod
         section = "denseformer" if name.startswith("denseformer") else "hyper_connections"
         assert planned.model[section] is not None and planned.parameters > base.parameters
     assert plan.variant("hyper_connections").madds > base.madds == plan.variant("denseformer").madds
+
+
+def test_mhc_and_muddformer_variants_resolve_on_the_main_jobs_model(tmp_path):
+    """mhc, muddformer, muddformer_static and muddformer_2x2 build on the lm task with DEFAULT's model, each with its
+    section and the options its description names."""
+    from interlayer.compare import DEFAULT
+    path = tmp_path / "book.txt"
+    path.write_text(TEXT)
+    sets = dict(s.split("=", 1) for s in DEFAULT["sets"])
+    sets.update({"data.path": str(path), "data.block_size": "16"})
+    names = ["mhc", "muddformer", "muddformer_static", "muddformer_2x2"]
+    plan = build_plan(make_settings("lm", [",".join(["baseline", *names])], budget_steps=4, sets=sets))
+    base = plan.variant("baseline")
+    for name in names:
+        assert plan.variant(name).parameters > base.parameters
+    assert plan.variant("mhc").model["mhc"]["rate"] == 4
+    assert plan.variant("muddformer_static").model["muddformer"]["dynamic"] is False
+    assert plan.variant("muddformer_2x2").model["muddformer"]["period"] == 2
+    assert plan.variant("muddformer").madds > plan.variant("muddformer_static").madds == base.madds

@@ -20,6 +20,8 @@ SECTIONS = {
     "cla": {"sharing_factor": 2},
     "denseformer": {"dilation": 2, "period": 1},
     "hyper_connections": {"rate": 2},
+    "mhc": {"rate": 2},
+    "muddformer": {"dilation": 1, "period": 1},
 }
 # Pairs that cannot work, and the words their error must contain.
 REJECTED = {
@@ -37,6 +39,12 @@ REJECTED = {
     frozenset({"cla", "crossformer_soft"}): "shares the computed keys/values",
     frozenset({"multipass", "hyper_connections"}): "neither paper says which stream",
     frozenset({"denseformer", "hyper_connections"}): "cannot be combined",
+    frozenset({"multipass", "mhc"}): "neither paper says which stream",
+    **{frozenset({"mhc", o}): f"mhc and {o}" for o in ("hyper_connections", "denseformer", "muddformer")},
+    **{frozenset({"muddformer", o}): f"muddformer and {o}" for o in ("hyper_connections", "denseformer")},
+    # multiway MUDDFormer hands the self-attention separate query/key/value inputs: the core attention's hook
+    **{frozenset({"muddformer", o}): w for o, w in (("lightweight", "lightweight.attention"),
+                                                    ("conv_branch", "conv_branch"))},
 }
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 
@@ -44,8 +52,8 @@ SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vo
 def _build(arch: str, names) -> torch.nn.Module:
     sections = {n.replace("_soft", ""): SECTIONS[n] for n in names}
     extra = {"num_classes": 3, "positions": "relative"} if arch == "encoder_classifier" else {}
-    if "hyper_connections" in names:
-        extra["norm_first"] = True  # the paper's hyper-connections replace the pre-norm residual only
+    if "hyper_connections" in names or "mhc" in names:
+        extra["norm_first"] = True  # the papers' (m)HC replace the pre-norm residual only
     return create_model("transformer_small", arch=arch, **SMALL, **extra, **sections)
 
 

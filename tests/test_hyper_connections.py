@@ -92,6 +92,24 @@ def test_lm_matches_the_equations_with_random_weights(rate, dynamic):
         assert torch.allclose(model(tokens).logits, expected, atol=1e-4)
 
 
+def test_the_final_norm_reads_the_sum_of_the_streams():
+    """Sec. 2.1 / Algorithm 1: the streams are summed, not averaged, before the final norm. The logits cannot show
+    it (a LayerNorm undoes the scale up to its eps), so the final norm's input is compared with the reference sum."""
+    model = lm(hyper_connections={"rate": 4})
+    randomise(model)
+    read = []
+    model.encoder.final_norm.register_forward_pre_hook(lambda module, args: read.append(args[0]))
+    tokens = torch.randint(0, 40, (2, 9))
+    with torch.no_grad():
+        model(tokens)
+        x = model.encoder.embed(tokens)
+        H = torch.stack([x] * 4, dim=-2)
+        for layer in model.encoder.layers:
+            H = reference_hc(layer.attn_block, H, lambda h: layer.self_attn(h, causal=True)[0])
+            H = reference_hc(layer.ffn_block, H, layer.ffn)
+    assert (read[0] - H.sum(-2)).norm() < 1e-5 * H.sum(-2).norm()  # relative: the random streams grow large
+
+
 def test_classifier_encoder_matches_the_equations_with_padding():
     torch.manual_seed(0)
     model = create_model("transformer_small", arch="encoder_classifier", num_classes=3, **SMALL,

@@ -1,6 +1,7 @@
-"""Value residual learning (ResFormer, SVFormer; Zhou et al., arXiv:2410.17897): the plain model at lambdas
-[1, 0], a from-scratch reference of V_n' = lambda_1 V_n + lambda_2 V_1 (and V_n' = V_1), causality and the KV cache
-in the language model, parameter counts, cache bytes, compilation and the refused pairs."""
+"""Value residual learning (ResFormer, SVFormer; Zhou et al., arXiv:2410.17897): the plain model at lambda_1 = 0,
+lambda_2 = 1, a from-scratch reference of V_n' = lambda_1 V_1 + lambda_2 V_n, the paper's naming (and V_n' = V_1),
+the old ``lambdas`` key read with its old meaning, causality and the KV cache in the language model, parameter
+counts, cache bytes, compilation and the refused pairs."""
 import pytest
 import torch
 import torch._dynamo
@@ -33,13 +34,13 @@ def randomise_lambdas(model):
 
 @pytest.mark.parametrize("learnable", [False, True])
 @pytest.mark.parametrize("arch", ["causal_lm", "encoder_decoder", "encoder_classifier"])
-def test_lambdas_one_zero_is_the_plain_model_exactly(arch, learnable):
+def test_lambda_1_zero_lambda_2_one_is_the_plain_model_exactly(arch, learnable):
     extra = {"num_classes": 3} if arch == "encoder_classifier" else {}
     torch.manual_seed(0)
     plain = create_model("transformer_small", arch=arch, **TINY, **extra).eval()
     torch.manual_seed(0)
     res = create_model("transformer_small", arch=arch, **TINY, **extra,
-                       value_residual={"lambdas": [1.0, 0.0], "learnable": learnable}).eval()
+                       value_residual={"lambda_1": 0.0, "lambda_2": 1.0, "learnable": learnable}).eval()
     res.load_state_dict(plain.state_dict(), strict=not learnable)
     tokens = torch.randint(4, 40, (2, T))
     tokens[1, 9:] = 0
@@ -139,6 +140,8 @@ def test_compiles_without_graph_breaks(mode):
 
 @pytest.mark.parametrize("section, words", [
     ({"lambdas": [0.5]}, "value_residual.lambdas"),
+    ({"lambda_1": "a"}, "value_residual.lambda_1"),
+    ({"lambdas": [0.5, 0.5], "lambda_1": 1.0}, "give only lambda_1"),
     ({"mode": "svformer", "learnable": True}, "mode='svformer'"),
     ({"granularity": "head"}, "value_residual.granularity='head'"),
     ({"sides": ["decoder"]}, "has no decoder"),
@@ -146,6 +149,29 @@ def test_compiles_without_graph_breaks(mode):
 def test_bad_settings_are_refused(section, words):
     with pytest.raises(ConfigError, match=words):
         lm(value_residual=section)
+
+
+def test_lambda_1_weighs_v1_as_the_paper_writes_it():
+    """The paper's V_n' = lambda_{n,1} V_1 + lambda_{n,2} V_n: lambda_1 is the weight on the first layer's values."""
+    model = lm(value_residual={"lambda_1": 5.0, "lambda_2": 1.0})  # Sparse-ResFormer's lambda_{n,1} = 5
+    source = model.encoder.layers[1].self_attn.kv_source
+    assert float(source.lambda_first) == 5.0 and float(source.lambda_own) == 1.0
+    tokens = torch.randint(0, 40, (2, T))
+    assert torch.allclose(model(tokens).logits, reference_logits(model, tokens, resformer_rule(model)), atol=1e-5)
+
+
+def test_the_old_lambdas_key_keeps_its_meaning_with_a_warning():
+    """A config saved with ``lambdas = [on V_n, on V_1]`` loads as the same model, under the paper's names."""
+    from interlayer.config import ModelConfig, config_from_dict
+
+    data = ModelConfig(arch="causal_lm", value_residual={}).to_dict()
+    data["value_residual"] = {"lambdas": [0.9, 0.1]}
+    with pytest.warns(DeprecationWarning, match="lambda_1=0.1, lambda_2=0.9"):
+        cfg = config_from_dict(data)
+    assert (cfg.value_residual.lambda_1, cfg.value_residual.lambda_2) == (0.1, 0.9)
+    with pytest.warns(DeprecationWarning):
+        old = lm(value_residual={"lambdas": [0.9, 0.1]})
+    assert float(old.encoder.layers[2].self_attn.kv_source.lambda_own) == pytest.approx(0.9)
 
 
 def test_pairs_that_cannot_work_are_refused():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -25,6 +26,8 @@ from .methods.denseformer import DenseFormerConfig
 from .methods.hyper_connections import HyperConnectionsConfig
 from .methods.layer_sharing import LayerSharingConfig
 from .methods.lightweight import LightweightConfig
+from .methods.mhc import MHCConfig
+from .methods.muddformer import MUDDFormerConfig
 from .methods.multipass import MultiPassConfig
 from .methods.predictive import PredictiveConfig
 from .methods.value_residual import ValueResidualConfig
@@ -57,6 +60,8 @@ class ModelConfig(ConfigFile, TransformerConfig):
     cla: Optional[CLAConfig] = None
     denseformer: Optional[DenseFormerConfig] = None
     hyper_connections: Optional[HyperConnectionsConfig] = None
+    mhc: Optional[MHCConfig] = None
+    muddformer: Optional[MUDDFormerConfig] = None
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""
@@ -105,12 +110,36 @@ def _renamed(data: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(f"{section}.{old} is the old name of {section}.{new}; give only {section}.{new}")
             block[new] = block.pop(old)
             out[section] = block
+    if isinstance(out.get("value_residual"), dict) and "lambdas" in out["value_residual"]:
+        out["value_residual"] = _legacy_lambdas(out["value_residual"])
     return out
+
+
+def _legacy_lambdas(block: dict[str, Any]) -> dict[str, Any]:
+    """``value_residual.lambdas = [on V_n, on V_1]`` (the section's first naming, the reverse of the paper's order)
+    as the paper's ``lambda_2`` (on V_n) and ``lambda_1`` (on V_1), with a DeprecationWarning; the mix it gives is
+    the one the old key gave."""
+    block = dict(block)
+    old = block.pop("lambdas")
+    if "lambda_1" in block or "lambda_2" in block:
+        raise ConfigError("value_residual.lambdas is the old form of value_residual.lambda_1 / lambda_2; give only "
+                          "lambda_1 (the weight on V_1) and lambda_2 (on V_n)")
+    if not isinstance(old, (list, tuple)) or len(old) != 2:
+        raise ConfigError(f"value_residual.lambdas={old!r} (the old form, [weight on V_n, weight on V_1]) must be two "
+                          "numbers; better, give value_residual.lambda_1 (on V_1) and lambda_2 (on V_n), as the paper "
+                          "names them")
+    warnings.warn(f"value_residual.lambdas={list(old)} is deprecated: it listed [weight on V_n, weight on V_1], the "
+                  f"reverse of the paper's lambda_{{n,1}} (on V_1), lambda_{{n,2}} (on V_n); read as "
+                  f"lambda_1={old[1]}, "
+                  f"lambda_2={old[0]}. Write those keys instead", DeprecationWarning, stacklevel=4)
+    block["lambda_2"], block["lambda_1"] = old
+    return block
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfig:
     """Build and validate a :class:`ModelConfig`; errors name ``source`` and the dotted key. Keys renamed since a
-    config was saved (:data:`RENAMED_KEYS`) are read under their new names."""
+    config was saved (:data:`RENAMED_KEYS`, and ``value_residual.lambdas``: :func:`_legacy_lambdas`) are read under
+    their new names."""
     return checked_config(ModelConfig, _renamed(data), source)
 
 

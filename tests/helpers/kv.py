@@ -21,10 +21,11 @@ def reference_layers(model, x, rule, causal=True):
     for i, layer in enumerate(model.encoder.layers):
         att = layer.self_attn
         a = layer.attn_block.norm(x)
+        b = getattr(layer.attn_block, "kv_norm", layer.attn_block.norm)(x)  # CLA Sec. 3.1: the K/V side's own norm
         h = att.n_heads
         q = _heads(_linear(a, att.q_proj), h)
-        k = _heads(_linear(a, att.k_proj), h) if att.k_proj is not None else None
-        v = _heads(_linear(a, att.v_proj), h) if att.v_proj is not None else None
+        k = _heads(_linear(b, att.k_proj), h) if att.k_proj is not None else None
+        v = _heads(_linear(b, att.v_proj), h) if att.v_proj is not None else None
         k, v = rule(i, k, v, ks, vs)
         ks.append(k)
         vs.append(v)

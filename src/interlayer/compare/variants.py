@@ -228,9 +228,9 @@ def _kv_method(method: str, **section: Any) -> Callable[[Context], dict]:
     return overrides
 
 
-# -- DenseFormer and hyper-connections -------------------------------------------------------------------------
+# -- DenseFormer, hyper-connections, mHC, MUDDFormer ----------------------------------------------------------
 def _stack_method(method: str, label: str, **section: Any) -> Callable[[Context], dict]:
-    """A section on the Transformer's stack (DenseFormer, hyper-connections); neither paper has an MCAN form."""
+    """A section on the Transformer's stack (DenseFormer, (m)HC, MUDDFormer); none of the papers has an MCAN form."""
 
     def overrides(ctx: Context) -> dict[str, Any]:
         if is_mcan(ctx):
@@ -291,7 +291,7 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
     "mobilellm_deep": NamedVariant("MobileLLM-LS as the paper counts depth: each base layer a unique block run "
                                    "twice in a row, so the base's parameters at twice its layers and compute "
                                    "(MobileLLM Sec. 2.3)", _layer_sharing(deep=True, repeats=2, order="immediate")),
-    "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_n + 0.5 V_1 in every layer n > 1 (Value Residual Learning, "
+    "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_1 + 0.5 V_n in every layer n > 1 (Value Residual Learning, "
                               "Zhou et al. 2025, Sec. 3; the official code's fixed mix)", _kv_method("ResFormer")),
     "resformer_learnable": NamedVariant("ResFormer with learnable lambda_1, lambda_2 per layer from 0.5, 0.5 "
                                         "(Value Residual Learning's learnable variant)",
@@ -301,8 +301,8 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                              _kv_method("ResFormer", mode="svformer")),
     "cla2": NamedVariant("Cross-Layer Attention, sharing factor 2: pairs of layers share one K/V, half the KV cache "
                          "(Brandon et al. 2024, Sec. 2)", _kv_method("CLA", sharing_factor=2)),
-    "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a last group of fewer layers where 3 does not "
-                         "divide the depth, as the paper allows (Brandon et al. 2024, Sec. 2.1)",
+    "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a first group of fewer layers where 3 does not "
+                         "divide the depth, as the paper's Fig. 2 (Brandon et al. 2024, Sec. 2.1)",
                          _kv_method("CLA", sharing_factor=3)),
     "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
                                 "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
@@ -318,6 +318,23 @@ NAMED_VARIANTS: dict[str, NamedVariant] = {
                                              _stack_method("hyper_connections", "Hyper-connections", rate=4,
                                                            dynamic=False)),
 }
+# mHC and MUDDFormer, added by keyword (their names are method sections too; the sections are listed only in
+# methods/__init__.py).
+NAMED_VARIANTS.update(
+    mhc=NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
+                     "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
+                     _stack_method("mhc", "mHC")),
+    muddformer=NamedVariant("MUDDFormer: per-position dense aggregates of every earlier block's output, one each for "
+                            "the query, key, value and residual inputs of the next block, started as the plain "
+                            "model (MUDDFormer Sec. 2, Eq. 3-8, Sec. 3)", _stack_method("muddformer", "MUDDFormer")),
+    muddformer_static=NamedVariant("MUDDFormer's multiway static dense connections: one learned weight per (way, "
+                                   "earlier block), no per-position part (Table 5's '+Multiway Static Dense'; "
+                                   "single-way it is DenseFormer)",
+                                   _stack_method("muddformer", "MUDDFormer", dynamic=False)),
+    muddformer_2x2=NamedVariant("MUDDFormer-2x2: dilation 2, a DA after every second block, the paper's cheaper "
+                                "trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
+                                _stack_method("muddformer", "MUDDFormer", dilation=2, period=2)),
+)
 
 
 # -- parsing --------------------------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ Extension points used by the method modules, all optional and generic:
 before the cache: rotary positions), ``logit_mixer`` (a module mapping the current and
 the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``), ``kv_source``
 (a :class:`KVSource`: the keys and values a self-attention attends with may come from earlier layers of the same
-stack, ``kv_history``; a layer that reuses them has no key or value projection and keeps nothing in its cache).
+stack, ``kv_history``; a layer that reuses them has no key or value projection and keeps nothing in its cache),
+``kv_inputs`` (self-attention whose key and value projections read other tensors than the query projection: a
+stack that hands each role of a layer's input its own mix of earlier layers).
 """
 from __future__ import annotations
 
@@ -220,22 +222,25 @@ class MultiHeadAttention(nn.Module):
         """True when this module mixes in the previous layer's logits, so that layer must produce them."""
         return self.logit_mixer is not None
 
-    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v of self-attention: one matrix product over the three weights stacked, when they are plain
-        ``nn.Linear`` layers (the parameters stay separate, fairseq's layout; only the product is fused), else
-        three products."""
-        q, k, v = _project_together(x, (self.q_proj, self.k_proj, self.v_proj))
-        return q, k, v
+    def _project_self(self, x: Tensor, kv_inputs: Optional[tuple[Tensor, Tensor]] = None
+                      ) -> list[Optional[Tensor]]:
+        """q, k, v of self-attention (None for a projection the layer does not have). From one input: one matrix
+        product over the weights stacked, when they are plain ``nn.Linear`` layers (the parameters stay separate,
+        fairseq's layout; only the product is fused), else one product each. With ``kv_inputs`` the key and value
+        projections read their own inputs: three products."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if kv_inputs is not None and kv_inputs[0] is kv_inputs[1] and None not in projections[1:]:
+            return [self.q_proj(x), *_project_together(kv_inputs[0], projections[1:])]  # one input for k and v
+        if kv_inputs is not None:
+            return [p(t) if p is not None else None for p, t in zip(projections, (x, *kv_inputs))]
+        present = iter(_project_together(x, [p for p in projections if p is not None]))
+        return [next(present) if p is not None else None for p in projections]
 
-    def _sourced_kv(self, x: Tensor, cache: Optional[KVCache], history: KVHistory
-                    ) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _sourced_kv(self, x: Tensor, cache: Optional[KVCache], history: KVHistory,
+                    kv_inputs: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor, int]:
         """q, k, v and the first query's position when ``kv_source`` supplies the keys/values (see :class:`KVSource`).
         The position is read off the full-length keys, since a layer that reuses them keeps no cache of its own."""
-        present = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
-        projected = iter(self._split(t) for t in _project_together(x, present))
-        q = next(projected)
-        k = next(projected) if self.k_proj is not None else None
-        v = next(projected) if self.v_proj is not None else None
+        q, k, v = (self._split(t) if t is not None else None for t in self._project_self(x, kv_inputs))
         rotary = getattr(self.relative, "rotates", False)
         if rotary and k is not None:
             k = self.relative(k, cache.length if cache is not None else 0)
@@ -260,8 +265,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 causal: bool = False, prev_logits: Optional[Tensor] = None, need_intermediates: bool = False,
-                need_logits: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
-                ) -> tuple[Tensor, Optional[AttentionIntermediates]]:
+                need_logits: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None,
+                kv_inputs: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Optional[AttentionIntermediates]]:
         """Attend from ``x`` (B, Tq, d_model) to itself, or to ``memory`` (B, Tk, kv_dim) for cross-attention.
 
         ``key_padding_mask`` (B, Tk) is True at padding. With ``cache`` and self-attention, ``x`` holds only the
@@ -275,9 +280,9 @@ class MultiHeadAttention(nn.Module):
         q_offset = 0
         rotary = getattr(self.relative, "rotates", False)
         if memory is None and self.kv_source is not None:
-            q, k, v, q_offset = self._sourced_kv(x, cache, kv_history if kv_history is not None else [])
+            q, k, v, q_offset = self._sourced_kv(x, cache, kv_history if kv_history is not None else [], kv_inputs)
         elif memory is None:
-            q, k, v = (self._split(t) for t in self._project_self(x))
+            q, k, v = (self._split(t) for t in self._project_self(x, kv_inputs))
             if cache is not None:
                 q_offset = cache.length
             if rotary:  # keys enter the cache rotated to their own positions

@@ -68,12 +68,14 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
     if depth is not None:
         x, depth_state = depth.start(x)
     for i, (layer, (needed, alone)) in enumerate(zip(layers, logits_wanted(layers))):
+        attn_inputs = depth.attention_inputs(i, depth_state) if depth is not None else None
         x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
                                            memory_padding_mask=memory_padding_mask,
                                            cache=cache.layers[i] if cache is not None else None,
                                            need_intermediates=need_intermediates or (needed and not alone),
                                            need_logits=alone and not need_intermediates, prev_logits=prev_logits,
-                                           kv_history=kv_history)
+                                           kv_history=kv_history,
+                                           **({} if attn_inputs is None else {"attn_inputs": attn_inputs}))
         if depth is not None:
             x = depth.after_layer(i, x, depth_state)
         prev_logits = self_inter.logits if self_inter is not None else None

@@ -88,13 +88,16 @@ class Encoder(nn.Module):
             x, depth_state = depth.start(x)
         for i, layer in enumerate(self.layers):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
-            if input_add is not None:
+            attn_inputs = depth.attention_inputs(i, depth_state) if depth is not None else None
+            if input_add is not None:  # the layer's input in every role it plays
                 x = x + input_add
+                attn_inputs = None if attn_inputs is None else tuple(t + input_add for t in attn_inputs)
+            extra = {} if attn_inputs is None else {"attn_inputs": attn_inputs}
             needed, alone = self._logits_wanted[i]
             out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
                         need_intermediates=need_intermediates or (needed and not alone),
                         need_logits=alone and not need_intermediates, causal=self.causal,
-                        cache=cache[i] if cache is not None else None, kv_history=kv_history)
+                        cache=cache[i] if cache is not None else None, kv_history=kv_history, **extra)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
             if depth is None:

@@ -9,7 +9,9 @@ sublayer (a module from ``Components.residual``: :class:`Residual` by default, r
 one level up, a :class:`DepthConnection` that the stack loops call around and between the layers (DenseFormer's
 depth-weighted averages, Hyper-Connections' streams). ``kv_history`` is handed to the self-attention only when
 the stack gives one (a layer whose keys/values come from earlier layers: :class:`~interlayer.core.attention.KVSource`),
-so a replaced self-attention module need not accept it.
+so a replaced self-attention module need not accept it; likewise ``attn_inputs``, the separate query, key and value
+inputs a depth connection may give a layer (:meth:`DepthConnection.attention_inputs`), reach the self-attention as
+``kv_inputs`` only when given.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ class Residual(nn.Module):
     A residual module has two steps around the sublayer ``f``: :meth:`split` returns what ``f`` reads and a
     ``carry`` (anything; here the residual ``x`` itself), :meth:`combine` merges ``carry`` with ``f``'s output into
     the next state. Splitting the connection this way lets a method replace it (Hyper-Connections carry several
-    streams and the mixing weights from the split to the combine) without the layer knowing what it holds.
+    streams and the mixing weights from the split to the combine) without the layer knowing what it holds. The
+    branch of a self-attention sublayer may be a tuple ``(query input, key input, value input)``: the layer then
+    hands the last two to the self-attention as ``kv_inputs`` (separate norms for the projections, e.g. CLA's).
     """
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
@@ -48,6 +52,13 @@ class Residual(nn.Module):
         """(the branch's input, the carry); ``branch_add`` is added to what the branch reads, before its LN."""
         branch = x if branch_add is None else x + branch_add
         return (self.norm(branch) if self.norm_first else branch), x
+
+    def split_inputs(self, x: Tensor, inputs: tuple[Tensor, ...], branch_add: Optional[Tensor] = None
+                     ) -> tuple[tuple[Tensor, ...], Any]:
+        """:meth:`split` for a branch that reads other tensors than the residual ``x`` (a self-attention whose query,
+        key and value inputs differ): each of ``inputs`` prepared as :meth:`split` prepares ``x`` (``branch_add``
+        added, then the pre-LN norm, the same module for each), and the carry is ``x``."""
+        return tuple(self.split(t, branch_add)[0] for t in inputs), x
 
     def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
         out = carry + self.dropout(branch_out)
@@ -74,9 +85,11 @@ class DepthConnection(nn.Module):
     (what it returns is the next layer's input) and :meth:`finish` on the last one (before the final LayerNorm);
     ``state`` is whatever :meth:`start` returned for this run (e.g. the earlier layers' outputs), so one module
     serves several runs (Multi-Pass passes, cached decoding steps) without state of its own. :meth:`view` reads a
-    stack state as ``(..., d_model)`` for the recorded ``states``/``mids``. A depth connection must act on each
-    position alone (across depth, never across positions): then the causal stack stays causal, and incremental
-    decoding, which runs the stack on the new positions only, equals the full forward pass.
+    stack state as ``(..., d_model)`` for the recorded ``states``/``mids``. :meth:`attention_inputs`, asked before
+    each layer, may give that layer's self-attention its own query, key and value inputs (the layer's input stays
+    the residual; default None: the layer's input plays every role). A depth connection must act on each position
+    alone (across depth, never across positions): then the causal stack stays causal, and incremental decoding,
+    which runs the stack on the new positions only, equals the full forward pass.
     """
 
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
@@ -84,6 +97,11 @@ class DepthConnection(nn.Module):
 
     def after_layer(self, index: int, h: Tensor, state: Any) -> Tensor:
         return h
+
+    def attention_inputs(self, index: int, state: Any) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+        """The query, key and value inputs of layer ``index``'s self-attention (before its pre-norm), when they
+        differ from the layer's input; None (the default) when they do not."""
+        return None
 
     def finish(self, h: Tensor, state: Any) -> Tensor:
         return h
@@ -110,12 +128,13 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, *, key_padding_mask: Optional[Tensor] = None, prev_logits: Optional[Tensor] = None,
                 branch_add: Optional[Tensor] = None, need_intermediates: bool = False, need_logits: bool = False,
-                causal: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None
-                ) -> LayerOutput:
+                causal: bool = False, cache: Optional[KVCache] = None, kv_history: Optional[KVHistory] = None,
+                attn_inputs: Optional[tuple[Tensor, Tensor, Tensor]] = None) -> LayerOutput:
         """``cache``: this layer's keys/values (and method state) so far; ``x`` then holds only the new positions.
+        ``attn_inputs``: the self-attention's own query, key and value inputs (``x`` stays the residual).
         ``need_logits``: the self-attention's logits only (:func:`logits_request`)."""
-        branch, carry = self.attn_block.split(x, branch_add)
-        shared = logits_request(need_logits) | ({} if kv_history is None else {"kv_history": kv_history})
+        branch, carry, shared = _attention_branch(self.attn_block, x, branch_add, kv_history, attn_inputs)
+        shared |= logits_request(need_logits)
         attn_out, inter = self.self_attn(branch, key_padding_mask=key_padding_mask,
                                          prev_logits=prev_logits, need_intermediates=need_intermediates,
                                          causal=causal, cache=cache, **shared)
@@ -155,10 +174,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor] = None,
                 memory_padding_mask: Optional[Tensor] = None, cache: Optional[DecoderLayerCache] = None,
                 need_intermediates: bool = False, need_logits: bool = False, prev_logits: Optional[Tensor] = None,
-                kv_history: Optional[KVHistory] = None
+                kv_history: Optional[KVHistory] = None, attn_inputs: Optional[tuple[Tensor, Tensor, Tensor]] = None
                 ) -> tuple[Tensor, Optional[AttentionIntermediates], Optional[AttentionIntermediates]]:
-        shared = logits_request(need_logits) | ({} if kv_history is None else {"kv_history": kv_history})
-        branch, carry = self.attn_block.split(x)
+        branch, carry, shared = _attention_branch(self.attn_block, x, None, kv_history, attn_inputs)
+        shared |= logits_request(need_logits)
         attn_out, self_inter = self.self_attn(
             branch, key_padding_mask=self_padding_mask, causal=self.causal,
             prev_logits=prev_logits, need_intermediates=need_intermediates,
@@ -194,6 +213,19 @@ def logits_wanted(layers: Sequence[nn.Module]) -> list[tuple[bool, bool]]:
         needed = i + 1 < len(layers) and getattr(layers[i + 1].self_attn, "wants_prev_logits", False)
         wanted.append((needed, needed and getattr(layer.self_attn, "logits_on_request", False)))
     return wanted
+
+
+def _attention_branch(block: nn.Module, x: Tensor, branch_add: Optional[Tensor], kv_history: Optional[KVHistory],
+                      attn_inputs: Optional[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Any, dict[str, Any]]:
+    """The self-attention's query input, the residual carry, and the keyword arguments the self-attention receives
+    only when there is something to pass (``kv_history``; ``kv_inputs`` from separate ``attn_inputs``)."""
+    shared: dict[str, Any] = {} if kv_history is None else {"kv_history": kv_history}
+    branch, carry = (block.split(x, branch_add) if attn_inputs is None
+                     else block.split_inputs(x, attn_inputs, branch_add))
+    if not isinstance(branch, tuple):
+        return branch, carry, shared
+    q_in, k_in, v_in = branch
+    return q_in, carry, {**shared, "kv_inputs": (k_in, v_in)}
 
 
 def shares_kv(layers: nn.ModuleList) -> bool:

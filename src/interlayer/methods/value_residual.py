@@ -6,13 +6,20 @@ Paper map (section / equation numbers of the paper; the official code is github.
 ``src/modeling/modeling_llama_resformer.py`` and ``modeling_llama_svformer.py``):
 
 * **ResFormer** (Sec. 3, Fig. 2): every self-attention layer n > 1 attends with the values
-  ``V_n' = lambda_1 V_n + lambda_2 V_1``, ``V_1`` being the first layer's values computed from the first layer's own
-  input; the attention weights ``A_n`` are untouched, so ``U_n = A_n V_n'``. The paper's main setting, and the
-  official code, is ``lambda_1 = lambda_2 = 0.5`` (``value_states = 0.5 * formal_layer_values[0] + 0.5 *
-  value_states``): ``mode="resformer"`` with the default ``lambdas=[0.5, 0.5]``. Layer 1 is unchanged.
+  ``V_n' = lambda_{n,1} V_1 + lambda_{n,2} V_n`` (the paper's notation: ``lambda_{n,1}`` weighs the first layer's
+  values ``V_1``, computed from the first layer's own input, ``lambda_{n,2}`` the layer's own ``V_n = H_{n-1}
+  W_n^V``); the attention weights ``A_n`` are untouched, so ``U_n = A_n V_n'``. The options are named as the paper
+  writes them, ``lambda_1`` on ``V_1`` and ``lambda_2`` on ``V_n``, so its settings port as written (Sparse-ResFormer's
+  ``lambda_{n,1} = 5``, for instance, is ``lambda_1=5``). The paper's main setting, and the official code, is
+  ``lambda_1 = lambda_2 = 0.5`` (``value_states = 0.5 * formal_layer_values[0] + 0.5 * value_states``):
+  ``mode="resformer"`` with the defaults. Layer 1 is unchanged. (Until this naming was settled the section had one
+  key, ``lambdas = [weight on V_n, weight on V_1]``: the reverse of the paper's order. A config that still has it
+  is read as ``lambda_2, lambda_1`` = those two numbers, with a DeprecationWarning: :mod:`interlayer.config`.)
 * **Learnable mixing** (the paper's learnable-lambda variants): ``learnable=True`` makes ``lambda_1, lambda_2``
-  trainable parameters of each layer n > 1, initialised at ``lambdas``; ``granularity="head"`` gives each head its
-  own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``.
+  trainable parameters of each layer n > 1, initialised at the configured values; ``granularity="head"`` gives each
+  head its own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``. The
+  parameters are named after what they weigh (``lambda_first`` = ``lambda_{n,1}``, ``lambda_own`` =
+  ``lambda_{n,2}``), as saved checkpoints have them.
 * **SVFormer** (Sec. 3, Fig. 2): every layer n > 1 attends with ``V_1`` itself and has no value projection (the
   official SVFormer builds ``v_proj`` in layer 0 only). Its KV cache keeps keys for every layer and values for
   layer 1 only: per token ``L qk + d`` numbers instead of ``L (qk + d)``, "nearly half" (Abstract), measured by
@@ -42,7 +49,7 @@ removes ``(L - 1)(d^2 + d)`` (``d^2`` without bias) per stack.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 import torch
@@ -57,18 +64,21 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 Mode = Literal["resformer", "svformer"]
+DEFAULT_LAMBDA = 0.5  # the paper's Identity-ResFormer and the official code
 Granularity = Literal["layer", "head"]
 
 
 @dataclass
 class ValueResidualConfig:
-    """``mode``: ``resformer`` (``V_n' = lambda_1 V_n + lambda_2 V_1``) or ``svformer`` (``V_n' = V_1``, no value
-    projection in layers n > 1). ``lambdas``: ``[lambda_1, lambda_2]`` (the paper's 0.5, 0.5; ``[1, 0]`` is the
-    plain model); ``learnable``: train them, from ``lambdas``; ``granularity``: one pair per layer or per head;
-    ``sides``: the self-attention stacks (None: all of the model's)."""
+    """``mode``: ``resformer`` (``V_n' = lambda_1 V_1 + lambda_2 V_n``) or ``svformer`` (``V_n' = V_1``, no value
+    projection in layers n > 1). ``lambda_1``: the weight on the first layer's values ``V_1`` (the paper's
+    ``lambda_{n,1}``), ``lambda_2``: on the layer's own ``V_n`` (``lambda_{n,2}``); 0.5 and 0.5 as the paper, 0 and 1
+    is the plain model; ``learnable``: train them, from these values; ``granularity``: one pair per layer or per
+    head; ``sides``: the self-attention stacks (None: all of the model's)."""
 
     mode: Mode = "resformer"
-    lambdas: list[float] = field(default_factory=lambda: [0.5, 0.5])
+    lambda_1: float = DEFAULT_LAMBDA
+    lambda_2: float = DEFAULT_LAMBDA
     learnable: bool = False
     granularity: Granularity = "layer"
     sides: Optional[list[StackSide]] = None
@@ -77,12 +87,15 @@ class ValueResidualConfig:
         return stack_sides("value_residual", self.sides, cfg)
 
     def validate(self, cfg: "ModelConfig") -> None:
-        if len(self.lambdas) != 2 or not all(math.isfinite(x) for x in self.lambdas):
-            raise ConfigError(f"value_residual.lambdas={self.lambdas} must be two finite numbers [lambda_1, "
-                              "lambda_2] (V_n' = lambda_1 V_n + lambda_2 V_1; the paper uses [0.5, 0.5])")
+        for key in ("lambda_1", "lambda_2"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"value_residual.{key}={value!r} must be a finite number (V_n' = lambda_1 V_1 + "
+                                  "lambda_2 V_n; the paper uses 0.5 and 0.5)")
         if self.mode == "svformer" and (self.learnable or self.granularity != "layer"
-                                        or list(self.lambdas) != [0.5, 0.5]):
-            raise ConfigError("value_residual.lambdas / learnable / granularity mix V_n with V_1 in ResFormer; "
+                                        or (self.lambda_1, self.lambda_2) != (DEFAULT_LAMBDA, DEFAULT_LAMBDA)):
+            raise ConfigError("value_residual.lambda_1 / lambda_2 / learnable / granularity mix V_1 with V_n in "
+                              "ResFormer; "
                               "value_residual.mode='svformer' uses V_1 alone (layers n > 1 have no value "
                               "projection), so leave them at their defaults or set mode='resformer'")
         if self.granularity == "head" and not self.learnable:
@@ -99,21 +112,22 @@ class ValueResidualConfig:
 
 
 class ValueResidual(nn.Module):
-    """ResFormer's source for layer n > 1: own keys, values ``lambda_1 V_n + lambda_2 V_1`` (mixed on the new
-    positions, then kept in the layer's cache as the official code does)."""
+    """ResFormer's source for layer n > 1: own keys, values ``lambda_first V_1 + lambda_own V_n`` (the paper's
+    ``lambda_{n,1}``, ``lambda_{n,2}``; mixed on the new positions, then kept in the layer's cache as the official
+    code does)."""
 
     projects_keys = True
     projects_values = True
 
-    def __init__(self, lambdas: list[float], learnable: bool, heads: Optional[int]) -> None:
+    def __init__(self, lambda_first: float, lambda_own: float, learnable: bool, heads: Optional[int]) -> None:
         super().__init__()
         shape = (heads, 1, 1) if heads is not None else ()
-        values = [torch.full(shape, float(x)) for x in lambdas]
+        first, own = torch.full(shape, float(lambda_first)), torch.full(shape, float(lambda_own))
         if learnable:
-            self.lambda_own, self.lambda_first = (nn.Parameter(x) for x in values)
+            self.lambda_own, self.lambda_first = nn.Parameter(own), nn.Parameter(first)
         else:
-            self.register_buffer("lambda_own", values[0], persistent=False)
-            self.register_buffer("lambda_first", values[1], persistent=False)
+            self.register_buffer("lambda_own", own, persistent=False)
+            self.register_buffer("lambda_first", first, persistent=False)
 
     def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
                 ) -> tuple[Tensor, Tensor]:
@@ -146,7 +160,7 @@ class _ValueResidualMethod(MethodBase):
                 return None
             if section.mode == "svformer":
                 return SharedFirstValue()
-            return ValueResidual(section.lambdas, section.learnable, heads)
+            return ValueResidual(section.lambda_1, section.lambda_2, section.learnable, heads)
 
         add_kv_sources(components, section.resolved_sides(cfg), source)
 

@@ -1,0 +1,260 @@
+"""Manifold-constrained hyper-connections, mHC (Xie, Wei, Cao et al., DeepSeek-AI, "mHC: Manifold-Constrained
+Hyper-Connections", arXiv 2512.24880): hyper-connections (:mod:`~interlayer.methods.hyper_connections`) whose
+residual mixing is projected onto the doubly stochastic matrices, so the composite mapping over depth neither
+amplifies nor attenuates the streams.
+
+Paper map (arXiv v2 equation, section and table numbers):
+
+* **Layer update** (Sec. 1, Eq. 3): ``x_{l+1} = H_res x_l + H_post^T F(H_pre x_l)`` with ``x_l`` the n streams
+  (``n x C``), ``H_pre, H_post`` in ``R^{1 x n}``, ``H_res`` in ``R^{n x n}``; over depth (Eq. 4) the streams pass
+  through the composite ``prod H_res``. A layer l is a sublayer: Fig. 3 "unrolls each standard Transformer block
+  into two independent layers (Attention and FFN)", and ``F`` includes the sublayer's pre-norm (Table 3 stores
+  ``RMSNorm(H_pre x_l)``).
+* **Coefficients** (Sec. 4.2, Eq. 7): from the flattened streams ``vec(x_l)`` (``1 x nC``, "to preserve full context
+  information"), ``x' = RMSNorm(vec(x_l))``; ``H~_pre = alpha_pre (x' phi_pre) + b_pre``, ``H~_post = alpha_post
+  (x' phi_post) + b_post``, ``H~_res = alpha_res mat(x' phi_res) + b_res`` with ``phi_pre, phi_post`` in
+  ``R^{nC x n}``, ``phi_res`` in ``R^{nC x n^2}``, scalar gates ``alpha`` and static biases ``b``; no tanh (HC's
+  Eq. 5 had one).
+* **Constraints** (Eq. 8): ``H_pre = sigmoid(H~_pre)``, ``H_post = 2 sigmoid(H~_post)``, ``H_res =
+  Sinkhorn-Knopp(H~_res)``: ``M^(0) = exp(H~_res)``, then (Eq. 9) ``M^(t) = T_r(T_c(M^(t-1)))`` (columns, then rows,
+  normalised to sum 1) for ``t_max`` iterations (``sinkhorn_iters``, 20 in the paper). The last step normalises the
+  rows, so the forward gain (row sums) is 1 up to rounding and the column sums approach 1 (Sec. 5.4).
+* **Fused form** (Sec. 4.3.1, Eq. 14-16): the division by the norm moved after the product, ``[H~] = (1/r) [alpha
+  vec(x) phi] + b`` with ``r = ||vec(x)||_2 / sqrt(nC)``, and "the RMSNorm weight is also absorbed in phi": that is
+  the computation here, ``phi = [phi_pre | phi_post | phi_res]`` one ``nC x (n^2 + 2n)`` product over every position,
+  the norm a per-position scale of its ``n^2 + 2n`` outputs (tested against Eq. 7 written out, in float64).
+* **Table 5**: ``n = 4`` (``rate``), ``alpha`` initialised to 0.01 (``scale_init``), ``t_max = 20``, RMSNorm
+  ``eps = 1e-20`` (``norm_eps``; the coefficients are computed in float32, where it is representable).
+* **Stability measure** (Sec. 3.1 and 5.4, Fig. 3 and 7): the "Amax Gain Magnitude" of the composite mapping
+  ``prod H_res``, its largest absolute row sum (forward) and column sum (backward): about 3000 for HC, at most about
+  1.6 for mHC in the paper's 27B model (tested on a deep random model: bounded here, unbounded for HC).
+
+Choices where the paper leaves room (each with the reason):
+
+* **Initialisation** (not stated; Table 5 gives only ``alpha = 0.01``). Chosen so that the model starts as the
+  plain pre-norm residual model: ``phi = 0`` (HC's Eq. 14 starts the dynamic weights at 0, and mHC "follows the
+  original HC formulation"), so the coefficients are the biases; ``b_post = 0``, so ``H_post = 2 sigmoid(0) = 1``
+  (HC's ``B = 1``); ``H_res`` starts at ``(1 - (n-1) eps) I + eps (J - I)`` and ``H_pre`` at ``(1 - (n-1) eps) e_k +
+  eps (1 - e_k)``, ``k`` the sublayer's index mod n (HC's ``A_r = I``, ``A_m = e_{k mod n}``, as close as the
+  constraint allows: ``exp`` and the sigmoid reach no 0 or 1; ``eps`` is ``init_epsilon``, 0.01). ``b_res`` is
+  ``log`` of that matrix, already doubly stochastic, so Sinkhorn-Knopp returns it. Then every stream starts as a
+  copy of the embedding and stays the plain model's state at every depth (``H_res`` is row-stochastic, ``H_post``
+  uniform, ``H_pre`` sums to 1), so the model *is* the plain pre-norm model at initialisation up to rounding
+  (tested). ``H_pre``'s preference for one stream is what breaks the symmetry between the streams (with ``phi = 0``
+  and a uniform ``H_pre``, Table 1's fixed ``1/n``, every gradient would be the same for every stream and the
+  streams would never differ); it does not change the start, since identical streams give the same input under any
+  ``H_pre`` that sums to 1.
+* **The exit**: the paper follows HC; the streams are summed before the final norm (HC Sec. 2.1, Algorithm 1),
+  so the summed state, which a doubly stochastic ``H_res`` conserves, is what the head reads.
+* **Weight decay**: none on the static biases ``b`` (HC Sec. 4, "the static component does not utilize weight
+  decay"; mHC follows HC's formulation and does not say otherwise), the usual on ``phi`` and ``alpha``.
+* **Static variant**: the paper names none; ``dynamic=False`` keeps Eq. 7's static part only (``H~ = b``), the
+  analogue of HC's SHC: one ``H_pre, H_post, H_res`` per sublayer for every position.
+* **Overflow guard**: ``exp`` is taken of ``H~_res`` minus its largest entry. Eq. 9's first step divides each column
+  by its sum, which cancels any common factor of the matrix, so the result is Eq. 9's exactly. A sum that
+  underflowed to 0 (logits hundreds apart) is divided by the smallest normal number instead: zeros, not NaN.
+* **Precision**: the coefficients (Eq. 14-19) are computed in float32 with autocast off, as the paper's kernels do;
+  the stream mixing ``[H_pre; H_res] x_l`` is one batched ``(n+1) x n`` by ``n x C`` product per position, run with
+  autocast off so that bf16 autocast does not round the residual streams (as HC's here; fp32 products on a GPU that
+  allows TF32 may still round them, as the paper's own kernels work in bf16). ``H_post^T F`` and the residual sum
+  are element-wise. The streams are laid out ``(..., n, C)`` so ``vec(x_l)`` is a free view.
+* **Every stack**, **pre-LN only**, **Multi-Pass refused**: as HC's here, for the same reasons: each stack gets its
+  own streams; the paper's mHC replaces the pre-norm residual (its baselines are pre-norm); Multi-Pass adds a
+  d-vector to the next pass's layer inputs and no paper says which stream would receive it. Everything acts on each
+  position alone, so the causal LM stays causal and decoding with the KV cache equals the full forward (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..core.components import Components, Side, SublayerKind
+from ..core.layers import DepthConnection
+from ..core.precision import fp32_island
+from ..errors import ConfigError
+from .base import MethodBase
+from .hyper_connections import SUBLAYERS
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+
+@dataclass
+class MHCConfig:
+    """Options (see the module docstring for the paper references).
+
+    * ``rate``: the expansion rate n (Table 5: 4).
+    * ``dynamic``: Eq. 7's dynamic and static coefficients, or the static ones alone (not a variant of the paper).
+    * ``sinkhorn_iters``: ``t_max`` of Eq. 9 (Sec. 4.2 and Table 5: 20).
+    * ``scale_init``: the gating factors ``alpha`` at initialisation (Table 5: 0.01).
+    * ``norm_eps``: the epsilon of Eq. 7's RMSNorm (Table 5: 1e-20).
+    * ``init_epsilon``: how far ``H_pre`` and ``H_res`` start from HC's one-hot and identity (see the docstring).
+    """
+
+    rate: int = 4
+    dynamic: bool = True
+    sinkhorn_iters: int = 20
+    scale_init: float = 0.01
+    norm_eps: float = 1e-20
+    init_epsilon: float = 0.01
+
+    def validate(self, cfg: "ModelConfig") -> None:
+        for key, low in (("rate", 1), ("sinkhorn_iters", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"mhc.{key}={value!r} must be an integer >= {low} (the paper: rate 4, "
+                                  "sinkhorn_iters 20)")
+        if not self.norm_eps > 0:
+            raise ConfigError(f"mhc.norm_eps={self.norm_eps!r} must be > 0 (Table 5: 1e-20)")
+        if not 0 < self.init_epsilon < 1 / self.rate:
+            raise ConfigError(f"mhc.init_epsilon={self.init_epsilon!r} must be in (0, 1/rate) = "
+                              f"(0, {1 / self.rate:g}): "
+                              "H_pre and H_res start at weight 1-(n-1)*eps on one stream and eps on each other; at "
+                              "1/rate every stream would be read alike and the streams would never differ")
+        if not cfg.norm_first:
+            raise ConfigError("mhc needs norm_first=True (pre-LN): the paper's mHC replaces the pre-norm residual "
+                              "(its sublayers F include their pre-norm); got norm_first=False")
+
+
+def sinkhorn_knopp(logits: Tensor, iters: int) -> Tensor:
+    """Eq. 9 on ``(..., n, n)``: ``M^(0) = exp(logits)``, then ``iters`` times columns then rows normalised. The
+    largest entry is subtracted before ``exp`` (the first column normalisation cancels that common factor), and a
+    sum is never taken below the dtype's smallest normal number, so logits hundreds apart, whose ``exp`` underflows
+    to a zero column, give zeros there instead of 0/0 (otherwise the sums are far above it: Eq. 9 exactly)."""
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    tiny = torch.finfo(m.dtype).tiny
+    for _ in range(iters):
+        m = m / m.sum(-2, keepdim=True).clamp_min(tiny)  # T_c
+        m = m / m.sum(-1, keepdim=True).clamp_min(tiny)  # T_r
+    return m
+
+
+class ManifoldHyperConnection(nn.Module):
+    """The residual module of one sublayer (``Components.residual``): :meth:`split` computes ``H_pre, H_post,
+    H_res`` (Eq. 7-9) and the sublayer's input ``H_pre x_l`` with the kept streams ``H_res x_l``, :meth:`combine`
+    adds ``H_post^T F`` (Eq. 3). Streams are ``(..., n, C)``.
+
+    Parameters: ``phi`` ``[phi_pre | phi_post | phi_res]`` (``nC x (n^2 + 2n)``; dynamic only), ``alpha`` (``alpha_pre,
+    alpha_post, alpha_res``; dynamic only), ``static`` ``[b_pre | b_post | vec(b_res)]`` (``n^2 + 2n``).
+    """
+
+    def __init__(self, d_model: int, rate: int, index: int, *, dynamic: bool, sinkhorn_iters: int,
+                 scale_init: float, norm_eps: float, init_epsilon: float, dropout: float, eps: float,
+                 bias: bool) -> None:
+        super().__init__()
+        n = self.rate = rate
+        self.sinkhorn_iters, self.norm_eps, self.dynamic = sinkhorn_iters, norm_eps, dynamic
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=bias)  # the sublayer's own pre-norm (part of F)
+        self.dropout = nn.Dropout(dropout)
+        pre = torch.full((n,), init_epsilon)
+        pre[index % n] = 1 - (n - 1) * init_epsilon if n > 1 else 1 - init_epsilon  # sigmoid never reaches 1
+        res = torch.full((n, n), init_epsilon).fill_diagonal_(1 - (n - 1) * init_epsilon)
+        self.static = nn.Parameter(torch.cat([torch.logit(pre), torch.zeros(n), torch.log(res).flatten()]))
+        self.no_weight_decay = ("static",)  # HC Sec. 4: no weight decay on the static component
+        if dynamic:
+            self.phi = nn.Parameter(torch.zeros(n * d_model, n * n + 2 * n))
+            self.alpha = nn.Parameter(torch.full((3,), float(scale_init)))
+            # Which alpha scales each coefficient: alpha_pre for n, alpha_post for n, alpha_res for n^2.
+            self.register_buffer("alpha_index", torch.tensor([0] * n + [1] * n + [2] * n * n), persistent=False)
+
+    def mappings(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``H_pre`` ``(..., n)``, ``H_post`` ``(..., n)``, ``H_res`` ``(..., n, n)`` at every position of ``streams``
+        ``(..., n, C)`` (static: ``(n,)``, ``(n,)``, ``(n, n)``), in float32 (float64 for float64 streams)."""
+        n = self.rate
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        with fp32_island(streams.device):
+            coefficients = self.static.to(dtype)
+            if self.dynamic:
+                flat = streams.flatten(-2).to(dtype)  # vec(x_l), (..., nC)
+                inv_r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # 1/r, Eq. 15
+                scaled = (flat @ self.phi.to(dtype)) * inv_r  # Eq. 14, then Eq. 16's 1/r
+                coefficients = self.alpha.to(dtype)[self.alpha_index] * scaled + coefficients
+            pre = torch.sigmoid(coefficients[..., :n])
+            post = 2 * torch.sigmoid(coefficients[..., n:2 * n])
+            res = sinkhorn_knopp(coefficients[..., 2 * n:].unflatten(-1, (n, n)), self.sinkhorn_iters)
+        return pre, post, res
+
+    def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
+        """``[H_pre; H_res] x_l`` as one batched ``(n+1, n) x (n, C)`` product per position (autocast off): row 0 is
+        the sublayer's input, rows 1.. the kept streams. Returns the normed input and ``(H_res x_l, H_post)``."""
+        pre, post, res = self.mappings(streams)
+        mix = torch.cat([pre.unsqueeze(-2), res], dim=-2).to(streams.dtype)
+        with fp32_island(streams.device):
+            mixed = mix @ streams
+        h_in = mixed[..., 0, :]
+        if branch_add is not None:
+            h_in = h_in + branch_add
+        return self.norm(h_in), (mixed[..., 1:, :], post.to(streams.dtype))
+
+    def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
+        """Eq. 3: ``H_res x_l + H_post^T F(H_pre x_l)``."""
+        kept, post = carry
+        return kept + post.unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2)
+
+    def madds(self, t: int) -> int:
+        """The product ``vec(x) phi`` (dynamic) and the mixing ``[H_pre; H_res] x`` (the scaling by ``H_post`` and
+        the residual sum are element-wise, not counted, as residual additions are not)."""
+        n, d = self.rate, self.norm.normalized_shape[0]
+        return t * (n + 1) * n * d + (t * n * d * (n * n + 2 * n) if self.dynamic else 0)
+
+
+class ManifoldStreams(DepthConnection):
+    """Enter the n streams (copies of the embedded input, ``(..., n, C)``) and leave them by their sum (HC's
+    Algorithm 1, which mHC follows)."""
+
+    def __init__(self, rate: int) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def start(self, x: Tensor) -> tuple[Tensor, Any]:
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1]), None
+
+    def finish(self, h: Tensor, state: Any) -> Tensor:
+        return h.sum(-2)
+
+    def view(self, h: Tensor) -> Tensor:
+        return h.sum(-2)
+
+
+def composite_gain(mappings: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Sec. 3.1's "Amax Gain Magnitude" of ``prod H_res`` over ``mappings`` (each ``(..., n, n)``, in layer order):
+    the largest absolute row sum (forward) and column sum (backward) of the composite, over every position."""
+    composite = mappings[0]
+    for h_res in mappings[1:]:
+        composite = h_res @ composite  # x_L = H_res_{L-1} ... H_res_l x_l (Eq. 4)
+    return composite.sum(-1).abs().amax(), composite.sum(-2).abs().amax()
+
+
+class _MHCMethod(MethodBase):
+    name = "mhc"
+    config_class = MHCConfig
+
+    def validate(self, section: MHCConfig, cfg: "ModelConfig") -> None:
+        """Checked on the config, so the refusal does not depend on the order the methods customise in."""
+        section.validate(cfg)
+        if cfg.multipass is not None:
+            raise ConfigError("mhc carries n streams through the stack, but multipass adds one pass's layer outputs "
+                              "(d-vectors) to the next pass's layer inputs; neither paper says which stream would "
+                              "receive them, so the two cannot be combined (remove one section)")
+        for other, what in (("hyper_connections", "unconstrained streams"), ("denseformer", "depth-weighted averages"),
+                            ("muddformer", "dense aggregates")):
+            if getattr(cfg, other) is not None:
+                raise ConfigError(f"mhc and {other} both replace the stack's residual path (n constrained streams vs "
+                                  f"{what}); the two cannot be combined (remove one section)")
+
+    def customize(self, section: MHCConfig, cfg: "ModelConfig", components: Components) -> None:
+        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+            kinds = SUBLAYERS[side]
+            return ManifoldHyperConnection(
+                cfg.d_model, section.rate, index * len(kinds) + kinds.index(kind), dynamic=section.dynamic,
+                sinkhorn_iters=section.sinkhorn_iters, scale_init=section.scale_init, norm_eps=section.norm_eps,
+                init_epsilon=section.init_epsilon, dropout=cfg.dropout, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+        components.residual = residual
+        components.depth_connection = lambda side: ManifoldStreams(section.rate)
+
+
+METHOD = _MHCMethod()
