@@ -192,21 +192,54 @@ def test_the_compiled_model_has_no_graph_break_and_the_kernels_gradients():
         assert_close(grads[name], p.grad, f"{name}'s gradient")
 
 
-def test_one_dispatch_rule_picks_the_path():
+def test_the_fake_implementations_give_the_real_outputs_layouts():
+    """What torch.compile traces with (each operator's fake implementation) must give every output the real
+    output's shape, dtype and strides: inductor checks the strides at run time (a transposed gradient once failed
+    there, and torch.library.opcheck does not look)."""
+    n, positions, d = 2, 3, 8
+    streams, branch = torch.randn(n, positions, d, device=DEVICE), torch.randn(positions, d, device=DEVICE)
+    carry, coef = torch.randn(positions, n, n + 2, device=DEVICE), torch.randn(positions, n, n + 2, device=DEVICE)
+    params = [torch.randn(shape, device=DEVICE) for shape in ((n, n + 1), (n,), (d, n + 2), (d,), (d,), (), ())]
+    grads = [torch.randn(n, positions, d, device=DEVICE), torch.randn(positions, d, device=DEVICE)]
+    calls = [(torch.ops.interlayer.hc_mix, (streams, branch, carry, coef, True)),
+             (torch.ops.interlayer.hc_mix_backward, (streams, branch, carry, coef, *grads)),
+             (torch.ops.interlayer.hc_dynamic, (streams, branch, carry, *params, 1e-5)),
+             (torch.ops.interlayer.hc_dynamic_backward, (streams, branch, carry, *params, 1e-5, *grads, coef)),
+             (torch.ops.interlayer.hc_dynamic_backward, (streams, None, None, *params[:4], None, *params[5:], 1e-5,
+                                                         None, grads[1], None))]
+    for op, args in calls:
+        real = tree_flatten(op(*args))[0]
+        with FakeTensorMode() as mode:
+            fake = tree_flatten(op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]))[0]
+        assert [(t.shape, t.dtype, t.stride()) for t in fake] == [(t.shape, t.dtype, t.stride()) for t in real], op
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_one_dispatch_rule_picks_the_path(dynamic):
     """reference never runs a kernel; triton runs it (the depth connection stays pending) and refuses a case it does
-    not cover rather than measure the fallback; auto keeps CPU tensors on today's path."""
-    block = HyperConnection(8, 2, 0, dynamic=True, scale_init=0.01, dropout=0.0, eps=1e-5, bias=True).to(DEVICE)
+    not cover rather than measure the fallback; auto keeps CPU tensors on today's path; a pending state that meets
+    today's path is written out as the kernel writes it."""
+    block = HyperConnection(8, 2, 0, dynamic=dynamic, scale_init=0.01, dropout=0.0, eps=1e-5, bias=True)
+    randomise(block)
+    block.to(DEVICE)
     streams, y = torch.randn(2, 3, 8, device=DEVICE), torch.randn(3, 8, device=DEVICE)
     with kernel_mode("reference"):
         assert isinstance(block.combine(block.split(streams)[1], y), torch.Tensor)
     with kernel_mode("triton"):
-        assert isinstance(block.combine(block.split(streams)[1], y), hck.Pending)
+        pending = block.combine(block.split(streams)[1], y)
+        assert isinstance(pending, hck.Pending)
+        written, total = block.split(pending)[0], Streams(2).view(pending)
         with pytest.raises(RuntimeError, match="does not cover"):
             block.double().split(streams.double())
+    block.float()
+    with kernel_mode("reference"):
+        assert_close(block.split(pending)[0], written, "next input")
+        assert_close(Streams(2).view(pending), total, "sum of the streams")
     with kernel_mode("auto"):
-        cpu = block.float().cpu()
+        cpu = block.cpu()
         assert isinstance(cpu.combine(cpu.split(streams.cpu())[1], y.cpu()), torch.Tensor)
     assert hck.covers(torch.zeros(4, 1, 2048)) and not hck.covers(torch.zeros(4, 1, 2049))
+    assert not hck.covers(torch.zeros(4, 1, 8), torch.zeros(1, 8, dtype=torch.float64))
 
 
 def test_the_records_are_computed_when_read():

@@ -16,7 +16,7 @@ the same tensor expanded over positions (stride 0), so one kernel serves both. T
 custom ops, so ``torch.compile`` keeps each whole, with a hand-written backward):
 
 * :func:`hc_mix` ``(streams (n, P, d), branch (P, d)?, carry (P, n, n+2)?, coef (P, n, n+2)?, keep_mixed)``
-  -> ``(mixed, h0)``: with ``branch``, first the pending depth connection ``Z_i = carry[j=i, n+1] y +
+  -> ``(mixed, h0)``: with ``branch``, first the pending depth connection ``Z_i = carry[i, n+1] y +
   sum_j carry[j, 1+i] H_j`` (written as ``mixed`` when ``keep_mixed``), else ``Z = H``; then, with ``coef``,
   ``h0 = sum_j coef[j, 0] Z_j``. Any coefficients: static HC, and mHC's sigmoid/Sinkhorn ones computed outside.
 * :func:`hc_dynamic`: the same with DHC's coefficients computed in the kernel from ``Z`` (Eq. 10-13) and returned
@@ -31,30 +31,37 @@ reverse (the next width connection's backward, then this depth connection's) and
 the residual merge, cutting the reads per token from (3n+1)C to (n+1)C; the pending state also folds the next
 width connection into that pass, so nothing reads the stream state twice.
 
-**Cost model** (bytes per position and sublayer; n = 4, d = C = 768, fp32 streams, bf16 sublayer output ``y``,
-forward + backward; "eager today" counted op by op, each operator reading its inputs and writing its outputs once,
-with a dispatch-mode counter on the CPU: ``tests/test_kernels_hyper_connections.py`` checks the fused path's
-figures; the sublayer's own LayerNorm and the cast for its matmul, common to every residual, are included):
+**Cost model.** Memory-bound: the bytes each pass must move, per position and sublayer, at n = 4, d = C = 768,
+fp32 streams and a bf16 sublayer output ``y``, forward + backward. Counted operator by operator, each reading its
+inputs and writing its outputs once (the eager traffic), with the sublayer's own LayerNorm and the bf16 cast for its
+matmul included as every residual has them; ``tests/test_kernels_hyper_connections.py`` recounts these figures.
+Per step: 8 x 1,024 tokens x 24 sublayers (GPT-2 small); the time is the bytes over an H100 SXM's 3.35 TB/s:
 
-============================  =====================  ===========  ================================================
-path                          bytes / C              KiB          per step: 8 x 1024 tokens x 24 sublayers
-============================  =====================  ===========  ================================================
-plain pre-LN residual         60                     45           7.1 GB, 2.1 ms at 3.35 TB/s (H100 SXM HBM3)
-static HC, eager today        434 (+20 records)      326          51 GB, 15.3 ms
-dynamic HC, eager today       1758 (+20 records)     1319         207 GB, 61.9 ms
-static HC, fused kernels      126                    95           14.9 GB, 4.4 ms
-dynamic HC, fused kernels     127                    95           15.0 GB, 4.5 ms
-============================  =====================  ===========  ================================================
+=====================================  ==========  ==========  ====================
+path                                   bytes / C   per step    at 3.35 TB/s
+=====================================  ==========  ==========  ====================
+plain pre-LN residual                  60          9.1 GB      2.7 ms
+static HC, today's path                434         65.5 GB     19.6 ms
+dynamic HC, today's path               1758        265 GB      79.2 ms
+stack records, today (both)            +20         +3.0 GB     +0.9 ms
+static HC, kernels                     126.8       19.1 GB     5.7 ms
+dynamic HC, kernels                    126.6       19.1 GB     5.7 ms
+=====================================  ==========  ==========  ====================
 
-The fused path per sublayer: forward ``16C`` read (``H``, fp32) + ``2C`` (``y``) and ``16C`` written (``H'``) +
-``4C`` (``h0``); backward ``16C + 4C`` read (the gradients of ``H'`` and ``h0``) + ``16C + 2C`` (``H``, ``y``) and
-``16C + 2C`` written (the gradients of ``H`` and ``y``): 94C, plus the sublayer's LayerNorm (8C forward, 12C
-backward) and the bf16 cast (6C, 6C); the coefficients are ``n (n+2)`` floats per position (under 1C). So the
-bound of HC's extra traffic over the plain residual is ``66C`` per sublayer: 1.5 ms per step on an H100 at full
-bandwidth, of which the fp32 streams are nearly all (bf16 streams would halve it, at the cost of rounding the
-residual at every sublayer, which this library does not do). Dynamic HC moves the same bytes as static HC (its
-LayerNorm, projection and tanh run on the tile in registers), so the two differ only in arithmetic. "Records": the
-stack's ``states``/``mids`` (the stream sums, 16C + 4C a sublayer) are computed when read, not at every layer.
+The kernels' share, 94C: forward ``16C`` read (``H``) + ``2C`` (``y``), ``16C`` (``H'``) + ``4C`` (``h0``)
+written; backward ``16C + 4C`` read (the gradients of ``H'`` and ``h0``) + ``16C + 2C`` (``H``, ``y``),
+``16C + 2C`` written (the gradients of ``H`` and ``y``); the coefficients, ``n (n+2)`` floats a position, under 1C.
+The rest is the sublayer's LayerNorm (8C + 12C) and cast (6C + 6C). So HC's extra over the plain residual is 67C
+eager: 10.1 GB, 3.0 ms a step. Compiled, inductor fuses the plain residual's addition, LayerNorm and cast into one
+pass each way (about 12C forward, 16C backward by the same accounting, an estimate), and HC's LayerNorm with its cast
+(6C + 10C), so HC's extra is about 82C: 12.4 GB, 3.7 ms a step, i.e. a bound of ``1 + 3.7 ms / T`` on the time
+ratio for a compiled plain step of T ms (1.10x needs T >= 37 ms at full bandwidth). What remains is the floor of
+fp32 streams: four streams read and written each way (64C) is what any implementation keeping them must move (bf16
+streams would halve it by rounding the residual at every sublayer, which this library does not do). Fusing the
+sublayer's LayerNorm into the kernels would save the ``h0`` round trip and the LayerNorm's own backward reads
+eager (about 20C) but about 4C compiled, where inductor fuses the LayerNorm with the cast already: not done. Dynamic HC moves the same bytes as static HC (its LayerNorm,
+projection and tanh run on the tile in registers): the two differ in arithmetic only. The stack's records (the
+stream sums, ``states``/``mids``) are computed when read (``core.encoder.StateViews``), no longer at every layer.
 
 **Dispatch.** :func:`width_connection` / :func:`depth_connection` / :func:`stream_sum` take the Triton path when
 :func:`interlayer.kernels.dispatch.use_triton` says so (CUDA tensors, Triton installed, ``INTERLAYER_KERNELS`` not
@@ -87,10 +94,14 @@ def tile_shape(n: int, d: int) -> tuple[int, int, int]:
     return max(2, pow2(n)), max(4, pow2(n + 2)), max(16, pow2(d))
 
 
-def covers(streams: Tensor) -> bool:
-    """Whether the kernels handle these streams ``(n, ..., d)``."""
-    if streams.dim() < 2 or streams.numel() == 0 or streams.dtype not in (torch.float32, torch.float16,
-                                                                          torch.bfloat16):
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def covers(streams: Tensor, branch: Optional[Tensor] = None) -> bool:
+    """Whether the kernels handle these streams ``(n, ..., d)`` (and a pending sublayer output ``branch``)."""
+    if streams.dim() < 2 or streams.numel() == 0 or streams.dtype not in FLOATS:
+        return False
+    if branch is not None and branch.dtype not in FLOATS:
         return False
     np_, _, block_d = tile_shape(streams.shape[0], streams.shape[-1])
     return np_ * block_d <= MAX_TILE
@@ -291,8 +302,8 @@ State = Union[Tensor, Pending]
 
 def width_connection(state: State, params: HCParams) -> tuple[Tensor, Any]:
     """``(h0, carry)``: the sublayer's input (before its own norm) and what :func:`depth_connection` needs."""
-    streams = state.streams if isinstance(state, Pending) else state
-    if use_triton(streams, params.static_alpha, covered=covers(streams), kernel=KERNEL):
+    streams, branch = (state.streams, state.branch) if isinstance(state, Pending) else (state, None)
+    if use_triton(streams, params.static_alpha, covered=covers(streams, branch), kernel=KERNEL):
         return _kernel_width(state, params)
     if isinstance(state, Pending):
         state = _reference_pending(state)
@@ -314,7 +325,7 @@ def stream_sum(state: State) -> Tensor:
     written, ``sum_i H'_i = sum_j (sum_i A[j, i]) H_j + (sum_i b_i) y``, one kernel pass."""
     if not isinstance(state, Pending):
         return state.sum(0)
-    if not use_triton(state.streams, covered=covers(state.streams), kernel=KERNEL):
+    if not use_triton(state.streams, covered=covers(state.streams, state.branch), kernel=KERNEL):
         return _reference_pending(state).sum(0)
     n, d = state.streams.shape[0], state.streams.shape[-1]
     ones = state.coef.new_ones(1, 1, 1).expand(state.coef.shape[0], n, n + 2)

@@ -360,5 +360,7 @@ def _dynamic_grads(dynamic: DynamicParams, n: int, d: int, part_static: Tensor, 
              t_sum[n + 1])
     params = (dynamic.static_alpha, dynamic.static_beta, dynamic.weight, dynamic.norm_weight, dynamic.norm_bias,
               dynamic.alpha_scale, dynamic.beta_scale)
-    # Copies: several are views of one partial sum, and a custom op's outputs must not alias one another.
-    return tuple(grad.to(param.dtype, copy=True) if grad is not None else None for grad, param in zip(grads, params))
+    # Contiguous copies: several are views of one partial sum, and a custom op's outputs must neither alias one
+    # another nor differ in layout from its fake implementation's (which torch.compile checks).
+    return tuple(grad.to(param.dtype, memory_format=torch.contiguous_format, copy=True) if grad is not None else None
+                 for grad, param in zip(grads, params))

@@ -52,7 +52,7 @@ Choices where the paper leaves room:
   encoder-decoder. Everything acts on each position alone, so the causal LM stays causal and incremental decoding
   with the KV cache equals the full forward pass (tested).
 * **Records**: the stack's recorded ``states`` and ``mids`` are the sums of the streams (what the final norm
-  reads), so hidden-state outputs keep their ``(B, T, d)`` shape.
+  reads), so hidden-state outputs keep their ``(B, T, d)`` shape; each is computed when read.
 * **Output-layer initialisation** (Sec. 4, "Implementation": the std of the attention's output projection and
   the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
   not say in which direction, and the initial model is then no longer the pre-norm one.
@@ -62,7 +62,10 @@ Choices where the paper leaves room:
   part is added element-wise), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
   with TF32 allowed, fp32 products may still round them to TF32's 10-bit mantissa, as the paper's own matmul
   would). The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions
-  are not). The layouts tried and their step costs: docs/benchmarks.md.
+  are not). The layouts tried and their step costs: docs/benchmarks.md. This is the reference path
+  (``interlayer.kernels.hyper_connections.reference_width``); on a GPU the connections run as fused Triton
+  kernels (the same module: a sublayer's depth connection stays pending and is written in one pass with the next
+  sublayer's width connection, the dynamic coefficients computed in that pass; its docstring has the cost model).
 * **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
   neither paper says which of the n streams would receive them.
 """
