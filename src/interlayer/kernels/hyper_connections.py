@@ -59,9 +59,10 @@ ratio for a compiled plain step of T ms (1.10x needs T >= 37 ms at full bandwidt
 fp32 streams: four streams read and written each way (64C) is what any implementation keeping them must move (bf16
 streams would halve it by rounding the residual at every sublayer, which this library does not do). Fusing the
 sublayer's LayerNorm into the kernels would save the ``h0`` round trip and the LayerNorm's own backward reads
-eager (about 20C) but about 4C compiled, where inductor fuses the LayerNorm with the cast already: not done. Dynamic HC moves the same bytes as static HC (its LayerNorm,
-projection and tanh run on the tile in registers): the two differ in arithmetic only. The stack's records (the
-stream sums, ``states``/``mids``) are computed when read (``core.encoder.StateViews``), no longer at every layer.
+eager (about 20C) but about 4C compiled, where inductor fuses the LayerNorm with the cast already: not done.
+Dynamic HC moves the same bytes as static HC (its LayerNorm, projection and tanh run on the tile in registers): the
+two differ in arithmetic only. The stack's records (the stream sums, ``states``/``mids``) are computed when read
+(``core.encoder.StateViews``), no longer at every layer.
 
 **Dispatch.** :func:`width_connection` / :func:`depth_connection` / :func:`stream_sum` take the Triton path when
 :func:`interlayer.kernels.dispatch.use_triton` says so (CUDA tensors, Triton installed, ``INTERLAYER_KERNELS`` not
@@ -167,6 +168,7 @@ def _grad(g: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _given(t: Optional[Tensor], grad: Tensor) -> Optional[Tensor]:
+    """An input's gradient for autograd: None for an input that was None (the backward op returned a placeholder)."""
     return grad if t is not None else None
 
 

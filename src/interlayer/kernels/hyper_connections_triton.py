@@ -21,11 +21,12 @@ the stream norm's and the static matrices' gradients) are summed per program and
 is accumulated atomically and the result does not depend on scheduling.
 
 Only long-standing ``tl`` operations are used (``load``/``store``/``arange``/``sum``/``where``/``exp``/``sqrt``,
-``static_range``), so the kernels build on Triton 3.0 and later and run under ``TRITON_INTERPRET=1``.
+``static_range``, ``range`` over positions), none newer than Triton 3.0; the suite runs them under
+``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -252,22 +253,27 @@ def _backward_kernel(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp,
         tl.store(part_vec + pid * (2 * NC) + NC + cols, acc_proj)
 
 
-class DynamicParams:
+class DynamicParams(NamedTuple):
     """The dynamic coefficients' parameters (Eq. 10-13), as tensors: ``static_alpha`` ``(n, n+1)``,
     ``static_beta`` ``(n,)``, ``weight`` ``(d, n+2)``, ``norm_weight``/``norm_bias`` ``(d,)`` (bias may be None),
     the scales (0-d) and the norm's ``eps``."""
 
-    def __init__(self, static_alpha: Tensor, static_beta: Tensor, weight: Tensor, norm_weight: Tensor,
-                 norm_bias: Optional[Tensor], alpha_scale: Tensor, beta_scale: Tensor, eps: float) -> None:
-        self.static_alpha, self.static_beta, self.weight = static_alpha, static_beta, weight
-        self.norm_weight, self.norm_bias = norm_weight, norm_bias
-        self.alpha_scale, self.beta_scale, self.eps = alpha_scale, beta_scale, eps
+    static_alpha: Tensor
+    static_beta: Tensor
+    weight: Tensor
+    norm_weight: Tensor
+    norm_bias: Optional[Tensor]
+    alpha_scale: Tensor
+    beta_scale: Tensor
+    eps: float
 
     def args(self, dummy: Tensor) -> tuple:
-        bias = self.norm_bias if self.norm_bias is not None else dummy
+        """The kernels' arguments for these parameters (``dummy`` for a missing bias; the norm's vectors are read
+        with unit stride)."""
+        bias = self.norm_bias.contiguous() if self.norm_bias is not None else dummy
         return (self.static_alpha, *self.static_alpha.stride(), self.static_beta, *self.static_beta.stride(),
-                self.weight, *self.weight.stride(), self.norm_weight, bias, self.alpha_scale, self.beta_scale,
-                self.eps)
+                self.weight, *self.weight.stride(), self.norm_weight.contiguous(), bias, self.alpha_scale,
+                self.beta_scale, self.eps)
 
 
 def _no_dynamic(dummy: Tensor) -> tuple:
@@ -302,8 +308,8 @@ def forward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], 
 
 def backward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], coef: Optional[Tensor],
              dynamic: Optional[DynamicParams], dmixed: Optional[Tensor], dh0: Optional[Tensor],
-             dcoef_out: Optional[Tensor], tiles: tuple[int, int, int]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor],
-                                                   Optional[tuple[Tensor, ...]]]:
+             dcoef_out: Optional[Tensor], tiles: tuple[int, int, int]
+             ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[tuple[Tensor, ...]]]:
     """The gradients of :func:`forward`'s inputs from those of its outputs (None: an output nobody used):
     ``(dstreams, dbranch, dcarry, dcoef, dynamic_grads)``, with ``dcarry``/``dcoef`` per position (column 0 of
     ``dcarry``, and all but column 0 of ``dcoef``, zero: those columns are another sublayer's) and
