@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from interlayer import ConfigError, count_madds, create_model
 
+from helpers.hyper_connections import randomise
 from helpers.lm import TINY as LM_FIELDS, assert_cache_matches, assert_causal, lm as tiny_lm
 
 TINY = {**LM_FIELDS, "enc_layers": 3}
@@ -18,14 +19,6 @@ SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vo
 def lm(**overrides):
     """The shared tiny LM (helpers.lm) at this file's depth."""
     return tiny_lm(**{"enc_layers": TINY["enc_layers"], **overrides})
-
-
-def randomise(model):
-    """Every hyper-connection weight (static, dynamic, scales, stream norms) drawn away from its initialisation."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if any(key in name for key in ("static_", "dynamic_weight", "_scale", "stream_norm")):
-                p.copy_(torch.randn_like(p) * (0.3 if "dynamic_weight" in name else 1.0))
 
 
 def reference_hc(hc, H, sublayer):

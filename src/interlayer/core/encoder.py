@@ -9,7 +9,7 @@ every pass without knowing about it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union, overload
 
 from torch import Tensor, nn
 
@@ -23,12 +23,43 @@ from .layers import DepthConnection, EncoderLayer, logits_wanted, shares_kv
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
 
 
+class StateViews(Sequence[Tensor]):
+    """Each layer's stack state read as ``(..., d_model)`` through the depth connection's :meth:`~interlayer.core.
+    layers.DepthConnection.view`, computed when first read (then kept).
+
+    Why lazily: a depth connection's state may be wider than ``d_model`` and its view a pass over it
+    (hyper-connections' n streams are summed), while only hidden-state outputs and Multi-Pass read the records;
+    computing every view at every layer would add that pass to every forward. The records hold the states
+    themselves until read or dropped (under autograd they are kept for the backward pass anyway)."""
+
+    def __init__(self, states: list[Any], view: Callable[[Any], Tensor]) -> None:
+        self._states, self._view = states, view
+        self._views: dict[int, Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Tensor]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Tensor, list[Tensor]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]  # negative indices, and the IndexError past the end
+        if i not in self._views:
+            self._views[i] = self._view(self._states[i])
+        return self._views[i]
+
+
 @dataclass
 class EncoderOutput:
     hidden: Tensor  # (B, T, d) the encoder's output (after the final LayerNorm in pre-LN)
     padding_mask: Optional[Tensor]  # (B, T) True at padding
-    states: list[Tensor]  # each layer's output, before the final LayerNorm
-    mids: list[Tensor]  # each layer's state after its self-attention sublayer
+    states: Sequence[Tensor]  # each layer's output, before the final LayerNorm (a list, or StateViews)
+    mids: Sequence[Tensor]  # each layer's state after its self-attention sublayer
     attentions: list[Optional[AttentionIntermediates]]
     # Further outputs that each also receive the training loss (multi-exit training, e.g. one per MPT pass);
     # None means the single output ``hidden``.
@@ -77,8 +108,8 @@ class Encoder(nn.Module):
         ``cache`` (one :class:`KVCache` per layer, causal stacks only) makes ``x`` the new positions of a sequence
         whose earlier positions the caches hold; ``key_padding_mask`` then covers every position, cached and new.
         """
-        states: list[Tensor] = []
-        mids: list[Tensor] = []
+        states: list[Any] = []  # the stack states; with a depth connection, read through its view (StateViews)
+        mids: list[Any] = []
         attentions: list[Optional[AttentionIntermediates]] = []
         prev_logits: Optional[Tensor] = None
         embedded = x
@@ -100,18 +131,17 @@ class Encoder(nn.Module):
                         cache=cache[i] if cache is not None else None, kv_history=kv_history, **extra)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
-            if depth is None:
-                states.append(x)
-                mids.append(out.mid)
-            else:
+            if depth is not None:
                 x = depth.after_layer(i, x, depth_state)
-                states.append(depth.view(x))
-                mids.append(depth.view(out.mid))
+            states.append(x)
+            mids.append(out.mid)
             attentions.append(out.attention if need_intermediates else None)
+        records: tuple[Sequence[Tensor], Sequence[Tensor]] = (states, mids)
         if depth is not None:
             x = depth.finish(x, depth_state)
-        return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=states, mids=mids,
-                             attentions=attentions, embedded=embedded)
+            records = (StateViews(states, depth.view), StateViews(mids, depth.view))
+        return EncoderOutput(hidden=self.finish(x), padding_mask=key_padding_mask, states=records[0],
+                             mids=records[1], attentions=attentions, embedded=embedded)
 
     def finish(self, x: Tensor) -> Tensor:
         return self.final_norm(x) if self.final_norm is not None else x

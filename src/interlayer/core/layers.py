@@ -85,11 +85,14 @@ class DepthConnection(nn.Module):
     (what it returns is the next layer's input) and :meth:`finish` on the last one (before the final LayerNorm);
     ``state`` is whatever :meth:`start` returned for this run (e.g. the earlier layers' outputs), so one module
     serves several runs (Multi-Pass passes, cached decoding steps) without state of its own. :meth:`view` reads a
-    stack state as ``(..., d_model)`` for the recorded ``states``/``mids``. :meth:`attention_inputs`, asked before
-    each layer, may give that layer's self-attention its own query, key and value inputs (the layer's input stays
-    the residual; default None: the layer's input plays every role). A depth connection must act on each position
-    alone (across depth, never across positions): then the causal stack stays causal, and incremental decoding,
-    which runs the stack on the new positions only, equals the full forward pass.
+    stack state as ``(..., d_model)`` for the recorded ``states``/``mids``, when they are read
+    (:class:`~interlayer.core.encoder.StateViews`). :meth:`attention_inputs`, asked before each layer, may give that
+    layer's self-attention its own query, key and value inputs (the layer's input stays the residual; default None:
+    the layer's input plays every role). The stack state is whatever :meth:`start` and the layers' residual modules
+    agree on: the core only hands it on (hyper-connections' kernel path passes a pending state, a sublayer's output
+    not yet merged into the streams, from one residual module to the next). A depth connection must act on each
+    position alone (across depth, never across positions): then the causal stack stays causal, and incremental
+    decoding, which runs the stack on the new positions only, equals the full forward pass.
     """
 
     def start(self, x: Tensor) -> tuple[Tensor, Any]:

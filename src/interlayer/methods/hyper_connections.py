@@ -52,7 +52,7 @@ Choices where the paper leaves room:
   encoder-decoder. Everything acts on each position alone, so the causal LM stays causal and incremental decoding
   with the KV cache equals the full forward pass (tested).
 * **Records**: the stack's recorded ``states`` and ``mids`` are the sums of the streams (what the final norm
-  reads), so hidden-state outputs keep their ``(B, T, d)`` shape.
+  reads), so hidden-state outputs keep their ``(B, T, d)`` shape; each is computed when read.
 * **Output-layer initialisation** (Sec. 4, "Implementation": the std of the attention's output projection and
   the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
   not say in which direction, and the initial model is then no longer the pre-norm one.
@@ -62,7 +62,10 @@ Choices where the paper leaves room:
   part is added element-wise), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
   with TF32 allowed, fp32 products may still round them to TF32's 10-bit mantissa, as the paper's own matmul
   would). The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions
-  are not). The layouts tried and their step costs: docs/benchmarks.md.
+  are not). The layouts tried and their step costs: docs/benchmarks.md. This is the reference path
+  (``interlayer.kernels.hyper_connections.reference_width``); on a GPU the connections run as fused Triton
+  kernels (the same module: a sublayer's depth connection stays pending and is written in one pass with the next
+  sublayer's width connection, the dynamic coefficients computed in that pass; its docstring has the cost model).
 * **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
   neither paper says which of the n streams would receive them.
 """
@@ -77,8 +80,8 @@ from torch import Tensor, nn
 
 from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
-from ..core.precision import fp32_island
 from ..errors import ConfigError
+from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
 from .base import MethodBase
 
 if TYPE_CHECKING:
@@ -146,43 +149,27 @@ class HyperConnection(nn.Module):
             self.alpha_scale = nn.Parameter(torch.tensor(float(scale_init)))
             self.beta_scale = nn.Parameter(torch.tensor(float(scale_init)))
 
-    def weights(self, streams: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-        """The static ``[A_m | A_r]`` ``(n, n+1)`` and ``B`` ``(n,)``, and the dynamic parts of Eq. 11-13 (None for
-        SHC): ``s_alpha tanh(H_bar W_{m,r})`` ``(n, ..., n+1)`` and ``s_beta tanh(H_bar W_beta)`` ``(n, ...)``, to
-        be added to the static ones."""
+    def params(self) -> HCParams:
+        """The parameters as the kernels' module takes them (the dynamic ones None for SHC)."""
         if not self.dynamic:
-            return self.static_alpha, self.static_beta, None, None
-        n = self.rate
-        w = torch.tanh(self.stream_norm(streams) @ self.dynamic_weight)
-        return self.static_alpha, self.static_beta, self.alpha_scale * w[..., :n + 1], self.beta_scale * w[..., n + 1]
+            return HCParams(self.static_alpha, self.static_beta)
+        return HCParams(self.static_alpha, self.static_beta, self.dynamic_weight, self.stream_norm.weight,
+                        self.stream_norm.bias, self.alpha_scale, self.beta_scale, self.stream_norm.eps)
 
-    def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
-        """``streams`` ``(n, ..., d)``, the stream index first, so the static width connection ``[A_m | A_r]^T H``
-        (Algorithm 2's matmul) is one ``(n+1, n) x (n, positions * d)`` product over the whole batch: row 0 the
-        sublayer's input ``A_m^T H``, rows 1.. the kept streams ``A_r^T H``; the dynamic part adds, per position,
-        ``sum_j alpha_dyn[j] H[j]`` (n element-wise terms). With the streams last, the same product ran as one tiny
-        matmul per position, with copies, at twice the time (docs/benchmarks.md)."""
-        static_alpha, static_beta, dynamic_alpha, dynamic_beta = self.weights(streams)
-        n = self.rate
-        # Autocast off: under bf16 autocast the residual streams stay in their own dtype instead of being rounded at
-        # every sublayer; A's exact 0/1 at initialisation reproduce H exactly in fp32 (the n=1 identity holds).
-        with fp32_island(streams.device):
-            mixed = (static_alpha.to(streams.dtype).t() @ streams.reshape(n, -1)).view(n + 1, *streams.shape[1:])
-        beta = static_beta.to(streams.dtype).view(n, *([1] * (streams.dim() - 1)))
-        if dynamic_alpha is not None:
-            coefficients = dynamic_alpha.to(streams.dtype).movedim(-1, 1).unsqueeze(-1)  # (n, n+1, ..., 1)
-            for j in range(n):
-                mixed = mixed + coefficients[j] * streams[j]
-            beta = beta + dynamic_beta.to(streams.dtype).unsqueeze(-1)
-        h0 = mixed[0]
+    def split(self, streams: State, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
+        """The width connection (Eq. 3-4): ``[A_m | A_r]^T H``, row 0 the sublayer's input ``A_m^T H`` (then its
+        pre-norm), rows 1.. the kept streams ``A_r^T H`` (the carry). ``streams`` is the stack state, ``(n, ..., d)``,
+        or, on the kernel path, the previous sublayer's pending depth connection, written in the same pass
+        (interlayer.kernels.hyper_connections)."""
+        h0, carry = width_connection(streams, self.params())
         if branch_add is not None:
             h0 = h0 + branch_add
-        return self.norm(h0), (mixed[1:], beta)
+        return self.norm(h0), carry
 
-    def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
-        """Eq. 5: ``B^T T(h_0) + H'``, the sublayer's output scaled into every stream."""
-        kept, beta = carry
-        return beta * self.dropout(branch_out) + kept
+    def combine(self, carry: Any, branch_out: Tensor) -> State:
+        """Eq. 5: ``B^T T(h_0) + H'``, the sublayer's output scaled into every stream (on the kernel path, pending
+        until the next width connection or the streams' sum)."""
+        return depth_connection(carry, self.dropout(branch_out))
 
     def madds(self, t: int) -> int:
         """The width connection ``[A_m | A_r]^T H`` and, when dynamic, the projection ``norm(H) W`` (the depth
@@ -202,11 +189,11 @@ class Streams(DepthConnection):
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
         return x.unsqueeze(0).expand(self.rate, *x.shape), None
 
-    def finish(self, h: Tensor, state: Any) -> Tensor:
-        return h.sum(0)
+    def finish(self, h: State, state: Any) -> Tensor:
+        return stream_sum(h)
 
-    def view(self, h: Tensor) -> Tensor:
-        return h.sum(0)
+    def view(self, h: State) -> Tensor:
+        return stream_sum(h)
 
 
 class _HyperConnectionsMethod(MethodBase):

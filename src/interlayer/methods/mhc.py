@@ -73,7 +73,7 @@ from torch import Tensor, nn
 
 from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
-from ..core.precision import fp32_island
+from ..kernels.precision import fp32_island
 from ..errors import ConfigError
 from .base import MethodBase
 from .hyper_connections import SUBLAYERS

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -236,10 +236,10 @@ class MultiPassEncoder(Encoder):
 
         return inject
 
-    def _soft_source(self, features: list[Tensor], transition: int) -> Callable[[int], Tensor]:
+    def _soft_source(self, features: Sequence[Tensor], transition: int) -> Callable[[int], Tensor]:
         """``k -> sum_j alpha_kj features_j`` (Eq. 6), as an element-wise weighted sum rather than a matmul: its
         ``N^2 T d`` multiply-adds are ~N/(12 d) of a layer's and are left out of :meth:`madds`."""
-        stacked = torch.stack(features)
+        stacked = torch.stack(list(features))  # the records may be read lazily (core.encoder.StateViews)
         alpha = self._alpha()[transition].to(stacked.dtype)
         return lambda k: (alpha[k].view(-1, 1, 1, 1) * stacked).sum(0)
 

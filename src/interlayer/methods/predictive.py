@@ -99,7 +99,7 @@ from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
 from ..core.attention import KVCache, MixerContext
 from ..core.components import Components
-from ..core.precision import fp32_island
+from ..kernels.precision import fp32_island
 from ..errors import ConfigError
 from ..kernels import predictive_maps
 from .conv_branch import attention_heads, check_kernel, check_sides

@@ -1,4 +1,4 @@
-"""Mixed-precision helpers the core and the methods share."""
+"""Mixed-precision helpers the kernels, the core and the methods share (plain tensor code, the bottom of the layers)."""
 from __future__ import annotations
 
 import contextlib
