@@ -97,6 +97,12 @@ class StepCost:
         """Seconds the step takes at least on ``peak``: ``max(FLOPs / peak rate, bytes / bandwidth)``."""
         return max(self.flops / peak.flops_for(precision), self.total_bytes / peak.bandwidth)
 
+    def serial_bound(self, peak: Peak, precision: str = "bf16") -> float:
+        """``FLOPs / peak rate + bytes / bandwidth``: the bound if the step's arithmetic and its memory traffic never
+        overlap, nearer what a step of separate kernels (each mostly one or the other) can reach than
+        :meth:`bound`, which assumes perfect overlap."""
+        return self.flops / peak.flops_for(precision) + self.total_bytes / peak.bandwidth
+
     def bound_by(self, peak: Peak, precision: str = "bf16") -> str:
         """"arithmetic" or "memory": which side of the roofline the step is on."""
         arithmetic = self.flops / peak.flops_for(precision)

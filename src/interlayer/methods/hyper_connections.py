@@ -171,6 +171,13 @@ class HyperConnection(nn.Module):
         until the next width connection or the streams' sum)."""
         return depth_connection(carry, self.dropout(branch_out))
 
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move here (:func:`interlayer.accounting.step_cost`): the n fp32 streams read
+        and written forward and their gradients read and written backward (16 n bytes a channel, the floor of any
+        implementation that keeps the streams in fp32), and the sublayer norm's output (as the plain residual)."""
+        d, tokens = self.norm.normalized_shape[0], batch * length
+        return {"residual stream": 16.0 * self.rate * tokens * d, "activations": (2.0 * width + 4.0) * tokens * d}
+
     def madds(self, t: int) -> int:
         """The width connection ``[A_m | A_r]^T H`` and, when dynamic, the projection ``norm(H) W`` (the depth
         connection's scaled addition is element-wise and not counted, as residual additions are not)."""

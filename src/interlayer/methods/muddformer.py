@@ -152,7 +152,7 @@ class DenseAggregate(nn.Module):
     def __init__(self, d_model: int, inputs: list[int], ways: int, *, dynamic: bool, prepost_norm: bool,
                  eps: float) -> None:
         super().__init__()
-        self.inputs, self.ways, self.eps = inputs, ways, eps
+        self.inputs, self.ways, self.eps, self.d_model = inputs, ways, eps, d_model
         width = ways * len(inputs)  # App. B: K = C (i + 1)
         self.dynamic = dynamic
         if dynamic:
@@ -189,6 +189,11 @@ class DenseAggregate(nn.Module):
             scale = self.post_scale.to(h.dtype).view(self.ways, *([1] * (h.dim() - 1)), -1)
             out = _rms(out, self.eps) * scale + h
         return out
+
+    def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
+        """Bytes a training step must move here (:func:`interlayer.accounting.step_cost`): the block outputs this
+        aggregate reads and the ways it writes, in the streams' fp32, forward, and their gradients backward."""
+        return {"depth averages": 8.0 * batch * length * (len(self.inputs) + self.ways) * self.d_model}
 
     def madds(self, t: int) -> int:
         """The weight generator's two products (the aggregation is element-wise, not counted)."""
