@@ -394,7 +394,7 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert markdown.index("## What won") < markdown.index("## Environment") < markdown.index("## Results")
     assert any(line.startswith("**pa** gets **no verdict** against baseline: Δ test bleu ") and
                "% of the parameters" in line and "x the measured training throughput" in line
-               and line.endswith(", 30 s of training per run (measured).")
+               and "(1.00x-1.00x seed by seed)" in line and line.endswith(", 30 s of training per run (measured).")
                for line in report.verdicts), report.verdicts
     assert report.warning and "still falling steeply" in report.warning and "Warning: still learning" in markdown
     assert "not recorded: this report was written outside a compare run" in markdown
@@ -420,7 +420,10 @@ def test_still_falling_curves_are_told_apart_from_levelled_ones():
     assert still_falling([straight], higher_is_better=False) and still_falling([slow_end], False)
     rising = [(x, 100 - y) for x, y in slow_end]  # accuracy that still rises
     assert still_falling([rising], higher_is_better=True) and not still_falling([rising], higher_is_better=False)
-    assert not still_falling([straight[:3]], False)  # too few validations to say
+    # whatever the number of validations: three that still fall are still learning, three that levelled are not
+    assert still_falling([straight[:3]], False) and still_falling([straight[:2]], False)
+    assert still_falling([[(100.0, 3.0), (200.0, 2.5), (300.0, 2.49)]], False) is False
+    assert still_falling([straight[:1]], False) is None and still_falling([], False) is None  # one: cannot tell
 
 
 def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
