@@ -90,7 +90,7 @@ def _byte_alphabet() -> dict[str, int]:
 # A split between a non-space character and a newline is always a boundary of GPT-2's pre-tokenizer (no piece holds
 # both), and each side is pre-tokenized as in the whole text (a whitespace run is split by what follows it, which
 # stays in its chunk), so encoding the pieces in parallel gives exactly the ids of the whole text at once (tested).
-_CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
+CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
 
 
 class ByteBPETokenizer:
@@ -119,7 +119,7 @@ class ByteBPETokenizer:
         return self.tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        chunks = _CHUNK_BOUNDARY.split(text)
+        chunks = CHUNK_BOUNDARY.split(text)
         ids = [i for encoding in self.tokenizer.encode_batch(chunks) for i in encoding.ids]
         spelled = sum(len(self._bytes[i]) for i in ids)
         if spelled != len(text.encode("utf-8")):
@@ -178,7 +178,7 @@ def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size:
     """``char``: the characters of ``all_text`` (every split); ``bpe``: BPE of ``vocab_size`` on ``train`` alone."""
     if kind == "char":
         return CharTokenizer.train(all_text)
-    return ByteBPETokenizer.train(_CHUNK_BOUNDARY.split(train), vocab_size)
+    return ByteBPETokenizer.train(CHUNK_BOUNDARY.split(train), vocab_size)
 
 
 def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:

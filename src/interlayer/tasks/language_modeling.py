@@ -58,11 +58,11 @@ from ..config import ModelConfig
 from ..core.config import check_choices
 from ..core.generation import SamplingOptions
 from ..data.corpus import load_corpus, read_text, resolve
-from ..data.lm_tokenizers import (IdTokenizer, Kind, LMTokenizer, chars_tokenizer, load_tokenizer, save_tokenizer,
-                                  tokenizer_from_json, train_tokenizer)
+from ..data.lm_tokenizers import (TOKENIZER_FILE, IdTokenizer, Kind, LMTokenizer, chars_tokenizer, load_tokenizer,
+                                  save_tokenizer, tokenizer_from_json, train_tokenizer)
 from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
 from ..errors import ConfigError, DataError
-from ..fileio import write_atomic
+from ..fileio import read_json, write_atomic
 from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
@@ -319,6 +319,33 @@ def generate_ids(model: nn.Module, prompt: list[int], options: SamplingOptions, 
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(torch.tensor([prompt] * samples, device=device), options, generator=generator)
     return [row[:length].tolist() for row, length in zip(out.tokens.cpu(), out.lengths.tolist())]
+
+
+def tokenizer_of(path: Union[str, Path]) -> LMTokenizer:
+    """The tokenizer in ``path`` (a folder, or its ``tokenizer.json``), for ``interlayer prepare lm``: an interlayer
+    run's (``RUN_DIR`` or ``RUN_DIR/best``: characters or byte-level BPE), or a GPT-2-style Hugging Face tokenizer
+    (``vocab.json`` + ``merges.txt``, or a BPE ``tokenizer.json``) run through GPT-2's byte-level pipeline
+    (:func:`~interlayer.pretrained.gpt2.load_gpt2_tokenizer`: transformers' ids). A ``tokenizer.json`` whose
+    normaliser or pre-tokenizer is not GPT-2's (Llama-3's regex, a SentencePiece Metaspace) is refused: that
+    pipeline would give other ids than the tokenizer's own."""
+    from ..pretrained.gpt2 import load_gpt2_tokenizer
+
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--tokenizer {path}: no such folder (give char, bpe, a run folder, or a GPT-2 "
+                                "tokenizer folder: vocab.json + merges.txt or tokenizer.json)")
+    own = folder / TOKENIZER_FILE
+    data = read_json(own, DataError, optional=True)
+    if "kind" in data:  # interlayer's own
+        return tokenizer_from_json(data, str(own))
+    if data:
+        pre = data.get("pre_tokenizer") or {}
+        if data.get("normalizer") or pre.get("type") != "ByteLevel" or pre.get("use_regex", True) is not True:
+            raise DataError(f"{own}: its pre-tokenizer ({json.dumps(pre)[:120]}) or normaliser is not GPT-2's "
+                            "byte-level one, so GPT-2's pipeline would give other ids than this tokenizer; interlayer "
+                            "prepares text with GPT-2-style tokenizers only (GPT-2, and those trained like it)")
+    return load_gpt2_tokenizer(folder)
 
 
 # nanoGPT's config/train_shakespeare_char.py: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a cosine to 1e-4
