@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable, Optional, Sequence, get_args
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
@@ -27,6 +27,10 @@ from .tasks import task_specs
 from .training.engine import BEST_DIR, DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
+from .training.cluster import parse_time
+
+if TYPE_CHECKING:
+    from .training.cluster import LauncherSettings
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
@@ -156,10 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser(
         "compare", help="train variants side by side (same budget and seeds) and report them as the papers do",
-        description="Train every variant for every seed, one process per run, under the same time budget, then "
-                    "write DIR/report.md and a self-contained DIR/report.html (table with mean ± std over seeds and "
-                    "the difference to the baseline, learning curves, size/cost bars, and each method's own "
-                    "picture). Ctrl-C stops cleanly; the same command continues. See docs/compare.md.")
+        description="Train every variant for every seed, one process (or, with --launcher submitit, one SLURM job) "
+                    "per run, under the same budget (--budget-steps optimiser steps, or --budget-minutes of "
+                    "training, else the task's epoch limits), then write DIR/report.md, DIR/report.csv, "
+                    "DIR/report.tex and a self-contained DIR/report.html (the table with mean ± std over seeds and "
+                    "the difference to the baseline by the paired test where the seeds match, learning curves, "
+                    "size/cost bars, and each method's own picture). Ctrl-C stops cleanly; the same command "
+                    "continues. See docs/compare.md.")
     compare.add_argument("--task", help="task name (interlayer train --help lists them)")
     compare.add_argument("--variants", action="append", default=[], metavar="V1,V2,...",
                          help="named variants (--list-variants), presets, .json/.yaml configs, or "
@@ -192,11 +199,62 @@ def build_parser() -> argparse.ArgumentParser:
                               f"{COMPARE_DEFAULT['jobs']} jobs (docs/compare.md; any flag given overrides its part)")
     compare.add_argument("--jobs", type=int,
                          help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
-                              "(default 1; 2 with --default); keep it the same for every run of one comparison")
+                              "(default 1; 2 with --default); keep it the same for every run of one comparison "
+                              "(--launcher local only)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_device_arguments(compare, training=True)
+    _add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
     return parser
+
+
+def _slurm_time(text: str) -> int:
+    """An argparse type: ``--slurm-time`` in minutes (:func:`~interlayer.training.cluster.parse_time`)."""
+    try:
+        return parse_time(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--slurm-time ")) from None
+
+
+def _add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--launcher`` and the ``--slurm-*`` options of compare and search (training/cluster.py)."""
+    group = parser.add_argument_group("launcher", f"where each {unit} trains (docs/compare.md, 'On a SLURM cluster')")
+    group.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                       help=f"local: processes on this machine (default); submitit: each {unit} one SLURM job, "
+                            "submitted as a job array and followed until it ends (pip install interlayer[slurm])")
+    group.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
+    group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
+                       help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
+    group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
+                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00); "
+                            "a run that reaches it saves and is submitted again, resuming (default: the partition's)")
+    group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
+                       help="jobs of one array running at once (default: submitit's, 256)")
+    group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option submitit knows, '-' written '_' (mem_gb=64, cpus_per_task=8, "
+                            "constraint=a100, account=NAME, qos=NAME; repeatable)")
+    group.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
+                       help="slurm (default); local: the same jobs as processes on this machine (submitit's local "
+                            "executor, a dry run of the cluster path); debug: in this process")
+
+
+def _launcher(args: argparse.Namespace) -> Optional["LauncherSettings"]:
+    """The launcher settings of ``--launcher submitit``, or None for the local launcher (whose ``--slurm-*``
+    options would do nothing, so they are refused)."""
+    from .training.cluster import LauncherSettings, parse_slurm_sets
+
+    given = [f"--{name.replace('_', '-')}" for name in ("slurm_partition", "slurm_time", "slurm_array_parallelism")
+             if getattr(args, name) is not None] + (["--slurm-set"] if args.slurm_set else [])
+    if args.launcher == "local":
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to --launcher submitit only")
+        return None
+    launcher = LauncherSettings(cluster=args.slurm_cluster, partition=args.slurm_partition,
+                                gpus_per_run=args.slurm_gpus_per_run, time_minutes=args.slurm_time,
+                                array_parallelism=args.slurm_array_parallelism,
+                                extra=parse_slurm_sets(args.slurm_set))
+    launcher.validate()
+    return launcher
 
 
 def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -464,9 +522,13 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
                              budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
+    launcher = _launcher(args)
+    if launcher is not None and args.jobs is not None:
+        raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
+                          "run at once with --slurm-array-parallelism)")
     result = run_compare(settings, output, command=["interlayer", *argv],
-                         jobs=1 if chosen["jobs"] is None else chosen["jobs"],
-                         selections=parse_selections(args.select), margin=args.margin)
+                         jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
+                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher)
     if result.interrupted:
         return 130
     return 1 if result.failed else 0

@@ -66,7 +66,7 @@ class RunRecord:
     variant: str
     seed: int
     run_dir: Path
-    state: str  # finished | interrupted | failed | not started
+    state: str  # finished | interrupted | failed | cancelled (a cluster job) | not started
     results: dict[str, Any] = field(default_factory=dict)
     curve: list[tuple[float, float]] = field(default_factory=list)  # (training minutes, validation metric)
     best_valid: Optional[float] = None
@@ -158,8 +158,8 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
                                         "again")
     if results is not None:
         record.state, record.results = "finished", results
-    elif status.get(record.name, {}).get("status") == "failed":
-        record.state, record.detail = "failed", status[record.name].get("detail", "")
+    elif status.get(record.name, {}).get("status") in ("failed", "cancelled"):
+        record.state, record.detail = status[record.name]["status"], status[record.name].get("detail", "")
     elif (run_dir / "run.json").is_file():
         record.state = "interrupted"
     return record
@@ -240,8 +240,9 @@ def speed_ratio_text(s: VariantSummary, base: VariantSummary, words: str = "") -
     ratio, spread = _ratio(s.speed, base.speed), ratio_range(s.speeds, base.speeds)
     if ratio is None:
         return "–"
-    return f"{ratio:.2f}x{words}" + (f" ({spread[0]:.2f}x-{spread[1]:.2f}x seed by seed)" if words else
-                                     f" ({spread[0]:.2f}x-{spread[1]:.2f}x)") * bool(spread and len(s.speeds) > 1)
+    if spread is None or len(s.speeds) < 2:
+        return f"{ratio:.2f}x{words}"
+    return f"{ratio:.2f}x{words} ({spread[0]:.2f}x-{spread[1]:.2f}x{' seed by seed' if words else ''})"
 
 
 def cost_rows(summaries: list[VariantSummary], baseline: str) -> list[list[str]]:
@@ -589,15 +590,19 @@ def load_average() -> Optional[float]:
 
 
 def environment(plan: Plan, threads: Optional[int], jobs: int, wall_seconds: Optional[float],
-                load_at_start: Optional[float]) -> Environment:
+                load_at_start: Optional[float], cluster: Optional[str] = None) -> Environment:
     """The environment of a comparison that has just run: ``threads`` is the runner's torch threads per run (a
-    config's ``train.threads`` wins), ``jobs`` the runs at a time."""
+    config's ``train.threads`` wins), ``jobs`` the runs at a time; ``cluster`` where the runs ran when they were
+    cluster jobs (the runs' own logs name their nodes)."""
     device = str(plan.settings.sets.get("train.device", "auto"))
-    if device in ("auto", "cuda") and torch.cuda.is_available():
+    if cluster is not None:
+        device_text = f"{device} on {cluster}"
+    elif device in ("auto", "cuda") and torch.cuda.is_available():
         device_text = f"{device}: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} GPU(s))"
     else:
         device_text = f"{device}: CPU, {cpu_name()}, {os.cpu_count()} logical core(s)"
-    per_run = plan.settings.sets.get("train.threads") or threads or torch.get_num_threads()
+    per_run = plan.settings.sets.get("train.threads") or threads or (
+        "the job's cores (SLURM_CPUS_PER_TASK, else all)" if cluster else torch.get_num_threads())
     end = load_average()
     load = " -> ".join("–" if v is None else f"{v:.2f}" for v in (load_at_start, end)) + " (start -> end)"
     return Environment(git_commit(), torch.__version__, device_text, f"{per_run} torch thread(s) per run, {jobs} "
