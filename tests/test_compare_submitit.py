@@ -166,7 +166,7 @@ def test_the_job_body_turns_the_time_limit_signal_into_a_clean_stop(tmp_path, mo
     monkeypatch.setenv("SUBMITIT_DEBUG_JOB_ID", "test")  # what submitit's debug executor sets in its job
     previous = signal.getsignal(signal.SIGUSR2)
     try:
-        assert job_body(run, {}, None)["code"] == 3 and stopped == ["SIGTERM"]
+        assert job_body(run, {}, None)["value"] == 3 and stopped == ["SIGTERM"]
 
         log, answer = tmp_path / "run.log", tmp_path / "result.json"
         code = ("import json; from pathlib import Path; from interlayer.training.cluster import job_body\n"
@@ -176,7 +176,7 @@ def test_the_job_body_turns_the_time_limit_signal_into_a_clean_stop(tmp_path, mo
                                 env={**os.environ, "PYTHONPATH": str(SRC)})
         assert result.returncode == 0, result.stderr
         outcome = json.loads(answer.read_text())
-        assert outcome["code"] == 1 and outcome["detail"] == "ValueError: no such data"
+        assert outcome["value"] is None and outcome["error"] == "ValueError: no such data"
         assert "Traceback" in log.read_text() and "ValueError: no such data" in log.read_text()
     finally:
         signal.signal(signal.SIGUSR2, previous)

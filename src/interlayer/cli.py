@@ -426,7 +426,9 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                                                       "postgresql://USER:PASSWORD@HOST/DB for many machines)")
     mpt.add_argument("--study", default="mpt-search", help="study name in the storage (default mpt-search)")
     mpt.add_argument("--output", metavar="DIR", help="search directory (default runs/search/mpt-TASK)")
-    mpt.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    mpt.add_argument("--workers", type=int, default=1,
+                     help="worker processes on this machine (default 1); with --launcher submitit: trials in flight at "
+                          "once, each its own job")
     mpt.add_argument("--seed", type=int, default=1, help="seed of every trial's training and of the sampler")
     mpt.add_argument("--retry-lost", type=int, default=0, metavar="R",
                      help="re-run a lost trial (worker killed, machine down) up to R times (default 0)")
@@ -434,6 +436,7 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                      help="heartbeat interval; a trial silent for twice this is lost (default 60)")
     mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
     _add_device_arguments(mpt, training=True)
+    _add_launcher_arguments(mpt, "trial")
 
 
 def _models(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -552,7 +555,13 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.report_only:
         print(write_report(settings))
         return 0
-    outcome = run_search(settings)
+    launcher = _launcher(args)
+    if launcher is None:
+        outcome = run_search(settings)
+    else:
+        from .search.launch import run_search_jobs
+
+        outcome = run_search_jobs(settings, launcher)
     print(outcome.report)
     return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
 

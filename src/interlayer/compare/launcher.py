@@ -198,7 +198,7 @@ class SubmititRunner:
             detail = f"job {job_id} ended without a result (its process is gone)"
             self.echo(f"{tracked.label}: lost ({detail}); the same command submits it again")
             return RunOutcome(tracked.name, "interrupted", seconds, detail)
-        code, detail = job_result(tracked.job)
+        code, error = job_result(tracked.job)
         if code == FINISHED and read_results(tracked.run_dir) is not None:
             results = read_results(tracked.run_dir) or {}
             metric = f"test_{self.plan.task.metric}"
@@ -208,7 +208,7 @@ class SubmititRunner:
         if code in (INTERRUPTED, STOPPED_OUTSIDE_TRAINING):
             self.echo(f"{tracked.label}: job {job_id} stopped (time limit or signal) after saving its checkpoint")
             return RunOutcome(tracked.name, "interrupted", seconds, f"job {job_id} stopped by a signal")
-        detail = f"job {job_id}: {detail or 'no result'}"
+        detail = f"job {job_id}: {error or f'exit code {code}'}"
         self.echo(f"{tracked.label}: FAILED ({detail}); see {tracked.log}. The other runs go on.")
         return RunOutcome(tracked.name, "failed", seconds, detail)
 

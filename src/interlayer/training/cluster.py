@@ -17,8 +17,9 @@ use) or inside this process (``debug``, submitit's ``DebugExecutor``).
   ``checkpoint_last`` and returns "interrupted": the launcher submits the run again, resuming (submitit's own
   requeue would instead raise inside the training step, losing the steps since the last save);
 * **no exception escapes**: the function's failure is caught, its traceback printed to the run's log, and the
-  result is ``{"code", "detail", "host"}``, so the launcher reads every outcome the same way (and submitit's
-  debug executor, which opens a debugger on an exception, stays usable in tests).
+  result is ``{"value", "error", "host"}`` (what the function returned, or why it failed), so the launcher reads
+  every outcome the same way (and submitit's debug executor, which opens a debugger on an exception, stays usable
+  in tests).
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ from ..errors import ConfigError
 
 Cluster = Literal["slurm", "local", "debug"]
 JobState = Literal["pending", "running", "done", "cancelled", "lost"]
-FAILED = 1  # the code of a run whose function raised
 # SLURM states of a job that has not ended (sacct); anything else has ended, in success or not
 INCOMPLETE = {"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "CONFIGURING",
               "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
@@ -202,26 +202,26 @@ def refresh(jobs: list[Any]) -> None:
         watcher.update()
 
 
-def job_result(job: Any) -> tuple[Optional[int], str]:
-    """The code :func:`job_body` returned and its detail; ``(None, why)`` when the job ended without one (killed
-    for memory or time, its node failed, cancelled)."""
+def job_result(job: Any) -> tuple[Any, Optional[str]]:
+    """What the job's function returned (:func:`job_body`), or ``(None, why)`` when it failed or the job ended
+    without a result (killed for memory or time, its node failed)."""
     try:
-        value = job.results()[0]
+        result = job.results()[0]
     except Exception as err:  # submitit's UncompletedJobError / FailedJobError, with the log's end
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         return None, " | ".join(lines[:2] + lines[-2:]) if len(lines) > 4 else " | ".join(lines)
-    if isinstance(value, dict):
-        return int(value.get("code", FAILED)), str(value.get("detail", ""))
-    return FAILED, f"unexpected job result {value!r}"
+    if not isinstance(result, dict) or "value" not in result:
+        return None, f"unexpected job result {result!r}"
+    return result["value"], result.get("error")
 
 
 def _stop_before_the_limit(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def job_body(function: Callable[[dict[str, Any]], int], job: dict[str, Any], log: Optional[str]) -> dict[str, Any]:
+def job_body(function: Callable[[dict[str, Any]], Any], job: dict[str, Any], log: Optional[str]) -> dict[str, Any]:
     """What a job runs: ``function(job)`` with the job's ranks, threads, time-limit signal and log (module
-    docstring); returns ``{"code", "detail", "host"}``. ``log``: append stdout and stderr to this file (None: leave
+    docstring); returns ``{"value", "error", "host"}``. ``log``: append stdout and stderr to this file (None: leave
     them, for a debug job in the launcher's own process)."""
     import submitit
 
@@ -240,9 +240,9 @@ def job_body(function: Callable[[dict[str, Any]], int], job: dict[str, Any], log
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
     try:
-        code, detail = function(job), ""
+        value, error = function(job), None
     except Exception as err:  # noqa: BLE001 (every failure becomes a result; the traceback goes to the log)
         traceback.print_exc()
-        code, detail = FAILED, f"{type(err).__name__}: {err}"
+        value, error = None, f"{type(err).__name__}: {err}"
     sys.stdout.flush(), sys.stderr.flush()
-    return {"code": code, "detail": detail, "host": socket.gethostname()}
+    return {"value": value, "error": error, "host": socket.gethostname()}
