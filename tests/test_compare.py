@@ -148,9 +148,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs, selections, margin):
+    def fake_run(settings, output, *, command, jobs, selections, margin, launcher):
         seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections,
-                    margin=margin)
+                    margin=margin, launcher=launcher)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -162,13 +162,16 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     assert int(settings.sets["data.eval_interval"]) * MAIN_JOB_VALIDATIONS == MAIN_JOB_STEPS
     assert settings.sets["train.threads"] == "1"  # the same numbers whatever --jobs and the cores
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
-    assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None
+    assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None and seen["launcher"] is None
     assert main(["compare", "--default", "--margin", "0.02"]) == 0 and seen["margin"] == 0.02
     capsys.readouterr()
     with pytest.raises(SystemExit):  # the help states the default budget the code uses
         main(["compare", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"{DEFAULT['seeds']} seeds, {DEFAULT['budget_steps']} steps each, {DEFAULT['jobs']} jobs" in help_text
+    # true to the defaults: the budget is steps, minutes or epochs (not "the same time budget"); local launcher
+    assert "time budget" not in help_text and "under the same budget (--budget-steps optimiser steps" in help_text
+    assert "local: processes on this machine (default)" in help_text and "GPUs per run (default 1;" in help_text
     assert main(["compare", "--default", "--budget-minutes", "2", "--jobs", "1"]) == 0
     assert seen["settings"].budget_minutes == 2 and "train.max_steps" not in seen["settings"].sets
     assert seen["jobs"] == 1

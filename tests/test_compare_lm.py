@@ -65,8 +65,8 @@ def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_mod
     assert plan.variant("hyper_connections").madds > base.madds == plan.variant("denseformer").madds
 
 
-# The README's main job, faked: per-seed test losses whose differences from the baseline's are PA's published ones
-# (-0.128, -0.123, -0.088), the other variants near the baseline; LW-1x's seed 3 never finished.
+# The README's main job, faked: per-seed test losses whose differences from the baseline's are the ones issue 42
+# quotes for PA (-0.128, -0.123, -0.088), the other variants near the baseline; LW-1x's seed 3 never finished.
 MAIN_JOB_TEST = {"baseline": [1.921, 1.923, 1.958], "pa": [1.793, 1.800, 1.870],
                  "crossformer_kq": [1.880, 1.950, 1.900], "crossformer_sg": [1.960, 1.959, 1.975],
                  "lw_1x": [1.930, 1.915, None]}
