@@ -130,16 +130,21 @@ def test_the_options_become_sbatch_lines(tmp_path, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a login node, as far as we can tell
     settings = LauncherSettings(partition="gpu", gpus_per_run=2, time_minutes=240, array_parallelism=8,
                                 extra={"mem_gb": 64, "constraint": "a100"})
-    executor = make_executor(settings, tmp_path / "slurm")
+    executor = make_executor(settings, tmp_path / "slurm", "compare-gpt2")
     script = executor._executor._make_submission_file_text("python -m submitit.core._submit", "uid")
     for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2",
-                 "#SBATCH --nodes=1", "#SBATCH --time=240", "#SBATCH --mem=64GB", "#SBATCH --constraint=a100"):
+                 "#SBATCH --nodes=1", "#SBATCH --time=240", "#SBATCH --mem=64GB", "#SBATCH --constraint=a100",
+                 "#SBATCH --job-name=compare-gpt2", "#SBATCH --signal=USR2@90"):
         assert line in script, script
+    cpu = make_executor(LauncherSettings(gpus_per_run=0, time_minutes=30), tmp_path / "cpu")
+    assert "gpus" not in cpu._executor._make_submission_file_text("cmd", "uid")  # no GPU line for a CPU run
     with pytest.raises(ConfigError, match=r"submitit refuses them: .*'warp_drive'"):
-        make_executor(LauncherSettings(extra={"warp_drive": 9}), tmp_path / "slurm2")
+        make_executor(LauncherSettings(time_minutes=30, extra={"warp_drive": 9}), tmp_path / "slurm2")
+    with pytest.raises(ConfigError, match=r"needs --slurm-time on SLURM .*submitit would give every job 5 minutes"):
+        make_executor(LauncherSettings(), tmp_path / "slurm3")
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ConfigError, match="no sbatch on this machine's PATH"):
-        make_executor(LauncherSettings(), tmp_path / "slurm3")
+        make_executor(LauncherSettings(time_minutes=30), tmp_path / "slurm4")
 
 
 def test_cli_refuses_slurm_options_without_the_launcher_and_jobs_with_it(capsys):

@@ -21,7 +21,7 @@ from .pretrained import TokenizerError
 from .experiment import train
 from .models.registry import get_config, model_catalog
 from .papers import paper_tables
-from .training.concurrency import DirectoryBusy
+from .training.concurrency import DirectoryBusy, available_cores
 from .training.config import PrecisionSetting
 from .tasks import task_specs
 from .training.engine import BEST_DIR, DivergenceError
@@ -226,8 +226,8 @@ def _add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
     group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
                        help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
     group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
-                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00); "
-                            "a run that reaches it saves and is submitted again, resuming (default: the partition's)")
+                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00; "
+                            "required on SLURM); a run that reaches it saves and is submitted again, resuming")
     group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
                        help="jobs of one array running at once (default: submitit's, 256)")
     group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
@@ -380,8 +380,8 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     lm.add_argument("--test-fraction", type=finite_float, default=0.05,
                     help="... and for test, after validation (default 0.05)")
     lm.add_argument("--keep-gutenberg", action="store_true", help="keep Project Gutenberg's headers and footers")
-    lm.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="processes tokenizing at once (default: every core, here %(default)s)")
+    lm.add_argument("--workers", type=int, default=available_cores(),
+                    help="processes tokenizing at once (default: every core this process may use, here %(default)s)")
     lm.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

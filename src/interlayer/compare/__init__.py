@@ -126,7 +126,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
                           None if launcher is None else launcher.describe())
         report = write_report(plan, output, list(command), selections, margin, env)
     echo("")
-    for line in report.verdicts:
+    for line in report.tests + report.verdicts:
         echo(line.replace("**", ""))
     if report.warning:
         echo(report.warning.replace("**", ""))
@@ -135,6 +135,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     echo("")
     echo("measured cost (depends on the machine and its load):")
     echo(report.cost)
+    echo(f"the table as CSV and LaTeX: {', '.join(str(path) for path in report.tables)}")
     for line in report.chosen:
         echo(f"chosen on validation: {line}")
     for note in report.notes:

@@ -71,7 +71,7 @@ class SubmititRunner:
                  echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.launcher, self.echo = plan, Path(output), launcher, echo
         self.folder = self.output / SUBMITIT_FOLDER
-        self.executor = make_executor(launcher, self.folder)
+        self.executor = make_executor(launcher, self.folder, f"compare-{self.output.resolve().name}")
         self.record_path = self.output / JOBS_FILE
         self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
                                        else {"runs": {}})

@@ -244,10 +244,8 @@ def pickle_refusal(root: Path) -> str:
     return (f"{root / PICKLED_META} holds the vocabulary in a pickle, which interlayer never loads (unpickling runs "
             f"whatever code the file contains); give the vocabulary size with --set data.vocab_size=N, or write "
             f"{root / META_FILE} as {{\"vocab_size\": N}} (for a character corpus also \"chars\": the characters in "
-            "id order, for text samples and bits per character); if you trust the pickle, nanoGPT's own keys "
-            "convert with: python -c \"import json, pickle; m = pickle.load(open('meta.pkl', 'rb')); "
-            "json.dump({'vocab_size': m['vocab_size'], 'chars': ''.join(m['itos'][i] for i in "
-            "range(m['vocab_size']))}, open('meta.json', 'w'))\"")
+            "id order, for text samples and bits per character); nanoGPT's own meta.pkl holds them as "
+            "vocab_size and itos, if you trust it enough to unpickle it yourself")
 
 
 # -- writing ---------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class TrialJobs:
         self.settings, self.launcher, self.objective = settings, launcher, objective
         self.output = Path(settings.output)
         self.folder = self.output / SUBMITIT_FOLDER
-        self.executor = make_executor(launcher, self.folder)
+        self.executor = make_executor(launcher, self.folder, f"search-{settings.study}")
         self.record_path = self.output / JOBS_FILE
         self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
                                        else {"trials": {}})

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
-import yaml
-
 from ..errors import ConfigError
+from ..fileio import load_yaml
 
 Cluster = Literal["slurm", "local", "debug"]
 JobState = Literal["pending", "running", "done", "cancelled", "lost"]
@@ -43,6 +42,7 @@ JobState = Literal["pending", "running", "done", "cancelled", "lost"]
 INCOMPLETE = {"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "CONFIGURING",
               "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
 POLL_SECONDS = {"slurm": 30.0, "local": 0.5, "debug": 0.0}  # between looks at the jobs' states
+LOCAL_TIME_MINUTES = 7 * 24 * 60  # a local job's limit without --slurm-time (submitit's own default is 2 minutes)
 
 
 @dataclass
@@ -52,7 +52,9 @@ class LauncherSettings:
     cluster: Cluster = "slurm"
     partition: Optional[str] = None
     gpus_per_run: int = 1  # > 1: that many data-parallel ranks on one node
-    time_minutes: Optional[int] = None  # the job's time limit (submitit's timeout_min); None: the partition's
+    # the job's time limit (submitit's timeout_min); required on SLURM, where submitit would otherwise give 5 minutes;
+    # None elsewhere: no limit to speak of (LOCAL_TIME_MINUTES)
+    time_minutes: Optional[int] = None
     array_parallelism: Optional[int] = None  # jobs of an array running at once; None: submitit's (256)
     extra: dict[str, Any] = field(default_factory=dict)  # --slurm-set KEY=VALUE: any sbatch option submitit knows
 
@@ -61,7 +63,10 @@ class LauncherSettings:
                   (self.time_minutes is None or self.time_minutes >= 1,
                    f"--slurm-time={self.time_minutes} must be at least one minute"),
                   (self.array_parallelism is None or self.array_parallelism >= 1,
-                   f"--slurm-array-parallelism={self.array_parallelism} must be at least 1")]
+                   f"--slurm-array-parallelism={self.array_parallelism} must be at least 1"),
+                  (self.cluster != "slurm" or self.time_minutes is not None,
+                   "--launcher submitit needs --slurm-time on SLURM (e.g. --slurm-time 4:00:00): submitit would give "
+                   "every job 5 minutes; a run longer than the limit saves and is submitted again, resuming")]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -112,7 +117,7 @@ def parse_slurm_sets(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--slurm-set expects KEY=VALUE (e.g. --slurm-set mem_gb=64), got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value) if value else ""
+        out[key.strip()] = load_yaml(value, f"--slurm-set {key.strip()}", inline=True) if value else ""
     return out
 
 
@@ -125,16 +130,18 @@ def require_submitit() -> Any:
     return submitit
 
 
-def make_executor(settings: LauncherSettings, folder: Path) -> Any:
-    """A submitit executor writing its files under ``folder/<job id>/``, with the run's resources."""
+def make_executor(settings: LauncherSettings, folder: Path, name: str = "interlayer") -> Any:
+    """A submitit executor writing its files under ``folder/<job id>/``, with the run's resources; ``name`` is
+    the jobs' name (``squeue`` shows it)."""
     submitit = require_submitit()
     settings.validate()
     if settings.cluster == "slurm" and shutil.which("sbatch") is None:
         raise ConfigError("--launcher submitit: no sbatch on this machine's PATH; run compare on a SLURM login node, "
                           "or try the cluster path here with --slurm-cluster local")
     executor = submitit.AutoExecutor(folder=Path(folder) / "%j", cluster=settings.cluster)
-    parameters: dict[str, Any] = {"nodes": 1, "tasks_per_node": settings.tasks,
-                                  "gpus_per_node": settings.gpus_per_run, "timeout_min": settings.time_minutes,
+    parameters: dict[str, Any] = {"name": name, "nodes": 1, "tasks_per_node": settings.tasks,
+                                  "gpus_per_node": settings.gpus_per_run or None,  # no GPU line for a CPU job
+                                  "timeout_min": settings.time_minutes or LOCAL_TIME_MINUTES,
                                   "slurm_partition": settings.partition,
                                   "slurm_array_parallelism": settings.array_parallelism}
     parameters.update({f"slurm_{key}": value for key, value in settings.extra.items()})
