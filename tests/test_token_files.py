@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from interlayer.cli import main
 from interlayer.data.lm_tokenizers import IdTokenizer
-from interlayer.data.token_files import TokenSplit, open_token_corpus, read_raw, read_shard
+from interlayer.data.token_files import TokenSplit, open_token_corpus, read_shard
 from interlayer.errors import ConfigError, DataError
 from interlayer.tasks.language_modeling import Batches, LanguageModelingTask, LMData
 from interlayer.training.config import TrainConfig

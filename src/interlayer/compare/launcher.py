@@ -3,7 +3,7 @@ until it ends, and re-attached to when ``compare`` itself was stopped or killed 
 
 What is where::
 
-    DIR/jobs.json                 every run's job: its id, tasks, the ids of all its submissions (the record)
+    DIR/jobs.json                 every run's job: its id, tasks, cluster, all its submissions (the record)
     DIR/slurm/<job id>/           submitit's files: the pickled job, its result, submitit's log
     DIR/logs/<variant>-s<seed>.log   the run's own output, appended over submissions (as with --launcher local)
 
@@ -75,7 +75,6 @@ class SubmititRunner:
         self.record_path = self.output / JOBS_FILE
         self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
                                        else {"runs": {}})
-        self.record["cluster"] = launcher.cluster
         self.status_path = self.output / STATUS_FILE
         self.status = read_status(self.status_path)
         # local jobs share this machine: one thread each; a cluster job uses its own cores (SLURM_CPUS_PER_TASK)
@@ -130,8 +129,8 @@ class SubmititRunner:
     def _reattach(self, name: str, label: str, run_dir: Path) -> bool:
         """Follow the run's recorded job again if it is still pending or running."""
         entry = self.record["runs"].get(name)
-        if entry is None:
-            return False
+        if entry is None or entry.get("cluster", self.launcher.cluster) != self.launcher.cluster:
+            return False  # never submitted, or on another cluster than this command's
         job = attach(self.launcher, self.folder, entry["job_id"], entry.get("tasks", 1))
         state = job_state(job) if job is not None else "lost"
         if state not in ("pending", "running"):
@@ -168,7 +167,7 @@ class SubmititRunner:
         for (label, variant, seed), job in zip(items, jobs):
             name = run_name(variant.variant.name, seed)
             entry = self.record["runs"].setdefault(name, {"submissions": []})
-            entry.update(job_id=job.job_id, tasks=self.launcher.tasks)
+            entry.update(job_id=job.job_id, tasks=self.launcher.tasks, cluster=self.launcher.cluster)
             entry["submissions"].append({"job_id": job.job_id, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
             self.tracked[name] = _Tracked(name, label, self.output / RUNS / name, self._log(name), job, "pending",
                                           time.time())

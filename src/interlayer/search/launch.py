@@ -75,7 +75,6 @@ class TrialJobs:
         self.record_path = self.output / JOBS_FILE
         self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
                                        else {"trials": {}})
-        self.record["cluster"] = launcher.cluster
         self.flight: dict[int, _InFlight] = {}
         self.exhausted = False  # every pattern is queued, running or complete
 
@@ -139,7 +138,8 @@ class TrialJobs:
                     for trial, request in requests]
         for (trial, _), job in zip(requests, jobs):
             trial.set_user_attr("job_id", job.job_id)
-            self.record["trials"][str(trial.number)] = {"job_id": job.job_id, "tasks": self.launcher.tasks}
+            self.record["trials"][str(trial.number)] = {"job_id": job.job_id, "tasks": self.launcher.tasks,
+                                                        "cluster": self.launcher.cluster}
             self.flight[trial.number] = _InFlight(trial, job, "pending")
         write_json(self.record_path, self.record)
         print(f"[search] submitted trial(s) {', '.join(str(t.number) for t, _ in requests)} "
@@ -149,7 +149,9 @@ class TrialJobs:
         """Follow the jobs of trials an earlier driver left RUNNING."""
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             entry = self.record["trials"].get(str(trial.number))
-            job = attach(self.launcher, self.folder, entry["job_id"], entry["tasks"]) if entry else None
+            if entry is None or entry.get("cluster", self.launcher.cluster) != self.launcher.cluster:
+                continue  # a local worker's trial, or a job on another cluster than this command's
+            job = attach(self.launcher, self.folder, entry["job_id"], entry["tasks"])
             if job is None:
                 continue
             live = optuna.trial.Trial(study, trial._trial_id)
