@@ -138,3 +138,25 @@ def test_one_validation_cannot_show_that_training_levelled_off(plan, tmp_path):
     report = write_report(plan, out, ["interlayer", "compare", "..."])
     assert report.warning.startswith("**Warning: still learning.** baseline, pa validated only once per run, so "
                                      "whether training had levelled off cannot be told")
+
+
+def test_what_a_seed_shares_between_the_main_jobs_variants(tmp_path):
+    """The report's and the docs' statement, pinned: under one seed, a variant starts from the baseline's values in
+    every tensor created before its construction first differs (Crossformer-SG 36 of 36, Crossformer-KQ 33, PA 18,
+    LW-1x 12 on the main job's model), because the seed fixes the stream the model is initialised from."""
+    import torch
+    from interlayer.compare import DEFAULT
+
+    path = tmp_path / "book.txt"
+    path.write_text(TEXT)
+    sets = {**dict(s.split("=", 1) for s in DEFAULT["sets"]), "data.path": str(path), "data.block_size": "16"}
+    plan = build_plan(make_settings("lm", DEFAULT["variants"], budget_steps=4, sets=sets))
+    weights = {}
+    for planned in plan.variants:
+        torch.manual_seed(1)  # as experiment.initial_model seeds a fresh run
+        weights[planned.variant.name] = plan.spec.model_from_dict(planned.model).state_dict()
+    base = weights["baseline"]
+    shared = {name: sum(key in w and w[key].shape == t.shape and torch.equal(w[key], t) for key, t in base.items())
+              for name, w in weights.items()}
+    assert len(base) == 36 and shared == {"baseline": 36, "pa": 18, "crossformer_kq": 33, "crossformer_sg": 36,
+                                          "lw_1x": 12}
