@@ -148,9 +148,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs, selections, margin):
+    def fake_run(settings, output, *, command, jobs, selections, margin, launcher):
         seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections,
-                    margin=margin)
+                    margin=margin, launcher=launcher)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -162,13 +162,16 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     assert int(settings.sets["data.eval_interval"]) * MAIN_JOB_VALIDATIONS == MAIN_JOB_STEPS
     assert settings.sets["train.threads"] == "1"  # the same numbers whatever --jobs and the cores
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
-    assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None
+    assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None and seen["launcher"] is None
     assert main(["compare", "--default", "--margin", "0.02"]) == 0 and seen["margin"] == 0.02
     capsys.readouterr()
     with pytest.raises(SystemExit):  # the help states the default budget the code uses
         main(["compare", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"{DEFAULT['seeds']} seeds, {DEFAULT['budget_steps']} steps each, {DEFAULT['jobs']} jobs" in help_text
+    # true to the defaults: the budget is steps, minutes or epochs (not "the same time budget"); local launcher
+    assert "time budget" not in help_text and "under the same budget (--budget-steps optimiser steps" in help_text
+    assert "local: processes on this machine (default)" in help_text and "GPUs per run (default 1;" in help_text
     assert main(["compare", "--default", "--budget-minutes", "2", "--jobs", "1"]) == 0
     assert seen["settings"].budget_minutes == 2 and "train.max_steps" not in seen["settings"].sets
     assert seen["jobs"] == 1
@@ -394,7 +397,7 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert markdown.index("## What won") < markdown.index("## Environment") < markdown.index("## Results")
     assert any(line.startswith("**pa** gets **no verdict** against baseline: Δ test bleu ") and
                "% of the parameters" in line and "x the measured training throughput" in line
-               and line.endswith(", 30 s of training per run (measured).")
+               and "(1.00x-1.00x seed by seed)" in line and line.endswith(", 30 s of training per run (measured).")
                for line in report.verdicts), report.verdicts
     assert report.warning and "still falling steeply" in report.warning and "Warning: still learning" in markdown
     assert "not recorded: this report was written outside a compare run" in markdown
@@ -420,7 +423,10 @@ def test_still_falling_curves_are_told_apart_from_levelled_ones():
     assert still_falling([straight], higher_is_better=False) and still_falling([slow_end], False)
     rising = [(x, 100 - y) for x, y in slow_end]  # accuracy that still rises
     assert still_falling([rising], higher_is_better=True) and not still_falling([rising], higher_is_better=False)
-    assert not still_falling([straight[:3]], False)  # too few validations to say
+    # whatever the number of validations: three that still fall are still learning, three that levelled are not
+    assert still_falling([straight[:3]], False) and still_falling([straight[:2]], False)
+    assert still_falling([[(100.0, 3.0), (200.0, 2.5), (300.0, 2.49)]], False) is False
+    assert still_falling([straight[:1]], False) is None and still_falling([], False) is None  # one: cannot tell
 
 
 def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable, Optional, Sequence, get_args
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, get_args
 
 from pathlib import Path
 
@@ -21,12 +21,16 @@ from .pretrained import TokenizerError
 from .experiment import train
 from .models.registry import get_config, model_catalog
 from .papers import paper_tables
-from .training.concurrency import DirectoryBusy
+from .training.concurrency import DirectoryBusy, available_cores
 from .training.config import PrecisionSetting
 from .tasks import task_specs
 from .training.engine import BEST_DIR, DivergenceError
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tables import format_table
+from .training.cluster import parse_time
+
+if TYPE_CHECKING:
+    from .training.cluster import LauncherSettings
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
@@ -134,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_generate_parser(sub)
     _add_export_parser(sub)
+    _add_prepare_parser(sub)
 
     evaluate = sub.add_parser("evaluate", help="score a trained model on a task's test data (or given files)",
                               description="Score a saved model folder (RUN_DIR/best, RUN_DIR/averaged) with its "
@@ -155,10 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser(
         "compare", help="train variants side by side (same budget and seeds) and report them as the papers do",
-        description="Train every variant for every seed, one process per run, under the same time budget, then "
-                    "write DIR/report.md and a self-contained DIR/report.html (table with mean ± std over seeds and "
-                    "the difference to the baseline, learning curves, size/cost bars, and each method's own "
-                    "picture). Ctrl-C stops cleanly; the same command continues. See docs/compare.md.")
+        description="Train every variant for every seed, one process (or, with --launcher submitit, one SLURM job) "
+                    "per run, under the same budget (--budget-steps optimiser steps, or --budget-minutes of "
+                    "training, else the task's epoch limits), then write DIR/report.md, DIR/report.csv, "
+                    "DIR/report.tex and a self-contained DIR/report.html (the table with mean ± std over seeds and "
+                    "the difference to the baseline by the paired test where the seeds match, learning curves, "
+                    "size/cost bars, and each method's own picture). Ctrl-C stops cleanly; the same command "
+                    "continues. See docs/compare.md.")
     compare.add_argument("--task", help="task name (interlayer train --help lists them)")
     compare.add_argument("--variants", action="append", default=[], metavar="V1,V2,...",
                          help="named variants (--list-variants), presets, .json/.yaml configs, or "
@@ -191,11 +199,62 @@ def build_parser() -> argparse.ArgumentParser:
                               f"{COMPARE_DEFAULT['jobs']} jobs (docs/compare.md; any flag given overrides its part)")
     compare.add_argument("--jobs", type=int,
                          help="runs trained at once, each with cores/JOBS torch threads unless train.threads is set "
-                              "(default 1; 2 with --default); keep it the same for every run of one comparison")
+                              "(default 1; 2 with --default); keep it the same for every run of one comparison "
+                              "(--launcher local only)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_device_arguments(compare, training=True)
+    _add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
     return parser
+
+
+def _slurm_time(text: str) -> int:
+    """An argparse type: ``--slurm-time`` in minutes (:func:`~interlayer.training.cluster.parse_time`)."""
+    try:
+        return parse_time(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--slurm-time ")) from None
+
+
+def _add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--launcher`` and the ``--slurm-*`` options of compare and search (training/cluster.py)."""
+    group = parser.add_argument_group("launcher", f"where each {unit} trains (docs/compare.md, 'On a SLURM cluster')")
+    group.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                       help=f"local: processes on this machine (default); submitit: each {unit} one SLURM job, "
+                            "submitted as a job array and followed until it ends (pip install interlayer[slurm])")
+    group.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
+    group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
+                       help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
+    group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
+                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00; "
+                            "required on SLURM); a run that reaches it saves and is submitted again, resuming")
+    group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
+                       help="jobs of one array running at once (default: submitit's, 256)")
+    group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option submitit knows, '-' written '_' (mem_gb=64, cpus_per_task=8, "
+                            "constraint=a100, account=NAME, qos=NAME; repeatable)")
+    group.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
+                       help="slurm (default); local: the same jobs as processes on this machine (submitit's local "
+                            "executor, a dry run of the cluster path); debug: in this process")
+
+
+def _launcher(args: argparse.Namespace) -> Optional["LauncherSettings"]:
+    """The launcher settings of ``--launcher submitit``, or None for the local launcher (whose ``--slurm-*``
+    options would do nothing, so they are refused)."""
+    from .training.cluster import LauncherSettings, parse_slurm_sets
+
+    given = [f"--{name.replace('_', '-')}" for name in ("slurm_partition", "slurm_time", "slurm_array_parallelism")
+             if getattr(args, name) is not None] + (["--slurm-set"] if args.slurm_set else [])
+    if args.launcher == "local":
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to --launcher submitit only")
+        return None
+    launcher = LauncherSettings(cluster=args.slurm_cluster, partition=args.slurm_partition,
+                                gpus_per_run=args.slurm_gpus_per_run, time_minutes=args.slurm_time,
+                                array_parallelism=args.slurm_array_parallelism,
+                                extra=parse_slurm_sets(args.slurm_set))
+    launcher.validate()
+    return launcher
 
 
 def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -292,6 +351,55 @@ def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
               f"cannot load it: {report.reason}; load it with interlayer.load_pretrained")
 
 
+def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
+    prepare = sub.add_parser("prepare", help="tokenize a corpus once, into token files train lm reads",
+                             description="Turn text into the token files `interlayer train lm --data DIR` reads "
+                                         "memory-mapped. See docs/language-modeling.md.")
+    kinds = prepare.add_subparsers(dest="kind", required=True, metavar="TASK")
+    lm = kinds.add_parser(
+        "lm", help="UTF-8 text -> nanoGPT .bin files or llm.c shards",
+        description="Read a UTF-8 file or folder as `train lm` reads it (split files, or documents split by "
+                    "--valid-fraction/--test-fraction), tokenize each split with --tokenizer in parallel, and write "
+                    "nanoGPT's train.bin/val.bin/test.bin (or llm.c shards) and meta.json into a new folder, atomically; "
+                    "the same text gives the same bytes. Training on the folder trains on the ids `train lm` would "
+                    "have made from the text.")
+    lm.add_argument("source", metavar="SOURCE", help="a UTF-8 text file, a folder of .txt files, or a folder with "
+                                                     "train.txt and valid.txt (test.txt optional)")
+    lm.add_argument("--output", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
+    lm.add_argument("--tokenizer", default="char", metavar="char|bpe|DIR",
+                    help="char (default; the corpus's characters), bpe (a byte-level BPE trained on the training "
+                         "split), an interlayer run folder, or a GPT-2-style Hugging Face tokenizer folder "
+                         "(vocab.json + merges.txt, or tokenizer.json)")
+    lm.add_argument("--vocab-size", type=int, default=4096, help="bpe: the vocabulary to train (default 4096)")
+    lm.add_argument("--format", choices=("nanogpt", "shards"), default="nanogpt",
+                    help="nanogpt: train.bin, val.bin, test.bin (default); shards: llm.c's tokens_train_000000.bin, "
+                         "... with a 256-int header each")
+    lm.add_argument("--shard-tokens", type=int, default=100_000_000, help="shards: ids per shard (default 10^8)")
+    lm.add_argument("--valid-fraction", type=finite_float, default=0.05,
+                    help="without split files: the share of the text held out for validation (default 0.05)")
+    lm.add_argument("--test-fraction", type=finite_float, default=0.05,
+                    help="... and for test, after validation (default 0.05)")
+    lm.add_argument("--keep-gutenberg", action="store_true", help="keep Project Gutenberg's headers and footers")
+    lm.add_argument("--workers", type=int, default=available_cores(),
+                    help="processes tokenizing at once (default: every core this process may use, here %(default)s)")
+    lm.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _prepare(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .data.prepare_lm import PrepareSettings, prepare
+    from .tasks.language_modeling import tokenizer_of
+
+    tokenizer = args.tokenizer if args.tokenizer in ("char", "bpe") else tokenizer_of(args.tokenizer)
+    meta = prepare(PrepareSettings(
+        source=args.source, output=Path(args.output), tokenizer=tokenizer, vocab_size=args.vocab_size,
+        layout=args.format, shard_tokens=args.shard_tokens, valid_fraction=args.valid_fraction,
+        test_fraction=args.test_fraction, gutenberg=not args.keep_gutenberg, workers=args.workers,
+        progress=not args.no_progress))
+    counts = ", ".join(f"{split} {count:,}" for split, count in meta["tokens"].items())
+    print(f"wrote {args.output}: {counts} tokens of a {meta['vocab_size']}-token {meta['tokenizer']['kind']} "
+          f"vocabulary; train with: interlayer train lm --data {args.output}")
+
+
 def _add_search_parser(sub: argparse._SubParsersAction) -> None:
     search = sub.add_parser("search", help="architecture search on Optuna (Multi-Pass hard connections)",
                             description="Search an architecture space with many short trainings scored on the "
@@ -318,7 +426,9 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                                                       "postgresql://USER:PASSWORD@HOST/DB for many machines)")
     mpt.add_argument("--study", default="mpt-search", help="study name in the storage (default mpt-search)")
     mpt.add_argument("--output", metavar="DIR", help="search directory (default runs/search/mpt-TASK)")
-    mpt.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    mpt.add_argument("--workers", type=int, default=1,
+                     help="worker processes on this machine (default 1); with --launcher submitit: trials in flight at "
+                          "once, each its own job")
     mpt.add_argument("--seed", type=int, default=1, help="seed of every trial's training and of the sampler")
     mpt.add_argument("--retry-lost", type=int, default=0, metavar="R",
                      help="re-run a lost trial (worker killed, machine down) up to R times (default 0)")
@@ -326,6 +436,7 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                      help="heartbeat interval; a trial silent for twice this is lost (default 60)")
     mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
     _add_device_arguments(mpt, training=True)
+    _add_launcher_arguments(mpt, "trial")
 
 
 def _models(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -414,9 +525,13 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
                              budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
+    launcher = _launcher(args)
+    if launcher is not None and args.jobs is not None:
+        raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
+                          "run at once with --slurm-array-parallelism)")
     result = run_compare(settings, output, command=["interlayer", *argv],
-                         jobs=1 if chosen["jobs"] is None else chosen["jobs"],
-                         selections=parse_selections(args.select), margin=args.margin)
+                         jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
+                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher)
     if result.interrupted:
         return 130
     return 1 if result.failed else 0
@@ -440,7 +555,13 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.report_only:
         print(write_report(settings))
         return 0
-    outcome = run_search(settings)
+    launcher = _launcher(args)
+    if launcher is None:
+        outcome = run_search(settings)
+    else:
+        from .search.launch import run_search_jobs
+
+        outcome = run_search_jobs(settings, launcher)
     print(outcome.report)
     return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
 
@@ -448,7 +569,8 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 # The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
 COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]] = {
     "models": _models, "tables": _tables, "config": _config, "train": _train, "translate": _translate,
-    "evaluate": _evaluate, "generate": _generate, "export": _export, "compare": _compare, "search": _search}
+    "evaluate": _evaluate, "generate": _generate, "export": _export, "compare": _compare, "search": _search,
+    "prepare": _prepare}
 
 # Bad input, named by the message: exit code 2 and one line.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,

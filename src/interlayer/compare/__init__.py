@@ -18,6 +18,7 @@ from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
 
 if TYPE_CHECKING:
+    from ..training.cluster import LauncherSettings
     from .report import Report
     from .runner import RunOutcome
 
@@ -88,17 +89,19 @@ class CompareResult:
 
 def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
                 selections: Sequence[Selection] = (), margin: Optional[float] = None,
-                echo: Callable[[str], None] = print) -> CompareResult:
+                launcher: Optional["LauncherSettings"] = None, echo: Callable[[str], None] = print) -> CompareResult:
     """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
     and still reports. ``selections`` (``--select``, :mod:`.selection`) are checked against the variants before
     any training and decided in the report; ``margin`` (``--margin``) is the equivalence margin of the verdicts,
-    absolute, in the metric's units (report only, like the selections).
+    absolute, in the metric's units (report only, like the selections). ``launcher`` (``--launcher submitit``):
+    each run is a cluster job instead (:mod:`.launcher`; ``jobs`` does not apply).
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
     whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
     naming this one, instead of training the same runs beside it.
     """
+    from .launcher import SubmititRunner
     from .plan import prepare_directory
     from .report import environment, load_average, write_report
     from .runner import Runner
@@ -116,12 +119,14 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     with DirectoryLock(output, "comparison"):
         continued = prepare_directory(plan, output, list(command))
         echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
-        runner = Runner(plan, output, jobs=jobs, echo=echo)
+        runner = (Runner(plan, output, jobs=jobs, echo=echo) if launcher is None else
+                  SubmititRunner(plan, output, launcher, echo=echo))
         outcomes, interrupted = runner.run_all()
-        env = environment(plan, runner.threads, jobs, time.perf_counter() - started, load_at_start)
+        env = environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
+                          None if launcher is None else launcher.describe())
         report = write_report(plan, output, list(command), selections, margin, env)
     echo("")
-    for line in report.verdicts:
+    for line in report.tests + report.verdicts:
         echo(line.replace("**", ""))
     if report.warning:
         echo(report.warning.replace("**", ""))
@@ -130,6 +135,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     echo("")
     echo("measured cost (depends on the machine and its load):")
     echo(report.cost)
+    echo(f"the table as CSV and LaTeX: {', '.join(str(path) for path in report.tables)}")
     for line in report.chosen:
         echo(f"chosen on validation: {line}")
     for note in report.notes:

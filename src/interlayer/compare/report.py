@@ -40,12 +40,13 @@ from ..config import dataclass_from_dict
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from ..training.config import TrainConfig
-from . import plots
+from . import exports, plots
 from .child import MEMORY_FILE, DamagedResults, read_results
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose
-from .stats import POWER, Comparison, compare_to_baseline, mean_std, rule
+from .stats import (POWER, SEED_SHARES, TEST_TITLES, Comparison, compare_to_baseline, mean_std, ratio_range, rule,
+                    test_lines)
 
 FIGURES = "figures"
 # The metric's unit, for the axes and the --margin (absolute, in these units); tasks report accuracy in percent.
@@ -65,7 +66,7 @@ class RunRecord:
     variant: str
     seed: int
     run_dir: Path
-    state: str  # finished | interrupted | failed | not started
+    state: str  # finished | interrupted | failed | cancelled (a cluster job) | not started
     results: dict[str, Any] = field(default_factory=dict)
     curve: list[tuple[float, float]] = field(default_factory=list)  # (training minutes, validation metric)
     best_valid: Optional[float] = None
@@ -82,9 +83,9 @@ class RunRecord:
 class VariantSummary:
     planned: PlannedVariant
     runs: list[RunRecord]
-    test: list[float]
+    test_by_seed: dict[int, float]  # the finished runs' test metric, by seed (the statistics pair seeds)
     valid: list[float]
-    speed: Optional[float]
+    speeds: dict[int, float]  # each run's measured throughput (the mean of its logged windows), by seed
     memory: Optional[float]
     comparison: Optional[Comparison] = None  # against the baseline; None for the baseline itself
     extra: dict[str, list[float]] = field(default_factory=dict)  # secondary test metrics (MRPC's F1, chrF)
@@ -92,6 +93,15 @@ class VariantSummary:
     @property
     def name(self) -> str:
         return self.planned.variant.name
+
+    @property
+    def test(self) -> list[float]:
+        return list(self.test_by_seed.values())
+
+    @property
+    def speed(self) -> Optional[float]:
+        """The mean throughput over the runs that logged one."""
+        return mean_std(list(self.speeds.values()))[0]
 
     def finished(self) -> list[RunRecord]:
         return [r for r in self.runs if r.state == "finished"]
@@ -148,8 +158,8 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
                                         "again")
     if results is not None:
         record.state, record.results = "finished", results
-    elif status.get(record.name, {}).get("status") == "failed":
-        record.state, record.detail = "failed", status[record.name].get("detail", "")
+    elif status.get(record.name, {}).get("status") in ("failed", "cancelled"):
+        record.state, record.detail = status[record.name]["status"], status[record.name].get("detail", "")
     elif (run_dir / "run.json").is_file():
         record.state = "interrupted"
     return record
@@ -160,9 +170,9 @@ def extra_metrics(plan: Plan) -> tuple[str, ...]:
     return plan.task.extra_metrics
 
 
-def _test_values(runs: list[RunRecord], metric: str) -> list[float]:
-    return [float(r.results[f"test_{metric}"]) for r in runs
-            if isinstance(r.results.get(f"test_{metric}"), (int, float))]
+def _test_values(runs: list[RunRecord], metric: str) -> dict[int, float]:
+    return {r.seed: float(r.results[f"test_{metric}"]) for r in runs
+            if isinstance(r.results.get(f"test_{metric}"), (int, float))}
 
 
 def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
@@ -172,16 +182,15 @@ def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[
     for planned in plan.variants:
         runs = [read_run(plan, output, planned.variant.name, seed, status) for seed in plan.settings.seeds]
         done = [r for r in runs if r.state == "finished"]
-        test = _test_values(done, plan.task.metric)
         valid = [r.best_valid for r in done if r.best_valid is not None]
-        speeds = [r.speed for r in runs if r.speed is not None]
         memories = [r.memory for r in runs if r.memory is not None]
-        summaries.append(VariantSummary(planned, runs, test, valid, sum(speeds) / len(speeds) if speeds else None,
+        summaries.append(VariantSummary(planned, runs, _test_values(done, plan.task.metric), valid,
+                                        {r.seed: r.speed for r in runs if r.speed is not None},
                                         max(memories) if memories else None,
-                                        extra={m: _test_values(done, m) for m in extra_metrics(plan)}))
+                                        extra={m: list(_test_values(done, m).values()) for m in extra_metrics(plan)}))
     base = next(s for s in summaries if s.name == plan.settings.baseline)
-    comparisons = compare_to_baseline({s.name: s.test for s in summaries if s is not base}, base.test,
-                                      plan.task.higher_is_better, margin)
+    comparisons = compare_to_baseline({s.name: s.test_by_seed for s in summaries if s is not base},
+                                      base.test_by_seed, plan.task.higher_is_better, margin)
     for summary in summaries:
         summary.comparison = comparisons.get(summary.name)
     return summaries
@@ -194,9 +203,11 @@ def decimals(value: float) -> int:
 
 
 def fmt(value: Optional[float], places: Optional[int] = None) -> str:
+    """``value`` with ``places`` decimals (by its size when None); thousands separated when it has none."""
     if value is None:
         return "–"
-    return f"{value:.{decimals(value) if places is None else places}f}"
+    places = decimals(value) if places is None else places
+    return f"{value:,.0f}" if places == 0 else f"{value:.{places}f}"
 
 
 def mean_pm(values: list[float], places: Optional[int] = None) -> str:
@@ -215,18 +226,31 @@ def headers(plan: Plan) -> list[str]:
     metric = plan.task.metric
     base = plan.variant(plan.settings.baseline)
     return ["variant", "parameters", f"MAdds @ {'/'.join(map(str, base.lengths))}", "runs", f"valid {metric}",
-            f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)), "Δ test [95% CI]", "p (Holm)",
-            f"detectable Δ (power {POWER})", "verdict"]
+            f"test {metric}", *(f"test {m}" for m in extra_metrics(plan)), "Δ test [95% CI]", "test", "p (Holm)",
+            "Welch p (Holm)", f"detectable Δ (power {POWER}, Holm α)", "verdict"]
 
 
 def cost_headers(plan: Plan) -> list[str]:
-    return ["variant", f"training {plan.task.units}/s", "peak MiB"]
+    return ["variant", f"training {plan.task.units}/s", "x baseline (per seed)", "peak MiB"]
 
 
-def cost_rows(summaries: list[VariantSummary]) -> list[list[str]]:
-    """Throughput and memory as measured (they depend on the machine and its load)."""
-    return [[s.name, "–" if s.speed is None else f"{s.speed:,.0f}", "–" if s.memory is None else f"{s.memory:,.0f}"]
-            for s in summaries]
+def speed_ratio_text(s: VariantSummary, base: VariantSummary, words: str = "") -> str:
+    """``0.62x (0.55x-0.70x)``: the ratio of the mean throughputs (followed by ``words``), and the lowest and
+    highest ratio of one seed's run to the baseline's run of the same seed; "–" when not measured."""
+    ratio, spread = _ratio(s.speed, base.speed), ratio_range(s.speeds, base.speeds)
+    if ratio is None:
+        return "–"
+    if spread is None or len(s.speeds) < 2:
+        return f"{ratio:.2f}x{words}"
+    return f"{ratio:.2f}x{words} ({spread[0]:.2f}x-{spread[1]:.2f}x{' seed by seed' if words else ''})"
+
+
+def cost_rows(summaries: list[VariantSummary], baseline: str) -> list[list[str]]:
+    """Throughput (mean ± std over seeds, and relative to the baseline's seed by seed) and memory as measured
+    (they depend on the machine and its load)."""
+    base = next(s for s in summaries if s.name == baseline)
+    return [[s.name, mean_pm(list(s.speeds.values()), 0), "–" if s is base else speed_ratio_text(s, base),
+             "–" if s.memory is None else f"{s.memory:,.0f}"] for s in summaries]
 
 
 def delta_text(c: Optional[Comparison], places: int) -> str:
@@ -238,10 +262,15 @@ def delta_text(c: Optional[Comparison], places: int) -> str:
 
 
 def comparison_cells(c: Optional[Comparison], places: int) -> list[str]:
+    """Δ [CI], the primary test, its Holm p, the Welch check's Holm p (where the primary test is the paired one),
+    the detectable Δ and the verdict."""
     if c is None:
-        return ["–"] * 4
-    return [delta_text(c, places), "–" if c.p_holm is None else f"{c.p_holm:.3g}",
-            "–" if c.detectable is None else f"{c.detectable:.{places}f}", c.words]
+        return ["–"] * 6
+    check = c.welch_p_holm if c.test == "paired" else None
+    test = {"paired": "paired", "welch": "Welch", None: "–"}[c.test]
+    return [delta_text(c, places), test, "–" if c.p_holm is None else f"{c.p_holm:.3g}",
+            "–" if check is None else f"{check:.3g}", "–" if c.detectable is None else f"{c.detectable:.{places}f}",
+            c.words]
 
 
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
@@ -455,8 +484,8 @@ def cost_words(s: VariantSummary, base: VariantSummary) -> str:
     """The variant's cost relative to the baseline's: parameters, MAdds, measured training throughput and time."""
     parts = [f"{_ratio(s.planned.parameters, base.planned.parameters):.0%} of the parameters",
              f"{_ratio(s.planned.madds, base.planned.madds):.0%} of the MAdds"]
-    speed = _ratio(s.speed, base.speed)
-    parts.append("throughput not measured" if speed is None else f"{speed:.2f}x the measured training throughput")
+    speed = speed_ratio_text(s, base, " the measured training throughput")
+    parts.append("throughput not measured" if speed == "–" else speed)
     seconds = train_seconds(s)
     if seconds is not None:
         parts.append(f"{seconds:.0f} s of training per run (measured)")
@@ -473,18 +502,21 @@ def verdict_lines(plan: Plan, summaries: list[VariantSummary]) -> list[str]:
         c = s.comparison
         if c is None:
             continue
+        test = f" ({TEST_TITLES[c.test]})" if c.test and c.delta is not None else ""
         lines.append(f"**{s.name}** {_PHRASES[c.verdict]} {base.name}: Δ test {plan.task.metric} "
-                     f"{delta_text(c, places)}" + (f"; {c.reason}" if c.reason else "")
+                     f"{delta_text(c, places)}{test}" + (f"; {c.reason}" if c.reason else "")
                      + f"; {cost_words(s, base)}.")
     return lines
 
 
-def still_falling(curves: Sequence[Sequence[tuple[float, float]]], higher_is_better: bool) -> bool:
+def still_falling(curves: Sequence[Sequence[tuple[float, float]]], higher_is_better: bool) -> Optional[bool]:
     """Whether the mean learning curve's last quarter (of its x range) brought more than :data:`STEEP_SHARE` of its
-    improvement since the first validation: training had not levelled off when the budget ended."""
+    improvement since the first validation: training had not levelled off when the budget ended. Any number of
+    validations from two on is read (between two validations the curve is taken as straight, so two or three that
+    still fall are still learning); None with one (or none): whether the curve had levelled off cannot be told."""
     mean = plots.mean_curve(curves)
-    if mean is None or len(mean[0]) < 4:
-        return False
+    if mean is None or len(mean[0]) < 2:
+        return None
     x, y = mean[0], mean[1] if higher_is_better else -mean[1]
     total = y[-1] - y[0]
     last = y[-1] - float(np.interp(x[-1] - 0.25 * (x[-1] - x[0]), x, y))
@@ -492,13 +524,21 @@ def still_falling(curves: Sequence[Sequence[tuple[float, float]]], higher_is_bet
 
 
 def steep_warning(plan: Plan, summaries: list[VariantSummary]) -> Optional[str]:
-    steep = [s.name for s in summaries if still_falling([r.curve for r in s.runs], plan.task.higher_is_better)]
-    if not steep:
+    """The still-learning warning: the variants whose curves still fell steeply at the end, and those validated
+    only once (which cannot show that they had levelled off)."""
+    falling = {s.name: still_falling([r.curve for r in s.runs], plan.task.higher_is_better) for s in summaries
+               if any(r.curve for r in s.runs)}
+    steep = [name for name, value in falling.items() if value]
+    once = [name for name, value in falling.items() if value is None]
+    if not steep and not once:
         return None
-    return (f"**Warning: still learning.** The validation curves of {', '.join(steep)} were still falling steeply when"
-            f" the budget ended (the last quarter brought more than {STEEP_SHARE:.0%} of the improvement since the "
-            "first validation): the verdicts describe early training, not trained models; a larger budget may "
-            "change them.")
+    parts = ([f"The validation curves of {', '.join(steep)} were still falling steeply when the budget ended (the "
+              f"last quarter brought more than {STEEP_SHARE:.0%} of the improvement since the first validation)"]
+             if steep else [])
+    parts += ([f"{', '.join(once)} validated only once per run, so whether training had levelled off cannot be "
+               "told (raise the validations: data.eval_interval for lm)"] if once else [])
+    return ("**Warning: still learning.** " + "; ".join(parts) + ": the verdicts may describe early training, not "
+            "trained models; a larger budget may change them.")
 
 
 @dataclass(frozen=True)
@@ -550,15 +590,19 @@ def load_average() -> Optional[float]:
 
 
 def environment(plan: Plan, threads: Optional[int], jobs: int, wall_seconds: Optional[float],
-                load_at_start: Optional[float]) -> Environment:
+                load_at_start: Optional[float], cluster: Optional[str] = None) -> Environment:
     """The environment of a comparison that has just run: ``threads`` is the runner's torch threads per run (a
-    config's ``train.threads`` wins), ``jobs`` the runs at a time."""
+    config's ``train.threads`` wins), ``jobs`` the runs at a time; ``cluster`` where the runs ran when they were
+    cluster jobs (the runs' own logs name their nodes)."""
     device = str(plan.settings.sets.get("train.device", "auto"))
-    if device in ("auto", "cuda") and torch.cuda.is_available():
+    if cluster is not None:
+        device_text = f"{device} on {cluster}"
+    elif device in ("auto", "cuda") and torch.cuda.is_available():
         device_text = f"{device}: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} GPU(s))"
     else:
         device_text = f"{device}: CPU, {cpu_name()}, {os.cpu_count()} logical core(s)"
-    per_run = plan.settings.sets.get("train.threads") or threads or torch.get_num_threads()
+    per_run = plan.settings.sets.get("train.threads") or threads or (
+        "the job's cores (SLURM_CPUS_PER_TASK, else all)" if cluster else torch.get_num_threads())
     end = load_average()
     load = " -> ".join("–" if v is None else f"{v:.2f}" for v in (load_at_start, end)) + " (start -> end)"
     return Environment(git_commit(), torch.__version__, device_text, f"{per_run} torch thread(s) per run, {jobs} "
@@ -578,6 +622,8 @@ class Report:
     chosen: list[str] = field(default_factory=list)  # one line per --select group
     verdicts: list[str] = field(default_factory=list)  # what won, one sentence per variant
     warning: Optional[str] = None  # the curves were still falling steeply
+    tests: list[str] = field(default_factory=list)  # which test each comparison used, and why
+    tables: list[Path] = field(default_factory=list)  # the results table as CSV and LaTeX
 
 
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
@@ -605,15 +651,18 @@ def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: lis
 def _explanations(plan: Plan, margin: Optional[float]) -> list[str]:
     base = plan.variant(plan.settings.baseline)
     return [f"MAdds: multiply-adds of one forward pass at {base.length_label}.",
-            f"Throughput: training {plan.task.units} per second, the mean of the logged windows of train.csv "
-            "(compare them only between runs on the same machine and load).",
+            f"Throughput: training {plan.task.units} per second, each run's mean of the logged windows of train.csv,"
+            " mean ± std over the seeds; x baseline: the ratio of the means, and in brackets the lowest and highest "
+            "ratio of a run to the baseline's run of the same seed (compare them only between runs on the same "
+            "machine and load).",
             "Peak memory: growth of the run process's maximum resident set size (ru_maxrss) from the start of the "
             "run, libraries already loaded, to its end (the largest over resumed segments).",
-            f"Verdicts: {rule(margin)} Welch's test assumes independent, roughly normal seed results; seeds give "
-            "every variant the same data order but not the same initial weights (docs/compare.md). The intervals are "
-            "per variant: one that just excludes 0 may still be undecided after Holm's correction.",
-            f"Detectable Δ: the smallest difference these seeds would find with power {POWER} at the seed spread "
-            "observed (pooled standard deviation, two-sided t-test at 0.05)."]
+            f"Verdicts: {rule(margin)} {SEED_SHARES} Both tests assume roughly normal results over seeds "
+            "(docs/compare.md). The intervals are per variant: one that just excludes 0 may still be undecided after "
+            "Holm's correction.",
+            f"Detectable Δ: the smallest difference these seeds would find with power {POWER} at the spread observed "
+            "(of the per-seed differences for the paired test, the pooled standard deviation for Welch's) and at "
+            "the level of the variant's Holm step (α/m for the smallest p of m, ... α for the largest)."]
 
 
 def _variant_lines(plan: Plan) -> list[str]:
@@ -626,10 +675,11 @@ def _variant_lines(plan: Plan) -> list[str]:
 
 @dataclass(frozen=True)
 class Opening:
-    """The top of the report: what won (an introduction, one sentence per variant, the still-learning warning)
-    and the environment."""
+    """The top of the report: what won (an introduction, which test and why, one sentence per variant, the
+    still-learning warning) and the environment."""
 
     intro: str
+    tests: list[str]
     verdicts: list[str]
     warning: Optional[str]
     environment: list[str]
@@ -648,18 +698,21 @@ def opening(plan: Plan, summaries: list[VariantSummary], margin: Optional[float]
              + ".")
     environment_lines = env.lines() if env is not None else [
         "not recorded: this report was written outside a compare run"]
-    return Opening(intro, verdict_lines(plan, summaries), steep_warning(plan, summaries), environment_lines)
+    return Opening(intro, test_lines({s.name: s.comparison for s in summaries if s.comparison is not None}),
+                   verdict_lines(plan, summaries), steep_warning(plan, summaries), environment_lines)
 
 
 def _markdown(plan: Plan, top: Opening, table: str, cost: str, runs: str, lines: list[str],
               pictures: list[plots.Picture], notes: list[str], directory: Path, chosen: list[str],
               margin: Optional[float]) -> str:
-    parts = [f"# Comparison on {plan.settings.task}", "## What won", top.intro,
+    tests = [" ".join(top.tests)] if top.tests else []
+    parts = [f"# Comparison on {plan.settings.task}", "## What won", top.intro, *tests,
              "\n".join(f"- {line}" for line in top.verdicts)]
     if top.warning:
         parts.append(top.warning)
     parts += ["## Set-up", "\n\n".join(lines), "## Environment", "\n".join(f"- {e}" for e in top.environment),
-              "## Results", table, "## Measured cost", cost,
+              "## Results", table, f"The table as CSV and LaTeX: {exports.CSV_FILE}, {exports.LATEX_FILE}.",
+              "## Measured cost", cost,
               "\n".join(f"- {e}" for e in _explanations(plan, margin))]
     if chosen:
         parts += ["## Chosen on validation", "\n".join(f"- {line}" for line in chosen)]
@@ -725,12 +778,14 @@ def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list
                             f"src=\"data:image/png;base64,{data}\"><figcaption>{html.escape(picture.caption)}"
                             "</figcaption></figure>")
     body = [f"<h1>Comparison on {html.escape(plan.settings.task)}</h1>", "<h2>What won</h2>",
-            f"<p>{_inline_markdown(top.intro)}</p>", _bullets(top.verdicts),
+            f"<p>{_inline_markdown(top.intro)}</p>",
+            *([f"<p>{_inline_markdown(' '.join(top.tests))}</p>"] if top.tests else []), _bullets(top.verdicts),
             *([f"<p class=\"warning\">{_inline_markdown(top.warning)}</p>"] if top.warning else []),
             "<h2>Set-up</h2>", *(f"<p>{_inline_markdown(line)}</p>" for line in lines),
             "<h2>Environment</h2>", _bullets(top.environment), "<h2>Results</h2>",
             _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h2>Measured cost</h2>",
-            _html_table(cost_headers(plan), cost_rows(summaries)), _bullets(_explanations(plan, margin))]
+            _html_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline)),
+            _bullets(_explanations(plan, margin))]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
             f"<li>{_inline_markdown(line)}</li>" for line in choice_lines(choices, plan.task.metric)) + "</ul>")
@@ -750,14 +805,16 @@ def _comparison_json(c: Optional[Comparison]) -> dict[str, Any]:
     return {"comparison": {"delta": c.delta, "ci95": list(c.interval) if c.interval else None, "p": c.p,
                            "p_holm": c.p_holm, "p_equivalence_holm": c.p_equivalence_holm,
                            "detectable_delta": c.detectable, "target_delta": c.target,
-                           "seeds_for_target": c.seeds_for_target, "verdict": c.verdict, "reason": c.reason}}
+                           "seeds_for_target": c.seeds_for_target, "verdict": c.verdict, "reason": c.reason,
+                           "test": c.test, "test_note": c.test_note, "welch_p": c.welch_p,
+                           "welch_p_holm": c.welch_p_holm, "alpha_holm_step": c.alpha}}
 
 
 def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice], margin: Optional[float],
                   top: Opening) -> dict[str, Any]:
     out = {"task": plan.settings.task, "metric": plan.task.metric, "baseline": plan.settings.baseline,
            "rule": rule(margin), "margin": margin, "environment": top.environment,
-           "still_learning_warning": top.warning, "variants": {},
+           "still_learning_warning": top.warning, "tests": top.tests, "variants": {},
            "selections": {c.selection.group: {"candidates": list(c.selection.candidates), "valid_means": c.valid,
                                               "chosen": c.chosen, "missing_runs": list(c.missing)}
                           for c in choices}}
@@ -766,9 +823,11 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence
         valid_mean, valid_std = mean_std(s.valid)
         out["variants"][s.name] = {
             "parameters": s.planned.parameters, "madds": s.planned.madds, "madds_lengths": s.planned.lengths,
-            "units_per_s": s.speed, "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()),
-            "runs": len(s.runs), "test": s.test, "test_mean": test_mean, "test_std": test_std, "valid": s.valid,
-            "valid_mean": valid_mean, "valid_std": valid_std, **{f"test_{m}": v for m, v in s.extra.items()},
+            "units_per_s": s.speed, "units_per_s_by_seed": {str(k): v for k, v in s.speeds.items()},
+            "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()), "runs": len(s.runs), "test": s.test,
+            "test_by_seed": {str(k): v for k, v in s.test_by_seed.items()}, "test_mean": test_mean,
+            "test_std": test_std, "valid": s.valid, "valid_mean": valid_mean, "valid_std": valid_std,
+            **{f"test_{m}": v for m, v in s.extra.items()},
             **_comparison_json(s.comparison)}
     return out
 
@@ -785,7 +844,7 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     choices = [choose(selection, summaries, plan.task.higher_is_better) for selection in selections]
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
-    cost = format_table(cost_headers(plan), cost_rows(summaries))
+    cost = format_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline))
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
@@ -800,5 +859,7 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     write_atomic(page, _html(plan, top, summaries, lines, pictures, notes, choices, margin))
     write_atomic(output / "summary.json", json.dumps(_summary_json(plan, summaries, choices, margin, top), indent=2)
                  + "\n")
+    tables = exports.write_tables(output, headers(plan), table_rows(plan, summaries, choices),
+                                  exports.csv_rows(plan, summaries), plan.settings.task)
     return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric),
-                  top.verdicts, top.warning)
+                  top.verdicts, top.warning, top.tests, tables)

@@ -64,7 +64,7 @@ def run_name(variant: str, seed: int) -> str:
 @dataclass
 class RunOutcome:
     name: str
-    status: str  # finished | skipped | interrupted | failed
+    status: str  # finished | skipped | interrupted | failed | cancelled (a cluster job)
     seconds: float = 0.0
     detail: str = ""
 
@@ -151,8 +151,7 @@ class Runner:
         self.gpus = gpus_for_runs(str(plan.settings.sets.get("train.device", "auto")))
         self.context = process_context()
         self.status_path = self.output / STATUS_FILE
-        self.status: dict[str, Any] = (json.loads(self.status_path.read_text())
-                                       if self.status_path.is_file() else {})
+        self.status = read_status(self.status_path)
 
     def run_dir(self, variant: str, seed: int) -> Path:
         return self.output / RUNS / run_name(variant, seed)
@@ -240,8 +239,17 @@ class Runner:
         return RunOutcome(name, "failed", seconds, detail)
 
     def _save_status(self, outcome: RunOutcome) -> None:
-        if outcome.status == "skipped":
-            return
-        self.status[outcome.name] = {"status": outcome.status, "seconds": outcome.seconds, "detail": outcome.detail,
-                                     "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-        write_json(self.status_path, self.status)
+        save_status(self.status_path, self.status, outcome)
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_status(path: Path, status: dict[str, Any], outcome: RunOutcome) -> None:
+    """Record ``outcome`` in ``status`` (the last outcome of each run) and write it to ``status.json``."""
+    if outcome.status == "skipped":
+        return
+    status[outcome.name] = {"status": outcome.status, "seconds": outcome.seconds, "detail": outcome.detail,
+                            "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_json(path, status)

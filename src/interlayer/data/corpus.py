@@ -28,7 +28,7 @@ import gzip
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from .parallel import resolve_path
 from ..errors import DataError
@@ -111,11 +111,20 @@ def _nonempty(text: str, where: str) -> str:
     return text
 
 
-def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float = 0.05,
-                gutenberg: bool = True) -> Corpus:
-    """The train/valid/test text of ``path`` (module docstring); ``gutenberg`` strips Gutenberg wrappers."""
+@dataclass(frozen=True)
+class CorpusFiles:
+    """Where a corpus's text is, before any of it is read: split files (``splits``), or the documents of a folder
+    (``documents``, in sorted path order), or one file (``documents`` holds it and ``folder`` is False)."""
+
+    root: Path
+    splits: Optional[dict[str, Optional[Path]]]
+    documents: list[Path]
+    folder: bool
+
+
+def corpus_files(path: str) -> CorpusFiles:
+    """The files of the corpus at ``path`` (module docstring), or a :class:`DataError` saying what is missing."""
     root = resolve(path)
-    clean = strip_gutenberg if gutenberg else (lambda text: text)
     if not root.exists():
         raise DataError(f"{root}: no such file or folder (give a UTF-8 text file, a folder of .txt files, or a "
                         "folder with train.txt and valid.txt)")
@@ -124,33 +133,61 @@ def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float
         if files["valid"] is None:
             raise DataError(f"{root} has {files['train'].name} but no valid.txt or valid.txt.gz; add the "
                             "validation split, or rename train.txt to split one file by fractions")
-        texts = {name: _nonempty(clean(read_text(file)), str(file)) if file is not None else ""
-                 for name, file in files.items()}
-        return Corpus(**texts, description=f"{root} (split files: "
-                                           f"{', '.join(f.name for f in files.values() if f is not None)})")
+        return CorpusFiles(root, files, [], True)
     if root.is_dir():
         documents = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith((".txt", ".txt.gz")))
         if not documents:
             raise DataError(f"{root}: no .txt or .txt.gz files in this folder")
-        text = DOCUMENT_SEPARATOR.join(clean(read_text(p)).strip("\n") for p in documents) + "\n"
-        where = f"{root} ({len(documents)} documents)"
+        return CorpusFiles(root, None, documents, True)
+    return CorpusFiles(root, None, [root], False)
+
+
+def document_text(path: Path, gutenberg: bool) -> str:
+    """One document of a folder as the corpus joins it: read strictly, Gutenberg's wrappers cut off (``gutenberg``),
+    without leading and trailing blank lines."""
+    return (strip_gutenberg(read_text(path)) if gutenberg else read_text(path)).strip("\n")
+
+
+def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float = 0.05,
+                gutenberg: bool = True) -> Corpus:
+    """The train/valid/test text of ``path`` (module docstring); ``gutenberg`` strips Gutenberg wrappers."""
+    found = corpus_files(path)
+    clean = strip_gutenberg if gutenberg else (lambda text: text)
+    if found.splits is not None:
+        texts = {name: _nonempty(clean(read_text(file)), str(file)) if file is not None else ""
+                 for name, file in found.splits.items()}
+        return Corpus(**texts, description=f"{found.root} (split files: "
+                                           f"{', '.join(f.name for f in found.splits.values() if f is not None)})")
+    if found.folder:
+        text = DOCUMENT_SEPARATOR.join(document_text(p, gutenberg) for p in found.documents) + "\n"
+        where = f"{found.root} ({len(found.documents)} documents)"
     else:
-        text, where = clean(read_text(root)), str(root)
+        text, where = clean(read_text(found.root)), str(found.root)
     return split_by_fraction(_nonempty(text, where), valid_fraction, test_fraction, where)
+
+
+def fraction_bounds(characters: int, valid_fraction: float, test_fraction: float, where: str) -> tuple[int, int]:
+    """Where validation and test start in a text of ``characters`` split by fractions (train first), each part
+    at least one character (test may be empty at ``test_fraction=0``)."""
+    valid_start = round(characters * (1 - valid_fraction - test_fraction))
+    test_start = round(characters * (1 - test_fraction))
+    for name, size in (("train", valid_start), ("valid", test_start - valid_start), ("test", characters - test_start)):
+        if not size and (name != "test" or test_fraction > 0):
+            raise DataError(f"{where}: {characters} characters are too few for a {name} split at valid_fraction="
+                            f"{valid_fraction}, test_fraction={test_fraction}")
+    return valid_start, test_start
 
 
 def split_by_fraction(text: str, valid_fraction: float, test_fraction: float, where: str) -> Corpus:
     """Train, valid and test as consecutive character spans (train first), each at least one character."""
-    n = len(text)
-    valid_start = round(n * (1 - valid_fraction - test_fraction))
-    test_start = round(n * (1 - test_fraction))
-    parts = {"train": text[:valid_start], "valid": text[valid_start:test_start], "test": text[test_start:]}
-    for name, part in parts.items():
-        if not part and (name != "test" or test_fraction > 0):
-            raise DataError(f"{where}: {len(text)} characters are too few for a {name} split at valid_fraction="
-                            f"{valid_fraction}, test_fraction={test_fraction}")
-    return Corpus(**parts, description=f"{where} (split by characters: {1 - valid_fraction - test_fraction:g} / "
-                                       f"{valid_fraction:g} / {test_fraction:g})")
+    valid_start, test_start = fraction_bounds(len(text), valid_fraction, test_fraction, where)
+    return Corpus(text[:valid_start], text[valid_start:test_start], text[test_start:],
+                  description=split_description(where, valid_fraction, test_fraction))
+
+
+def split_description(where: str, valid_fraction: float, test_fraction: float) -> str:
+    return f"{where} (split by characters: {1 - valid_fraction - test_fraction:g} / {valid_fraction:g} / " \
+           f"{test_fraction:g})"
 
 
 def build_shakespeare(source: PathLike, target: PathLike) -> dict[str, list[str]]:

@@ -90,7 +90,7 @@ def _byte_alphabet() -> dict[str, int]:
 # A split between a non-space character and a newline is always a boundary of GPT-2's pre-tokenizer (no piece holds
 # both), and each side is pre-tokenized as in the whole text (a whitespace run is split by what follows it, which
 # stays in its chunk), so encoding the pieces in parallel gives exactly the ids of the whole text at once (tested).
-_CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
+CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
 
 
 class ByteBPETokenizer:
@@ -119,7 +119,7 @@ class ByteBPETokenizer:
         return self.tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        chunks = _CHUNK_BOUNDARY.split(text)
+        chunks = CHUNK_BOUNDARY.split(text)
         ids = [i for encoding in self.tokenizer.encode_batch(chunks) for i in encoding.ids]
         spelled = sum(len(self._bytes[i]) for i in ids)
         if spelled != len(text.encode("utf-8")):
@@ -140,14 +140,45 @@ class ByteBPETokenizer:
         return {"kind": self.kind, "tokenizer": self.tokenizer.to_str()}
 
 
-LMTokenizer = Union[CharTokenizer, ByteBPETokenizer]
+class IdTokenizer:
+    """The vocabulary of a pre-tokenized corpus that came without its tokenizer (:mod:`.token_files`): ``size`` ids
+    and no text. It cannot encode text; it decodes an id as ``<id>`` (a sample, the labels of an attention map), and
+    knows no bytes, so the scores have no bits per character or byte."""
+
+    kind = "ids"
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def encode(self, text: str) -> list[int]:
+        raise DataError(f"this language model was trained on token ids without a tokenizer ({self.size} ids), so it "
+                        "cannot read text; prepare the corpus with `interlayer prepare lm` (which keeps the tokenizer "
+                        "in meta.json), or give the ids directly from Python")
+
+    def encode_tensor(self, text: str) -> Tensor:
+        return torch.tensor(self.encode(text), dtype=torch.long)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def byte_lengths(self) -> None:
+        return None
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "vocab_size": self.size}
+
+
+LMTokenizer = Union[CharTokenizer, ByteBPETokenizer, IdTokenizer]
 
 
 def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size: int) -> LMTokenizer:
     """``char``: the characters of ``all_text`` (every split); ``bpe``: BPE of ``vocab_size`` on ``train`` alone."""
     if kind == "char":
         return CharTokenizer.train(all_text)
-    return ByteBPETokenizer.train(_CHUNK_BOUNDARY.split(train), vocab_size)
+    return ByteBPETokenizer.train(CHUNK_BOUNDARY.split(train), vocab_size)
 
 
 def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:
@@ -159,7 +190,29 @@ def load_tokenizer(directory: Path) -> LMTokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: pass a language-model folder written by `interlayer train lm` "
                                 "(RUN_DIR/best)")
-    data = json.loads(path.read_text())
-    if data["kind"] == "char":
-        return CharTokenizer(list(data["chars"]))
-    return ByteBPETokenizer(Tokenizer.from_str(data["tokenizer"]))
+    return tokenizer_from_json(json.loads(path.read_text()), str(path))
+
+
+def tokenizer_from_json(data: dict, where: str) -> LMTokenizer:
+    """The tokenizer :meth:`to_json` wrote (a run's ``tokenizer.json``, a token folder's ``meta.json``);
+    ``where`` names the file in the error a malformed one raises."""
+    kind = data.get("kind")
+    try:
+        if kind == "char":
+            return CharTokenizer(list(data["chars"]))
+        if kind == "bpe":
+            return ByteBPETokenizer(Tokenizer.from_str(data["tokenizer"]))
+        if kind == "ids":
+            return IdTokenizer(int(data["vocab_size"]))
+    except Exception as err:  # tokenizers raises its own exception types for a malformed tokenizer
+        raise DataError(f"{where}: not a readable {kind} tokenizer ({type(err).__name__}: {err})") from None
+    raise DataError(f"{where}: tokenizer kind {kind!r} is none of char, bpe, ids")
+
+
+def chars_tokenizer(chars: str, where: str) -> CharTokenizer:
+    """nanoGPT's character vocabulary (``meta.pkl``'s ``itos`` in id order, as ``meta.json``'s ``chars``): the same
+    ids only if the characters are distinct and sorted by code point, as nanoGPT's ``prepare.py`` sorts them."""
+    if list(chars) != sorted(set(chars)):
+        raise DataError(f"{where}: chars must be distinct characters sorted by code point (nanoGPT's order); ids "
+                        "would otherwise map to other characters")
+    return CharTokenizer(list(chars))

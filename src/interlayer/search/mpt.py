@@ -432,6 +432,19 @@ class SearchOutcome:
     worker_exit_codes: list[int] = field(default_factory=list)
 
 
+def start_study(settings: SearchSettings, definition: Optional[Definition] = None
+                ) -> tuple[SearchSettings, Definition]:
+    """The command's first step, whoever trains the trials: the settings with the preset named (resolved once:
+    the workers need not import the tasks to learn it) and checked, the study created or resumed, this command's
+    search knobs recorded for the report."""
+    settings = with_preset(settings)
+    settings.validate()
+    Path(settings.output).mkdir(parents=True, exist_ok=True)
+    study, stored = open_study(settings, definition)
+    study.set_user_attr(STRATEGY_ATTR, {"trials": settings.trials, **asdict(settings.strategy(stored.n_layers))})
+    return settings, stored
+
+
 def run_search(settings: SearchSettings, objective: Objective = train_trial,
                definition: Optional[Definition] = None) -> SearchOutcome:
     """The whole command: create or resume the study, run ``settings.workers`` workers on this machine (each its
@@ -442,11 +455,7 @@ def run_search(settings: SearchSettings, objective: Objective = train_trial,
     (:func:`~interlayer.training.concurrency.threads_per_run`) unless ``train.threads`` is set, so that they do
     not oversubscribe the cores (the time budget is wall-clock: oversubscription changes the scores).
     """
-    settings = with_preset(settings)  # resolved once: the workers need not import the tasks to learn it
-    settings.validate()
-    Path(settings.output).mkdir(parents=True, exist_ok=True)
-    study, stored = open_study(settings, definition)
-    study.set_user_attr(STRATEGY_ATTR, {"trials": settings.trials, **asdict(settings.strategy(stored.n_layers))})
+    settings, _ = start_study(settings, definition)
     if settings.workers == 1:
         status, codes = run_worker(settings, objective), []
     else:

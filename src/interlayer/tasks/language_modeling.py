@@ -1,14 +1,23 @@
 """Language modelling: any UTF-8 text -> characters or byte-level BPE -> a decoder-only model -> loss, perplexity
-and bits per character (byte).
+and bits per character (byte); or token ids already on disk -> the same.
 
 ``interlayer train lm`` trains a causal language model (``arch="causal_lm"``; default preset
 ``gpt_shakespeare_char``, nanoGPT's ``shakespeare_char`` model) on a corpus (:mod:`interlayer.data.corpus`; default
 the bundled complete works of Shakespeare, split by play) with the shared engine (budgets, resume, logs, DDP).
 
+* **Pre-tokenized corpora**: ``data.path`` may be a folder of token ids (:mod:`interlayer.data.token_files`:
+  nanoGPT's ``train.bin``/``val.bin``/``test.bin``, or llm.c / modded-nanogpt shards), written by ``interlayer
+  prepare lm`` or by those projects' scripts. The ids are read through memory maps, a batch's rows at a time,
+  never the whole file. The vocabulary is ``meta.json``'s (with its tokenizer when it has one) or
+  ``data.vocab_size``; ``data.tokenizer`` does not apply. Without a tokenizer the scores have no bits per
+  character/byte and the sample is ids.
+
 * **Batches** are ``train.max_tokens // data.block_size`` blocks of ``block_size + 1`` consecutive training tokens
   at random offsets (nanoGPT's ``get_batch``): inputs are the first ``block_size``, targets the last. The offsets
   of an epoch come from a generator seeded with ``(seed, epoch)``, so a run is reproducible and a resumed run
-  draws exactly the batches an uninterrupted one would.
+  draws exactly the batches an uninterrupted one would. Every process draws the offsets of the whole epoch (a few
+  integers per row) but reads only the rows of its own micro-batches (:class:`Batches` is lazy), so under DDP each
+  rank reads its share of the data and no more.
 * **An epoch is ``data.eval_interval`` optimiser steps** (nanoGPT's ``eval_interval``): text has no natural epoch,
   and the engine validates at the end of each, so this is how often the learning curve gets a point; whatever the
   number of processes and ``train.update_freq``, an epoch is that many optimiser steps. Budgets are
@@ -35,7 +44,8 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional, Union, get_args
+from collections.abc import Sequence
+from typing import Any, Optional, Union, get_args, overload
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +57,12 @@ from ..models.registry import load_pretrained
 from ..config import ModelConfig
 from ..core.config import check_choices
 from ..core.generation import SamplingOptions
-from ..data.corpus import Corpus, load_corpus, read_text
-from ..data.lm_tokenizers import Kind, LMTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from ..data.corpus import load_corpus, read_text, resolve
+from ..data.lm_tokenizers import (TOKENIZER_FILE, IdTokenizer, Kind, LMTokenizer, chars_tokenizer, load_tokenizer,
+                                  save_tokenizer, tokenizer_from_json, train_tokenizer)
+from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
 from ..errors import ConfigError, DataError
-from ..fileio import write_atomic
+from ..fileio import read_json, write_atomic
 from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
 from ..training import distributed
@@ -66,9 +78,13 @@ SPLITS = ("train", "valid", "test")
 class LMData:
     """The corpus and how it becomes training blocks (``--set data.KEY=VALUE``)."""
 
-    path: str = "bundled:shakespeare"  # a UTF-8 file, a folder of .txt files, or a folder with train/valid(/test).txt
+    # a UTF-8 file, a folder of .txt files, a folder with train/valid(/test).txt, or a folder of token ids
+    # (train.bin/val.bin, or *_train_*.bin/*_val_*.bin shards; data/token_files.py)
+    path: str = "bundled:shakespeare"
     tokenizer: Kind = "char"
-    vocab_size: int = 4096  # BPE only: the size of the trained vocabulary (>= 257: 256 bytes + merges)
+    # BPE: the size of the trained vocabulary (>= 257: 256 bytes + merges; default 4096). Token ids: the vocabulary
+    # the ids come from (needed when the folder has no meta.json saying it; must agree with it otherwise)
+    vocab_size: Optional[int] = None
     block_size: int = 256  # tokens of context per training example (nanoGPT's block_size); the model's max_positions
     eval_interval: int = 250  # optimiser steps per epoch, i.e. between validations (nanoGPT's eval_interval)
     eval_blocks: int = 0  # >0: validation and the final scores read this many blocks spread over a split (0: all)
@@ -80,7 +96,9 @@ class LMData:
 
     def validate(self) -> None:
         check_choices(self, "data.")
-        if self.tokenizer == "bpe" and self.vocab_size < 257:
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"data.vocab_size={self.vocab_size} must be a positive number of tokens")
+        if self.tokenizer == "bpe" and self.vocab_size is not None and self.vocab_size < 257:
             raise ConfigError(f"data.vocab_size={self.vocab_size} must be at least 257 for byte-level BPE (256 "
                               "bytes plus at least one merge)")
         for key in ("block_size", "eval_interval"):
@@ -94,11 +112,65 @@ class LMData:
                               f"{self.test_fraction} must be shares of the text with valid > 0 and a sum below 1")
 
 
-def blocks(ids: Tensor, block_size: int) -> list[tuple[int, int]]:
+BPE_VOCAB_SIZE = 4096  # data.vocab_size's default for a trained BPE
+
+
+def blocks(ids: Ids, block_size: int) -> list[tuple[int, int]]:
     """``(start, length)`` of consecutive non-overlapping blocks: block ``i`` reads ``ids[start:start+length]`` and
     predicts ``ids[start+1:start+length+1]``; together they predict every token but the first exactly once."""
     predicted = len(ids) - 1
     return [(start, min(block_size, predicted - start)) for start in range(0, predicted, block_size)]
+
+
+class Batches(Sequence):
+    """An epoch's batches, read lazily: batch ``i`` is the rows of ``length`` tokens of ``ids`` at ``starts[i]``.
+    A slice is again lazy, so the engine's split of an epoch into steps and ranks reads nothing; a process reads a
+    batch's rows when it trains on it (from a memory map, for a token folder)."""
+
+    def __init__(self, ids: Ids, starts: Tensor, length: int) -> None:
+        self.ids, self.starts, self.length = ids, starts, length
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> "Batches": ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Tensor, "Batches"]:
+        if isinstance(index, slice):
+            return Batches(self.ids, self.starts[index], self.length)
+        return windows(self.ids, self.starts[index], self.length)
+
+
+def _token_corpus(root: Path, data: LMData, tokenizer: Optional[LMTokenizer]
+                  ) -> tuple[LMTokenizer, dict[str, Ids], str]:
+    """The tokenizer, splits and description of a token folder. The vocabulary: ``meta.json``'s tokenizer (or its
+    ``chars``), else ``tokenizer`` (a resumed run's, a fine-tuned checkpoint's; it wins), else ids alone, of
+    ``meta.json``'s ``vocab_size`` or ``data.vocab_size``, which must agree where both are given."""
+    corpus = open_token_corpus(root)
+    meta, where = corpus.meta, str(root / META_FILE)
+    declared = [size for size in (meta.get("vocab_size"), data.vocab_size) if size is not None]
+    if len(set(declared)) > 1:
+        raise ConfigError(f"data.vocab_size={data.vocab_size} disagrees with {where}'s vocab_size="
+                          f"{meta['vocab_size']}; leave data.vocab_size out, or correct the file")
+    if tokenizer is None and "tokenizer" in meta:
+        tokenizer = tokenizer_from_json(meta["tokenizer"], where)
+    elif tokenizer is None and "chars" in meta:
+        tokenizer = chars_tokenizer(meta["chars"], where)
+    if tokenizer is None and not declared:
+        unknown = (f"{root}: the vocabulary size of these token ids is unknown; give it with --set "
+                   f"data.vocab_size=N (GPT-2's: 50257), or write {where} as {{\"vocab_size\": N}}")
+        raise DataError(pickle_refusal(root) if (root / PICKLED_META).is_file() else unknown)
+    tokenizer = tokenizer or IdTokenizer(declared[0])
+    if declared and declared[0] > len(tokenizer):
+        raise DataError(f"{root}: the ids come from a vocabulary of {declared[0]}, but the tokenizer has "
+                        f"{len(tokenizer)} tokens; they cannot be the same")
+    for split in corpus.splits.values():
+        split.vocab_size = len(tokenizer)
+    return tokenizer, dict(corpus.splits), corpus.description
 
 
 class LanguageModelingTask:
@@ -118,43 +190,45 @@ class LanguageModelingTask:
         if self.rows < 1:
             raise ConfigError(f"train.max_tokens={train.max_tokens} holds no block of data.block_size="
                               f"{data.block_size} tokens; a batch is max_tokens // block_size blocks")
-        corpus = load_corpus(data.path, valid_fraction=data.valid_fraction, test_fraction=data.test_fraction,
-                             gutenberg=data.strip_gutenberg)
-        self.corpus_description = corpus.description
         if tokenizer is None and data.pretrained:
             tokenizer = lm_tokenizer(checkpoint_dir(data.pretrained))
-        self.tokenizer = tokenizer or train_tokenizer(data.tokenizer, corpus.train,
-                                                      [corpus.split(s) for s in SPLITS], data.vocab_size)
-        self.ids = {split: self._encode(corpus, split) for split in SPLITS}
+        root = resolve(data.path)
+        self.ids: dict[str, Ids]
+        if find_layout(root) is not None:
+            self.tokenizer, self.ids, self.corpus_description = _token_corpus(root, data, tokenizer)
+        else:
+            corpus = load_corpus(data.path, valid_fraction=data.valid_fraction, test_fraction=data.test_fraction,
+                                 gutenberg=data.strip_gutenberg)
+            self.corpus_description = corpus.description
+            self.tokenizer = tokenizer or train_tokenizer(data.tokenizer, corpus.train,
+                                                          [corpus.split(s) for s in SPLITS],
+                                                          data.vocab_size or BPE_VOCAB_SIZE)
+            self.ids = {split: self.tokenizer.encode_tensor(corpus.split(split)) for split in SPLITS}
         if len(self.ids["train"]) < data.block_size + 1:
-            raise DataError(f"{corpus.description}: the training text has {len(self.ids['train'])} tokens, fewer "
-                            f"than data.block_size + 1 = {data.block_size + 1}; lower data.block_size or give more "
-                            "text")
+            raise DataError(f"{self.corpus_description}: the training split has {len(self.ids['train'])} tokens, "
+                            f"fewer than data.block_size + 1 = {data.block_size + 1}; lower data.block_size or give "
+                            "more text")
         if len(self.ids["valid"]) < 2:
-            raise DataError(f"{corpus.description}: the validation text has {len(self.ids['valid'])} token(s); it "
-                            "needs at least 2 (one to read, one to predict)")
+            raise DataError(f"{self.corpus_description}: the validation split has {len(self.ids['valid'])} "
+                            "token(s); it needs at least 2 (one to read, one to predict)")
         self.byte_lengths = self.tokenizer.byte_lengths()
-        self.unit = "char" if self.tokenizer.kind == "char" else "byte"
-
-    def _encode(self, corpus: Corpus, split: str) -> Tensor:
-        return self.tokenizer.encode_tensor(corpus.split(split))
+        self.unit: Optional[str] = {"char": "char", "bpe": "byte"}.get(self.tokenizer.kind)  # ids: no bits
 
     # -- model shape ---------------------------------------------------------------------------------------
     def model_fields(self) -> dict[str, Any]:
         return {"arch": "causal_lm", "src_vocab_size": len(self.tokenizer), "max_positions": self.data.block_size}
 
     # -- training --------------------------------------------------------------------------------------------
-    def train_batches(self, epoch: int, seed: int) -> list[Tensor]:
+    def train_batches(self, epoch: int, seed: int) -> "Batches":
         """``eval_interval`` optimiser steps of ``(rows, block_size + 1)`` token blocks at random offsets drawn
         from a generator seeded by ``(seed, epoch)`` alone (as many micro-batches per step as the engine takes:
-        ``update_freq`` per process)."""
+        ``update_freq`` per process), each read when the engine takes it."""
         per_step = self.train_cfg.update_freq * distributed.environment().world_size
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         train, block = self.ids["train"], self.data.block_size
         starts = torch.randint(0, len(train) - block, (self.data.eval_interval * per_step, self.rows),
                                generator=generator)
-        span = torch.arange(block + 1)
-        return [train[row[:, None] + span] for row in starts]
+        return Batches(train, starts, block + 1)
 
     def loss(self, model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, Tensor], int]:
         batch = move(batch, module_device(model))
@@ -170,11 +244,11 @@ class LanguageModelingTask:
                                  label=f"scoring {split}")
 
     @torch.no_grad()
-    def score_tokens(self, model: nn.Module, ids: Tensor, max_blocks: int = 0, *, progress: bool = False,
+    def score_tokens(self, model: nn.Module, ids: Ids, max_blocks: int = 0, *, progress: bool = False,
                      label: str = "scoring") -> dict[str, float]:
-        """Loss, perplexity and bits per char/byte of the token sequence ``ids`` (all of it, or ``max_blocks``
-        blocks spread evenly over it); sums in float64 so that a long text's total is exact. ``progress``: a bar
-        (``label``) counting the blocks scored."""
+        """Loss, perplexity and bits per char/byte (none without a tokenizer) of the token sequence ``ids`` (all
+        of it, or ``max_blocks`` blocks spread evenly over it); sums in float64 so that a long text's total is
+        exact. ``progress``: a bar (``label``) counting the blocks scored."""
         model.eval()
         device = module_device(model)
         chosen = blocks(ids, self.data.block_size)
@@ -187,9 +261,8 @@ class LanguageModelingTask:
         nll, tokens, units = torch.zeros((), dtype=torch.float64), 0, 0
         bar = tqdm(total=len(chosen), desc=label, unit="block", disable=not progress, leave=False)
         for length, starts in by_length.items():
-            span = torch.arange(length + 1)
             for i in range(0, len(starts), self.rows):
-                batch = ids[torch.tensor(starts[i:i + self.rows])[:, None] + span]
+                batch = windows(ids, starts[i:i + self.rows], length + 1)
                 targets = batch[:, 1:]
                 logits = model(batch[:, :-1].to(device)).logits
                 nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
@@ -199,8 +272,8 @@ class LanguageModelingTask:
                 bar.update(len(batch))
         bar.close()
         total = float(nll)
-        return {"loss": total / tokens, "ppl": math.exp(total / tokens),
-                f"bits_per_{self.unit}": total / math.log(2) / units, "tokens": tokens}
+        bits = {f"bits_per_{self.unit}": total / math.log(2) / units} if self.unit else {}
+        return {"loss": total / tokens, "ppl": math.exp(total / tokens), **bits, "tokens": tokens}
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         scores = self.score(model, "valid")
@@ -235,12 +308,44 @@ def generate_text(directory: Path, prompt: str, options: SamplingOptions, *, see
     model, tokenizer = load_language_model(directory, device)
     if not prompt:
         raise DataError("the prompt is empty; give at least one character (nanoGPT starts from a newline: '\\n')")
-    ids = torch.tensor([tokenizer.encode(prompt)] * samples)
+    return [prompt + tokenizer.decode(new) for new in generate_ids(model, tokenizer.encode(prompt), options,
+                                                                    seed=seed, samples=samples)]
+
+
+def generate_ids(model: nn.Module, prompt: list[int], options: SamplingOptions, *, seed: int = 1, samples: int = 1
+                 ) -> list[list[int]]:
+    """``samples`` seeded continuations (new ids only) of the ids ``prompt``."""
     device = module_device(model)
     generator = torch.Generator(device=device).manual_seed(seed)
-    out = model.generate(ids.to(device), options, generator=generator)
-    return [prompt + tokenizer.decode(row[:length].tolist()) for row, length in zip(out.tokens.cpu(),
-                                                                                      out.lengths.tolist())]
+    out = model.generate(torch.tensor([prompt] * samples, device=device), options, generator=generator)
+    return [row[:length].tolist() for row, length in zip(out.tokens.cpu(), out.lengths.tolist())]
+
+
+def tokenizer_of(path: Union[str, Path]) -> LMTokenizer:
+    """The tokenizer in ``path`` (a folder, or its ``tokenizer.json``), for ``interlayer prepare lm``: an interlayer
+    run's (``RUN_DIR`` or ``RUN_DIR/best``: characters or byte-level BPE), or a GPT-2-style Hugging Face tokenizer
+    (``vocab.json`` + ``merges.txt``, or a BPE ``tokenizer.json``) run through GPT-2's byte-level pipeline
+    (:func:`~interlayer.pretrained.gpt2.load_gpt2_tokenizer`: transformers' ids). A ``tokenizer.json`` whose
+    normaliser or pre-tokenizer is not GPT-2's (Llama-3's regex, a SentencePiece Metaspace) is refused: that
+    pipeline would give other ids than the tokenizer's own."""
+    from ..pretrained.gpt2 import load_gpt2_tokenizer
+
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--tokenizer {path}: no such folder (give char, bpe, a run folder, or a GPT-2 "
+                                "tokenizer folder: vocab.json + merges.txt or tokenizer.json)")
+    own = folder / TOKENIZER_FILE
+    data = read_json(own, DataError, optional=True)
+    if "kind" in data:  # interlayer's own
+        return tokenizer_from_json(data, str(own))
+    if data:
+        pre = data.get("pre_tokenizer") or {}
+        if data.get("normalizer") or pre.get("type") != "ByteLevel" or pre.get("use_regex", True) is not True:
+            raise DataError(f"{own}: its pre-tokenizer ({json.dumps(pre)[:120]}) or normaliser is not GPT-2's "
+                            "byte-level one, so GPT-2's pipeline would give other ids than this tokenizer; interlayer "
+                            "prepares text with GPT-2-style tokenizers only (GPT-2, and those trained like it)")
+    return load_gpt2_tokenizer(folder)
 
 
 # nanoGPT's config/train_shakespeare_char.py: AdamW (0.9, 0.99), lr 1e-3 with 100 warm-up steps and a cosine to 1e-4
@@ -279,17 +384,20 @@ class LanguageModelingSpec(TaskSpec):
         block = task.data.block_size
         results.update(parameters=count_parameters(model), madds_per_block=count_madds(model, block),
                        corpus=task.corpus_description)
-        prompt = task.tokenizer.decode(task.ids["valid"][:min(16, block)].tolist())
+        prompt = task.ids["valid"][:min(16, block)].tolist()  # ids, so a corpus without a tokenizer has a sample too
         sample_options = SamplingOptions(max_new_tokens=min(200, block), temperature=0.8, top_k=200)
         started = time.perf_counter()
-        sample = generate_text(run_dir / "best", prompt, sample_options, seed=1, device=task.device)[0]
+        new = generate_ids(model, prompt, sample_options, seed=1)[0]
+        sample = task.tokenizer.decode(prompt) + task.tokenizer.decode(new)
         results["sample_seconds"] = time.perf_counter() - started
         write_atomic(run_dir / "sample.txt", sample + "\n")
         return results
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder (default: the bundled "
-                                                           "complete works of Shakespeare, split by play)")
+        parser.add_argument("--data", metavar="PATH", help="a UTF-8 text file or a folder, or a folder of token ids "
+                                                           "(nanoGPT's train.bin/val.bin, llm.c shards; interlayer "
+                                                           "prepare lm writes them) (default: the bundled complete "
+                                                           "works of Shakespeare, split by play)")
         parser.add_argument("--tokenizer", choices=get_args(Kind), help="characters (default) or byte-level BPE")
         parser.add_argument("--pretrained", metavar="DIR",
                             help="fine-tune this Hugging Face GPT-2 folder (its tokenizer and architecture; methods "

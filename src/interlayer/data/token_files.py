@@ -1,0 +1,293 @@
+"""Pre-tokenized corpora: nanoGPT's ``train.bin``/``val.bin`` and llm.c / modded-nanogpt token shards, read through
+memory maps and never loaded whole.
+
+At research scale (10^8-10^10 tokens) a corpus is tokenized once and kept as token ids on disk. Two layouts are
+the community's:
+
+* **nanoGPT** (``data/openwebtext/prepare.py``): a folder with ``train.bin`` and ``val.bin`` (``test.bin``
+  optional, interlayer's addition), each the raw token ids as little-endian ``uint16``, nothing else. The
+  vocabulary size is in no file (nanoGPT keeps it in a pickled ``meta.pkl``, or assumes GPT-2's): it comes from
+  ``--set data.vocab_size=N`` or from a small ``meta.json`` beside the files (below). A ``meta.pkl`` is never
+  unpickled (unpickling runs whatever code the file holds); its presence without another source is refused with
+  the way out.
+* **llm.c / modded-nanogpt shards** (``dev/data/data_common.py``'s ``write_datafile``): files named
+  ``*_train_*.bin``, ``*_val_*.bin`` (and ``*_test_*.bin``), in name order; each starts with a header of 256
+  little-endian ``int32``: the magic number 20240520, the version 1, the number of tokens, then zeros; then the
+  tokens as ``uint16``. The header is checked against the file's size, so a truncated or foreign file is refused
+  naming it.
+
+``meta.json`` (written by ``interlayer prepare lm``, or by hand) holds ``vocab_size``, and optionally the tokenizer
+the ids came from (``tokenizer``, as a run's ``tokenizer.json`` holds it) or, for nanoGPT's character corpora, the
+characters in id order (``chars``). With a tokenizer the language model reports bits per character/byte and writes
+text samples; without one it has the ids alone (:class:`~interlayer.data.lm_tokenizers.IdTokenizer`).
+
+A split is one sequence of ids (its files in order, as if concatenated). :meth:`TokenSplit.windows` reads the rows
+of a batch: it opens the memory maps anew for each call, as nanoGPT's ``get_batch`` does, so the pages a long run
+has touched are not kept mapped by the process (numpy issue: a memmap's resident pages grow for as long as it
+lives), and it checks that every id read is below the vocabulary size (a CPU-side check on the rows just read: an
+out-of-range id would otherwise fail inside the embedding, on a GPU as an opaque device assertion).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import DataError
+
+Layout = Literal["nanogpt", "shards"]
+SPLITS = ("train", "valid", "test")
+NANOGPT_FILES = {"train": "train.bin", "valid": "val.bin", "test": "test.bin"}
+SHARD_PATTERNS = {"train": "*_train_*.bin", "valid": "*_val_*.bin", "test": "*_test_*.bin"}
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+TOKEN_DTYPE = np.dtype("<u2")
+MAX_VOCAB = 1 << 16  # uint16 ids
+META_FILE = "meta.json"
+PICKLED_META = "meta.pkl"
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One file of ids: where its tokens start (bytes) and how many it holds."""
+
+    path: Path
+    offset: int
+    tokens: int
+
+
+def read_raw(path: Path) -> TokenFile:
+    """A nanoGPT ``.bin``: raw ``uint16`` ids, so its size must be a positive even number of bytes."""
+    size = _size(path)
+    if size == 0 or size % TOKEN_DTYPE.itemsize:
+        raise DataError(f"{path}: {size} bytes is not a whole number of uint16 token ids (nanoGPT's .bin holds 2 "
+                        "bytes per token and nothing else); the file is empty or truncated")
+    return TokenFile(path, 0, size // TOKEN_DTYPE.itemsize)
+
+
+def read_shard(path: Path) -> TokenFile:
+    """An llm.c shard: its header's magic number, version and token count, checked against the file's size."""
+    size = _size(path)
+    if size < HEADER_BYTES:
+        raise DataError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte header of an llm.c token shard; "
+                        "the file is truncated or not a shard")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    magic, version, tokens = (int(v) for v in header[:3])
+    if magic != SHARD_MAGIC:
+        raise DataError(f"{path}: magic number {magic}, not llm.c's {SHARD_MAGIC}; not an llm.c / modded-nanogpt "
+                        "token shard")
+    if version != SHARD_VERSION:
+        raise DataError(f"{path}: shard version {version}; interlayer reads version {SHARD_VERSION} (uint16 tokens)")
+    expected = HEADER_BYTES + tokens * TOKEN_DTYPE.itemsize
+    if tokens <= 0 or size != expected:
+        raise DataError(f"{path}: the header announces {tokens} tokens ({expected} bytes with the header), the file "
+                        f"has {size} bytes; it is truncated or damaged")
+    return TokenFile(path, HEADER_BYTES, tokens)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+
+
+class TokenSplit:
+    """One split's ids: its files read as one sequence, through memory maps (module docstring).
+
+    ``vocab_size`` (set once the vocabulary is known) bounds the ids :meth:`windows` and slicing return.
+    """
+
+    def __init__(self, files: Sequence[TokenFile], vocab_size: Optional[int] = None) -> None:
+        self.files = list(files)
+        self.vocab_size = vocab_size
+        self.starts = np.cumsum([0] + [f.tokens for f in self.files])  # each file's first position, then the end
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _maps(self) -> list[np.memmap]:
+        return [np.memmap(f.path, dtype=TOKEN_DTYPE, mode="r", offset=f.offset, shape=(f.tokens,))
+                for f in self.files]
+
+    def __getitem__(self, index: slice) -> Tensor:
+        """A contiguous span (``ids[:32]``) as int64, as a text split's tensor would give it."""
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("a token split is read by contiguous slices (ids[a:b]) or windows()")
+        start, stop, _ = index.indices(len(self))
+        return self.windows([start], max(stop - start, 0))[0]
+
+    def windows(self, starts: Union[Sequence[int], Tensor], length: int) -> Tensor:
+        """Rows ``ids[s:s + length]`` for each ``s`` in ``starts`` as an int64 tensor ``(len(starts), length)``;
+        a row may run over the end of one file into the next."""
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        if length == 0:
+            return torch.empty((len(starts), 0), dtype=torch.long)
+        if len(starts) and (starts.min() < 0 or starts.max() + length > len(self)):
+            raise IndexError(f"rows of {length} tokens from {starts.min()} to {starts.max()} leave the split's "
+                             f"{len(self)} tokens")
+        maps = self._maps()
+        out = np.empty((len(starts), length), dtype=np.int64)
+        first = np.searchsorted(self.starts, starts, side="right") - 1
+        inside = starts + length <= self.starts[first + 1]
+        span = np.arange(length)
+        for index in np.unique(first[inside]):  # rows within one file: one gather per file
+            rows = np.flatnonzero(inside & (first == index))
+            out[rows] = maps[index][(starts[rows] - self.starts[index])[:, None] + span]
+        for row in np.flatnonzero(~inside):  # rows across files
+            out[row] = np.concatenate(list(self._pieces(maps, int(starts[row]), int(starts[row]) + length)))
+        self._check_ids(out, starts)
+        return torch.from_numpy(out)
+
+    def _pieces(self, maps: list[np.memmap], start: int, stop: int) -> Iterator[np.ndarray]:
+        index = int(np.searchsorted(self.starts, start, side="right") - 1)
+        while start < stop:
+            end = min(stop, int(self.starts[index + 1]))
+            yield maps[index][start - self.starts[index]:end - self.starts[index]]
+            start, index = end, index + 1
+
+    def _check_ids(self, rows: np.ndarray, starts: np.ndarray) -> None:
+        if self.vocab_size is None or rows.size == 0 or rows.max() < self.vocab_size:
+            return
+        row, column = np.unravel_index(int(np.argmax(rows >= self.vocab_size)), rows.shape)
+        position = int(starts[row]) + int(column)
+        index = int(np.searchsorted(self.starts, position, side="right") - 1)
+        raise DataError(f"{self.files[index].path}: token {position - self.starts[index]} has id "
+                        f"{rows[row, column]}, outside the vocabulary of {self.vocab_size} (ids 0 to "
+                        f"{self.vocab_size - 1}); the files and data.vocab_size / {META_FILE} disagree")
+
+    @property
+    def description(self) -> str:
+        if not self.files:
+            return "none"
+        names = self.files[0].path.name + (f" ... {self.files[-1].path.name} ({len(self.files)} files)"
+                                           if len(self.files) > 1 else "")
+        return f"{names}: {len(self):,} tokens"
+
+
+@dataclass
+class TokenCorpus:
+    """The splits of a token folder (``test`` may be empty) and what ``meta.json`` says about them."""
+
+    layout: Layout
+    root: Path
+    splits: dict[str, TokenSplit]
+    meta: dict[str, Any]  # meta.json's contents ({} without one)
+
+    @property
+    def description(self) -> str:
+        parts = ", ".join(f"{name} {split.description}" for name, split in self.splits.items() if split.files)
+        return f"{self.root} ({'nanoGPT .bin files' if self.layout == 'nanogpt' else 'llm.c token shards'}: {parts})"
+
+
+def find_layout(root: Path) -> Optional[Layout]:
+    """Which token layout the folder ``root`` holds, or None (not a folder, or text)."""
+    if not root.is_dir():
+        return None
+    if (root / NANOGPT_FILES["train"]).is_file():
+        return "nanogpt"
+    if any(root.glob(SHARD_PATTERNS["train"])):
+        return "shards"
+    return None
+
+
+def open_token_corpus(root: Path) -> TokenCorpus:
+    """The splits of the token folder ``root`` (:func:`find_layout` must have found one), every file's size (and
+    a shard's header) checked; ``meta.json`` read when present."""
+    layout = find_layout(root)
+    if layout is None:
+        raise DataError(f"{root}: no train.bin and no *_train_*.bin token shards")
+    if layout == "nanogpt":
+        files = {name: [read_raw(root / file)] if (root / file).is_file() else []
+                 for name, file in NANOGPT_FILES.items()}
+        missing = "val.bin"
+    else:
+        files = {name: [read_shard(path) for path in sorted(root.glob(pattern))]
+                 for name, pattern in SHARD_PATTERNS.items()}
+        missing = "*_val_*.bin shard"
+    if not files["valid"]:
+        raise DataError(f"{root} has training tokens but no {missing}; add the validation split")
+    return TokenCorpus(layout, root, {name: TokenSplit(files[name]) for name in SPLITS}, read_meta(root))
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    """``meta.json`` beside the token files, its keys checked: ``vocab_size`` (1 to 65536), ``tokenizer`` (an
+    object), ``chars`` (a string); {} when there is none."""
+    path = root / META_FILE
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: not readable JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object with vocab_size, got {type(meta).__name__}")
+    size = meta.get("vocab_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_VOCAB):
+        raise DataError(f"{path}: vocab_size={size!r} must be an integer from 1 to {MAX_VOCAB} (ids are uint16)")
+    for key, kind in (("tokenizer", dict), ("chars", str)):
+        if key in meta and not isinstance(meta[key], kind):
+            raise DataError(f"{path}: {key} must be a JSON {'object' if kind is dict else 'string'}")
+    return meta
+
+
+def pickle_refusal(root: Path) -> str:
+    """Why a folder whose only vocabulary source is nanoGPT's ``meta.pkl`` is refused, and what to do."""
+    return (f"{root / PICKLED_META} holds the vocabulary in a pickle, which interlayer never loads (unpickling runs "
+            f"whatever code the file contains); give the vocabulary size with --set data.vocab_size=N, or write "
+            f"{root / META_FILE} as {{\"vocab_size\": N}} (for a character corpus also \"chars\": the characters in "
+            "id order, for text samples and bits per character); nanoGPT's own meta.pkl holds them as "
+            "vocab_size and itos, if you trust it enough to unpickle it yourself")
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+def shard_header(tokens: int) -> bytes:
+    """The 256 x int32 header of an llm.c shard holding ``tokens`` ids."""
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = SHARD_MAGIC, SHARD_VERSION, tokens
+    return header.tobytes()
+
+
+class TokenWriter:
+    """Writes one file of ids, in pieces (``write``), as nanoGPT raw ``uint16`` or an llm.c shard (its header's
+    count filled in at ``close``). Ids must fit ``uint16``."""
+
+    def __init__(self, path: Path, layout: Layout) -> None:
+        self.path, self.layout, self.tokens = Path(path), layout, 0
+        self.handle = self.path.open("wb")
+        if layout == "shards":
+            self.handle.write(shard_header(0))
+
+    def write(self, ids: np.ndarray) -> None:
+        if len(ids) and (ids.min() < 0 or ids.max() >= MAX_VOCAB):
+            raise DataError(f"{self.path}: token id {int(ids.max())} does not fit uint16 (vocabularies up to "
+                            f"{MAX_VOCAB} ids)")
+        self.handle.write(np.asarray(ids).astype(TOKEN_DTYPE).tobytes())
+        self.tokens += len(ids)
+
+    def close(self) -> None:
+        if self.layout == "shards":
+            self.handle.seek(0)
+            self.handle.write(shard_header(self.tokens))
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+
+
+Ids = Union[Tensor, TokenSplit]
+
+
+def windows(ids: Ids, starts: Union[Sequence[int], Tensor], length: int) -> Tensor:
+    """Rows ``ids[s:s + length]`` for each start, from a split held in memory (a text corpus's tensor) or on disk
+    (:class:`TokenSplit`), as one int64 tensor."""
+    if isinstance(ids, TokenSplit):
+        return ids.windows(starts, length)
+    return ids[torch.as_tensor(starts, dtype=torch.long)[:, None] + torch.arange(length)]
