@@ -187,7 +187,15 @@ def test_move_reaches_tensors_inside_containers_and_dataclasses():
 
 
 def test_device_and_precision_resolve_with_errors_that_name_the_choices():
-    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # one canonical form whatever the name: the device a tensor placed there reports (cuda:0, not cuda)
+    for name in ["auto", "cpu", "meta"] + (["cuda", "cuda:0"] if torch.cuda.is_available() else []):
+        device = resolve_device(name)
+        assert torch.empty(0, device=device).device == device, name
+    assert resolve_device("auto") == (torch.device("cuda", 0) if torch.cuda.is_available() else
+                                      resolve_device("mps") if torch.backends.mps.is_available() else
+                                      torch.device("cpu"))
+    if torch.cuda.is_available():
+        assert resolve_device("cuda") == resolve_device("cuda:0") == torch.device("cuda", 0)
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
     assert resolve_precision("bf16", torch.device("cpu")) == "bf16"

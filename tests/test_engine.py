@@ -1,4 +1,7 @@
-"""The engine's model selection and early stopping, driven by a task whose validation metrics are scripted."""
+"""The engine's model selection and early stopping, driven by a task whose validation metrics are scripted; and
+the batches it hands any task, on the model's device."""
+from collections import namedtuple
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -185,3 +188,57 @@ def test_concurrent_runs_share_the_cores_of_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(cores.os, "cpu_count", lambda: 64)
     assert cores.available_cores() == 6
     assert [cores.threads_per_run(n) for n in (1, 2, 4, 12)] == [None, 3, 1, 1]
+
+
+# -- batches reach the model's device ---------------------------------------------------------------------------
+Pair = namedtuple("Pair", "tokens extra")
+
+
+@dataclass
+class UserBatch:
+    pair: Pair  # a named tuple inside a dataclass
+    parts: list  # a list holding a tuple and a dict of tensors
+    label: str = "user"
+
+
+class CPUBatchTask(ScriptedTask):
+    """A user's task that moves nothing: its batches are on the CPU, tensors nested in every kind of container,
+    and its validation calls the model with a CPU tensor. It records the device of everything it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__([{"accuracy": 1, "nll": 1.0}] * 2, False)
+        self.seen: list[dict[str, torch.device]] = []
+
+    def train_batches(self, epoch, seed):
+        tokens = torch.tensor([[5, 6, 7]])
+        return [UserBatch(Pair(tokens, torch.ones(1)), [(torch.zeros(2),), {"mask": torch.zeros(1, 3).bool()}])]
+
+    def loss(self, model, batch):
+        self.seen.append({"tokens": batch.pair.tokens.device, "extra": batch.pair.extra.device,
+                          "tuple": batch.parts[0][0].device, "dict": batch.parts[1]["mask"].device})
+        assert type(batch.pair) is Pair and batch.label == "user"
+        out = model(batch.pair.tokens, key_padding_mask=batch.parts[1]["mask"])
+        return out.logits.float().square().mean(), {"loss": 0.0}, 1
+
+    def validate(self, model):
+        self.seen.append({"validation output": model(torch.tensor([[5, 6, 7]])).logits.device})
+        return super().validate(model)
+
+
+def test_the_engine_moves_cpu_batches_to_the_models_device_for_loss_and_validation(tmp_path):
+    """The model on another device than the task's batches (here ``meta``: a CPU tensor meeting it fails): every
+    tensor of the batch reaches the model's device before the loss, and so do the model's inputs during
+    validation; a step and a validation run."""
+    model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
+                         num_classes=2)
+    task = CPUBatchTask()
+    trainer = Trainer(task, model, TrainConfig(device="meta", clip_norm=0.0, warmup_steps=0), tmp_path,
+                      progress=False)
+    trainer._step(task.train_batches(1, 0))
+    trainer._validate()
+    meta = torch.device("meta")
+    assert task.seen == [{"tokens": meta, "extra": meta, "tuple": meta, "dict": meta}, {"validation output": meta}]
+    assert all(p.grad is not None and p.grad.is_meta for p in model.parameters())
+    # validation's hook is gone afterwards: the model is the user's again
+    with pytest.raises(RuntimeError):
+        model(torch.tensor([[5, 6, 7]]))

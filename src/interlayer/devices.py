@@ -1,5 +1,9 @@
 """The device a name means: ``"auto" | "cpu" | "cuda" | "cuda:N" | "mps"`` as a ``torch.device`` that exists here.
 
+The device comes back in one canonical form, the one a tensor placed there reports as its ``.device``: ``cpu``,
+``cuda:N`` (``"cuda"`` and ``"auto"`` on a GPU machine give ``cuda:0``, or the rank's GPU), ``mps:0``, ``meta``; so
+``tensor.device == resolve_device(name)`` holds for a tensor on that device, whatever name chose it.
+
 A bottom module (torch and the errors only), because both the trainer (``train.device``) and loading a saved model
 (:func:`interlayer.load_pretrained`'s ``device``) read such names; under ``torchrun`` ``"auto"``/``"cuda"`` give
 each rank the GPU of its ``LOCAL_RANK``.
@@ -12,7 +16,8 @@ from .errors import ConfigError
 
 
 def resolve_device(spec: str = "auto", local_rank: int = 0, world_size: int = 1) -> torch.device:
-    """The device named by ``spec``, checked to exist here (an error names what is available)."""
+    """The device named by ``spec``, checked to exist here (an error names what is available), in the canonical
+    form of the module docstring."""
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
         if torch.cuda.is_available():
@@ -44,7 +49,9 @@ def resolve_device(spec: str = "auto", local_rank: int = 0, world_size: int = 1)
     if device.type == "mps":
         if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
             raise ConfigError("train.device='mps': Apple's Metal backend is not available on this machine")
-        return device
-    if device.type == "meta":
-        return device
+        if device.index not in (None, 0):
+            raise ConfigError(f"train.device={spec!r}: Metal has one device, mps (mps:0)")
+        return torch.device("mps", 0)
+    if device.type == "meta":  # tests: every tensor placed on it without data
+        return torch.device("meta")
     raise ConfigError(f"train.device={spec!r} is not supported; choose auto, cpu, cuda, cuda:N or mps")

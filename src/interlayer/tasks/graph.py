@@ -92,12 +92,17 @@ class NodeClassificationTask:
     def train_batches(self, epoch: int, seed: int) -> list[GraphBatch]:
         return [GraphBatch(self.inputs.split("train"))]
 
-    def loss(self, model: nn.Module, batch: GraphBatch) -> tuple[Tensor, dict[str, Tensor], int]:
-        nodes, labels = move((batch.nodes, self.inputs.labels[batch.nodes]), module_device(model))
+    def prepare(self, batch: GraphBatch) -> tuple[Tensor, Tensor]:
+        """The training nodes and their labels, indexed on the host where the labels are kept (nodes moved to a GPU
+        first could not index them); the engine moves both."""
+        return batch.nodes, self.inputs.labels[batch.nodes]
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor], int]:
+        nodes, labels = move(batch, module_device(model))
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(self.inputs.run(model),
                                 lambda logits: label_smoothed_nll(logits[nodes], labels, smoothing))
-        return loss, logs, len(batch.nodes)
+        return loss, logs, len(nodes)
 
     @torch.no_grad()
     def validate(self, model: nn.Module) -> dict[str, float]:

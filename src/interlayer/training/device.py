@@ -7,14 +7,18 @@
   and can overflow, so it is an explicit opt-in).
 * :func:`autocast` is the mixed-precision context (parameters and optimiser state stay fp32; matrix products
   run in bf16/fp16), :func:`make_scaler` the gradient scaler fp16 needs.
-* :func:`move` copies a batch (a tensor, or tensors inside tuples, lists, dicts or dataclasses) to the device;
-  to a GPU through pinned memory with ``non_blocking=True``, so the copy overlaps the work already queued.
+* :func:`move` copies a batch (a tensor, or tensors inside tuples, lists, named tuples, dicts or dataclasses) to the
+  device; to a GPU through pinned memory with ``non_blocking=True``, so the copy overlaps the work already queued.
+  That is safe because the pinned copy is the source and nothing writes to it (the host allocator keeps it until
+  the copy is done), and only host-to-device copies are made asynchronous: a device-to-host copy the host reads
+  at once must wait for its data.
+* :func:`inputs_to` moves the inputs of every call of a module while it is in force (the engine's validation).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, ContextManager, Literal, Optional
+from typing import Any, ContextManager, Iterator, Literal, Optional
 
 import torch
 from torch import nn
@@ -77,7 +81,8 @@ def move(obj: Any, device: torch.device) -> Any:
     """``obj`` with every tensor inside it on ``device``; other values are returned as they are.
 
     Dataclasses are rebuilt with :func:`dataclasses.replace` (their non-tensor fields kept), so a task's batch type
-    needs nothing to travel.
+    needs nothing to travel. A tensor already there is returned as it is, so moving twice (the engine, then the
+    task) costs nothing.
     """
     if isinstance(obj, torch.Tensor):
         if obj.device == device:
@@ -95,3 +100,19 @@ def move(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, dict):
         return {k: move(v, device) for k, v in obj.items()}
     return obj
+
+
+@contextlib.contextmanager
+def inputs_to(module: nn.Module, device: torch.device) -> Iterator[None]:
+    """While in force, every call of ``module`` gets its tensor arguments (positional and keyword, inside
+    containers too) moved to ``device`` first, by a forward pre-hook that is removed on exit. The engine validates
+    under it, so a task's ``validate`` may hand the model CPU tensors; what the model returns stays on ``device``."""
+
+    def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return move(args, device), move(kwargs, device)
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

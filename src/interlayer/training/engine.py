@@ -11,7 +11,10 @@ What it guarantees:
 * **Any device, any precision.** ``train.device`` (CPU, CUDA, MPS), ``train.precision`` (fp32, bf16 autocast,
   fp16 autocast with a gradient scaler whose state is checkpointed), ``train.compile`` (``torch.compile`` of the
   step's forward: the model and the task's loss as one graph), TF32 on GPUs (:mod:`.device`). The model and every
-  batch move to the device here (``Task.prepare`` first, for host-side work).
+  batch move to the device here (``Task.prepare`` first, for host-side work; tensors inside tuples, lists, named
+  tuples, dicts and dataclasses too), and during validation every call of the model gets its tensor inputs moved
+  (:func:`~.device.inputs_to`). So any task trains and validates on any device, whether or not it moves its own
+  (moving twice is free).
 * **No host synchronisation in a step** (one process): the logged terms stay on the device and are read once per
   ``log_interval`` (:mod:`.step_logs`); a diverged step is still named exactly, and caught before any checkpoint.
 * **No silent divergence.** A non-finite loss, or a non-finite gradient norm (fp32/bf16 with ``clip_norm``; with
@@ -56,7 +59,7 @@ from . import distributed, state_file
 from ..fileio import atomic_path, write_atomic
 from .config import TrainConfig
 from ..devices import resolve_device
-from .device import autocast, configure_tf32, make_scaler, move, resolve_precision
+from .device import autocast, configure_tf32, inputs_to, make_scaler, move, resolve_precision
 from .step_logs import StepLogs
 
 LAST = "checkpoint_last.safetensors"
@@ -93,7 +96,9 @@ class Task(Protocol):
         the logged terms as detached tensors; the engine reads them once per ``log_interval``), no host-side
         data handling (that belongs in ``prepare``)."""
 
-    def validate(self, model: nn.Module) -> dict[str, float]: ...
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Validation metrics; every call of ``model`` meanwhile gets its tensor inputs moved to the training
+        device (the outputs are there too: the task compares them with targets it moves, or moves them back)."""
 
     def save_assets(self, directory: Path) -> None:
         """Write what a saved model needs besides its weights (e.g. the tokenizer)."""
@@ -608,9 +613,10 @@ class Trainer:
         """The task's validation of the eager model, in the training precision, after the pending step terms are
         read (a diverged step is named as such, before anything is saved); a score that is not a finite number
         stops the run as a diverged loss does (the last optimiser step is checked by nothing else: a one-step run
-        at ``lr=1e30`` would "finish" with NaN scores)."""
+        at ``lr=1e30`` would "finish" with NaN scores). The model's inputs are moved to the device on every call
+        meanwhile, as training batches are."""
         self._read_logs()
-        with autocast(self.device, self.precision):
+        with autocast(self.device, self.precision), inputs_to(self.model, self.device):
             metrics = self.task.validate(self.model)
         bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
         if bad:
