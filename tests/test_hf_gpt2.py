@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+import torch._dynamo
 from safetensors.torch import load_file
 
 from interlayer import create_model
@@ -120,11 +121,12 @@ def test_cached_greedy_generation_equals_transformers_generate(case: str, folder
     with torch.no_grad():
         theirs = hf.generate(input_ids=prompts, attention_mask=real.long(), do_sample=False, max_new_tokens=steps,
                              min_new_tokens=steps, pad_token_id=0)[:, prompts.shape[1]:]
-    ours = model.generate(prompts, SamplingOptions(max_new_tokens=steps, temperature=0.0), padding_mask=~real)
-    assert ours.tokens.tolist() == theirs.tolist()
-    uncached = model.generate(prompts, SamplingOptions(max_new_tokens=steps, temperature=0.0, use_cache=False),
+    # the static cache (the default), the growing one, none, and the compiled fixed-shape step (traced only)
+    for decoding in ({}, dict(static_cache=False), dict(use_cache=False), dict(compile=True, compile_backend="eager")):
+        torch._dynamo.reset()
+        ours = model.generate(prompts, SamplingOptions(max_new_tokens=steps, temperature=0.0, **decoding),
                               padding_mask=~real)
-    assert uncached.tokens.tolist() == theirs.tolist()
+        assert ours.tokens.tolist() == theirs.tolist(), decoding
 
 
 def test_hf_style_generate_returns_prompt_plus_continuation_as_transformers_does(folders: dict[str, Path]) -> None:

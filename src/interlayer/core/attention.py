@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels.logits_attention import logits_attention
+from .positions import offset_positions
 
 
 @dataclass
@@ -57,38 +58,123 @@ class KVCache:
     ``state`` holds whatever else a module of the layer must carry from one step to the next, by name (a causal
     logit mixer keeps the last rows of its convolution inputs there); every tensor in it has the batch first, so
     :meth:`reorder` can select its rows too.
+
+    Three layouts, the same keys and values in each:
+
+    * **growing** (``capacity=None``, the default): each append concatenates, so every step allocates the whole
+      cache anew (``torch.cat``), which is what makes incremental decoding slow on a GPU;
+    * **static** (``capacity=N``): the first append allocates ``N`` positions once (zeros, in the keys' dtype and
+      device), and every append writes into them in place; ``k`` and ``v`` are views of the positions written,
+      so attention reads exactly what the growing layout holds, and no step allocates cache memory;
+    * **fixed-shape** (static, plus ``position``: a 0-dim long tensor on the device, shared by the layers'
+      caches): appends write at ``position, position + 1, ...`` (``index_copy_``) and ``k``, ``v`` are the whole
+      buffers, so every decoding step has the same shapes and no Python number changes between steps, which is
+      what a compiled step replayed as a CUDA graph needs. Attention then reads its query positions from
+      :attr:`offset` (the tensor); the causal mask hides the positions not written yet (zeros, so never NaN).
+      The caller advances ``position`` and keeps it within ``capacity`` (a device tensor cannot be checked
+      without a host sync).
     """
 
     k: Optional[Tensor] = None
     v: Optional[Tensor] = None
     state: dict[str, Tensor] = field(default_factory=dict)
+    capacity: Optional[int] = None  # static layout: positions allocated at the first append
+    position: Optional[Tensor] = None  # fixed-shape layout: where this call's first position is written
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)  # static layout: "k", "v" (allocated)
 
     @property
     def length(self) -> int:
+        """Positions held (in the fixed-shape layout: the capacity; :attr:`offset` is the position)."""
         return 0 if self.k is None else self.k.shape[2]
 
+    @property
+    def offset(self) -> Union[int, Tensor]:
+        """The position of the first new query of the coming call: the length held, or the ``position`` tensor."""
+        return self.position if self.position is not None else self.length
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        if self.capacity is None:
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        else:
+            end = self.length + k.shape[2]
+            self.k, self.v = self._write("k", k, end), self._write("v", v, end)
         return self.k, self.v
 
     def append_keys(self, k: Tensor) -> Tensor:
         """Keep new keys only: a layer whose values are another layer's (a :class:`KVSource`) stores no values."""
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        if self.capacity is None:
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        else:
+            self.k = self._write("k", k, self.length + k.shape[2])
         return self.k
+
+    def _write(self, name: str, new: Tensor, end: int) -> Tensor:
+        """Static layouts: ``new`` (B, H, t, d) into the buffer ``name``, allocated at the first write; returns
+        what attention reads (the view up to ``end``, or the whole buffer in the fixed-shape layout)."""
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            shape = (new.shape[0], new.shape[1], self.capacity, new.shape[3])
+            buffer = self.buffers[name] = new.new_zeros(shape)
+        if self.position is not None:
+            rows = offset_positions(self.position, new.shape[2], buffer.device)
+            return buffer.index_copy_(2, rows, new.to(buffer.dtype))
+        if end > self.capacity:
+            raise ValueError(f"the static KV cache holds {self.capacity} positions; {end} were written (make it "
+                             "with a larger capacity)")
+        buffer[:, :, end - new.shape[2]:end] = new
+        return buffer[:, :, :end]
+
+    def reset(self) -> None:
+        """Empty, keeping a static layout's buffers for the next sequence of the same batch size: their stale
+        positions are overwritten or, past what is written, never attended to."""
+        self.k = self.v = None
+        self.state = {}
 
     @property
     def nbytes(self) -> int:
         """Bytes of the keys and values held (the method state excluded): what a KV-cache-saving method shrinks."""
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of key/value memory this cache occupies: the buffers of a static layout (its whole capacity), the
+        tensors held of a growing one (each step also allocates their next size before freeing these)."""
+        if self.buffers:
+            return sum(t.numel() * t.element_size() for t in self.buffers.values())
+        return self.nbytes
+
     def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-        if self.v is not None:
-            self.v = self.v.index_select(0, index)
+        """Select batch rows (beam search keeps the surviving hypotheses); a static layout does it in place when
+        the batch keeps its size."""
+        if self.buffers:
+            for name, buffer in self.buffers.items():
+                rows = buffer.index_select(0, index)
+                self.buffers[name] = buffer.copy_(rows) if rows.shape == buffer.shape else rows
+            length = self.length
+            self.k = self._read("k", length)
+            self.v = self._read("v", length)
+        else:
+            if self.k is not None:
+                self.k = self.k.index_select(0, index)
+            if self.v is not None:
+                self.v = self.v.index_select(0, index)
         self.state = {name: value.index_select(0, index) for name, value in self.state.items()}
+
+    def _read(self, name: str, length: int) -> Optional[Tensor]:
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            return None
+        return buffer if self.position is not None else buffer[:, :, :length]
+
+
+def newest(full: Tensor, count: int, cache: Optional[KVCache]) -> Tensor:
+    """The ``count`` positions the current call added to ``full`` (B, H, T, d), an earlier layer's full-length
+    keys or values (ResFormer mixes the first layer's new values in): the last ones, or in the fixed-shape layout
+    of ``cache`` those at its ``position``."""
+    if cache is not None and cache.position is not None:
+        return full.index_select(2, offset_positions(cache.position, count, full.device))
+    return full[:, :, full.shape[2] - count:]
 
 
 # The keys and values each earlier self-attention layer of the stack attended with in this forward pass, in layer
@@ -122,16 +208,16 @@ class MixerContext:
     the new rows), and the layer's cache, whose ``state`` keeps what the mixer carries from one step to the next."""
 
     causal: bool = False
-    q_offset: int = 0
+    q_offset: int = 0  # a tensor only in a fixed-shape cache's decoding, which refuses logit mixers
     cache: Optional[KVCache] = None
 
 
-def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool, q_offset: int,
-                       device: torch.device) -> Optional[Tensor]:
+def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool,
+                       q_offset: Union[int, Tensor], device: torch.device) -> Optional[Tensor]:
     """Boolean ``(B|1, 1, Tq, Tk)`` mask, True where query i may attend key j; None when everything is allowed."""
     allowed = None
     if causal:
-        i = torch.arange(q_offset, q_offset + t_q, device=device).unsqueeze(1)
+        i = offset_positions(q_offset, t_q, device).unsqueeze(1)
         j = torch.arange(t_k, device=device).unsqueeze(0)
         allowed = (j <= i)[None, None]
     if key_padding_mask is not None:
@@ -237,15 +323,17 @@ class MultiHeadAttention(nn.Module):
         return [next(present) if p is not None else None for p in projections]
 
     def _sourced_kv(self, x: Tensor, cache: Optional[KVCache], history: KVHistory,
-                    kv_inputs: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor, int]:
+                    kv_inputs: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor, Union[int, Tensor]]:
         """q, k, v and the first query's position when ``kv_source`` supplies the keys/values (see :class:`KVSource`).
         The position is read off the full-length keys, since a layer that reuses them keeps no cache of its own."""
         q, k, v = (self._split(t) if t is not None else None for t in self._project_self(x, kv_inputs))
         rotary = getattr(self.relative, "rotates", False)
         if rotary and k is not None:
-            k = self.relative(k, cache.length if cache is not None else 0)
+            k = self.relative(k, cache.offset if cache is not None else 0)
         k, v = self.kv_source(k, v, history, cache)
-        q_offset = k.shape[2] - x.shape[1]
+        # a fixed-shape cache's keys are the whole buffer: the position is its tensor, not the keys' length
+        fixed = cache is not None and cache.position is not None
+        q_offset = cache.position if fixed else k.shape[2] - x.shape[1]
         if rotary:
             q = self.relative(q, q_offset)
         return q, k, v, q_offset
@@ -277,14 +365,14 @@ class MultiHeadAttention(nn.Module):
         path (:meth:`_maps`) computes without the probabilities; ``need_intermediates`` returns everything.
         """
         b, t_q, _ = x.shape
-        q_offset = 0
+        q_offset: Union[int, Tensor] = 0
         rotary = getattr(self.relative, "rotates", False)
         if memory is None and self.kv_source is not None:
             q, k, v, q_offset = self._sourced_kv(x, cache, kv_history if kv_history is not None else [], kv_inputs)
         elif memory is None:
             q, k, v = (self._split(t) for t in self._project_self(x, kv_inputs))
             if cache is not None:
-                q_offset = cache.length
+                q_offset = cache.offset
             if rotary:  # keys enter the cache rotated to their own positions
                 q, k = self.relative(q, q_offset), self.relative(k, q_offset)
             if cache is not None:
@@ -297,14 +385,18 @@ class MultiHeadAttention(nn.Module):
         t_k = k.shape[2]
         # Shaw et al.: the bias is q . e / sqrt(d), like the logits, so it is computed from the scaled query.
         bias = self.relative(q * self.scale, q_offset, t_k) if self.relative is not None and not rotary else None
+        # A tensor offset is a fixed-shape cache's step: its keys are the whole buffer, and the causal mask is what
+        # hides the positions not written yet, so it is always built there (and no Python comparison reads it).
+        fixed = isinstance(q_offset, Tensor)
         # One new query at the end of the sequence (a decoding step) sees every key: no causal mask to build.
-        masked_causal = causal and not (t_q == 1 and q_offset == t_k - 1)
+        masked_causal = causal and (fixed or not (t_q == 1 and q_offset == t_k - 1))
+        first = not fixed and q_offset == 0  # the queries start at position 0
         # The flash path of a causal stack: is_causal, no mask tensor (the mask is built only where it is read).
-        plain_causal = masked_causal and key_padding_mask is None and q_offset == 0 and t_q == t_k and bias is None
+        plain_causal = masked_causal and key_padding_mask is None and first and t_q == t_k and bias is None
 
         maps = None
         if not need_intermediates and not self.force_eager and (need_logits or self.logit_mixer is not None):
-            maps = self._maps(q, k, v, bias, key_padding_mask, prev_logits, causal and q_offset == 0, cache)
+            maps = self._maps(q, k, v, bias, key_padding_mask, prev_logits, causal and first, cache)
         eager = need_intermediates or self.logit_mixer is not None or self.force_eager or need_logits
         allowed = None
         if maps is None and (eager or not plain_causal):

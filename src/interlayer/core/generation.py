@@ -14,23 +14,51 @@
   one token per step with the layers' :class:`~interlayer.core.attention.KVCache`; the logits equal those of the
   full forward pass (tested). Past ``max_positions`` tokens the context slides as in nanoGPT: each step re-reads
   the last ``max_positions`` tokens, numbered from 0, without the cache.
+* **A static cache** (``static_cache``, the default): the cache is allocated once for the prompt and the new
+  tokens and written in place (no ``torch.cat`` per token, no cache memory allocated per step); attention reads
+  the positions written, so the tokens are those of the growing cache (``static_cache=False``) and of
+  recomputing (tested). Predictive Attention's causal mixer keeps its convolution input rows in the cache's
+  ``state``, whose width grows with the keys (they are a few rows per layer): that state keeps growing.
+* **A compiled step** (``compile``): the one-token step is compiled with ``torch.compile`` for the batch size and
+  a cache capacity (the prompt plus the new tokens, rounded up to a multiple of :data:`CAPACITY_STEP` positions
+  and at most ``max_positions``), over a fixed-shape cache: every step attends to the whole capacity (the
+  causal mask hides what is not written yet) and reads its position from a device tensor, so the shapes never
+  change and, on a GPU, the step is captured and replayed as a CUDA graph (``mode="reduce-overhead"``), which
+  removes Python and kernel-launch overhead, the cost that dominates decoding a small model. The compiled step,
+  its cache and buffers are kept with the model and reused by the next call of the same shapes (one per model:
+  other shapes replace it; each shape compiles once, within ``torch._dynamo.config.recompile_limit``). Off by
+  default: compiling takes seconds to minutes, worth it for long or repeated generation. A logit mixer
+  (Predictive Attention) has a state that grows with the keys, so it cannot be compiled this way and is refused
+  with the reason (its static cache still applies).
+* **No host synchronisation per step**: the loop keeps positions, lengths and the stopping flags on the device;
+  the host reads them only every ``stop_check_interval`` tokens to stop once every row has produced ``eos_id``
+  (a few steps may run past the last EOS; the result is cut where stopping at once would have left it).
 * **Its size.** :func:`kv_cache_bytes_per_token` measures what the cache holds per token of one sequence (methods
   that share keys/values across layers keep fewer tensors: a layer that reuses another's stores nothing).
 * **Stopping** after ``max_new_tokens``, or once every row has produced ``eos_id``; a row that stopped early is
   filled with ``eos_id`` and ``Generation.lengths`` says how many tokens (EOS included) it produced.
+
+The loop (:func:`generate`) asks a *decoder* for the next-token logits, first after the prompt
+(:meth:`Decoder.first`) and then after each chosen token (:meth:`Decoder.next`); the decoders are recomputing
+(:class:`Recompute`), cached (:class:`Cached`, static or growing) and compiled (:class:`Compiled`), and another
+search (beam search) can drive them the same way.
 """
 from __future__ import annotations
 
 import math
-
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
 
+from .attention import KVCache
+
 if TYPE_CHECKING:
     from .lm import CausalLM
+
+CAPACITY_STEP = 64  # a compiled step's cache capacity is a multiple of this: nearby lengths share one compilation
 
 
 @dataclass(frozen=True)
@@ -41,6 +69,11 @@ class SamplingOptions:
     top_p: float = 1.0  # < 1: sample among the smallest set of tokens whose probability reaches top_p
     eos_id: Optional[int] = None  # a row stops once it has produced this token
     use_cache: Optional[bool] = None  # None: the KV cache whenever the model supports it
+    static_cache: bool = True  # the cache allocated once and written in place (False: grown by concatenation)
+    compile: bool = False  # the one-token step compiled for fixed shapes (CUDA graphs on a GPU); module docstring
+    compile_backend: Union[str, Callable[..., Any]] = "inductor"  # torch.compile's (for ``compile``; "eager":
+    # dynamo's trace alone, which the CPU tests use)
+    stop_check_interval: int = 16  # with eos_id: tokens between the host's checks whether every row has stopped
 
     def validate(self, vocab_size: int) -> None:
         if self.max_new_tokens < 0:
@@ -54,6 +87,13 @@ class SamplingOptions:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (1 switches it off)")
         if self.eos_id is not None and not 0 <= self.eos_id < vocab_size:
             raise ValueError(f"eos_id={self.eos_id} is not a token id of this model (0..{vocab_size - 1})")
+        if self.stop_check_interval < 1:
+            raise ValueError(f"stop_check_interval={self.stop_check_interval} must be >= 1 (1 checks after every "
+                             "token)")
+        if self.compile and (self.use_cache is False or not self.static_cache):
+            raise ValueError(f"compile=True compiles the step over a static KV cache, but use_cache="
+                             f"{self.use_cache} and static_cache={self.static_cache}; keep the static cache or "
+                             "set compile=False")
 
 
 @dataclass
@@ -92,6 +132,206 @@ def choose_tokens(logits: Tensor, options: SamplingOptions, generator: Optional[
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
+class Sequence:
+    """The left-aligned prompts and the tokens chosen so far, in buffers allocated once: ``tokens`` (B, T0 + N),
+    ``mask`` (B, T0 + N; True at the prompts' padding, None without any) and ``length``, the columns filled."""
+
+    def __init__(self, prompts: Tensor, mask: Optional[Tensor], new_tokens: int) -> None:
+        batch, self.prompt_length = prompts.shape
+        self.tokens = prompts.new_zeros((batch, self.prompt_length + new_tokens))
+        self.tokens[:, :self.prompt_length] = prompts
+        self.mask: Optional[Tensor] = None
+        if mask is not None:
+            self.mask = torch.zeros_like(self.tokens, dtype=torch.bool)
+            self.mask[:, :self.prompt_length] = mask
+        self.length = self.prompt_length
+
+    def append(self, chosen: Tensor) -> None:
+        self.tokens[:, self.length] = chosen
+        self.length += 1
+
+    def window(self, start: int) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Tokens, padding mask and position ids of the columns ``start .. length - 1`` (positions from 0)."""
+        tokens = self.tokens[:, start:self.length]
+        if self.mask is None:
+            return tokens, None, None
+        mask = self.mask[:, start:self.length]
+        return tokens, mask, position_ids(mask)
+
+
+class Decoder:
+    """Next-token logits (B, V): after the prompt (:meth:`first`), then after each token chosen (:meth:`next`,
+    called once the token is in the :class:`Sequence`)."""
+
+    def first(self) -> Tensor:
+        raise NotImplementedError
+
+    def next(self, chosen: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class Recompute(Decoder):
+    """No cache: every step reads the last ``max_positions`` tokens again, numbered from 0 (nanoGPT's window)."""
+
+    def __init__(self, model: "CausalLM", sequence: Sequence) -> None:
+        self.model, self.sequence = model, sequence
+
+    def first(self) -> Tensor:
+        tokens, mask, positions = self.sequence.window(max(0, self.sequence.length - self.model.max_positions))
+        return self.model(tokens, padding_mask=mask, position_ids=positions).logits[:, -1]
+
+    def next(self, chosen: Tensor) -> Tensor:
+        return self.first()
+
+
+class Cached(Decoder):
+    """The prompt once, then one token per step through the layers' caches: static (allocated for every position
+    the model will read, written in place) or growing; past ``max_positions`` the window slides without it."""
+
+    def __init__(self, model: "CausalLM", sequence: Sequence, static: bool, new_tokens: int) -> None:
+        self.model, self.sequence = model, sequence
+        # the last token chosen is never read, so the cache needs the prompt and new_tokens - 1 positions
+        capacity = min(sequence.prompt_length + new_tokens - 1, model.max_positions) if static else None
+        self.caches: Optional[list[KVCache]] = model.new_cache(capacity=capacity)
+        self.next_position: Optional[Tensor] = None  # (B,) each row's next absolute position (padded prompts)
+        self.recompute = Recompute(model, sequence)
+
+    def first(self) -> Tensor:
+        tokens, mask, positions = self.sequence.window(0)
+        if mask is not None:
+            self.next_position = (~mask).sum(1)
+        return self.model(tokens, padding_mask=mask, position_ids=positions, cache=self.caches).logits[:, -1]
+
+    def next(self, chosen: Tensor) -> Tensor:
+        length = self.sequence.length
+        if length > self.model.max_positions:
+            self.caches = None  # the context slides from here on; the cache's memory goes back
+            return self.recompute.next(chosen)
+        mask = self.sequence.mask
+        positions = None if self.next_position is None else self.next_position[:, None]
+        logits = self.model(chosen[:, None], padding_mask=None if mask is None else mask[:, :length],
+                            position_ids=positions, cache=self.caches).logits[:, -1]
+        if self.next_position is not None:
+            self.next_position.add_(1)
+        return logits
+
+
+class FixedShapeStep:
+    """A compiled one-token step over a fixed-shape cache (see :class:`~interlayer.core.attention.KVCache`) for one
+    batch size, capacity and padding: the caches, their shared ``position`` tensor and the padding mask live here,
+    so a later call with the same shapes reuses the compiled code (and, on a GPU, the recorded CUDA graph). The
+    model is an argument of every call, not an attribute: the step is kept in a weak dictionary keyed by the model,
+    which a reference from the step would keep alive."""
+
+    def __init__(self, model: "CausalLM", batch: int, capacity: int, padded: bool, device: torch.device,
+                 backend: Union[str, Callable[..., Any]]) -> None:
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.caches = model.new_cache(capacity=capacity)
+        for cache in self.caches:
+            cache.position = self.position
+        self.mask = torch.zeros((batch, capacity), dtype=torch.bool, device=device) if padded else None
+        self.cuda_graphs = device.type == "cuda" and backend == "inductor"
+        mode = "reduce-overhead" if self.cuda_graphs else None
+        self.compiled: Callable[["CausalLM", Tensor, Tensor], Tensor] = torch.compile(
+            self._step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+        self._static_marked = False
+
+    def _step(self, model: "CausalLM", tokens: Tensor, positions: Tensor) -> Tensor:
+        return model(tokens, padding_mask=self.mask, position_ids=positions, cache=self.caches).logits[:, -1]
+
+    def prefill(self, model: "CausalLM", tokens: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]
+                ) -> Tensor:
+        """The prompt (eager; it allocates the buffers the first time), from position 0 of emptied caches."""
+        for cache in self.caches:
+            cache.reset()
+        self.position.zero_()
+        if self.mask is not None:
+            self.mask.zero_()
+            self.mask[:, :tokens.shape[1]] = mask
+        logits = model(tokens, padding_mask=self.mask, position_ids=positions, cache=self.caches).logits
+        self.position.fill_(tokens.shape[1])
+        if not self._static_marked:  # the compiled step writes the buffers in place: fixed addresses
+            for cache in self.caches:
+                for buffer in cache.buffers.values():
+                    torch._dynamo.mark_static_address(buffer)
+            self._static_marked = True
+        return logits[:, -1]
+
+    def __call__(self, model: "CausalLM", tokens: Tensor, positions: Tensor) -> Tensor:
+        """Logits after ``tokens`` (B, 1) at ``positions`` (B, 1), written at the cache's ``position``, which then
+        advances by one."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs have been read
+        logits = self.compiled(model, tokens, positions)
+        self.position.add_(1)
+        return logits
+
+
+# one compiled step per model (weakly held: it goes with the model), reused while the shapes stay the same
+_STEPS: "weakref.WeakKeyDictionary[Any, tuple[tuple, FixedShapeStep]]" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: "CausalLM", batch: int, capacity: int, padded: bool, device: torch.device,
+                  backend: Union[str, Callable[..., Any]]) -> FixedShapeStep:
+    """The model's compiled step for these shapes: the one kept from an earlier call, or a new one."""
+    autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    key = (batch, capacity, padded, device, backend, autocast, next(model.parameters()).dtype)
+    kept = _STEPS.get(model)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    _STEPS.pop(model, None)  # its buffers go before the new ones are allocated
+    step = FixedShapeStep(model, batch, capacity, padded, device, backend)
+    _STEPS[model] = (key, step)
+    return step
+
+
+class Compiled(Decoder):
+    """The prompt (eager), then the compiled fixed-shape step per token; past ``max_positions``, the window."""
+
+    def __init__(self, model: "CausalLM", sequence: Sequence, new_tokens: int,
+                 backend: Union[str, Callable[..., Any]]) -> None:
+        mixers = [i for i, layer in enumerate(model.encoder.layers)
+                  if getattr(layer.self_attn, "logit_mixer", None) is not None]
+        if mixers:
+            raise ValueError(f"compile=True needs a fixed-shape KV cache, but layers {mixers} mix logits "
+                             "(Predictive Attention), whose convolution state grows with the keys; generate with "
+                             "compile=False (the static cache still applies)")
+        self.model, self.sequence = model, sequence
+        needed = sequence.prompt_length + new_tokens - 1
+        capacity = min(-(-needed // CAPACITY_STEP) * CAPACITY_STEP, model.max_positions)
+        tokens = sequence.tokens
+        self.step = compiled_step(model, len(tokens), capacity, sequence.mask is not None, tokens.device, backend)
+        self.next_position: Optional[Tensor] = None
+        self.recompute = Recompute(model, sequence)
+
+    def first(self) -> Tensor:
+        tokens, mask, positions = self.sequence.window(0)
+        self.next_position = (torch.full((len(tokens),), tokens.shape[1], device=tokens.device) if mask is None
+                              else (~mask).sum(1))
+        return self.step.prefill(self.model, tokens, mask, positions)
+
+    def next(self, chosen: Tensor) -> Tensor:
+        if self.sequence.length > self.step.capacity:
+            return self.recompute.next(chosen)
+        logits = self.step(self.model, chosen[:, None], self.next_position[:, None])
+        self.next_position.add_(1)
+        return logits
+
+
+def decoder_for(model: "CausalLM", sequence: Sequence, options: SamplingOptions) -> Decoder:
+    """The decoder the options ask for (module docstring); a prompt longer than the context is read without a
+    cache, as every later window is."""
+    use_cache = model.supports_cache if options.use_cache is None else options.use_cache
+    if use_cache:
+        model.new_cache()  # raises the reason when the model cannot be cached
+    if not use_cache or sequence.prompt_length > model.max_positions:
+        return Recompute(model, sequence)
+    if options.compile:
+        return Compiled(model, sequence, options.max_new_tokens, options.compile_backend)
+    return Cached(model, sequence, options.static_cache, options.max_new_tokens)
+
+
 @torch.no_grad()
 def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = SamplingOptions(), *,
              padding_mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Generation:
@@ -111,44 +351,38 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
     if bool(empty.any()):
         raise ValueError(f"prompt(s) {empty.nonzero().flatten().tolist()} are all padding; every row needs at least "
                          "one token to continue")
-    use_cache = model.supports_cache if options.use_cache is None else options.use_cache
-    if use_cache:
-        model.new_cache()  # raises the reason when the model cannot be cached
     padded = bool(padding_mask.any())
-    tokens, mask = left_align(prompts, padding_mask) if padded else (prompts, padding_mask)
-    context = model.max_positions
-    cache = model.new_cache() if use_cache and tokens.shape[1] <= context else None
-    finished = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
-    lengths = torch.zeros(len(tokens), dtype=torch.long, device=tokens.device)
-    new: list[Tensor] = []
+    tokens, mask = left_align(prompts, padding_mask) if padded else (prompts, None)
+    batch, wanted, eos = len(prompts), options.max_new_tokens, options.eos_id
+    sequence = Sequence(tokens, mask, wanted)
+    decoder = decoder_for(model, sequence, options)
+    out = prompts.new_zeros((batch, wanted), dtype=torch.long)
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompts.device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=prompts.device)
     was_training = model.training
     model.eval()
     try:
-        for _ in range(options.max_new_tokens):
-            if cache is not None and tokens.shape[1] <= context:
-                fresh = tokens[:, cache[0].length:]  # the whole prompt first, then the last token
-                logits = model(fresh, padding_mask=mask if padded else None, cache=cache,
-                               position_ids=position_ids(mask)[:, -fresh.shape[1]:] if padded else None).logits
-            else:
-                cache = None
-                window = mask[:, -context:]
-                logits = model(tokens[:, -context:], padding_mask=window if padded else None,
-                               position_ids=position_ids(window) if padded else None).logits
-            chosen = choose_tokens(logits[:, -1], options, generator)
-            if options.eos_id is not None:
-                chosen = chosen.masked_fill(finished, options.eos_id)
-            lengths += (~finished).long()
-            new.append(chosen)
-            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-            mask = torch.cat([mask, torch.zeros_like(chosen[:, None], dtype=torch.bool)], dim=1)
-            if options.eos_id is not None:
-                finished |= chosen == options.eos_id
-                if bool(finished.all()):
-                    break
+        steps = 0
+        logits = decoder.first() if wanted else None
+        while steps < wanted:
+            chosen = choose_tokens(logits, options, generator)
+            if eos is not None:
+                chosen = chosen.masked_fill(finished, eos)
+                lengths += (~finished).long()
+                finished |= chosen == eos
+            out[:, steps] = chosen
+            steps += 1
+            if steps == wanted or (eos is not None and steps % options.stop_check_interval == 0
+                                   and bool(finished.all())):
+                break
+            sequence.append(chosen)
+            logits = decoder.next(chosen)
     finally:
         model.train(was_training)
-    out = torch.stack(new, dim=1) if new else prompts.new_zeros((len(prompts), 0))
-    return Generation(tokens=out, lengths=lengths)
+    if eos is None:
+        return Generation(tokens=out, lengths=lengths.fill_(wanted))
+    # stopping at once would have left as many columns as the longest row produced (the last EOS included)
+    return Generation(tokens=out[:, :int(lengths.max())] if wanted else out, lengths=lengths)
 
 
 def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,

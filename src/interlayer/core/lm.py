@@ -75,12 +75,16 @@ class CausalLM(nn.Module, PretrainedMixin):
         each needing its own keys and values) is read without a cache."""
         return type(self.encoder).process is Encoder.process
 
-    def new_cache(self) -> list[KVCache]:
+    def new_cache(self, capacity: Optional[int] = None) -> list[KVCache]:
+        """One :class:`KVCache` per layer: growing, or with ``capacity`` static (allocated for that many positions
+        at the first step and written in place; :mod:`interlayer.core.generation`)."""
         if not self.supports_cache:
             raise ValueError(f"{type(self.encoder).__name__} runs the layer stack more than once per forward pass "
                              "(Multi-Pass), so one key/value cache per layer cannot hold its state; generate with "
                              "use_cache=False")
-        return [KVCache() for _ in self.encoder.layers]
+        if capacity is not None and not 0 < capacity <= self.max_positions:
+            raise ValueError(f"capacity={capacity} must lie in 1..max_positions={self.max_positions}")
+        return [KVCache(capacity=capacity) for _ in self.encoder.layers]
 
     def compute_aux_losses(self) -> dict[str, Tensor]:
         return {name: fn(self) for name, fn in self.aux_loss_fns.items()}

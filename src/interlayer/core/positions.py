@@ -13,6 +13,7 @@ module the ``relative`` factory hands to attention that, instead of a bias, *rot
 from __future__ import annotations
 
 import math
+from typing import Union
 
 import torch
 from torch import Tensor, nn
@@ -69,11 +70,12 @@ class RelativePositionBias(nn.Module):
         self.embeddings = nn.Parameter(torch.empty(2 * max_distance + 1, head_dim))
         nn.init.normal_(self.embeddings, std=head_dim**-0.5)
 
-    def forward(self, q: Tensor, q_offset: int, k_len: int) -> Tensor:
-        """``q``: (B, H, Tq, dh) already scaled as the logits are. Returns (B, H, Tq, Tk)."""
+    def forward(self, q: Tensor, q_offset: Union[int, Tensor], k_len: int) -> Tensor:
+        """``q``: (B, H, Tq, dh) already scaled as the logits are, its rows at positions ``q_offset ..`` (a 0-dim
+        tensor in fixed-shape decoding). Returns (B, H, Tq, Tk)."""
         t_q = q.shape[2]
         scores = q @ self.embeddings.t()  # (B, H, Tq, 2k+1)
-        i = torch.arange(q_offset, q_offset + t_q, device=q.device).unsqueeze(1)
+        i = offset_positions(q_offset, t_q, q.device).unsqueeze(1)
         j = torch.arange(k_len, device=q.device).unsqueeze(0)
         index = (j - i).clamp(-self.max_distance, self.max_distance) + self.max_distance
         return scores.gather(-1, index.expand(*scores.shape[:2], t_q, k_len))
@@ -146,18 +148,31 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` (B, H, T, d) at positions ``offset .. offset + T - 1`` -> the rotated (B, H, T, d)."""
+    def forward(self, x: Tensor, offset: Union[int, Tensor] = 0) -> Tensor:
+        """``x`` (B, H, T, d) at positions ``offset .. offset + T - 1`` -> the rotated (B, H, T, d). ``offset`` is a
+        0-dim tensor in fixed-shape decoding (its range is then the caller's to keep: checking it would sync)."""
         length = x.shape[-2]
-        _check_length(length + offset, self.cos.shape[0])
-        cos = self.cos[offset : offset + length].to(x.dtype)
-        sin = self.sin[offset : offset + length].to(x.dtype)
+        if isinstance(offset, Tensor):
+            rows = offset_positions(offset, length, x.device)
+            cos, sin = self.cos[rows].to(x.dtype), self.sin[rows].to(x.dtype)
+        else:
+            _check_length(length + offset, self.cos.shape[0])
+            cos = self.cos[offset : offset + length].to(x.dtype)
+            sin = self.sin[offset : offset + length].to(x.dtype)
         pairs = x.unflatten(-1, (-1, 2))
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
     def madds(self, t_q: int, t_k: int, n_heads: int) -> int:
         return 0
+
+
+def offset_positions(offset: Union[int, Tensor], length: int, device: torch.device) -> Tensor:
+    """``offset, offset + 1, ..., offset + length - 1`` on ``device``: the positions of ``length`` rows from
+    ``offset``, a number or a 0-dim tensor (fixed-shape decoding, where the arithmetic stays on the device)."""
+    if isinstance(offset, Tensor):
+        return offset + torch.arange(length, device=device)
+    return torch.arange(offset, offset + length, device=device)
 
 
 def _check_length(needed: int, available: int) -> None:

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.attention import KVCache, KVHistory
+from ..core.attention import KVCache, KVHistory, newest
 from ..core.components import Components
 from ..errors import ConfigError
 from .base import MethodBase, StackSide, add_kv_sources, check_core_self_attention, stack_sides
@@ -131,8 +131,8 @@ class ValueResidual(nn.Module):
 
     def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
                 ) -> tuple[Tensor, Tensor]:
-        v_first = history[0][1]
-        mixed = self.lambda_own.to(v.dtype) * v + self.lambda_first.to(v.dtype) * v_first[:, :, -v.shape[2]:]
+        v_first = newest(history[0][1], v.shape[2], cache)  # the first layer's values at the new positions
+        mixed = self.lambda_own.to(v.dtype) * v + self.lambda_first.to(v.dtype) * v_first
         return cache.append(k, mixed) if cache is not None else (k, mixed)
 
 
