@@ -55,7 +55,30 @@ def test_suite_lists_outcomes_skip_reasons_and_runs_torchrun(tmp_path):
     assert set(checks["cross-device resume"].values()) == {"skipped: needs a CUDA GPU"}
     inductor = checks["inductor compile on CUDA, zero graph breaks"]
     assert len(inductor) == 6 and set(inductor.values()) == {"skipped: needs a CUDA GPU"}
-    assert [s["status"] for s in record["steps"]] == ["ok", "ok"]  # pytest, torchrun
+    assert [s["status"] for s in record["steps"]] == ["ok", "ok", "ok"]  # pytest twice, torchrun
+    assert any(test.endswith("test_learning_rate_schedules") for test in record["tests"]["outcomes"])  # the rest
+
+
+def test_the_suite_runs_8_workers_of_2_threads_on_16_cores_with_a_timeout_per_test(monkeypatch):
+    """The GPU machine's 16 cores: 8 pytest-xdist workers, each limited to 2 threads (unlimited, every worker's torch
+    would take all 16), and pytest-timeout's per-test limit where it is installed; the reports of the two pytest
+    steps add up."""
+    monkeypatch.setattr(campaign.importlib.util, "find_spec", lambda name: object())
+    options, env = campaign.pytest_options(False, 16)
+    assert options == ["-n", "8", f"--timeout={campaign.TEST_TIMEOUT}"]
+    assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    assert campaign.pytest_options(False, 4)[0][:2] == ["-n", "2"] and campaign.pytest_options(True, 16) == ([], {})
+    monkeypatch.setattr(campaign.importlib.util, "find_spec", lambda name: None if name == "pytest_timeout" else 1)
+    assert campaign.pytest_options(False, 16)[0] == ["-n", "8"]
+    one = {"counts": {"passed": 1, "failed": 1, "errors": 0, "skipped": 0}, "skipped": [],
+           "failures": [{"test": "a::t", "traceback": "Traceback"}], "outcomes": {"a::t": "failure", "a::u": "passed"}}
+    two = {"counts": {"passed": 2, "failed": 0, "errors": 0, "skipped": 1}, "failures": [],
+           "skipped": [{"test": "b::s", "reason": "needs a CUDA GPU"}],
+           "outcomes": {"b::s": "skipped", "b::v": "passed"}}
+    merged = campaign.merge_reports([one, two])
+    assert merged["counts"] == {"passed": 3, "failed": 1, "errors": 0, "skipped": 1}
+    assert merged["failures"] == one["failures"] and merged["skipped"] == two["skipped"]
+    assert len(merged["outcomes"]) == 4
 
 
 def test_junit_failures_carry_their_tracebacks(tmp_path):

@@ -52,10 +52,19 @@ GPU_CHECKS = {
     "graph breaks (every model, dynamo)": "test_every_model_compiles_without_graph_breaks",
     "NCCL across 2 GPUs": "test_two_processes_equal_one_process_with_the_same_global_batch[nccl]",
 }
-# the suite's tiny dry run: the tests above that exist on a CPU (the CUDA ones skip with their reason), few enough
-# for a test of the campaign to run in seconds
+# The suite runs in two steps, so that the files carrying the GPU checks report whatever the rest does: these files
+# first, then every other file. The tiny dry run keeps both steps at a few tests each: the GPU checks that exist on a
+# CPU (the CUDA ones skip with their reason), and one quick test of the rest.
+GPU_FILES = ["tests/test_training_state.py", "tests/test_distributed.py", "tests/test_fast_paths.py",
+             "tests/test_engine.py", "tests/test_device.py", "tests/test_generation_cache.py"]
 TINY_SUITE = ["tests/test_training_state.py", "tests/test_device.py", "-k", "precision_runs or bf16_training_on_the_gpu "
               "or resumes_on_the_other or inductor_on_cuda or graph_breaks and transformer_small"]
+TINY_REST = ["tests/test_engine.py", "-k", "learning_rate_schedules"]
+# pytest-xdist workers and the threads each may use: 16 cores give 8 workers of 2 threads. Without a thread limit
+# every worker's torch takes all the cores and the workers fight over them (the first GPU run, 14 workers, had
+# done 55% of the suite after 230 s). A test that runs past TEST_TIMEOUT seconds fails with its traceback
+# (pytest-timeout, where installed) instead of holding its worker to the step's end.
+MAX_WORKERS, TEST_TIMEOUT = 8, 240
 
 # nanoGPT's shakespeare_char recipe is `interlayer train lm`'s default (papers/transformer.py, tasks/
 # language_modeling.py); the campaign adds bf16 and compile, as nanoGPT's own run does
@@ -195,24 +204,40 @@ def setup(campaign: Campaign) -> None:
     campaign.save()
 
 
+def pytest_options(tiny: bool, cores: Optional[int]) -> tuple[list[str], dict[str, str]]:
+    """pytest's parallelism and per-test timeout, and the thread limits of its workers' environment."""
+    if tiny or importlib.util.find_spec("xdist") is None:
+        return [], {}
+    workers = max(1, min(MAX_WORKERS, (cores or 2) // 2))
+    threads = str(max(1, (cores or 2) // workers))
+    timeout = [f"--timeout={TEST_TIMEOUT}"] if importlib.util.find_spec("pytest_timeout") is not None else []
+    return ["-n", str(workers), *timeout], {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
 def suite(campaign: Campaign) -> None:
-    """The whole test suite (its CUDA-only tests run where CUDA is), then one process of the torchrun path with
-    NCCL on a GPU (gloo on the CPU)."""
-    junit = campaign.scratch / "junit.xml"
-    selection = TINY_SUITE if campaign.tiny else ["tests"]
-    parallel = [] if campaign.tiny or importlib.util.find_spec("xdist") is None else ["-n", "8"]
-    campaign.step("pytest", campaign.python("-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
-                                            f"--junitxml={junit}", *parallel, *selection), limit=480)
-    if junit.is_file():
-        campaign.record["tests"] = read_junit(junit)
+    """The whole test suite in two steps (the files of the GPU checks, then the rest; their CUDA-only tests run
+    where CUDA is), then one process of the torchrun path with NCCL on a GPU (gloo on the CPU)."""
+    options, env = pytest_options(campaign.tiny, os.cpu_count())
+    rest = [f"--ignore={path}" for path in GPU_FILES] + ["tests"]
+    reports = []
+    for name, selection, limit in (("pytest GPU files", TINY_SUITE if campaign.tiny else GPU_FILES, 200),
+                                   ("pytest the rest", TINY_REST if campaign.tiny else rest, 300)):
+        junit = campaign.scratch / f"junit-{len(reports)}.xml"
+        campaign.step(name, campaign.python("-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
+                                            "--durations=15", f"--junitxml={junit}", *options, *selection),
+                      limit=limit, env=env)
+        if junit.is_file():
+            reports.append(read_junit(junit))
+        else:
+            campaign.fail(f"{name}: pytest wrote no JUnit report")
+    if reports:
+        campaign.record["tests"] = merge_reports(reports)
         campaign.record["gpu_checks"] = gpu_checks(campaign.record["tests"])
-    else:
-        campaign.fail("pytest wrote no JUnit report")
     run_dir = campaign.scratch / "torchrun"
     sets = TINY_LM_SETS if campaign.tiny else TINY_LM_SETS + ["--set=d_model=128", "--set=n_heads=4"]
     campaign.step("torchrun --nproc_per_node 1", campaign.python(
         "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "interlayer.cli", "train",
-        "lm", "--device", campaign.device, "--run-dir", str(run_dir), "--no-progress", *sets), limit=90,
+        "lm", "--device", campaign.device, "--run-dir", str(run_dir), "--no-progress", *sets), limit=60,
         env={"NCCL_DEBUG": "VERSION"})
     text = campaign.log_path.read_text()
     campaign.record["nccl_version_line"] = next((line for line in text.splitlines() if "NCCL version" in line), None)
@@ -242,6 +267,19 @@ def read_junit(path: Path) -> dict[str, Any]:
             counts["passed"] += 1
             outcomes[test_id] = "passed"
     return {"counts": counts, "failures": failures, "skipped": skipped, "outcomes": outcomes}
+
+
+def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JUnit reports of several pytest runs as one (counts added, lists joined)."""
+    merged: dict[str, Any] = {"counts": {key: 0 for key in reports[0]["counts"]}, "failures": [], "skipped": [],
+                              "outcomes": {}}
+    for report in reports:
+        for key, value in report["counts"].items():
+            merged["counts"][key] += value
+        for key in ("failures", "skipped"):
+            merged[key] += report[key]
+        merged["outcomes"].update(report["outcomes"])
+    return merged
 
 
 def gpu_checks(tests: dict[str, Any]) -> dict[str, dict[str, str]]:
