@@ -184,6 +184,24 @@ def test_move_reaches_tensors_inside_containers_and_dataclasses():
     moved = move(batch, torch.device("meta"))
     assert moved.tokens.is_meta and moved.parts[0].is_meta and moved.parts[1]["x"].is_meta and moved.count == 3
     assert batch.tokens.device.type == "cpu"  # the original is untouched
+    # what is already there comes back as the same objects: moving twice is free, and an object the caller keeps
+    # (a KV cache the model fills in place) is not swapped for a copy
+    assert move(moved, torch.device("meta")) is moved and move(batch.parts, torch.device("cpu")) is batch.parts
+
+
+def test_generation_under_the_validation_hook_fills_the_callers_caches():
+    """The engine's validation hook moves every call's inputs; decoding with the KV cache through it must still
+    fill the caches the loop keeps (a copy would decode from an empty cache every step)."""
+    from helpers.lm import lm
+    from interlayer.core.generation import SamplingOptions, generate
+    from interlayer.training.device import inputs_to
+
+    model = lm()
+    prompts = torch.tensor([[5, 9, 2], [4, 8, 1]])
+    options = [SamplingOptions(max_new_tokens=6, temperature=0, **kw) for kw in ({}, {"static_cache": False})]
+    expected = generate(model, prompts, SamplingOptions(max_new_tokens=6, temperature=0, use_cache=False)).tokens
+    with inputs_to(model, torch.device("cpu")):
+        assert all(torch.equal(generate(model, prompts, option).tokens, expected) for option in options)
 
 
 def test_device_and_precision_resolve_with_errors_that_name_the_choices():

@@ -81,8 +81,10 @@ def move(obj: Any, device: torch.device) -> Any:
     """``obj`` with every tensor inside it on ``device``; other values are returned as they are.
 
     Dataclasses are rebuilt with :func:`dataclasses.replace` (their non-tensor fields kept), so a task's batch type
-    needs nothing to travel. A tensor already there is returned as it is, so moving twice (the engine, then the
-    task) costs nothing.
+    needs nothing to travel. What holds no tensor to move comes back as the same object: a tensor already there,
+    and a container or dataclass all of whose tensors are, so moving twice (the engine, then the task) costs
+    nothing, and an object the caller keeps updating (a decoding step's KV caches, under :func:`inputs_to`) is not
+    replaced by a copy.
     """
     if isinstance(obj, torch.Tensor):
         if obj.device == device:
@@ -91,14 +93,20 @@ def move(obj: Any, device: torch.device) -> Any:
             return obj.pin_memory().to(device, non_blocking=True)
         return obj.to(device)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: move(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init}
-        return dataclasses.replace(obj, **changes)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
-        return type(obj)(*(move(v, device) for v in obj))
+        changes = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.init and (moved := move(value, device)) is not value:
+                changes[f.name] = moved
+        return dataclasses.replace(obj, **changes) if changes else obj
     if isinstance(obj, (list, tuple)):
-        return type(obj)(move(v, device) for v in obj)
+        items = [move(v, device) for v in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # a named tuple takes fields
     if isinstance(obj, dict):
-        return {k: move(v, device) for k, v in obj.items()}
+        values = {k: move(v, device) for k, v in obj.items()}
+        return obj if all(values[k] is v for k, v in obj.items()) else values
     return obj
 
 
