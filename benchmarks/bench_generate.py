@@ -10,8 +10,9 @@ Every setting continues the same prompts by the same number of tokens with greed
 
 Each setting runs once untimed first (one-time costs: allocator growth, kernels' first launch, compilation), then
 ``--rounds`` timed rounds taken in turn; new tokens per second are the median. Each setting's tokens must equal the
-recomputing path's, which the script checks and reports. Beside the speed: the cache's bytes per token of one
-sequence (``kv_cache_bytes_per_token``, in the model's dtype).
+recomputing path's, which the script checks and reports (in IEEE fp32; in 16 bits, or with random weights' near-tied
+logits, paths that round differently may pick different tokens). Beside the speed: the cache's bytes per token of
+one sequence (``kv_cache_bytes_per_token``, in the model's dtype).
 
 ``--variants`` compares the model with the methods that shrink the cache: ``cla2`` (cross-layer attention, two
 layers per key/value set) and ``svformer`` (single-value: every layer reads the first layer's values), built with
@@ -196,6 +197,9 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    # IEEE fp32 products: with TF32 the cached and recomputed logits differ by more than near-ties allow (random
+    # weights give near-uniform logits), and "same tokens" would report a rounding flip as a difference
+    torch.backends.cuda.matmul.allow_tf32 = False
     bench = Bench(args)
     if args.prompt_tokens + args.new_tokens > bench.config.max_positions:
         parser.error(f"--prompt-tokens + --new-tokens must fit the model's {bench.config.max_positions} positions, "
