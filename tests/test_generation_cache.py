@@ -165,6 +165,14 @@ def test_the_compiled_step_is_one_graph_reused_by_the_next_call_of_the_same_shap
     assert [t.data_ptr() for layer in step.caches for t in layer.buffers.values()] == addresses
     generate(model, PROMPTS[:2], options, padding_mask=PADDING[:2])
     assert len(graphs) == 2
+    generation.release_compiled_step(model)
+    assert model not in generation._STEPS
+
+
+@pytest.mark.parametrize("setting", [{}, dict(static_cache=False), dict(use_cache=False), COMPILED])
+def test_no_new_tokens_asked_gives_none(setting):
+    out = generate(lm(), torch.tensor([[5]]), SamplingOptions(max_new_tokens=0, **setting))
+    assert out.tokens.shape == (1, 0) and out.lengths.tolist() == [0]
 
 
 def test_stopping_is_checked_every_few_tokens_with_the_result_of_stopping_at_once(monkeypatch):

@@ -26,7 +26,8 @@
   change and, on a GPU, the step is captured and replayed as a CUDA graph (``mode="reduce-overhead"``), which
   removes Python and kernel-launch overhead, the cost that dominates decoding a small model. The compiled step,
   its cache and buffers are kept with the model and reused by the next call of the same shapes (one per model:
-  other shapes replace it; each shape compiles once, within ``torch._dynamo.config.recompile_limit``). Off by
+  other shapes replace it, :func:`release_compiled_step` drops it; each shape compiles once, within
+  ``torch._dynamo.config.recompile_limit``). Off by
   default: compiling takes seconds to minutes, worth it for long or repeated generation. A logit mixer
   (Predictive Attention) has a state that grows with the keys, so it cannot be compiled this way and is refused
   with the reason (its static cache still applies).
@@ -286,6 +287,12 @@ def compiled_step(model: "CausalLM", batch: int, capacity: int, padded: bool, de
     return step
 
 
+def release_compiled_step(model: "CausalLM") -> None:
+    """Drop the compiled step kept for ``model`` (module docstring) and with it its caches' memory; the next
+    ``compile=True`` call builds a new one. (It also goes when the model does.)"""
+    _STEPS.pop(model, None)
+
+
 class Compiled(Decoder):
     """The prompt (eager), then the compiled fixed-shape step per token; past ``max_positions``, the window."""
 
@@ -351,19 +358,21 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
     if bool(empty.any()):
         raise ValueError(f"prompt(s) {empty.nonzero().flatten().tolist()} are all padding; every row needs at least "
                          "one token to continue")
+    batch, wanted, eos = len(prompts), options.max_new_tokens, options.eos_id
+    out = prompts.new_zeros((batch, wanted), dtype=torch.long)
+    lengths = torch.zeros(batch, dtype=torch.long, device=prompts.device)
+    if wanted == 0:
+        return Generation(tokens=out, lengths=lengths)
     padded = bool(padding_mask.any())
     tokens, mask = left_align(prompts, padding_mask) if padded else (prompts, None)
-    batch, wanted, eos = len(prompts), options.max_new_tokens, options.eos_id
     sequence = Sequence(tokens, mask, wanted)
     decoder = decoder_for(model, sequence, options)
-    out = prompts.new_zeros((batch, wanted), dtype=torch.long)
     finished = torch.zeros(batch, dtype=torch.bool, device=prompts.device)
-    lengths = torch.zeros(batch, dtype=torch.long, device=prompts.device)
     was_training = model.training
     model.eval()
     try:
         steps = 0
-        logits = decoder.first() if wanted else None
+        logits = decoder.first()
         while steps < wanted:
             chosen = choose_tokens(logits, options, generator)
             if eos is not None:
@@ -382,7 +391,7 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
     if eos is None:
         return Generation(tokens=out, lengths=lengths.fill_(wanted))
     # stopping at once would have left as many columns as the longest row produced (the last EOS included)
-    return Generation(tokens=out[:, :int(lengths.max())] if wanted else out, lengths=lengths)
+    return Generation(tokens=out[:, :int(lengths.max())], lengths=lengths)
 
 
 def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
