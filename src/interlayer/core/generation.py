@@ -46,6 +46,7 @@ search (beam search) can drive them the same way.
 """
 from __future__ import annotations
 
+import abc
 import math
 import weakref
 from dataclasses import dataclass
@@ -160,15 +161,15 @@ class Sequence:
         return tokens, mask, position_ids(mask)
 
 
-class Decoder:
+class Decoder(abc.ABC):
     """Next-token logits (B, V): after the prompt (:meth:`first`), then after each token chosen (:meth:`next`,
     called once the token is in the :class:`Sequence`)."""
 
-    def first(self) -> Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def first(self) -> Tensor: ...
 
-    def next(self, chosen: Tensor) -> Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def next(self, chosen: Tensor) -> Tensor: ...
 
 
 class Recompute(Decoder):
