@@ -31,8 +31,8 @@ METHODS = {
     "plain": {}, "rotary": dict(positions="rotary"), "shaw_relative": dict(positions="relative"),
     "cla2": dict(cla={"sharing_factor": 2}), "svformer": dict(value_residual={"mode": "svformer"}),
     "resformer": dict(value_residual={}), "denseformer": dict(denseformer={}),
-    "hyper_connections": dict(hyper_connections={}), "layer_sharing": dict(layer_sharing={}),
-    "predictive": dict(predictive={"conv_layers": 2, "alpha": 0.5}),
+    "hyper_connections": dict(hyper_connections={}), "mhc": dict(mhc={}), "muddformer": dict(muddformer={}),
+    "layer_sharing": dict(layer_sharing={}), "predictive": dict(predictive={"conv_layers": 2, "alpha": 0.5}),
 }
 # the compiled step traces in seconds a model: the methods above in four models (all but Predictive Attention)
 COMBINED = {
@@ -40,6 +40,7 @@ COMBINED = {
     "resformer_shaw_relative": dict(value_residual={}, positions="relative"),
     "denseformer_layer_sharing": dict(denseformer={}, layer_sharing={}),
     "hyper_connections": dict(hyper_connections={}),
+    "muddformer": dict(muddformer={}),  # its keys and values read their own mixes of earlier layers (kv_inputs)
 }
 
 
