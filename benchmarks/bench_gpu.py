@@ -339,6 +339,8 @@ class Bench:
         batch = self.lm_batch(batch_size, length, size["vocab"])
         records: dict[str, dict[str, Any]] = {}
         for name, (build, losses) in lm_peers(size).items():
+            if self.args.peers and name not in self.args.peers:
+                continue
             if self.over_budget(f"peer {name}"):
                 break
             try:
@@ -468,6 +470,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--parts", default="peers,methods,decode", help="comma-separated: peers, methods, decode")
     parser.add_argument("--methods", nargs="*", help="only the methods whose name contains one of these")
+    parser.add_argument("--peers", nargs="*", help="only these peers (interlayer, minimal-gpt2, hf-gpt2, x-transformers)")
     parser.add_argument("--shape", choices=["gpt2", "char"], default="gpt2", help="the methods' model shape")
     parser.add_argument("--modes", default="compiled", help="methods: compiled, eager, or compiled,eager")
     parser.add_argument("--kernel-modes", default="auto",

@@ -35,7 +35,7 @@ def assert_close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor
     assert actual is not None and expected is not None, f"{what}: a gradient is missing"
     scale = expected.detach().abs().max().item() + 1e-6
     error = (actual.detach().float() - expected.detach().float()).abs().max().item()
-    bound = 1e-4 * scale
+    bound = (1e-3 if expected.is_cuda else 1e-4) * scale  # a GPU sums in other orders (and TF32 convolutions)
     if rival is not None:
         bound = 2 * (rival.detach().float() - expected.detach().float()).abs().max().item() + 1e-3 * scale
     assert error <= bound, f"{what}: max error {error:.3g} > {bound:.3g} (scale {scale:.3g})"

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 # a finite floor for running maxima and the log-sum-exp of an empty row: exp(x - floor) never sees inf - inf
-_FLOOR = -1e30
+_FLOOR: tl.constexpr = tl.constexpr(-1e30)
 
 
 @triton.jit
