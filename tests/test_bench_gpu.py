@@ -28,7 +28,8 @@ def test_the_dry_run_records_methods_with_their_bars_bounds_and_kernel_modes(tmp
     row = methods["causal PA compiled"]
     assert row["bar"] == 1.6 and row["madds_ratio"] > 1 and row["bound_ratio"] > 1
     assert row["bytes"]["attention maps"] > 0 and row["kernels"] == "auto"
-    assert {(d["batch"], d["cache"]) for d in result["decode"]} == {(1, True), (1, False), (8, True), (8, False)}
+    assert {(d["batch"], d["setting"]) for d in result["decode"]} == {
+        (b, s) for b in (1, 8) for s in ("recompute", "cache", "cache compiled")}
     assert all(d["same_tokens"] for d in result["decode"])
     assert (tmp_path / "gpu.json").stat().st_size > 0
 
