@@ -17,7 +17,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DepthConnection, EncoderLayer, shares_kv
+from .layers import ActivationCheckpointing, DepthConnection, EncoderLayer, layer_call, shares_kv
 
 # Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
@@ -56,6 +56,8 @@ class Encoder(nn.Module):
                                for layer in list(self.layers)[1:]] + [False]
         # Some layer reuses earlier layers' keys/values (attention.KVSource): each run keeps a KVHistory.
         self._shares_kv = shares_kv(self.layers)
+        # Set by the model's gradient_checkpointing_enable (core/hub.py); None: every layer keeps its activations.
+        self.activation_checkpointing: Optional[ActivationCheckpointing] = None
 
     def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
@@ -90,9 +92,10 @@ class Encoder(nn.Module):
             input_add, branch_add = injector(i) if injector is not None else (None, None)
             if input_add is not None:
                 x = x + input_add
-            out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
-                        need_intermediates=need_intermediates or self._logits_needed[i], causal=self.causal,
-                        cache=cache[i] if cache is not None else None, kv_history=kv_history)
+            out = layer_call(self, i, layer, cache is not None)(
+                x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
+                need_intermediates=need_intermediates or self._logits_needed[i], causal=self.causal,
+                cache=cache[i] if cache is not None else None, kv_history=kv_history)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
             if depth is None:

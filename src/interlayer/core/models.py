@@ -16,7 +16,7 @@ from .config import TransformerConfig
 from .decoder import Decoder, DecoderCache, DecoderOutput
 from .embedding import make_token_embedding
 from .encoder import Encoder, EncoderOutput
-from .hub import PretrainedMixin
+from .hub import PretrainedMixin, track_ties
 from .losses import labels_loss
 from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_from
 
@@ -83,6 +83,7 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         self.encoder = _make_encoder(cfg, components, src_tokens)
         self.decoder = Decoder(cfg, components, tgt_tokens)
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
+        track_ties(self)  # each tied tensor once in state dicts
 
     def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False,
                key_padding_mask: Optional[Tensor] = None) -> EncoderOutput:
@@ -143,6 +144,7 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.classifier_hidden or cfg.d_model, cfg.num_classes)
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
+        track_ties(self)  # each tied tensor once in state dicts
 
     def pool(self, hidden: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         if self.pooling == "cls":

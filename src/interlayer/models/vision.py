@@ -63,7 +63,7 @@ from ..build import build_model
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
 from ..core.feedforward import FeedForward
-from ..core.hub import PretrainedMixin
+from ..core.hub import PretrainedMixin, track_ties
 from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
@@ -405,6 +405,8 @@ class ImageClassifier(nn.Module, PretrainedMixin):
     ``aux_losses``, ``encoder`` with its intermediates), so training losses and analyses work unchanged.
     """
 
+    main_input_name = "pixel_values"  # what transformers.Trainer counts FLOPs by
+
     def __init__(self, cfg: VisionConfig, embed: nn.Module, classifier: EncoderClassifier) -> None:
         super().__init__()
         self.config = cfg
@@ -412,6 +414,7 @@ class ImageClassifier(nn.Module, PretrainedMixin):
         self.norm = PixelNorm(cfg.pixel_mean, cfg.pixel_std)
         self.embed = embed
         self.classifier = classifier
+        track_ties(self)  # each tied tensor once in state dicts
 
     @property
     def encoder(self) -> nn.Module:
