@@ -224,14 +224,20 @@ class PretrainedMixin:
     def from_pretrained(cls: type[ModelT], source: Union[str, Path], *,
                         device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None,
                         revision: Optional[str] = None, local_files_only: bool = False,
-                        cache_dir: Optional[Union[str, Path]] = None, **hf_options: Any) -> ModelT:
+                        cache_dir: Optional[Union[str, Path]] = None, torch_dtype: Optional[torch.dtype] = None,
+                        **hf_options: Any) -> ModelT:
         """The model saved in ``source`` (an interlayer folder, a Hugging Face folder of a supported family, or a
         Hub repository id; :mod:`interlayer.pretrained.hub`), moved to ``device``, cast to ``dtype`` and in eval
         mode, as ``transformers``' ``from_pretrained`` returns models.
 
         It must be an instance of this class (``EncoderClassifier.from_pretrained`` refuses an image model);
-        ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders.
+        ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders; ``torch_dtype`` is
+        ``transformers``' older name of ``dtype``.
         """
+        if torch_dtype is not None:
+            if dtype is not None:
+                raise TypeError("got both dtype and torch_dtype; torch_dtype is transformers' older name of dtype")
+            dtype = torch_dtype
         model = _storage("loader")(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir,
                            **hf_options)
         if not isinstance(model, cls):

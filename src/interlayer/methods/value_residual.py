@@ -13,6 +13,15 @@ Paper map (section / equation numbers of the paper; the official code is github.
 * **Learnable mixing** (the paper's learnable-lambda variants): ``learnable=True`` makes ``lambda_1, lambda_2``
   trainable parameters of each layer n > 1, initialised at ``lambdas``; ``granularity="head"`` gives each head its
   own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``.
+* **Exact start on a pretrained model** (``lambda_warmup_steps`` N, not in the paper): the mixing weights ramp
+  from ``[1, 0]``, i.e. ``V_n' = V_n``, the model without value residuals: ``lambda_t = [1, 0] + min(1, t / N)
+  (lambdas - [1, 0])`` after ``t`` optimiser steps, so an imported checkpoint computes exactly what it computed
+  before the first update (``1 * V_n + 0 * V_1`` is ``V_n`` bit for bit), the first layer's values grow in, and
+  from step N on the configured (or learned) lambdas hold. As Predictive Attention's ``alpha_warmup_steps``: ``t``
+  is a buffer of each value source (``steps_done``), advanced in place by the training engine after each optimiser
+  step (``optimizer_step_done``: no host sync, no graph break) and saved with the weights. With ``learnable`` the
+  ramp scales the learned pair (its gradient is scaled by the ramp, so the first step leaves it where it is).
+  SVFormer has no value projection in layers n > 1, so it cannot start as the plain model: refused.
 * **SVFormer** (Sec. 3, Fig. 2): every layer n > 1 attends with ``V_1`` itself and has no value projection (the
   official SVFormer builds ``v_proj`` in layer 0 only). Its KV cache keeps keys for every layer and values for
   layer 1 only: per token ``L qk + d`` numbers instead of ``L (qk + d)``, "nearly half" (Abstract), measured by
@@ -65,13 +74,15 @@ class ValueResidualConfig:
     """``mode``: ``resformer`` (``V_n' = lambda_1 V_n + lambda_2 V_1``) or ``svformer`` (``V_n' = V_1``, no value
     projection in layers n > 1). ``lambdas``: ``[lambda_1, lambda_2]`` (the paper's 0.5, 0.5; ``[1, 0]`` is the
     plain model); ``learnable``: train them, from ``lambdas``; ``granularity``: one pair per layer or per head;
-    ``sides``: the self-attention stacks (None: all of the model's)."""
+    ``sides``: the self-attention stacks (None: all of the model's); ``lambda_warmup_steps``: ramp the pair from
+    ``[1, 0]`` over that many optimiser steps (0: none), so a pretrained model starts exactly (module doc)."""
 
     mode: Mode = "resformer"
     lambdas: list[float] = field(default_factory=lambda: [0.5, 0.5])
     learnable: bool = False
     granularity: Granularity = "layer"
     sides: Optional[list[StackSide]] = None
+    lambda_warmup_steps: int = 0
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
         return stack_sides("value_residual", self.sides, cfg)
@@ -85,6 +96,13 @@ class ValueResidualConfig:
             raise ConfigError("value_residual.lambdas / learnable / granularity mix V_n with V_1 in ResFormer; "
                               "value_residual.mode='svformer' uses V_1 alone (layers n > 1 have no value "
                               "projection), so leave them at their defaults or set mode='resformer'")
+        if self.lambda_warmup_steps < 0:
+            raise ConfigError(f"value_residual.lambda_warmup_steps={self.lambda_warmup_steps} must be >= 0 (0: the "
+                              "lambdas from the first step; N: a ramp from [1, 0] over N optimiser steps)")
+        if self.lambda_warmup_steps and self.mode == "svformer":
+            raise ConfigError("value_residual.lambda_warmup_steps ramps ResFormer's lambdas from [1, 0]; "
+                              "value_residual.mode='svformer' has no value projection in layers n > 1, so it cannot "
+                              "start as the plain model: set lambda_warmup_steps=0 or mode='resformer'")
         if self.granularity == "head" and not self.learnable:
             raise ConfigError("value_residual.granularity='head' gives each head its own learnable pair; with "
                               "value_residual.learnable=false every head would hold the same numbers. Set "
@@ -100,12 +118,13 @@ class ValueResidualConfig:
 
 class ValueResidual(nn.Module):
     """ResFormer's source for layer n > 1: own keys, values ``lambda_1 V_n + lambda_2 V_1`` (mixed on the new
-    positions, then kept in the layer's cache as the official code does)."""
+    positions, then kept in the layer's cache as the official code does); with ``warmup_steps`` the pair ramps from
+    ``[1, 0]`` (module doc, "Exact start")."""
 
     projects_keys = True
     projects_values = True
 
-    def __init__(self, lambdas: list[float], learnable: bool, heads: Optional[int]) -> None:
+    def __init__(self, lambdas: list[float], learnable: bool, heads: Optional[int], warmup_steps: int = 0) -> None:
         super().__init__()
         shape = (heads, 1, 1) if heads is not None else ()
         values = [torch.full(shape, float(x)) for x in lambdas]
@@ -114,11 +133,27 @@ class ValueResidual(nn.Module):
         else:
             self.register_buffer("lambda_own", values[0], persistent=False)
             self.register_buffer("lambda_first", values[1], persistent=False)
+        self.warmup_steps = warmup_steps
+        if warmup_steps:
+            self.register_buffer("steps_done", torch.zeros(()))
+
+    def optimizer_step_done(self) -> None:
+        """One more optimiser step (the training engine calls this after each): advances the warm-up."""
+        if self.warmup_steps:
+            self.steps_done.add_(1.0)
+
+    def weights(self) -> tuple[Tensor, Tensor]:
+        """``(lambda_1, lambda_2)`` now: the pair, or during the warm-up ``[1, 0] + min(1, t/N) (pair - [1, 0])``."""
+        if not self.warmup_steps:  # a config constant, fixed at build time
+            return self.lambda_own, self.lambda_first
+        ramp = (self.steps_done / self.warmup_steps).clamp(max=1.0)
+        return 1.0 + ramp * (self.lambda_own - 1.0), ramp * self.lambda_first
 
     def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
                 ) -> tuple[Tensor, Tensor]:
         v_first = history[0][1]
-        mixed = self.lambda_own.to(v.dtype) * v + self.lambda_first.to(v.dtype) * v_first[:, :, -v.shape[2]:]
+        own, first = self.weights()
+        mixed = own.to(v.dtype) * v + first.to(v.dtype) * v_first[:, :, -v.shape[2]:]
         return cache.append(k, mixed) if cache is not None else (k, mixed)
 
 
@@ -146,7 +181,7 @@ class _ValueResidualMethod(MethodBase):
                 return None
             if section.mode == "svformer":
                 return SharedFirstValue()
-            return ValueResidual(section.lambdas, section.learnable, heads)
+            return ValueResidual(section.lambdas, section.learnable, heads, section.lambda_warmup_steps)
 
         add_kv_sources(components, section.resolved_sides(cfg), source)
 

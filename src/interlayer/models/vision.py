@@ -52,7 +52,7 @@ import copy
 import difflib
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -423,9 +423,11 @@ class ImageClassifier(nn.Module, PretrainedMixin):
 
     def forward(self, images: Optional[Tensor] = None, *, pixel_values: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, need_intermediates: bool = False,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[ClassifierOutput, tuple[Tensor, ...]]:
         """``images`` or HF's ``pixel_values`` (B, C, H, W), normalised here (``config.pixel_mean``/``std``: pass
-        pixels in [0, 1], not an image processor's normalised output); ``labels`` (B,) give ``output.loss``."""
+        pixels in [0, 1], not an image processor's normalised output); ``labels`` (B,) give ``output.loss``;
+        ``return_dict=False`` returns the output's tuple."""
         images = one_of(images, pixel_values, "images", "pixel_values")
         cfg = self.config
         expected = tuple(cfg.input_size) or (cfg.channels, cfg.image_height, cfg.image_width)
@@ -434,7 +436,7 @@ class ImageClassifier(nn.Module, PretrainedMixin):
                              f"{tuple(images.shape)}")
         return self.classifier(inputs_embeds=self.embed(self.norm(self.adapt(images))), labels=labels,
                                need_intermediates=need_intermediates, output_hidden_states=output_hidden_states,
-                               output_attentions=output_attentions)
+                               output_attentions=output_attentions, return_dict=return_dict)
 
     def adapt(self, images: Tensor) -> Tensor:
         """Images of ``input_size`` as the model's own shape, in [0, 1] (see the module docstring)."""

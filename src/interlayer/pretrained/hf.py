@@ -62,6 +62,7 @@ from ..models.vision import VisionConfig, build_vision_model
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
+from .exact_start import step_zero_notes
 from .gpt2 import load_gpt2_tokenizer
 from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
@@ -497,7 +498,8 @@ def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_c
             pooling: Optional[str] = None, pooler: Optional[bool] = None,
             extra_sections: Optional[dict[str, Any]] = None, overrides: Optional[dict[str, Any]] = None,
             reinitialise: bool = False, revision: Optional[str] = None, local_files_only: bool = False,
-            cache_dir: Optional[Union[str, Path]] = None) -> nn.Module:
+            cache_dir: Optional[Union[str, Path]] = None, dtype: Union[torch.dtype, str, None] = None,
+            torch_dtype: Union[torch.dtype, str, None] = None) -> nn.Module:
     """The interlayer model of a Hugging Face checkpoint folder, Hub id or in-memory ``transformers`` model.
 
     * ``source``: a folder (``config.json``, weights, tokenizer or ``preprocessor_config.json``); a Hub id
@@ -512,19 +514,47 @@ def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_c
     * ``reinitialise``: let methods that restructure pretrained weights (LW, conv branch, Crossformer hard
       guidance) start those parameters afresh instead of refusing.
 
-    Returns the model in eval mode with ``model.import_report`` (:class:`ImportReport`, also logged) and
-    ``model.tokenizer``.
+    * ``dtype`` (``transformers``' older name: ``torch_dtype``): the parameters' dtype, a ``torch.dtype``, its name
+      (``"bfloat16"``) or ``"auto"`` (the checkpoint's: ``config.json``'s ``dtype``/``torch_dtype``, else its
+      first floating-point tensor's); default float32. The weights are loaded in float32 and then cast.
+
+    Returns the model in eval mode with ``model.import_report`` (:class:`ImportReport`, also logged),
+    ``model.tokenizer`` and the checkpoint's special token ids and label names on ``model.config``
+    (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``id2label``: :mod:`interlayer.core.hf_names`).
     """
+    if dtype is not None and torch_dtype is not None:
+        raise TypeError("got both dtype and torch_dtype; torch_dtype is transformers' older name of dtype, pass one")
+    dtype = dtype if dtype is not None else torch_dtype
     if isinstance(source, nn.Module):
         with tempfile.TemporaryDirectory(prefix="interlayer-hf-") as tmp:
             _save_transformers_model(source, processor, Path(tmp))
             model = from_hf(tmp, num_classes=num_classes, pooling=pooling, pooler=pooler,
-                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise,
+                            dtype=dtype)
         model.import_report.source = f"in-memory {type(source).__name__}"
         return model
     directory = resolve_source(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir)
-    return from_checkpoint(read_checkpoint(directory), num_classes=num_classes, pooling=pooling, pooler=pooler,
-                           extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+    checkpoint = read_checkpoint(directory)
+    model = from_checkpoint(checkpoint, num_classes=num_classes, pooling=pooling, pooler=pooler,
+                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+    chosen = _dtype(dtype, checkpoint)
+    return model.to(chosen) if chosen is not None else model
+
+
+def _dtype(dtype: Union[torch.dtype, str, None], checkpoint: HFCheckpoint) -> Optional[torch.dtype]:
+    """The dtype ``from_hf(dtype=...)`` asks for (see there), or None to keep float32."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        named = checkpoint.hf.get("dtype") or checkpoint.hf.get("torch_dtype")
+        if named is None:
+            return next((t.dtype for t in checkpoint.state.values() if t.is_floating_point()), None)
+        dtype = str(named)
+    chosen = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(chosen, torch.dtype) or not chosen.is_floating_point:
+        raise ConfigError(f"dtype={dtype!r} is not a floating-point torch dtype; give e.g. torch.bfloat16, "
+                          "'float16', 'float32' or 'auto' (the checkpoint's)")
+    return chosen
 
 
 def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, **options: Any) -> nn.Module:
@@ -534,8 +564,21 @@ def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, **o
     model = build(config)
     model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise)
     model.tokenizer = checkpoint.tokenizer
+    _special_settings(checkpoint, encoder_config(model.config), model.import_report)
     return model.eval()
 
+
+def _special_settings(checkpoint: HFCheckpoint, cfg: ModelConfig, report: ImportReport) -> None:
+    """The checkpoint's special token ids, and its label names when its head was loaded, on ``cfg``."""
+    hf = checkpoint.hf
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(hf.get(key), int):
+            setattr(cfg, key, hf[key])
+    names = hf.get("id2label")
+    head = f"{checkpoint.family.core_prefix}head.weight"
+    if isinstance(names, dict) and len(names) == cfg.num_classes and head in report.loaded:
+        cfg.id2label = {int(k): str(v) for k, v in names.items()}
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
 
 def layers_in_weights(family: Family, state: dict[str, Tensor]) -> int:
     """How many encoder layers the checkpoint's tensors hold: layer ``k`` counts when any of its names is there."""
@@ -595,6 +638,8 @@ def _save_transformers_model(model: nn.Module, processor: Any, directory: Path) 
 def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reinitialise: bool = False,
                           log_report: bool = True) -> ImportReport:
     """Copy the checkpoint's tensors into ``model`` (built from :func:`model_config`); see the module docstring.
+    With ``log_report`` (a real import, not the shape check) the report's notes also name every method section
+    that changes the imported function before the first update, measured (:mod:`~interlayer.pretrained.exact_start`).
 
     Raises :class:`PretrainedError` when an encoder tensor is missing from the checkpoint, is unknown, has no
     place or another shape in the model, or two different tensors would land in one tied parameter (the last
@@ -630,6 +675,8 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     _init_fresh_heads(model, family, report, float(checkpoint.hf.get("initializer_range", 0.02)))
     report.notes += checkpoint.notes + _notes(checkpoint, cfg, report, layout, head_loaded, classes)
     if log_report:  # not for the shape check on the meta device (check_sizes)
+        report.notes += step_zero_notes(model, build, lambda plain: load_checkpoint_state(
+            plain, checkpoint, log_report=False).initialised)
         log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,
                  len(report.loaded), report.initialised, report.ignored, report.restructured, " ".join(report.notes))
     return report

@@ -8,10 +8,10 @@ what a ``transformers`` user needs without being told; an imported model (``from
 import report instead. :func:`model_card` writes them down as the folder's ``README.md``.
 
 Tokenizers a run may hold, and their Hugging Face form: a fine-tuning run's WordPiece or BPE tokenizer (the
-checkpoint's own files: written back as they are), a language model's byte-level BPE (GPT-2's tokenizer files),
-a language model's characters or a from-scratch classifier's word vocabulary (no ``transformers`` tokenizer
-reproduces them here: an export in ``transformers``' format refuses them by name; interlayer's own format copies
-their files).
+checkpoint's own files: written back as they are), a language model's byte-level BPE or characters (a
+``tokenizers`` pipeline in ``tokenizer.json``, which ``AutoTokenizer`` loads; GPT-2's own files for a GPT-2
+export of a byte-level BPE), or a from-scratch classifier's word vocabulary (no ``transformers`` tokenizer
+reproduces it here: an export refuses it by name, or with ``tokenizer=False`` leaves it out).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer
+from ..data.lm_tokenizers import TOKENIZER_FILE, lm_tokenizer_kind
 from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
 from .hf import AnyTokenizer, load_tokenizer
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
@@ -86,15 +86,10 @@ def read_run_assets(model: nn.Module) -> RunAssets:
 
 def _folder_tokenizer(directory: Path) -> tuple[Optional[AnyTokenizer], Optional[str]]:
     """(the folder's tokenizer when transformers can load it, else a phrase naming the one it has)."""
+    if lm_tokenizer_kind(directory) is not None:
+        return load_lm_tokenizer(directory), None
     if tokenizer_kind(directory) is not None:
         return load_tokenizer(directory), None
-    if _json(directory / TOKENIZER_FILE).get("kind") in ("char", "bpe"):
-        tokenizer = load_lm_tokenizer(directory)
-        if isinstance(tokenizer, ByteBPETokenizer):
-            return tokenizer, None
-        assert isinstance(tokenizer, CharTokenizer)
-        return None, (f"the run's character tokenizer ({directory / TOKENIZER_FILE}: interlayer's own, "
-                      f"{len(tokenizer.chars)} characters)")
     if (directory / WORD_VOCAB_FILE).is_file():
         return None, f"the run's vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own format)"
     return None, None
