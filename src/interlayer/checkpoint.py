@@ -29,13 +29,18 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .errors import CheckpointError
-from .fileio import atomic_path, parse_json, read_json
+from .fileio import atomic_path, parse_json, read_json, write_atomic
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HF_MODEL_TYPE = "interlayer"  # config.json's model_type in a folder written for transformers
 HF_PREFIX = "interlayer."  # where the transformers classes hold the interlayer model
 HF_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id")
+HF_NAMES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+# the transformers class of each kind of interlayer model (pretrained/hf_modeling.py)
+HF_ARCHITECTURES = {"causal_lm": "InterlayerForCausalLM", "encoder_classifier": "InterlayerForSequenceClassification",
+                    "image": "InterlayerForImageClassification"}
 
 
 def tie_map(model: nn.Module) -> dict[str, list[str]]:
@@ -86,6 +91,49 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
                 "model_type": getattr(model, "model_type", "transformer")}
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+    return directory
+
+
+def model_kind(model: nn.Module) -> str:
+    """``causal_lm``, ``encoder_classifier``, ``image`` or another model's class name."""
+    if getattr(model, "main_input_name", "") == "pixel_values":
+        return "image"
+    return str(getattr(getattr(model, "config", None), "arch", type(model).__name__))
+
+
+def transformers_config(model: nn.Module, architecture: Optional[str] = None) -> dict[str, Any]:
+    """``config.json`` of a folder written for ``transformers`` (:mod:`interlayer.pretrained.hf_config`): the
+    interlayer config and model type, and ``transformers``' names of the sizes, special tokens and labels."""
+    cfg = model.config
+    core = getattr(cfg, "encoder", cfg)  # an image model's config holds its encoder's
+    data: dict[str, Any] = {"model_type": HF_MODEL_TYPE,
+                            "architectures": [architecture or HF_ARCHITECTURES.get(model_kind(model),
+                                                                                   "InterlayerModel")],
+                            "interlayer": {"model_type": getattr(model, "model_type", "transformer"),
+                                           "config": cfg.to_dict()}}
+    data.update({key: getattr(core, key) for key in HF_NAMES if getattr(core, key, None) is not None})
+    data["tie_word_embeddings"] = bool(getattr(core, "arch", "") == "causal_lm" and core.tie_output)
+    if getattr(core, "num_classes", 0) and getattr(core, "id2label", None):
+        data["id2label"] = {str(k): v for k, v in core.id2label.items()}
+        data["label2id"] = {v: int(k) for k, v in core.id2label.items()}
+    return data
+
+
+def save_for_transformers(model: nn.Module, directory: Union[str, Path], config: dict[str, Any],
+                          state: Optional[dict[str, torch.Tensor]] = None) -> Path:
+    """Write a folder for ``transformers``: ``config`` as ``config.json`` and ``model.safetensors`` holding
+    ``state`` (the ``transformers`` class's state dict, names under ``interlayer.``; default ``model``'s), each tied
+    tensor once, the tie map in the metadata. :func:`read_saved` reads it back."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ties = tie_map(model)
+    if state is None:
+        state = {HF_PREFIX + k: v for k, v in canonical_state_dict(model).items()}
+    aliases = {HF_PREFIX + alias for group in ties.values() for alias in group}
+    tensors = {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "tie_map": json.dumps(ties)})
+    write_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     return directory
 
 

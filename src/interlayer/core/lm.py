@@ -107,13 +107,13 @@ class CausalLM(nn.Module, PretrainedMixin):
     def generation_config(self) -> Any:
         """A ``transformers.GenerationConfig`` holding the model's generation defaults (its config's
         ``bos``/``eos``/``pad_token_id``), made when first asked for; set it, or change its fields, to change what
-        :meth:`generate` does without options. Needs ``transformers`` (an AttributeError without it)."""
+        :meth:`generate` does without options. Needs ``transformers`` (an ImportError without it)."""
         if "_generation_config" not in self.__dict__:
             try:
                 from transformers import GenerationConfig
             except ImportError:
-                raise AttributeError("generation_config is a transformers.GenerationConfig, and transformers is not "
-                                     "installed; pass generate's options directly") from None
+                raise ImportError("generation_config is a transformers.GenerationConfig, and transformers is not "
+                                  "installed; pass generate's options directly") from None
             cfg = self.config
             self.__dict__["_generation_config"] = GenerationConfig(
                 bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)

@@ -557,12 +557,16 @@ def _dtype(dtype: Union[torch.dtype, str, None], checkpoint: HFCheckpoint) -> Op
     return chosen
 
 
-def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, **options: Any) -> nn.Module:
-    """:func:`from_hf` for a checkpoint already read; ``options`` are :func:`model_config`'s."""
+def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, measure_start: bool = True,
+                    **options: Any) -> nn.Module:
+    """:func:`from_hf` for a checkpoint already read; ``options`` are :func:`model_config`'s; ``measure_start``:
+    measure what each method changes before the first update (:func:`load_checkpoint_state`; off for an import
+    that only checks a config)."""
     config = model_config(checkpoint, **options)
     check_sizes(checkpoint, config, reinitialise=reinitialise)
     model = build(config)
-    model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise)
+    model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise,
+                                                measure_start=measure_start)
     model.tokenizer = checkpoint.tokenizer
     _special_settings(checkpoint, encoder_config(model.config), model.import_report)
     return model.eval()
@@ -636,10 +640,11 @@ def _save_transformers_model(model: nn.Module, processor: Any, directory: Path) 
 
 
 def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reinitialise: bool = False,
-                          log_report: bool = True) -> ImportReport:
+                          log_report: bool = True, measure_start: bool = True) -> ImportReport:
     """Copy the checkpoint's tensors into ``model`` (built from :func:`model_config`); see the module docstring.
-    With ``log_report`` (a real import, not the shape check) the report's notes also name every method section
-    that changes the imported function before the first update, measured (:mod:`~interlayer.pretrained.exact_start`).
+    With ``measure_start`` and ``log_report`` (a real import, not the shape check) the report's notes also name
+    every method section that changes the imported function before the first update, measured
+    (:mod:`~interlayer.pretrained.exact_start`).
 
     Raises :class:`PretrainedError` when an encoder tensor is missing from the checkpoint, is unknown, has no
     place or another shape in the model, or two different tensors would land in one tied parameter (the last
@@ -674,7 +679,7 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     report.ignored = sorted(k for k in state if k not in mapping)
     _init_fresh_heads(model, family, report, float(checkpoint.hf.get("initializer_range", 0.02)))
     report.notes += checkpoint.notes + _notes(checkpoint, cfg, report, layout, head_loaded, classes)
-    if log_report:  # not for the shape check on the meta device (check_sizes)
+    if log_report and measure_start:  # not for the shape check on the meta device (check_sizes)
         report.notes += step_zero_notes(model, build, lambda plain: load_checkpoint_state(
             plain, checkpoint, log_report=False).initialised)
         log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from ..checkpoint import model_kind
 from ..models.registry import build_saved
 from . import hf_config
 
@@ -89,6 +90,6 @@ def to_transformers(model: nn.Module) -> Any:
     register_models()
     from . import hf_modeling
 
-    kind = hf_modeling._kind(model)
+    kind = model_kind(model)
     chosen = next((c for c in hf_modeling.CLASSES if kind in c.kinds), hf_modeling.InterlayerModel)
     return chosen.from_interlayer(model)

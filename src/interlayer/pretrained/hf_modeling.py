@@ -31,13 +31,12 @@ This module and those it imports are what ``interlayer export --with-code`` copi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
@@ -45,7 +44,7 @@ from transformers.modeling_outputs import (BaseModelOutputWithPooling, CausalLMO
                                            SequenceClassifierOutput)
 
 from ..build import build_model
-from ..checkpoint import tie_map
+from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import config_from_dict
 from ..core.hf_generation import GenerateOutput, UnsupportedGenerationOption, generate_like_hf
 from .hf_config import InterlayerConfig
@@ -75,13 +74,6 @@ def build_interlayer(config: InterlayerConfig) -> nn.Module:
         raise ValueError(f"interlayer model type {model_type!r} is built by the interlayer package: install it and "
                          "`import interlayer` (this folder's own code covers language models and text classifiers)")
     return FALLBACK_BUILDER(model_type, data)
-
-
-def _kind(model: nn.Module) -> str:
-    """``causal_lm``, ``encoder_classifier``, ``image`` or the class name of another interlayer model."""
-    if getattr(model, "main_input_name", "") == "pixel_values":
-        return "image"
-    return str(getattr(getattr(model, "config", None), "arch", type(model).__name__))
 
 
 def _resolve(source: Union[str, Path], options: dict[str, Any]) -> Path:
@@ -123,7 +115,7 @@ class InterlayerPreTrainedModel(PreTrainedModel):
         super().__init__(config)
         self.interlayer = model if model is not None else build_interlayer(config)
         self.main_input_name = getattr(self.interlayer, "main_input_name", "input_ids")
-        kind = _kind(self.interlayer)
+        kind = model_kind(self.interlayer)
         if self.kinds and kind not in self.kinds:
             suggestion = {"causal_lm": "AutoModelForCausalLM", "encoder_classifier":
                           "AutoModelForSequenceClassification", "image": "AutoModelForImageClassification"}
@@ -174,10 +166,11 @@ class InterlayerPreTrainedModel(PreTrainedModel):
 
     # -- files ----------------------------------------------------------------------------------------------------
     @classmethod
-    def from_interlayer(cls, model: nn.Module, model_type: Optional[str] = None) -> "InterlayerPreTrainedModel":
+    def from_interlayer(cls, model: nn.Module) -> "InterlayerPreTrainedModel":
         """This class around an interlayer model (the same module, not a copy): what ``save_pretrained`` then
         writes is a folder ``AutoModel*`` loads."""
-        return cls(interlayer_config(model, model_type, [cls.__name__]), model=model)
+        settings = {k: v for k, v in transformers_config(model, cls.__name__).items() if k != "model_type"}
+        return cls(InterlayerConfig(**settings), model=model)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Union[str, Path], *model_args: Any,
@@ -230,36 +223,12 @@ class InterlayerPreTrainedModel(PreTrainedModel):
                                       "upload_folder (or `hf upload`)")
         if not is_main_process:
             return
-        directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        aliases = {f"interlayer.{alias}" for group in tie_map(self.interlayer).values() for alias in group}
-        tensors = {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
-        save_file(tensors, str(directory / WEIGHTS_NAME),
-                  metadata={"format": "pt", "tie_map": json.dumps(tie_map(self.interlayer))})
         self.config.architectures = [type(self).__name__]
         self.config.interlayer["config"] = self.interlayer.config.to_dict()
-        self.config.save_pretrained(str(directory))
+        save_for_transformers(self.interlayer, save_directory, self.config.to_dict(), state=state_dict or
+                              self.state_dict())
         if self.can_generate() and self.generation_config is not None:
-            self.generation_config.save_pretrained(str(directory))
-
-
-def interlayer_config(model: nn.Module, model_type: Optional[str], architectures: list[str]) -> InterlayerConfig:
-    """The ``transformers`` config of an interlayer model: its interlayer config and the names tools read."""
-    cfg = model.config
-    core = getattr(cfg, "encoder", cfg)  # an image model's config holds its encoder's
-    names: dict[str, Any] = {"architectures": architectures}
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(core, key, None)
-        if value is not None:
-            names[key] = value
-    names["tie_word_embeddings"] = bool(getattr(core, "arch", "") == "causal_lm" and core.tie_output)
-    labels = getattr(core, "id2label", None) if getattr(core, "num_classes", 0) else None
-    if labels:
-        names.update(id2label={int(k): v for k, v in labels.items()}, label2id={v: int(k) for k, v in labels.items()})
-    return InterlayerConfig(interlayer={"model_type": model_type or getattr(model, "model_type", "transformer"),
-                                        "config": cfg.to_dict()}, **names)
+            self.generation_config.save_pretrained(str(save_directory))
 
 
 # -- outputs: transformers' classes, plus the interlayer terms a loss is made of ------------------------------------
