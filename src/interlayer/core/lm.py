@@ -95,7 +95,9 @@ class CausalLM(nn.Module, PretrainedMixin):
         """Replace the token table; a tied head (``tie_output``) becomes the new table's weight too."""
         self.encoder.embed.tokens = value
         if self.config.tie_output:
-            self.lm_head.weight = value.weight
+            head = nn.Linear(value.embedding_dim, value.num_embeddings, bias=False, device="meta")
+            head.weight = value.weight
+            self.lm_head = head
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
