@@ -82,6 +82,10 @@ def test_with_code_loads_where_interlayer_is_not_importable(exports, tmp_path: P
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_interlayer.InterlayerForCausalLM"
     assert (folder / "il_methods_value_residual.py").is_file() and not (folder / "il_models_registry.py").exists()
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    reached = {Path(f).name for f in get_relative_import_files(str(folder / "modeling_interlayer.py"))}
+    assert reached == {p.name for p in folder.glob("*.py")} - {"modeling_interlayer.py"}  # all that transformers copies
     ids = prompt_ids(model)
     expected = model.generate(ids, max_new_tokens=8).tolist()
     out = run_python(f"""

@@ -8,7 +8,8 @@ lines); any other import must be an installed package. The modeling classes
 (:mod:`~interlayer.pretrained.hf_modeling`) need interlayer's model-building code: the config and its method
 sections, ``build``, the core and the methods (about 6,000 lines). So that code is copied too, each module to one
 flat file (``interlayer/core/attention.py`` -> ``il_core_attention.py``), with its relative imports rewritten
-to the flat names; ``modeling_interlayer.py`` and ``configuration_interlayer.py`` are ``hf_modeling`` and
+to the flat names (a module bound as ``from . import name`` is reached by ``transformers`` only through another
+file's ``from .name import`` line, which holds for every copied module: tested with ``transformers``' own walk); ``modeling_interlayer.py`` and ``configuration_interlayer.py`` are ``hf_modeling`` and
 ``hf_config``. Only what they import is copied (the closure of their imports, imports inside functions and
 ``TYPE_CHECKING`` blocks included): no registry, task, CLI or package ``__init__`` (whose import-time work is
 the installed package's). The third-party imports left are ``torch``, ``numpy``, ``yaml`` and ``safetensors``,
@@ -135,12 +136,6 @@ def write_remote_code(directory: Path, model_type: str, kind: str) -> dict[str, 
     for module in modules:
         text = _rewrite(module, _file(module).read_text(encoding="utf-8"))
         header = f"# Copied from {module} of interlayer {version} by `interlayer export --with-code`; do not edit.\n"
-        if module == "interlayer.pretrained.hf_modeling":
-            # transformers copies the files named in `from .name import` lines; the modules bound by
-            # `from . import name` would escape it, so every file is named once at the end
-            text += "\n\n# Every file of this folder's copy of interlayer, for transformers' dynamic-module loader.\n"
-            text += "".join(f"from .{flat_name(m)} import __name__ as _  # noqa: E402,F401\n"
-                            for m in modules if m not in ENTRY)
         (directory / f"{flat_name(module)}.py").write_text(header + text, encoding="utf-8")
     auto, model_class = AUTO_CLASSES[kind]
     return {"AutoConfig": "configuration_interlayer.InterlayerConfig", "AutoModel": "modeling_interlayer.InterlayerModel",
