@@ -252,7 +252,7 @@ def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(cha
     (lambda: scratch_lm(hyper_connections={"rate": 2}), "the hyper_connections section"),
 ])
 def test_language_models_gpt2_cannot_express_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
-    with pytest.raises(PretrainedError, match=f"{match}.*interlayer's own format.*model.save_pretrained"):
+    with pytest.raises(PretrainedError, match=f"{match}.*interlayer.export .*interlayer's transformers classes"):
         to_hf(make(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

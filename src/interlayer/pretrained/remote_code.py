@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
+from ..fileio import write_atomic
 
 PACKAGE = "interlayer"
 ROOT = Path(__file__).resolve().parents[1]  # the installed package's folder
@@ -136,7 +137,7 @@ def write_remote_code(directory: Path, model_type: str, kind: str) -> dict[str, 
     for module in modules:
         text = _rewrite(module, _file(module).read_text(encoding="utf-8"))
         header = f"# Copied from {module} of interlayer {version} by `interlayer export --with-code`; do not edit.\n"
-        (directory / f"{flat_name(module)}.py").write_text(header + text, encoding="utf-8")
+        write_atomic(directory / f"{flat_name(module)}.py", header + text)
     auto, model_class = AUTO_CLASSES[kind]
     return {"AutoConfig": "configuration_interlayer.InterlayerConfig", "AutoModel": "modeling_interlayer.InterlayerModel",
             auto: f"modeling_interlayer.{model_class}"}
