@@ -29,7 +29,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
-from .layers import ActivationCheckpointing
 from .positions import LearnedPositions
 
 ModelT = TypeVar("ModelT", bound="PretrainedMixin")
@@ -127,6 +126,8 @@ class PretrainedMixin:
         less memory, about one more forward pass of time); ``activation_checkpointing_kwargs`` go to
         ``torch.utils.checkpoint.checkpoint`` (default ``use_reentrant=False``), ``offload`` keeps the saved inputs
         in host memory. What ``TrainingArguments(gradient_checkpointing=True)`` calls."""
+        from .layers import ActivationCheckpointing  # here: `import interlayer` loads this module, not the layers
+
         if not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every layer)")
         options = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
