@@ -236,3 +236,19 @@ def test_an_old_lm_run_exports_a_tokenizer_autotokenizer_loads(tmp_path: Path, c
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
     assert hf("To be")["input_ids"] == tokenizer.encode("To be")
     assert "- tokenizer: characters, " in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_gpt2_architecture_with_a_character_tokenizer_exports_natively(tmp_path: Path) -> None:
+    """Exports GPT-2 computes stay GPT-2's own classes; the character tokenizer goes along as tokenizer.json."""
+    tokenizer = CharTokenizer.train(["".join(TEXTS)])
+    torch.manual_seed(0)
+    model = interlayer.create_model("gpt2_small", src_vocab_size=len(tokenizer), d_model=16, n_heads=2, d_ffn=32,
+                                    enc_layers=2, max_positions=32).eval()
+    model.tokenizer = tokenizer
+    report = export(model, tmp_path / "out")
+    assert (report.format, report.architecture) == ("transformers", "GPT2LMHeadModel")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    ids = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))("To be", return_tensors="pt")["input_ids"]
+    assert ids.tolist() == [tokenizer.encode("To be")]
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids).logits).abs().max() < 1e-5
