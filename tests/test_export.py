@@ -1,6 +1,7 @@
-"""``interlayer export RUN_DIR OUT_DIR`` (issue 31): a CLI-trained run comes back in ``transformers`` with its
-tokenizer, its labels' names, a model card, and the same logits; a method ``transformers`` cannot compute (PA) is
-written in interlayer's own format with the same files, and the command says so."""
+"""``interlayer export RUN_DIR OUT_DIR`` (issues 31 and 41): a CLI-trained run comes back in ``transformers`` with
+its tokenizer, its labels' names, a model card, and the same logits; a method no ``transformers`` family computes
+(PA) is written for interlayer's ``transformers`` classes, which ``AutoModelForSequenceClassification`` loads after
+``import interlayer``, and the command says so."""
 from __future__ import annotations
 
 import json
@@ -64,20 +65,26 @@ def test_cli_export_loads_back_in_transformers_with_tokenizer_labels_and_card(ru
     assert "- command: `interlayer train sst2 --pretrained" in card
 
 
-def test_cli_export_of_a_pa_run_writes_interlayers_format_and_says_so(runs, tmp_path, capsys):
+def test_cli_export_of_a_pa_run_loads_with_automodel_after_import_interlayer_and_says_so(runs, tmp_path, capsys):
     out = tmp_path / "own"
     assert main(["export", str(runs["pa"]), str(out)]) == 0
     said = capsys.readouterr().out
-    assert "interlayer's own format" in said and "predictive" in said
-    back = load_pretrained(out).eval()
+    assert "InterlayerForSequenceClassification" in said and "predictive" in said and "import interlayer" in said
+    back = load_pretrained(out)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))  # the run's tokenizer files, copied
     batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
     assert_the_runs_tokenizer(tokenizer, runs["pa"], batch)
-    trained = load_pretrained(runs["pa"] / "best").eval()
-    assert torch.equal(back(**batch).logits, trained(**batch).logits)
+    trained = load_pretrained(runs["pa"] / "best")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out))
+    assert not back.training and not hf.training
+    with torch.no_grad():
+        expected = trained(**batch).logits
+        assert torch.equal(back(**batch).logits, expected) and torch.equal(hf(**batch).logits, expected)
+    assert hf.config.id2label == {0: "negative", 1: "positive"}
     assert json.loads((out / "task.json").read_text())["labels"] == ["negative", "positive"]
     card = (out / "README.md").read_text()
-    assert "library_name: interlayer" in card and "method predictive" in card and "not transformers'" in card
+    assert "library_name: interlayer" in card and "method predictive" in card and "after `import interlayer`" in card
+    assert "- tokenizer: WordPiece" in card
 
 
 def test_lm_export_writes_generation_config_and_refuses_a_missing_tokenizer(tmp_path):

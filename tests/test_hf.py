@@ -497,7 +497,7 @@ def test_models_trained_from_scratch_export_when_a_family_computes_them(tmp_path
     (lambda: create_model("transformer_small", src_vocab_size=50), "a EncoderDecoderModel has no Hugging Face class"),
 ])
 def test_models_without_a_hugging_face_class_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
-    with pytest.raises(PretrainedError, match=f"{match}.*interlayer's own format.*model.save_pretrained"):
+    with pytest.raises(PretrainedError, match=f"{match}.*interlayer.export .*interlayer's transformers classes"):
         to_hf(make(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -254,7 +254,7 @@ def test_language_models_trained_from_scratch_export_when_gpt2_computes_them(cha
     (lambda: scratch_lm(hyper_connections={"rate": 2}), "the hyper_connections section"),
 ])
 def test_language_models_gpt2_cannot_express_are_refused(make: Callable, match: str, tmp_path: Path) -> None:
-    with pytest.raises(PretrainedError, match=f"{match}.*interlayer's own format.*model.save_pretrained"):
+    with pytest.raises(PretrainedError, match=f"{match}.*interlayer.export .*interlayer's transformers classes"):
         to_hf(make(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -378,6 +378,41 @@ def test_pa_with_warm_up_starts_exactly_at_an_imported_encoder(case: str) -> Non
     assert (constant - ref.last_hidden_state)[real].abs().max() > 1e-2
 
 
+def test_value_residual_warm_up_starts_exactly_at_an_imported_gpt2(folders: dict[str, Path]) -> None:
+    """An imported GPT-2 with ResFormer computes exactly what the import computes at step 0 (the mix starts at
+    [1, 0]), and ramps to the paper's [0.5, 0.5]."""
+    tokens = ids()
+    plain = our_outputs(from_hf(folders["untied"]), tokens)[0]
+    warm = from_hf(folders["untied"], extra_sections={"value_residual": {"lambda_warmup_steps": 2}})
+    assert torch.equal(our_outputs(warm, tokens)[0], plain)
+    advance(warm, 2)
+    mixed = our_outputs(from_hf(folders["untied"], extra_sections={"value_residual": {}}), tokens)[0]
+    assert torch.allclose(our_outputs(warm, tokens)[0], mixed, atol=1e-6) and (mixed - plain).abs().max() > 1e-2
+
+
+def test_the_import_report_names_each_method_that_changes_the_start(folders: dict[str, Path]) -> None:
+    """Measured at import on a probe input: ResFormer and PA without their warm-ups move the logits (by what the
+    note says) and dynamic hyper-connections too; with the warm-ups, Crossformer's soft guidance and DenseFormer,
+    the function is the import's, and nothing is said."""
+    cases = {"value_residual": ({}, "value_residual.lambda_warmup_steps=N starts exactly"),
+             "predictive": ({"alpha": 0.2}, "predictive.alpha_warmup_steps=N starts exactly"),
+             "hyper_connections": ({"dynamic": True}, "")}
+    sections = {name: section for name, (section, _) in cases.items()}
+    notes = from_hf(folders["untied"], extra_sections=sections).import_report.notes
+    tokens = ids()
+    plain = our_outputs(from_hf(folders["untied"]), tokens)[0]
+    for name, (section, hint) in cases.items():
+        note = next(n for n in notes if n.startswith(f"{name} changes the imported model's function"))
+        assert hint in note
+        moved = float(note.split("move by up to ")[1].split(" ")[0])
+        alone = our_outputs(from_hf(folders["untied"], extra_sections={name: section}), tokens)[0]
+        assert moved > 1e-6 and (alone - plain).abs().max() > 1e-6
+    exact = {"value_residual": {"lambda_warmup_steps": 3}, "predictive": {"alpha_warmup_steps": 3},
+             "crossformer": {"soft": ["kq"]}, "denseformer": {}}
+    quiet = from_hf(folders["untied"], extra_sections=exact).import_report.notes
+    assert not [n for n in quiet if "changes the imported model's function" in n]
+
+
 # ----------------------------------------------------------------------------------------------- fine-tuning
 
 
@@ -394,6 +429,7 @@ def test_cli_fine_tunes_a_gpt2_folder_on_lm_with_pa_warm_up_then_generates(folde
             "train.max_tokens=128", "--set", "train.max_steps=4", "--set", "predictive.alpha=0.5", "--set",
             "predictive.alpha_warmup_steps=3"]
     assert main(args) == 0
+    assert "read 64 blocks spread over each split (data.eval_blocks=64" in capsys.readouterr().err
     mixer = "encoder.layers.1.self_attn.logit_mixer"
     assert load_file(str(run / "checkpoint_last.safetensors"))[f"model/{mixer}.steps_done"].item() == 4.0
     stored = json.loads((run / "run.json").read_text())
@@ -413,6 +449,13 @@ def test_cli_fine_tunes_a_gpt2_folder_on_lm_with_pa_warm_up_then_generates(folde
     assert main(["generate", "--checkpoint", str(run / "best"), "--prompt", "To be", "--max-new-tokens", "6",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("To be")
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0  # PA: interlayer's class for transformers
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"- tokenizer: byte-level BPE, {VOCAB} ids (the base model's" in card and '"tokenizer": "char"' not in card
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    tokens = ids()
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, load_pretrained(run / "best")(tokens).logits)
 
 
 def test_lm_fine_tuning_refuses_what_does_not_fit(folders: dict[str, Path], tmp_path: Path, capsys: Any) -> None:
@@ -420,7 +463,8 @@ def test_lm_fine_tuning_refuses_what_does_not_fit(folders: dict[str, Path], tmp_
     text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
     base = ["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--no-progress"]
     assert main([*base, "--run-dir", str(tmp_path / "a")]) == 2  # block_size 256 > n_positions 40
-    assert "max_positions=40 is shorter than data.block_size=256" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "data.block_size=256 is longer than the 40 positions" in said and "--set data.block_size=40" in said
     assert main([*base, "--run-dir", str(tmp_path / "b"), "--preset", "gpt2_small"]) == 2
     assert "the checkpoint decides the architecture" in capsys.readouterr().err
     assert main([*base, "--run-dir", str(tmp_path / "c"), "--set", "data.block_size=32", "--set",

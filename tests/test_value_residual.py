@@ -130,10 +130,36 @@ def test_multipass_keeps_v1_per_pass():
     assert torch.allclose(model(tokens).logits, model.lm_head(model.encoder.final_norm(x)), atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("learnable", [False, True])
+def test_warm_up_starts_as_the_plain_model_and_ramps_to_the_lambdas(learnable):
+    """From the plain model's lambda_1 = 0, lambda_2 = 1 to the configured 0.5 and 0.5 over N steps: the plain model
+    bit for bit before the first step, lambda_1 = 0.25, lambda_2 = 0.75 half-way, the configured pair from step N on;
+    the engine's hook advances it."""
+    torch.manual_seed(0)
+    plain = lm()
+    warm = lm(value_residual={"lambda_warmup_steps": 4, "learnable": learnable})
+    warm.load_state_dict(plain.state_dict(), strict=False)
+    tokens = torch.randint(0, 40, (2, T))
+    assert torch.equal(warm(tokens).logits, plain(tokens).logits)
+
+    def step(n):
+        for module in warm.modules():
+            if hasattr(module, "optimizer_step_done"):
+                for _ in range(n):
+                    module.optimizer_step_done()
+
+    for steps, (on_first, on_own) in ((2, (0.25, 0.75)), (2, (0.5, 0.5)), (3, (0.5, 0.5))):
+        step(steps)
+        fixed = lm(value_residual={"lambda_1": on_first, "lambda_2": on_own})
+        fixed.load_state_dict(plain.state_dict(), strict=False)
+        assert torch.allclose(warm(tokens).logits, fixed(tokens).logits, atol=1e-6)
+    assert warm.state_dict()["encoder.layers.1.self_attn.kv_source.steps_done"] == 7  # saved with the weights
+
+
+@pytest.mark.parametrize("mode", [*MODES, "warm_up"])
 def test_compiles_without_graph_breaks(mode):
     torch._dynamo.reset()
-    model = lm(value_residual=MODES[mode]).train()
+    model = lm(value_residual=MODES.get(mode, {"lambda_warmup_steps": 10})).train()
     explanation = torch._dynamo.explain(model)(torch.randint(0, 40, (2, T)))
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
@@ -145,6 +171,8 @@ def test_compiles_without_graph_breaks(mode):
     ({"mode": "svformer", "learnable": True}, "mode='svformer'"),
     ({"granularity": "head"}, "value_residual.granularity='head'"),
     ({"sides": ["decoder"]}, "has no decoder"),
+    ({"lambda_warmup_steps": -1}, "lambda_warmup_steps=-1 must be >= 0"),
+    ({"mode": "svformer", "lambda_warmup_steps": 5}, "cannot start as the plain model"),
 ])
 def test_bad_settings_are_refused(section, words):
     with pytest.raises(ConfigError, match=words):

@@ -6,9 +6,12 @@ the config and tied weights (also as ``model.save_pretrained`` / ``ModelClass.fr
 :func:`to_hf` bring Hugging Face BERT, ELECTRA, RoBERTa, DistilBERT and ViT models in and back out.
 
 The names below are imported when first used (PEP 562), so that importing one part of the package (a method
-module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`. The one
-thing done at import is giving the core's models their saver and loader (:func:`interlayer.core.hub.register_storage`),
-which this package, above every layer, may name and the core may not.
+module, the core) does not load the rest: :mod:`interlayer.methods` depends only on :mod:`interlayer.core`. Two
+things are done at import: giving the core's models their saver and loader
+(:func:`interlayer.core.hub.register_storage`), which this package, above every layer, may name and the core may
+not; and asking to register interlayer's classes with ``transformers`` once ``transformers`` is imported
+(:mod:`interlayer.pretrained.hf_auto`; nothing of ``transformers`` is imported here, and without it nothing
+happens).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 
 from .core.hub import register_storage
 from .errors import ConfigError
+from .plugins import after_import
 
 __version__ = "0.1.0"
 
@@ -46,6 +50,24 @@ def _load(source: Any, **options: Any) -> Any:
 # The core's models save and load through these (core/hub.py): the package, which sits above every layer, wires
 # them, so the core imports nothing above it and each is imported when first used.
 register_storage(save=_save, load=_load)
+
+
+def _register_config(_: Any) -> None:
+    from .pretrained.hf_auto import register_config
+
+    register_config()
+
+
+def _register_trainer_callback(trainer: Any) -> None:
+    from .pretrained.hf_auto import register_trainer_callback
+
+    register_trainer_callback(trainer)
+
+
+# transformers' AutoConfig / AutoModel* know model_type "interlayer", and its Trainer advances interlayer's step
+# counters, from when transformers imports those modules (pretrained/hf_auto.py).
+after_import("transformers.models.auto.configuration_auto", _register_config)
+after_import("transformers.trainer", _register_trainer_callback)
 
 
 def __getattr__(name: str) -> Any:

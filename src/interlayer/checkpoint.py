@@ -9,13 +9,19 @@ that share storage, so a checkpoint stores each tied tensor once, under its firs
 This module is the bottom layer of saving and loading: tensors, tie maps and the two files. Rebuilding a model
 from its saved ``model_type`` and config is the registry's (:func:`interlayer.models.registry.load_pretrained`),
 so the training engine, which only writes and reads weights, imports no model family.
+
+:func:`read_saved` also reads the folders interlayer writes for ``transformers``
+(:mod:`interlayer.pretrained.hf_modeling`: ``interlayer export`` of a model no ``transformers`` family computes):
+their ``config.json`` is ``transformers``' (``model_type: "interlayer"``, the interlayer config and model type in
+its ``interlayer`` section, the special token ids and label names beside it) and their tensors carry the
+``transformers`` class's ``interlayer.`` prefix.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -23,10 +29,18 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .errors import CheckpointError
-from .fileio import atomic_path, parse_json, read_json
+from .fileio import atomic_path, parse_json, read_json, write_atomic
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+HF_MODEL_TYPE = "interlayer"  # config.json's model_type in a folder written for transformers
+HF_PREFIX = "interlayer."  # where the transformers classes hold the interlayer model
+HF_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id")
+HF_NAMES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+# the transformers class of each kind of interlayer model (pretrained/hf_modeling.py)
+HF_ARCHITECTURES = {"causal_lm": "InterlayerForCausalLM", "encoder_classifier": "InterlayerForSequenceClassification",
+                    "image": "InterlayerForImageClassification"}
 
 
 def tie_map(model: nn.Module) -> dict[str, list[str]]:
@@ -80,6 +94,49 @@ def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     return directory
 
 
+def model_kind(model: nn.Module) -> str:
+    """``causal_lm``, ``encoder_classifier``, ``image`` or another model's class name."""
+    if getattr(model, "main_input_name", "") == "pixel_values":
+        return "image"
+    return str(getattr(getattr(model, "config", None), "arch", type(model).__name__))
+
+
+def transformers_config(model: nn.Module, architecture: Optional[str] = None) -> dict[str, Any]:
+    """``config.json`` of a folder written for ``transformers`` (:mod:`interlayer.pretrained.hf_config`): the
+    interlayer config and model type, and ``transformers``' names of the sizes, special tokens and labels."""
+    cfg = model.config
+    core = getattr(cfg, "encoder", cfg)  # an image model's config holds its encoder's
+    data: dict[str, Any] = {"model_type": HF_MODEL_TYPE,
+                            "architectures": [architecture or HF_ARCHITECTURES.get(model_kind(model),
+                                                                                   "InterlayerModel")],
+                            "interlayer": {"model_type": getattr(model, "model_type", "transformer"),
+                                           "config": cfg.to_dict()}}
+    data.update({key: getattr(core, key) for key in HF_NAMES if getattr(core, key, None) is not None})
+    data["tie_word_embeddings"] = bool(getattr(core, "arch", "") == "causal_lm" and core.tie_output)
+    if getattr(core, "num_classes", 0) and getattr(core, "id2label", None):
+        data["id2label"] = {str(k): v for k, v in core.id2label.items()}
+        data["label2id"] = {v: int(k) for k, v in core.id2label.items()}
+    return data
+
+
+def save_for_transformers(model: nn.Module, directory: Union[str, Path], config: dict[str, Any],
+                          state: Optional[dict[str, torch.Tensor]] = None) -> Path:
+    """Write a folder for ``transformers``: ``config`` as ``config.json`` and ``model.safetensors`` holding
+    ``state`` (the ``transformers`` class's state dict, names under ``interlayer.``; default ``model``'s), each tied
+    tensor once, the tie map in the metadata. :func:`read_saved` reads it back."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ties = tie_map(model)
+    if state is None:
+        state = {HF_PREFIX + k: v for k, v in canonical_state_dict(model).items()}
+    aliases = {HF_PREFIX + alias for group in ties.values() for alias in group}
+    tensors = {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "tie_map": json.dumps(ties)})
+    write_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    return directory
+
+
 @dataclass(frozen=True)
 class SavedModel:
     """A model folder as read from disk, before any model is built: its ``model_type`` (from the weights'
@@ -90,6 +147,8 @@ class SavedModel:
     model_type: str
     config: dict[str, Any]
     ties: dict[str, list[str]]
+    prefix: str = ""  # the tensors' names start with it (a folder written for transformers: "interlayer.")
+    settings: Optional[dict[str, Any]] = None  # transformers' settings the config.json holds (eos_token_id, ...)
 
     @property
     def config_path(self) -> Path:
@@ -114,8 +173,18 @@ def read_saved(directory: Union[str, Path]) -> SavedModel:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err}); it may be truncated or "
                               "corrupt: copy it again, or save the model again") from None
     ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
-    return SavedModel(directory, metadata.get("model_type", "transformer"), read_json(config_path, CheckpointError),
-                      ties)
+    config = read_json(config_path, CheckpointError)
+    if config.get("model_type") == HF_MODEL_TYPE:
+        section = config.get("interlayer")
+        if not isinstance(section, dict) or not isinstance(section.get("config"), dict):
+            raise CheckpointError(f"{config_path}: model_type 'interlayer' without an interlayer section "
+                                  "({'model_type': ..., 'config': {...}}): the file is damaged")
+        settings = {key: config[key] for key in HF_SETTINGS if config.get(key) is not None}
+        if "id2label" in settings:
+            settings["id2label"] = {int(k): v for k, v in settings["id2label"].items()}
+        return SavedModel(directory, str(section.get("model_type", "transformer")), section["config"], ties,
+                          HF_PREFIX, settings)
+    return SavedModel(directory, metadata.get("model_type", "transformer"), config, ties)
 
 
 def load_saved_weights(model: nn.Module, saved: SavedModel) -> nn.Module:
@@ -130,6 +199,11 @@ def load_saved_weights(model: nn.Module, saved: SavedModel) -> nn.Module:
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{saved.weights_path}: cannot read the tensors ({err}); the file may be truncated "
                               "or corrupt: copy it again, or save the model again") from None
+    if saved.prefix:
+        tensors = {name[len(saved.prefix):]: t for name, t in tensors.items() if name.startswith(saved.prefix)}
     load_canonical_state_dict(model, tensors, source=str(saved.weights_path))
+    core = getattr(model.config, "encoder", model.config)  # an image model's config holds its encoder's
+    for key, value in (saved.settings or {}).items():
+        setattr(core, key, value)
     model.source_dir = saved.directory
     return model

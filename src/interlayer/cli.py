@@ -318,14 +318,20 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                             description="Export RUN_DIR's best model (or a model folder) to OUT_DIR for transformers: "
                                         "config.json, model.safetensors, the run's tokenizer, the labels' names, "
                                         "generation_config.json for a language model and a model card "
-                                        "(README.md). A model transformers cannot compute (Predictive Attention, "
-                                        "LW, Multi-Pass, ...) is written in interlayer's own format with the same "
-                                        "files, and the command says so.")
+                                        "(README.md). A model no transformers family computes (Predictive "
+                                        "Attention, value residuals, LW, Multi-Pass, ...) is written for "
+                                        "interlayer's transformers classes (AutoModel... load it after `import "
+                                        "interlayer`; with --with-code also without interlayer), and the command "
+                                        "says so. See docs/pretrained.md.")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its best/ is exported) or a model folder")
     export.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
     export.add_argument("--family", help="bert, roberta, distilbert, vit or gpt2 (default: the one that fits)")
     export.add_argument("--no-tokenizer", action="store_true",
                         help="export without the run's tokenizer (one transformers cannot load is refused otherwise)")
+    export.add_argument("--with-code", action="store_true",
+                        help="for a model no transformers family computes: also copy interlayer's model code into "
+                             "the folder, so that it loads with trust_remote_code=True where interlayer is not "
+                             "installed")
 
 
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -341,14 +347,18 @@ def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
     model = load_pretrained(folder)
     try:
         report = export(model, Path(args.out_dir), family=args.family,
-                        tokenizer=False if args.no_tokenizer else None)
+                        tokenizer=False if args.no_tokenizer else None, with_code=args.with_code)
     except PretrainedError as err:
         raise ConfigError(str(err)) from None
     if report.format == "transformers":
-        print(f"wrote {report.architecture} for transformers to {report.directory}")
+        note = " (a transformers family's own classes need no code: --with-code changes nothing)" \
+            if args.with_code else ""
+        print(f"wrote {report.architecture} for transformers to {report.directory}{note}")
     else:
-        print(f"wrote {report.architecture} in interlayer's own format to {report.directory}, because transformers "
-              f"cannot load it: {report.reason}; load it with interlayer.load_pretrained")
+        print(f"wrote {report.architecture} (interlayer's class for transformers) to {report.directory} "
+              f"({report.reason}); transformers loads it after `import interlayer`" + (", and with trust_remote_code=True without interlayer (the folder carries its code)"
+                               if report.with_code else " (--with-code: also without interlayer)")
+              + "; interlayer.load_pretrained loads it too")
 
 
 def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:

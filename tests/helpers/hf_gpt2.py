@@ -48,3 +48,10 @@ def write_tokenizer(directory: Path) -> Any:
     tokenizer.add_special_tokens({"additional_special_tokens": [ADDED]})
     tokenizer.save_pretrained(str(directory))
     return tokenizer
+
+
+def gpt2_folder(directory: Path, case: str = "tied") -> Path:
+    """A GPT-2 folder (``hf_gpt2(case)``) with :func:`write_tokenizer`'s tokenizer."""
+    hf_gpt2(case).save_pretrained(str(directory))
+    write_tokenizer(directory)
+    return directory

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional, Union
 
 from ..errors import ConfigError
+from .hf_names import HFConfigNames
 
 Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
@@ -58,7 +59,7 @@ def check_finite(cfg: Any, prefix: str = "") -> None:
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(HFConfigNames):
     """Hyper-parameters of a plain Transformer (Vaswani et al. 2017) and its common variants.
 
     Field groups: architecture (``arch``, sizes), embeddings and positions, regularisation, heads for
@@ -69,6 +70,8 @@ class TransformerConfig:
     ``enc_layers`` deep, its token table tied to the output when ``tie_output``; ``dec_layers`` is unused.
     ``bias`` switches the biases of every linear layer *and* LayerNorm (nanoGPT's ``bias`` flag).
     ``positions="rotary"`` rotates queries and keys (RoPE, Su et al. 2021) in every self-attention.
+    ``transformers``' names (``vocab_size``, ``hidden_size``, ``eos_token_id``, ...) are properties:
+    :mod:`interlayer.core.hf_names`.
     """
 
     arch: Arch = "encoder_decoder"

@@ -20,7 +20,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DecoderLayer, DecoderLayerCache, DepthConnection, logits_wanted, shares_kv
+from .layers import ActivationCheckpointing, DecoderLayer, DecoderLayerCache, DepthConnection, logits_wanted, shares_kv
 
 
 @dataclass
@@ -57,11 +57,13 @@ def decoder_layers(cfg: TransformerConfig, components: Components) -> nn.ModuleL
 
 def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self_padding_mask: Optional[Tensor],
                        memory_padding_mask: Optional[Tensor], cache: Optional[DecoderCache] = None,
-                       need_intermediates: bool = False, depth: Optional[DepthConnection] = None
+                       need_intermediates: bool = False, depth: Optional[DepthConnection] = None,
+                       checkpointing: Optional[ActivationCheckpointing] = None
                        ) -> tuple[Tensor, list[Optional[AttentionIntermediates]],
                                   list[Optional[AttentionIntermediates]]]:
     """Run the stack; each layer's self-attention logits go to the next layer when it mixes them in. ``depth``:
-    the stack-level hook (see :class:`~interlayer.core.layers.DepthConnection`), called around the layers."""
+    the stack-level hook (see :class:`~interlayer.core.layers.DepthConnection`), called around the layers;
+    ``checkpointing``: the stack's activation checkpointing when it trains without a cache."""
     self_attns, cross_attns = [], []
     prev_logits: Optional[Tensor] = None
     kv_history: Optional[KVHistory] = [] if shares_kv(layers) else None
@@ -69,8 +71,9 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
         x, depth_state = depth.start(x)
     for i, (layer, (needed, alone)) in enumerate(zip(layers, logits_wanted(layers))):
         attn_inputs = depth.attention_inputs(i, depth_state) if depth is not None else None
-        x, self_inter, cross_inter = layer(x, memory, self_padding_mask=self_padding_mask,
-                                           memory_padding_mask=memory_padding_mask,
+        call = checkpointing.wrap(i, layer) if checkpointing is not None and cache is None else layer
+        x, self_inter, cross_inter = call(x, memory, self_padding_mask=self_padding_mask,
+                                          memory_padding_mask=memory_padding_mask,
                                            cache=cache.layers[i] if cache is not None else None,
                                            need_intermediates=need_intermediates or (needed and not alone),
                                            need_logits=alone and not need_intermediates, prev_logits=prev_logits,
@@ -101,6 +104,8 @@ class Decoder(nn.Module):
             self.output_projection.weight = tokens.weight
         else:
             nn.init.normal_(self.output_projection.weight, std=cfg.d_model**-0.5)
+        # Set by the model's gradient_checkpointing_enable (core/hub.py); None: every layer keeps its activations.
+        self.activation_checkpointing: Optional[ActivationCheckpointing] = None
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([DecoderLayerCache(KVCache(), KVCache()) for _ in self.layers])
@@ -112,7 +117,7 @@ class Decoder(nn.Module):
         x, self_attns, cross_attns = run_decoder_layers(
             self.layers, x, memory, self_padding_mask=None if self.causal else tokens.eq(self.pad_id),
             memory_padding_mask=memory_padding_mask, cache=cache, need_intermediates=need_intermediates,
-            depth=self.depth)
+            depth=self.depth, checkpointing=self.activation_checkpointing if self.training else None)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(logits=self.output_projection(x), hidden=x, self_attentions=self_attns,

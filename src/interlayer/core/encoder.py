@@ -17,7 +17,7 @@ from .attention import AttentionIntermediates, KVCache, KVHistory
 from .components import Components
 from .config import TransformerConfig
 from .embedding import InputEmbedding
-from .layers import DepthConnection, EncoderLayer, logits_wanted, shares_kv
+from .layers import ActivationCheckpointing, DepthConnection, EncoderLayer, layer_call, logits_wanted, shares_kv
 
 # Called before layer i with the states so far; returns (added to the layer input, added to its attention branch).
 Injector = Callable[[int], tuple[Optional[Tensor], Optional[Tensor]]]
@@ -87,6 +87,8 @@ class Encoder(nn.Module):
         self._logits_wanted = logits_wanted(self.layers)
         # Some layer reuses earlier layers' keys/values (attention.KVSource): each run keeps a KVHistory.
         self._shares_kv = shares_kv(self.layers)
+        # Set by the model's gradient_checkpointing_enable (core/hub.py); None: every layer keeps its activations.
+        self.activation_checkpointing: Optional[ActivationCheckpointing] = None
 
     def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
@@ -125,10 +127,11 @@ class Encoder(nn.Module):
                 attn_inputs = None if attn_inputs is None else tuple(t + input_add for t in attn_inputs)
             extra = {} if attn_inputs is None else {"attn_inputs": attn_inputs}
             needed, alone = self._logits_wanted[i]
-            out = layer(x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
-                        need_intermediates=need_intermediates or (needed and not alone),
-                        need_logits=alone and not need_intermediates, causal=self.causal,
-                        cache=cache[i] if cache is not None else None, kv_history=kv_history, **extra)
+            out = layer_call(self, i, layer, cache is not None)(
+                x, key_padding_mask=key_padding_mask, prev_logits=prev_logits, branch_add=branch_add,
+                need_intermediates=need_intermediates or (needed and not alone),
+                need_logits=alone and not need_intermediates, causal=self.causal,
+                cache=cache[i] if cache is not None else None, kv_history=kv_history, **extra)
             x = out.hidden
             prev_logits = out.attention.logits if out.attention is not None else None
             if depth is not None:

@@ -1,7 +1,9 @@
 """Sampling from a causal language model: greedy, temperature, top-k and top-p; batched prompts; the KV cache.
 
-* **Choosing a token.** ``temperature=0`` is greedy (argmax). Otherwise the logits are divided by the
-  temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set whose
+* **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row
+  (prompt included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019,
+  as ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the
+  logits are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set whose
   probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
   from ``generator`` when one is given (a seeded run is reproducible).
 * **Batches of prompts of different lengths** come as one ``(B, T)`` tensor and a ``padding_mask`` (True at
@@ -76,6 +78,7 @@ class SamplingOptions:
     compile_backend: Union[str, Callable[..., Any]] = "inductor"  # torch.compile's (for ``compile``; "eager":
     # dynamo's trace alone, which the CPU tests use)
     stop_check_interval: int = 16  # with eos_id: tokens between the host's checks whether every row has stopped
+    repetition_penalty: float = 1.0  # > 1 makes tokens already in the row less likely (1: off)
 
     def validate(self, vocab_size: int) -> None:
         if self.max_new_tokens < 0:
@@ -87,6 +90,9 @@ class SamplingOptions:
                              f"{vocab_size} it keeps every token)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (1 switches it off)")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty} must be a finite number > 0 (1 switches "
+                             "it off)")
         if self.eos_id is not None and not 0 <= self.eos_id < vocab_size:
             raise ValueError(f"eos_id={self.eos_id} is not a token id of this model (0..{vocab_size - 1})")
         if self.stop_check_interval < 1:
@@ -115,8 +121,20 @@ def position_ids(padding_mask: Tensor) -> Tensor:
     return ((~padding_mask).long().cumsum(1) - 1).clamp_min(0)
 
 
-def choose_tokens(logits: Tensor, options: SamplingOptions, generator: Optional[torch.Generator] = None) -> Tensor:
-    """One token per row of ``logits`` (B, V), as the options say (module docstring)."""
+def apply_repetition_penalty(scores: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """``scores`` (B, V) with the entries of the tokens in ``seen`` (B, T) divided by ``penalty`` where positive,
+    multiplied where negative (``transformers``' ``RepetitionPenaltyLogitsProcessor``, in float32)."""
+    scores = scores.float()
+    picked = scores.gather(1, seen)
+    return scores.scatter(1, seen, torch.where(picked < 0, picked * penalty, picked / penalty))
+
+
+def choose_tokens(logits: Tensor, options: SamplingOptions, generator: Optional[torch.Generator] = None,
+                  seen: Optional[Tensor] = None) -> Tensor:
+    """One token per row of ``logits`` (B, V), as the options say (module docstring); ``seen`` (B, T): the rows'
+    tokens so far, which the repetition penalty reads."""
+    if options.repetition_penalty != 1.0 and seen is not None:
+        logits = apply_repetition_penalty(logits, seen, options.repetition_penalty)
     if options.temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / options.temperature
@@ -375,7 +393,8 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
         steps = 0
         logits = decoder.first()
         while steps < wanted:
-            chosen = choose_tokens(logits, options, generator)
+            seen = sequence.tokens[:, :sequence.length] if options.repetition_penalty != 1.0 else None
+            chosen = choose_tokens(logits, options, generator, seen=seen)
             if eos is not None:
                 chosen = chosen.masked_fill(finished, eos)
                 lengths += (~finished).long()
@@ -393,32 +412,6 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
         return Generation(tokens=out, lengths=lengths.fill_(wanted))
     # stopping at once would have left as many columns as the longest row produced (the last EOS included)
     return Generation(tokens=out[:, :int(lengths.max())], lengths=lengths)
-
-
-def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
-                     generator: Optional[torch.Generator] = None, max_new_tokens: int = 20, do_sample: bool = False,
-                     temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
-                     eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
-                     use_cache: Optional[bool] = None) -> Tensor:
-    """``transformers``' ``generate`` habits over :func:`generate`: the prompts followed by their continuations.
-
-    The defaults are ``GenerationConfig``'s (greedy unless ``do_sample``; when sampling, ``top_k=50``), except
-    that with no ``max_new_tokens`` 20 tokens are added (transformers' ``max_length=20`` counts the prompt too).
-    A row that produced ``eos_token_id`` is filled with ``pad_token_id`` (``eos_token_id`` when none is given),
-    and the batch stops once every row has. The prompts come back as given, padding and all (left padding is
-    what transformers expects, and any padding works here: see the module docstring).
-    """
-    if do_sample and temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 when do_sample=True (do_sample=False is greedy)")
-    options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
-                              top_k=top_k if do_sample else 0, top_p=top_p if do_sample else 1.0,
-                              eos_id=eos_token_id, use_cache=use_cache)
-    out = generate(model, input_ids, options, padding_mask=padding_mask, generator=generator)
-    new = out.tokens
-    if eos_token_id is not None and pad_token_id is not None:
-        produced = torch.arange(new.shape[1], device=new.device)[None, :] < out.lengths[:, None]
-        new = new.masked_fill(~produced, pad_token_id)
-    return torch.cat([input_ids, new.to(input_ids.dtype)], dim=1)
 
 
 @torch.no_grad()

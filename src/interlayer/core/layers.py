@@ -16,9 +16,11 @@ inputs a depth connection may give a layer (:meth:`DepthConnection.attention_inp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import AttentionIntermediates, KVCache, KVHistory
 
@@ -28,6 +30,48 @@ class LayerOutput:
     hidden: Tensor  # the layer's output
     mid: Tensor  # the state after the self-attention sublayer (MPT's S_mid)
     attention: Optional[AttentionIntermediates]  # self-attention intermediates when requested
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointing:
+    """Activation (gradient) checkpointing of a layer stack: in training, every ``every_n_layers``-th layer keeps
+    only its inputs and runs again in the backward pass to recompute what its gradients need (Chen et al. 2016,
+    "Training Deep Nets with Sublinear Memory Cost"), as ``transformers``' ``gradient_checkpointing_enable`` does.
+
+    ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False`` (``options`` may change it): the
+    non-reentrant form takes keyword arguments and any output, restores the RNG state so that dropout draws the same
+    masks again, and lets gradients reach tensors the layer reads from outside its arguments (the earlier layers'
+    keys and values a ``KVSource`` reads from its history) through the graph of the first pass. ``offload`` keeps
+    the saved inputs in host memory (``torch.autograd.graph.save_on_cpu``). Off when the stack is cached
+    (generation) or gradients are off: nothing would be recomputed.
+    """
+
+    every_n_layers: int = 1
+    offload: bool = False
+    options: tuple[tuple[str, Any], ...] = (("use_reentrant", False),)
+
+    def wrap(self, index: int, layer: Callable[..., Any]) -> Callable[..., Any]:
+        """``layer``, or a function that calls it under checkpointing when layer ``index`` is one to checkpoint."""
+        if index % self.every_n_layers or not torch.is_grad_enabled():
+            return layer
+        options = dict(self.options)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self.offload:
+                with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+                    return checkpoint(layer, *args, **options, **kwargs)
+            return checkpoint(layer, *args, **options, **kwargs)
+
+        return run
+
+
+def layer_call(stack: nn.Module, index: int, layer: nn.Module, cached: bool) -> Callable[..., Any]:
+    """How a stack calls layer ``index``: checkpointed when the stack's ``activation_checkpointing`` is set, it
+    trains and no cache is being filled, else the layer itself."""
+    setting: Optional[ActivationCheckpointing] = getattr(stack, "activation_checkpointing", None)
+    if setting is None or cached or not stack.training:
+        return layer
+    return setting.wrap(index, layer)
 
 
 class Residual(nn.Module):

@@ -32,8 +32,9 @@ from .attention import KVCache
 from .components import Components
 from .config import TransformerConfig
 from .encoder import Encoder, EncoderOutput
-from .generation import Generation, SamplingOptions, generate, generate_like_hf
-from .hub import PretrainedMixin
+from .generation import Generation, SamplingOptions, generate
+from .hf_generation import GenerateOutput, generate_like_hf
+from .hub import PretrainedMixin, track_ties
 from .losses import labels_loss
 from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_from
 
@@ -67,6 +68,7 @@ class CausalLM(nn.Module, PretrainedMixin):
             nn.init.normal_(self.lm_head.weight, std=0.02)
         self.max_positions = cfg.max_positions
         self.aux_loss_fns: dict = {}
+        track_ties(self)  # each tied tensor once in state dicts
 
     @property
     def supports_cache(self) -> bool:
@@ -89,11 +91,62 @@ class CausalLM(nn.Module, PretrainedMixin):
     def compute_aux_losses(self) -> dict[str, Tensor]:
         return {name: fn(self) for name, fn in self.aux_loss_fns.items()}
 
+    # -- transformers' names for the token table, the head and the generation defaults --------------------------
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed.tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the token table; a tied head (``tie_output``) becomes the new table's weight too."""
+        self.encoder.embed.tokens = value
+        if self.config.tie_output:
+            head = nn.Linear(value.embedding_dim, value.num_embeddings, bias=False, device="meta")
+            head.weight = value.weight
+            self.lm_head = head
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    @property
+    def generation_config(self) -> Any:
+        """A ``transformers.GenerationConfig`` holding the model's generation defaults (its config's
+        ``bos``/``eos``/``pad_token_id``), made when first asked for; set it, or change its fields, to change what
+        :meth:`generate` does without options. Needs ``transformers`` (an ImportError without it)."""
+        if "_generation_config" not in self.__dict__:
+            try:
+                from transformers import GenerationConfig
+            except ImportError:
+                raise ImportError("generation_config is a transformers.GenerationConfig, and transformers is not "
+                                  "installed; pass generate's options directly") from None
+            cfg = self.config
+            self.__dict__["_generation_config"] = GenerationConfig(
+                bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
+        return self.__dict__["_generation_config"]
+
+    @generation_config.setter
+    def generation_config(self, value: Any) -> None:
+        self.__dict__["_generation_config"] = value
+
+    def generation_defaults(self) -> dict[str, Any]:
+        """What :meth:`generate` takes when the call does not say: the config's special token ids, then whatever
+        :attr:`generation_config` sets once it exists (without importing ``transformers`` before that)."""
+        cfg = self.config
+        defaults = {key: getattr(cfg, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+                    if getattr(cfg, key) is not None}
+        stored = self.__dict__.get("_generation_config")
+        if stored is not None:
+            defaults.update(stored.to_diff_dict() if hasattr(stored, "to_diff_dict") else dict(stored))
+        return defaults
+
     def forward(self, tokens: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 padding_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
                 cache: Optional[list[KVCache]] = None, need_intermediates: bool = False,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> CausalLMOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                use_cache: Optional[bool] = None, return_dict: Optional[bool] = None
+                ) -> Union[CausalLMOutput, tuple[Tensor, ...]]:
         """``tokens`` (B, T) or ``input_ids``: the sequence, or with ``cache`` only the positions not yet seen.
 
         ``padding_mask`` (B, cached + T), True at padding, hides those keys (``attention_mask``, HF's form, is its
@@ -102,6 +155,10 @@ class CausalLM(nn.Module, PretrainedMixin):
         attends to nothing and outputs zeros (its logits are meaningless and must be ignored). ``labels`` (B, T),
         usually the input ids with -100 where no loss is wanted, give ``output.loss``: position t's logits
         against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus the aux losses.
+
+        ``transformers``' ``return_dict=False`` returns :meth:`~CausalLMOutput.to_tuple` (the loss first when
+        labels are given); ``use_cache`` is accepted and changes nothing here: the key/value cache is interlayer's
+        ``cache`` argument (``new_cache()``), which :meth:`generate` fills itself.
         """
         tokens = one_of(tokens, input_ids, "tokens", "input_ids")
         padding_mask = padding_from(attention_mask, padding_mask)
@@ -126,20 +183,20 @@ class CausalLM(nn.Module, PretrainedMixin):
                              attentions=attentions(enc) if output_attentions else None)
         if labels is not None:
             out.loss = labels_loss(out, labels, shift=True)
-        return out
+        return out.to_tuple() if return_dict is False else out
 
     def generate(self, input_ids: Optional[Tensor] = None, options: Optional[SamplingOptions] = None, *,
                  attention_mask: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None,
                  generator: Optional[torch.Generator] = None, prompts: Optional[Tensor] = None,
-                 **hf_options: Any) -> Union[Tensor, Generation]:
+                 **hf_options: Any) -> Union[Tensor, Generation, GenerateOutput]:
         """Continue every prompt, in one of two forms.
 
         * Typed: ``generate(prompts, SamplingOptions(...), padding_mask=...)`` returns a :class:`Generation`
           (the new tokens and each row's length): :func:`interlayer.core.generation.generate`.
         * Hugging Face's: ``generate(input_ids, attention_mask=..., max_new_tokens=..., do_sample=...,
-          temperature=..., top_k=..., top_p=..., eos_token_id=..., pad_token_id=...)`` returns the prompts
-          followed by their continuations, as ``transformers`` does:
-          :func:`interlayer.core.generation.generate_like_hf`.
+          num_beams=..., repetition_penalty=..., generation_config=..., return_dict_in_generate=..., ...)``
+          returns the prompts followed by their continuations, as ``transformers`` does, over the model's
+          :meth:`generation_defaults`: :func:`interlayer.core.hf_generation.generate_like_hf`.
         """
         tokens = one_of(input_ids, prompts, "input_ids", "prompts")
         if options is not None:

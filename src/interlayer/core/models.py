@@ -7,7 +7,7 @@ by the model and each logged under its own name, so the training loop decides no
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from torch import Tensor, nn
 
@@ -16,7 +16,7 @@ from .config import TransformerConfig
 from .decoder import Decoder, DecoderCache, DecoderOutput
 from .embedding import make_token_embedding
 from .encoder import Encoder, EncoderOutput
-from .hub import PretrainedMixin
+from .hub import PretrainedMixin, track_ties
 from .losses import labels_loss
 from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_from
 
@@ -48,6 +48,11 @@ class ClassifierOutput(HFOutputMixin):
     loss: Optional[Tensor] = None  # with ``labels``: cross-entropy (-100 ignored) + exits + aux losses
     hidden_states: Optional[tuple[Tensor, ...]] = None
     attentions: Optional[tuple[Tensor, ...]] = None
+
+    @property
+    def pooler_output(self) -> Tensor:
+        """HF's name of ``pooled``: the pooled sentence vector (after the pooler, when the model has one)."""
+        return self.pooled
 
     def with_hf_extras(self, labels: Optional[Tensor], output_hidden_states: bool, output_attentions: bool
                        ) -> "ClassifierOutput":
@@ -83,6 +88,7 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         self.encoder = _make_encoder(cfg, components, src_tokens)
         self.decoder = Decoder(cfg, components, tgt_tokens)
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
+        track_ties(self)  # each tied tensor once in state dicts
 
     def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False,
                key_padding_mask: Optional[Tensor] = None) -> EncoderOutput:
@@ -98,12 +104,15 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
                 input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 decoder_input_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 need_intermediates: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> Seq2SeqOutput:
+                output_attentions: bool = False, use_cache: Optional[bool] = None,
+                return_dict: Optional[bool] = None) -> Union[Seq2SeqOutput, tuple[Tensor, ...]]:
         """Teacher-forced forward: ``tgt_tokens`` (HF: ``decoder_input_ids``) is the target shifted right
         (starting with BOS); ``src_tokens`` is HF's ``input_ids``, ``attention_mask`` (1 where a token is read)
         replaces the source padding found from the pad id. ``labels`` (the target, -100 where no loss is wanted)
         give ``output.loss``; unlike transformers, the decoder input is not derived from them (the model does not
-        know the translation task's BOS id), so ``decoder_input_ids`` must come too."""
+        know the translation task's BOS id), so ``decoder_input_ids`` must come too. ``return_dict=False`` returns
+        the output's tuple; ``use_cache`` changes nothing (the decoder's cache is the ``DecoderCache`` that decoding
+        passes to :meth:`decode`)."""
         src_tokens = one_of(src_tokens, input_ids, "src_tokens", "input_ids")
         if tgt_tokens is None and decoder_input_ids is None:
             raise TypeError("missing the decoder input: pass tgt_tokens or decoder_input_ids (the target shifted "
@@ -123,7 +132,13 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
                             attentions=attentions(enc) if output_attentions else None)
         if labels is not None:
             out.loss = labels_loss(out, labels)
-        return out
+        return out.to_tuple() if return_dict is False else out
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed.tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.decoder.output_projection
 
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         tgt_len = src_len if tgt_len is None else tgt_len
@@ -143,6 +158,7 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.classifier_hidden or cfg.d_model, cfg.num_classes)
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
+        track_ties(self)  # each tied tensor once in state dicts
 
     def pool(self, hidden: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         if self.pooling == "cls":
@@ -163,10 +179,12 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
                 labels: Optional[Tensor] = None, inputs_embeds: Optional[Tensor] = None,
                 segments: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 need_intermediates: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> ClassifierOutput:
+                output_attentions: bool = False, return_dict: Optional[bool] = None
+                ) -> Union[ClassifierOutput, tuple[Tensor, ...]]:
         """``tokens`` or HF's ``input_ids`` (or ``inputs_embeds``); ``attention_mask`` (1 where a token is read)
         or ``key_padding_mask`` (True at padding; default: the pad id's positions); ``token_type_ids`` or
-        ``segments``; ``labels`` (B,) class ids give ``output.loss`` as the classification tasks compute it."""
+        ``segments``; ``labels`` (B,) class ids give ``output.loss`` as the classification tasks compute it;
+        ``return_dict=False`` returns the output's tuple."""
         if tokens is None and input_ids is not None:
             tokens = input_ids
         elif input_ids is not None:
@@ -182,7 +200,14 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
             exit_logits = [logits if e is enc.hidden else self.classify(e, enc.padding_mask)[0] for e in enc.exits]
         out = ClassifierOutput(logits=logits, encoder=enc, pooled=pooled, exit_logits=exit_logits,
                                aux_losses=self.compute_aux_losses())
-        return out.with_hf_extras(labels, output_hidden_states, output_attentions)
+        out = out.with_hf_extras(labels, output_hidden_states, output_attentions)
+        return out.to_tuple() if return_dict is False else out
+
+    def get_input_embeddings(self) -> Optional[nn.Embedding]:
+        return self.encoder.embed.tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder.embed.tokens = value
 
     def madds(self, src_len: int, tgt_len: Optional[int] = None) -> int:
         pooler = self.pooler[0].in_features * self.pooler[0].out_features if self.pooler is not None else 0

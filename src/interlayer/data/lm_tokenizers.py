@@ -12,27 +12,94 @@ the total negative log-likelihood of the predicted tokens divided by the charact
   text's bytes exactly (checked when a split is encoded). A pretrained GPT-2's tokenizer
   (:mod:`interlayer.pretrained.gpt2`) is the same pipeline with the checkpoint's vocabulary, merges and added tokens
   (``<|endoftext|>``), which spell their own text.
+
+**On disk** (:func:`save_tokenizer`): ``tokenizer.json`` is a real Hugging Face ``tokenizers`` pipeline, so that
+``transformers.AutoTokenizer`` (and ``tokenizers.Tokenizer.from_file``) load it with the same ids: the BPE as
+trained; the characters as a ``WordLevel`` vocabulary (id order = code-point order) behind a pre-tokenizer that
+isolates every character and a ``Fuse`` decoder (decoding joins the characters without spaces). Beside it,
+``tokenizer_config.json`` (``PreTrainedTokenizerFast``, no cleaning of spaces on decoding, the special tokens the
+vocabulary has: GPT-2's ``<|endoftext|>`` as bos/eos/unk) and ``special_tokens_map.json``; its
+``interlayer_tokenizer`` entry (``"char"``/``"bpe"``) tells interlayer which of the two it is. Folders written
+before this format (``tokenizer.json`` holding ``{"kind": ..., ...}``, interlayer's own wrapper) still load.
+
+Both tokenizers are callable as ``transformers``' are: ``tokenizer(texts, return_tensors="pt")`` gives
+``input_ids`` and ``attention_mask`` (:meth:`LMTokenizerMixin.__call__`).
 """
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Literal, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ..fileio import write_atomic
 from ..errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+KIND_KEY = "interlayer_tokenizer"  # tokenizer_config.json: which interlayer tokenizer the folder holds
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's bos, eos and unk token
 Kind = Literal["char", "bpe"]
 
 
-class CharTokenizer:
+class LMTokenizerMixin:
+    """``transformers``' call on a language-model tokenizer: ``tokenizer(text_or_texts, return_tensors="pt")``."""
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    @property
+    def pad_id(self) -> int:
+        """The id padding is written with (the attention mask says it is padding): ``<|endoftext|>`` when the
+        vocabulary has it (as ``transformers`` users pad GPT-2), else 0."""
+        special = self.special_id(END_OF_TEXT)
+        return 0 if special is None else special
+
+    def special_id(self, token: str) -> Optional[int]:
+        return None
+
+    def __call__(self, text: Union[str, Sequence[str]], *, return_tensors: Optional[str] = None,
+                 padding: Union[bool, str] = True, padding_side: Literal["right", "left"] = "right",
+                 truncation: bool = False, max_length: Optional[int] = None) -> dict[str, Any]:
+        """``input_ids`` and ``attention_mask`` of one text or a batch, as ``transformers`` returns them: lists, or
+        ``(B, T)`` tensors with ``return_tensors="pt"`` (a single text is a batch of one then). A batch of
+        different lengths is padded (``padding``: True/"longest"; False refuses tensors of different lengths) with
+        :attr:`pad_id` on ``padding_side`` ("left" for generation); ``truncation`` keeps the first ``max_length``
+        tokens."""
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"return_tensors={return_tensors!r}: interlayer's tokenizers return lists (None) or "
+                             "PyTorch tensors ('pt')")
+        single = isinstance(text, str)
+        rows = [self.encode(t) for t in ([text] if single else text)]
+        if truncation and max_length is not None:
+            rows = [row[:max_length] for row in rows]
+        masks = [[1] * len(row) for row in rows]
+        width = max((len(row) for row in rows), default=0)
+        if padding and padding != "do_not_pad":
+            pad = [width - len(row) for row in rows]
+            if padding_side == "left":
+                rows = [[self.pad_id] * n + row for n, row in zip(pad, rows)]
+                masks = [[0] * n + mask for n, mask in zip(pad, masks)]
+            else:
+                rows = [row + [self.pad_id] * n for n, row in zip(pad, rows)]
+                masks = [mask + [0] * n for n, mask in zip(pad, masks)]
+        if return_tensors == "pt":
+            if len({len(row) for row in rows}) > 1:
+                raise ValueError("texts of different lengths need padding=True to become one tensor")
+            return {"input_ids": torch.tensor(rows, dtype=torch.long).view(len(rows), -1),
+                    "attention_mask": torch.tensor(masks, dtype=torch.long).view(len(rows), -1)}
+        if single:
+            return {"input_ids": rows[0], "attention_mask": masks[0]}
+        return {"input_ids": rows, "attention_mask": masks}
+
+
+class CharTokenizer(LMTokenizerMixin):
     kind = "char"
 
     def __init__(self, chars: Sequence[str]) -> None:
@@ -70,7 +137,15 @@ class CharTokenizer:
         return torch.tensor([len(c.encode("utf-8")) for c in self.chars], dtype=torch.long)
 
     def to_json(self) -> dict:
+        """The compact form a token folder's ``meta.json`` and ``prepare lm``'s workers carry."""
         return {"kind": self.kind, "chars": "".join(self.chars)}
+
+    def backend(self) -> Tokenizer:
+        """The same tokenisation as a ``tokenizers`` pipeline (module docstring), what ``tokenizer.json`` holds."""
+        backend = Tokenizer(models.WordLevel({c: i for i, c in enumerate(self.chars)}))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        backend.decoder = decoders.Fuse()
+        return backend
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -93,7 +168,7 @@ def _byte_alphabet() -> dict[str, int]:
 CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
 
 
-class ByteBPETokenizer:
+class ByteBPETokenizer(LMTokenizerMixin):
     kind = "bpe"
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -136,8 +211,16 @@ class ByteBPETokenizer:
     def byte_lengths(self) -> Tensor:
         return torch.tensor([len(b) for b in self._bytes], dtype=torch.long)
 
+    def special_id(self, token: str) -> Optional[int]:
+        added = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()}
+        return self.tokenizer.token_to_id(token) if token in added else None
+
     def to_json(self) -> dict:
+        """The compact form a token folder's ``meta.json`` and ``prepare lm``'s workers carry."""
         return {"kind": self.kind, "tokenizer": self.tokenizer.to_str()}
+
+    def backend(self) -> Tokenizer:
+        return self.tokenizer
 
 
 class IdTokenizer:
@@ -181,16 +264,63 @@ def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size:
     return ByteBPETokenizer.train(CHUNK_BOUNDARY.split(train), vocab_size)
 
 
-def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:
-    write_atomic(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_json()))
+def save_tokenizer(tokenizer: LMTokenizer, directory: Path, *, max_length: Optional[int] = None) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` (module docstring);
+    ``max_length``: ``model_max_length`` (the model's positions), when known."""
+    directory = Path(directory)
+    if isinstance(tokenizer, IdTokenizer):  # ids without text (a token folder's): nothing transformers could load
+        write_atomic(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_json()))
+        return
+    specials = ({role: END_OF_TEXT for role in ("bos_token", "eos_token", "unk_token")}
+                if tokenizer.special_id(END_OF_TEXT) is not None else {})
+    settings: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", KIND_KEY: tokenizer.kind,
+                                "clean_up_tokenization_spaces": False, "add_prefix_space": False, **specials}
+    if max_length is not None:
+        settings["model_max_length"] = max_length
+    write_atomic(directory / TOKENIZER_FILE, tokenizer.backend().to_str())
+    write_atomic(directory / TOKENIZER_CONFIG_FILE, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(directory / SPECIAL_TOKENS_FILE, json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
+
+
+def lm_tokenizer_kind(directory: Path) -> Optional[Kind]:
+    """``"char"``/``"bpe"`` when ``directory`` holds a language-model tokenizer interlayer wrote (either format),
+    else None."""
+    directory = Path(directory)
+    try:
+        settings = json.loads((directory / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
+        if isinstance(settings, dict) and settings.get(KIND_KEY) in ("char", "bpe"):
+            return settings[KIND_KEY]
+    except (OSError, ValueError):
+        pass
+    try:
+        wrapper = json.loads((directory / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return wrapper.get("kind") if isinstance(wrapper, dict) and wrapper.get("kind") in ("char", "bpe") else None
 
 
 def load_tokenizer(directory: Path) -> LMTokenizer:
+    """The language-model tokenizer saved in ``directory``, in the format of :func:`save_tokenizer` or the one
+    before it (``{"kind": "char", "chars": ...}`` / ``{"kind": "bpe", "tokenizer": ...}``)."""
     path = Path(directory) / TOKENIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: pass a language-model folder written by `interlayer train lm` "
                                 "(RUN_DIR/best)")
-    return tokenizer_from_json(json.loads(path.read_text()), str(path))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and "kind" in data:  # the format before tokenizer.json was a tokenizers pipeline
+        return tokenizer_from_json(data, str(path))
+    kind = lm_tokenizer_kind(directory)
+    if kind is None:
+        raise DataError(f"{path} is not a language-model tokenizer interlayer wrote (no {KIND_KEY} in "
+                        f"{TOKENIZER_CONFIG_FILE}, nor the older {{\"kind\": ...}} form)")
+    backend = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+    if kind == "bpe":
+        return ByteBPETokenizer(backend)
+    by_id = sorted(backend.get_vocab().items(), key=lambda item: item[1])
+    chars = [token for token, _ in by_id]
+    if [index for _, index in by_id] != list(range(len(chars))) or chars != sorted(chars):
+        raise DataError(f"{path}: a character vocabulary must number its characters 0.. in code-point order")
+    return CharTokenizer(chars)
 
 
 def tokenizer_from_json(data: dict, where: str) -> LMTokenizer:

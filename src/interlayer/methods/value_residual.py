@@ -20,6 +20,16 @@ Paper map (section / equation numbers of the paper; the official code is github.
   head its own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``. The
   parameters are named after what they weigh (``lambda_first`` = ``lambda_{n,1}``, ``lambda_own`` =
   ``lambda_{n,2}``), as saved checkpoints have them.
+* **Exact start on a pretrained model** (``lambda_warmup_steps`` N, not in the paper): the mixing weights ramp
+  from the plain model's ``lambda_1 = 0, lambda_2 = 1`` (``V_n' = V_n``): ``lambda_{n,1}(t) = min(1, t / N)
+  lambda_1`` and ``lambda_{n,2}(t) = 1 + min(1, t / N) (lambda_2 - 1)`` after ``t`` optimiser steps, so an imported
+  checkpoint computes exactly what it computed before the first update (``0 * V_1 + 1 * V_n`` is ``V_n`` bit for
+  bit), the first layer's values grow in, and from step N on the configured (or learned) lambdas hold. As
+  Predictive Attention's ``alpha_warmup_steps``: ``t`` is a buffer of each value source (``steps_done``), advanced
+  in place by the training engine after each optimiser step (``optimizer_step_done``: no host sync, no graph break)
+  and saved with the weights. With ``learnable`` the ramp scales the learned pair (its gradient is scaled by the
+  ramp, so the first step leaves it where it is). SVFormer has no value projection in layers n > 1, so it cannot
+  start as the plain model: refused.
 * **SVFormer** (Sec. 3, Fig. 2): every layer n > 1 attends with ``V_1`` itself and has no value projection (the
   official SVFormer builds ``v_proj`` in layer 0 only). Its KV cache keeps keys for every layer and values for
   layer 1 only: per token ``L qk + d`` numbers instead of ``L (qk + d)``, "nearly half" (Abstract), measured by
@@ -74,7 +84,9 @@ class ValueResidualConfig:
     projection in layers n > 1). ``lambda_1``: the weight on the first layer's values ``V_1`` (the paper's
     ``lambda_{n,1}``), ``lambda_2``: on the layer's own ``V_n`` (``lambda_{n,2}``); 0.5 and 0.5 as the paper, 0 and 1
     is the plain model; ``learnable``: train them, from these values; ``granularity``: one pair per layer or per
-    head; ``sides``: the self-attention stacks (None: all of the model's)."""
+    head; ``sides``: the self-attention stacks (None: all of the model's); ``lambda_warmup_steps``: ramp the pair
+    from the plain model's 0 and 1 over that many optimiser steps (0: none), so a pretrained model starts exactly
+    (module doc)."""
 
     mode: Mode = "resformer"
     lambda_1: float = DEFAULT_LAMBDA
@@ -82,6 +94,7 @@ class ValueResidualConfig:
     learnable: bool = False
     granularity: Granularity = "layer"
     sides: Optional[list[StackSide]] = None
+    lambda_warmup_steps: int = 0
 
     def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
         return stack_sides("value_residual", self.sides, cfg)
@@ -98,6 +111,13 @@ class ValueResidualConfig:
                               "ResFormer; "
                               "value_residual.mode='svformer' uses V_1 alone (layers n > 1 have no value "
                               "projection), so leave them at their defaults or set mode='resformer'")
+        if self.lambda_warmup_steps < 0:
+            raise ConfigError(f"value_residual.lambda_warmup_steps={self.lambda_warmup_steps} must be >= 0 (0: the "
+                              "lambdas from the first step; N: a ramp from [1, 0] over N optimiser steps)")
+        if self.lambda_warmup_steps and self.mode == "svformer":
+            raise ConfigError("value_residual.lambda_warmup_steps ramps ResFormer's lambdas from [1, 0]; "
+                              "value_residual.mode='svformer' has no value projection in layers n > 1, so it cannot "
+                              "start as the plain model: set lambda_warmup_steps=0 or mode='resformer'")
         if self.granularity == "head" and not self.learnable:
             raise ConfigError("value_residual.granularity='head' gives each head its own learnable pair; with "
                               "value_residual.learnable=false every head would hold the same numbers. Set "
@@ -114,12 +134,13 @@ class ValueResidualConfig:
 class ValueResidual(nn.Module):
     """ResFormer's source for layer n > 1: own keys, values ``lambda_first V_1 + lambda_own V_n`` (the paper's
     ``lambda_{n,1}``, ``lambda_{n,2}``; mixed on the new positions, then kept in the layer's cache as the official
-    code does)."""
+    code does); with ``warmup_steps`` the pair ramps from the plain model's 0 and 1 (module doc, "Exact start")."""
 
     projects_keys = True
     projects_values = True
 
-    def __init__(self, lambda_first: float, lambda_own: float, learnable: bool, heads: Optional[int]) -> None:
+    def __init__(self, lambda_first: float, lambda_own: float, learnable: bool, heads: Optional[int],
+                 warmup_steps: int = 0) -> None:
         super().__init__()
         shape = (heads, 1, 1) if heads is not None else ()
         first, own = torch.full(shape, float(lambda_first)), torch.full(shape, float(lambda_own))
@@ -128,11 +149,28 @@ class ValueResidual(nn.Module):
         else:
             self.register_buffer("lambda_own", own, persistent=False)
             self.register_buffer("lambda_first", first, persistent=False)
+        self.warmup_steps = warmup_steps
+        if warmup_steps:
+            self.register_buffer("steps_done", torch.zeros(()))
+
+    def optimizer_step_done(self) -> None:
+        """One more optimiser step (the training engine calls this after each): advances the warm-up."""
+        if self.warmup_steps:
+            self.steps_done.add_(1.0)
+
+    def weights(self) -> tuple[Tensor, Tensor]:
+        """``(lambda_own, lambda_first)`` now: the pair, or during the warm-up the plain model's ``(1, 0)`` moved
+        ``min(1, t/N)`` of the way to it."""
+        if not self.warmup_steps:  # a config constant, fixed at build time
+            return self.lambda_own, self.lambda_first
+        ramp = (self.steps_done / self.warmup_steps).clamp(max=1.0)
+        return 1.0 + ramp * (self.lambda_own - 1.0), ramp * self.lambda_first
 
     def forward(self, k: Optional[Tensor], v: Optional[Tensor], history: KVHistory, cache: Optional[KVCache]
                 ) -> tuple[Tensor, Tensor]:
         v_first = newest(history[0][1], v.shape[2], cache)  # the first layer's values at the new positions
-        mixed = self.lambda_own.to(v.dtype) * v + self.lambda_first.to(v.dtype) * v_first
+        own, first = self.weights()
+        mixed = own.to(v.dtype) * v + first.to(v.dtype) * v_first
         return cache.append(k, mixed) if cache is not None else (k, mixed)
 
 
@@ -160,7 +198,8 @@ class _ValueResidualMethod(MethodBase):
                 return None
             if section.mode == "svformer":
                 return SharedFirstValue()
-            return ValueResidual(section.lambda_1, section.lambda_2, section.learnable, heads)
+            return ValueResidual(section.lambda_1, section.lambda_2, section.learnable, heads,
+                                 section.lambda_warmup_steps)
 
         add_kv_sources(components, section.resolved_sides(cfg), source)
 

@@ -37,7 +37,7 @@ from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
-from ..core.hub import PretrainedMixin
+from ..core.hub import PretrainedMixin, track_ties
 from ..errors import ConfigError
 from .registry import Family, override_flat, register_family, register_presets
 
@@ -139,6 +139,7 @@ class CNNTextClassifier(nn.Module, PretrainedMixin):
         self.layers = nn.ModuleList(ConvBlock(cfg) for _ in range(cfg.enc_layers))
         self.dropout = nn.Dropout(cfg.dropout)
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+        track_ties(self)  # each tied tensor once in state dicts
 
     def forward(self, tokens: Tensor, *, segments: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None) -> CNNTextOutput:

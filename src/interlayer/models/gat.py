@@ -87,7 +87,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ConfigFile, checked_config
-from ..core.hub import PretrainedMixin
+from ..core.hub import PretrainedMixin, track_ties
 from ..data.planetoid import load_planetoid
 from ..errors import ConfigError
 from .registry import Family, override_flat, register_family
@@ -292,6 +292,7 @@ class GAT(nn.Module, PretrainedMixin):
         second = GATLayer(cfg.heads * cfg.hidden, cfg.num_classes, cfg.out_heads, concat=False, shared=shared,
                           **common)
         self.layers = nn.ModuleList([first, second])
+        track_ties(self)  # each tied tensor once in state dicts
 
     def forward(self, x: Tensor, edge_index: Tensor, *, self_loops: bool = False) -> GATOutput:
         """``x`` (N, in_features), dense or sparse COO; ``edge_index`` (2, E) long, ``source -> target`` (both

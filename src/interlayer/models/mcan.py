@@ -69,7 +69,7 @@ from ..core.config import check_choices
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput
-from ..core.hub import PretrainedMixin
+from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import AuxLossFn
 from ..errors import ConfigError
 from ..methods import METHODS
@@ -339,6 +339,7 @@ class MCAN(nn.Module, PretrainedMixin):
         self.aux_loss_fns: dict[str, AuxLossFn] = {}
         for method, section in core.sections():
             method.finalize(section, core, self)
+        track_ties(self)  # each tied tensor once in state dicts
 
     def compute_aux_losses(self) -> dict[str, Tensor]:
         return {name: fn(self) for name, fn in self.aux_loss_fns.items()}

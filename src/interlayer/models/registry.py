@@ -162,21 +162,29 @@ def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, famil
 def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
     """The model saved in ``directory`` by :func:`~interlayer.checkpoint.save_pretrained`, rebuilt by the family
     that registered its ``model_type`` and re-tied, on ``device`` (a ``torch.device`` or ``"auto" | "cpu" |
-    "cuda[:N]" | "mps"``; default the CPU) when given. The model's ``source_dir`` is ``directory``."""
+    "cuda[:N]" | "mps"``; default the CPU) when given, in eval mode (dropout off) as ``transformers``'
+    ``from_pretrained`` returns models: call ``.train()`` to train it. The model's ``source_dir`` is
+    ``directory``."""
     saved = read_saved(directory)
-    discover()
-    if saved.model_type not in _MODEL_TYPES:
-        raise CheckpointError(f"{saved.weights_path} holds a {saved.model_type!r} model; known model types: "
-                              f"{', '.join(sorted(_MODEL_TYPES))} (import the module that registers it)")
-    kind = _MODEL_TYPES[saved.model_type]
-    try:
-        model = kind.build(kind.from_dict(saved.config, "config"))
-    except ConfigError as err:
-        raise CheckpointError(f"{saved.config_path}: {err}") from None
+    model = build_saved(saved.model_type, saved.config, str(saved.config_path))
     load_saved_weights(model, saved)
     if device is not None:
         model.to(device if isinstance(device, torch.device) else resolve_device(device))
-    return model
+    return model.eval()
+
+
+def build_saved(model_type: str, config: dict[str, Any], source: str) -> nn.Module:
+    """A freshly initialised model of a saved ``model_type`` and config dict (what :func:`load_pretrained` loads
+    the weights into; the ``transformers`` classes build interlayer models of every family with it)."""
+    discover()
+    if model_type not in _MODEL_TYPES:
+        raise CheckpointError(f"{source} holds a {model_type!r} model; known model types: "
+                              f"{', '.join(sorted(_MODEL_TYPES))} (import the module that registers it)")
+    kind = _MODEL_TYPES[model_type]
+    try:
+        return kind.build(kind.from_dict(config, "config"))
+    except ConfigError as err:
+        raise CheckpointError(f"{source}: {err}") from None
 
 
 def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:

@@ -52,7 +52,7 @@ import copy
 import difflib
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,7 @@ from ..build import build_model
 from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
 from ..core.components import Components
 from ..core.feedforward import FeedForward
-from ..core.hub import PretrainedMixin
+from ..core.hub import PretrainedMixin, track_ties
 from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
@@ -405,6 +405,8 @@ class ImageClassifier(nn.Module, PretrainedMixin):
     ``aux_losses``, ``encoder`` with its intermediates), so training losses and analyses work unchanged.
     """
 
+    main_input_name = "pixel_values"  # what transformers.Trainer counts FLOPs by
+
     def __init__(self, cfg: VisionConfig, embed: nn.Module, classifier: EncoderClassifier) -> None:
         super().__init__()
         self.config = cfg
@@ -412,6 +414,7 @@ class ImageClassifier(nn.Module, PretrainedMixin):
         self.norm = PixelNorm(cfg.pixel_mean, cfg.pixel_std)
         self.embed = embed
         self.classifier = classifier
+        track_ties(self)  # each tied tensor once in state dicts
 
     @property
     def encoder(self) -> nn.Module:
@@ -420,9 +423,11 @@ class ImageClassifier(nn.Module, PretrainedMixin):
 
     def forward(self, images: Optional[Tensor] = None, *, pixel_values: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, need_intermediates: bool = False,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[ClassifierOutput, tuple[Tensor, ...]]:
         """``images`` or HF's ``pixel_values`` (B, C, H, W), normalised here (``config.pixel_mean``/``std``: pass
-        pixels in [0, 1], not an image processor's normalised output); ``labels`` (B,) give ``output.loss``."""
+        pixels in [0, 1], not an image processor's normalised output); ``labels`` (B,) give ``output.loss``;
+        ``return_dict=False`` returns the output's tuple."""
         images = one_of(images, pixel_values, "images", "pixel_values")
         cfg = self.config
         expected = tuple(cfg.input_size) or (cfg.channels, cfg.image_height, cfg.image_width)
@@ -431,7 +436,7 @@ class ImageClassifier(nn.Module, PretrainedMixin):
                              f"{tuple(images.shape)}")
         return self.classifier(inputs_embeds=self.embed(self.norm(self.adapt(images))), labels=labels,
                                need_intermediates=need_intermediates, output_hidden_states=output_hidden_states,
-                               output_attentions=output_attentions)
+                               output_attentions=output_attentions, return_dict=return_dict)
 
     def adapt(self, images: Tensor) -> Tensor:
         """Images of ``input_size`` as the model's own shape, in [0, 1] (see the module docstring)."""

@@ -43,17 +43,22 @@ from typing import Any, Literal, Optional, Sequence, Union
 from safetensors.torch import save_file
 from torch import nn
 
+from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import ModelConfig
 from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer
+from ..data.lm_tokenizers import ByteBPETokenizer, CharTokenizer
+from ..data.lm_tokenizers import save_tokenizer as save_lm_tokenizer
 from ..models.vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
 from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config
-from .run_assets import RunAssets, copy_run_files, model_card, read_run_assets
+from .remote_code import write_remote_code
+from .run_assets import RunAssets, auto_class_of, copy_run_files, model_card, read_run_assets
 
-OWN_FORMAT = "save it in interlayer's own format instead: model.save_pretrained(directory)"
+OWN_FORMAT = ("export it with interlayer.export (`interlayer export`), which writes it for interlayer's "
+              "transformers classes (AutoModel... after `import interlayer`), or save it with "
+              "model.save_pretrained(directory)")
 
 
 def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[AnyTokenizer, None, bool] = None,
@@ -79,20 +84,29 @@ def to_hf(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[Any
 
 @dataclass
 class ExportReport:
-    """What :func:`export` wrote: ``format`` ``"transformers"`` or ``"interlayer"`` (then ``reason`` says why)."""
+    """What :func:`export` wrote: ``format`` ``"transformers"`` (a ``transformers`` family's own classes) or
+    ``"interlayer"`` (interlayer's classes for ``transformers``: then ``reason`` says why no family computes the
+    model; ``with_code``: the folder carries that code)."""
 
     directory: Path
     format: Literal["transformers", "interlayer"]
     architecture: str
     reason: Optional[str] = None
+    with_code: bool = False
 
 
 def export(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[AnyTokenizer, None, bool] = None,
-           family: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> ExportReport:
-    """:func:`to_hf` when ``transformers`` can load the model; otherwise interlayer's own format with the same
-    files (``config.json``, ``model.safetensors``, the tokenizer's and the run's files, ``README.md``), and the
-    reason (a method no ``transformers`` class computes: PA, LW, MPT; a trained head it has no place for; a
-    tokenizer it cannot load). What ``interlayer export`` runs."""
+           family: Optional[str] = None, labels: Optional[Sequence[str]] = None,
+           with_code: bool = False) -> ExportReport:
+    """What ``interlayer export`` runs: :func:`to_hf` when a ``transformers`` family computes the model (its own
+    classes: ``BertForSequenceClassification``, ``GPT2LMHeadModel``, ...); otherwise (a method no family computes:
+    PA, value residuals, hyper-connections, ...; a trained head a family has no place for) a folder for
+    interlayer's classes for ``transformers`` (:mod:`~interlayer.pretrained.hf_modeling`): ``config.json``
+    with ``model_type: "interlayer"``, ``model.safetensors``, the tokenizer as ``AutoTokenizer`` loads it, the
+    run's files and a model card, which ``AutoModelFor...from_pretrained`` loads after ``import interlayer`` and
+    ``interlayer.load_pretrained`` loads too. ``with_code`` also copies interlayer's model code into that folder
+    (:mod:`~interlayer.pretrained.remote_code`) so that it loads with ``trust_remote_code=True`` where interlayer
+    is not installed; a folder of a ``transformers`` family needs no code."""
     directory = Path(directory)
     chosen: Optional[Family] = None
     problems: list[str]
@@ -109,20 +123,46 @@ def export(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[An
         if not problems:
             _write_hf(model, directory, chosen, assets, plan)
             return ExportReport(directory, "transformers", plan.config["architectures"][0])
-    reason = "; ".join(problems)
+    return _write_interlayer(model, directory, assets, tokenizer, labels, "; ".join(problems), with_code)
+
+
+def _write_interlayer(model: nn.Module, directory: Path, assets: RunAssets,
+                      tokenizer: Union[AnyTokenizer, None, bool], labels: Optional[Sequence[str]], reason: str,
+                      with_code: bool) -> ExportReport:
+    """A folder for interlayer's ``transformers`` classes (see :func:`export`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    copied = copy_run_files(assets, directory)
-    if tokenizer not in (None, False, True):
-        assets.tokenizer = tokenizer  # type: ignore[assignment]
-    if assets.tokenizer is not None and TOKENIZER_FILE not in copied and tokenizer is not False:
-        _save_tokenizer(assets.tokenizer, directory, model.config)
-    architecture = type(model).__name__
-    note = (f"This folder is interlayer's own format, not transformers': {reason}. Load it with "
-            "interlayer.load_pretrained.")
+    copy_run_files(assets, directory, tokenizer_files=tokenizer is not False)
+    chosen = assets.tokenizer if tokenizer in (None, True) else (tokenizer or None)
+    config = transformers_config(model)
+    core = encoder_config(model.config)
+    names = list(labels) if labels is not None else assets.labels
+    if names is not None and len(names) == core.num_classes:
+        config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        config["label2id"] = {name: i for i, name in enumerate(names)}
+    language_model = core.arch == "causal_lm"
+    if language_model and config.get("eos_token_id") is None and isinstance(chosen, ByteBPETokenizer):
+        eos = end_of_text_id(chosen)
+        if eos is not None:
+            config.update(bos_token_id=eos, eos_token_id=eos)
+    if with_code:
+        config["auto_map"] = write_remote_code(directory, config["interlayer"]["model_type"], model_kind(model))
+    save_for_transformers(model, directory, config)
+    if language_model:
+        generation = {key: config[key] for key in ("bos_token_id", "eos_token_id") if config.get(key) is not None}
+        if "eos_token_id" in generation:
+            generation["pad_token_id"] = generation["eos_token_id"]
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if chosen is not None:
+        _save_tokenizer(chosen, directory, core)
+    architecture = config["architectures"][0]
+    auto = auto_class_of(architecture)
+    note = (f"This folder is written for interlayer's transformers class {architecture} ({reason}): "
+            f"`{auto}.from_pretrained(folder)` loads it after `import interlayer`"
+            + (", or without interlayer installed with `trust_remote_code=True` (this folder carries interlayer's "
+               "model code)" if with_code else "") + ".")
     (directory / "README.md").write_text(model_card(model, assets, library="interlayer", architecture=architecture,
-                                                    note=note))
-    return ExportReport(directory, "interlayer", architecture, reason)
+                                                    note=note, tokenizer=chosen, with_code=with_code))
+    return ExportReport(directory, "interlayer", architecture, reason, with_code)
 
 
 @dataclass
@@ -196,7 +236,7 @@ def _write_hf(model: nn.Module, directory: Path, chosen: Family, assets: RunAsse
             {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=2) + "\n")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
-        _save_tokenizer(tokenizer, directory, cfg)
+        _save_tokenizer(tokenizer, directory, cfg, gpt2=language_model)
     if isinstance(model, ImageClassifier):
         _write_processor(directory, model)
     if cfg.pooling == "mean":
@@ -210,9 +250,14 @@ def _write_hf(model: nn.Module, directory: Path, chosen: Family, assets: RunAsse
     return directory
 
 
-def _save_tokenizer(tokenizer: AnyTokenizer, directory: Path, cfg: ModelConfig) -> None:
-    if isinstance(tokenizer, ByteBPETokenizer):
+def _save_tokenizer(tokenizer: AnyTokenizer, directory: Path, cfg: ModelConfig, gpt2: bool = False) -> None:
+    """The tokenizer's files as ``AutoTokenizer`` loads them: GPT-2's own for a byte-level BPE in a GPT-2 export
+    (``gpt2``), a ``tokenizers`` pipeline (``tokenizer.json``) for the language-model tokenizers otherwise, a
+    checkpoint tokenizer's own."""
+    if isinstance(tokenizer, ByteBPETokenizer) and gpt2:
         save_gpt2_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
+    elif isinstance(tokenizer, (ByteBPETokenizer, CharTokenizer)):
+        save_lm_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
     else:
         tokenizer.save_pretrained(directory)
 
@@ -287,9 +332,10 @@ def _tokenizer_problems(tokenizer: Optional[AnyTokenizer], family: Family, cfg: 
         return []
     if family.modality == "image":
         return ["a tokenizer for an image model"]
-    if isinstance(tokenizer, ByteBPETokenizer) != (family.arch == "causal_lm"):
+    language_tokenizer = isinstance(tokenizer, (ByteBPETokenizer, CharTokenizer))
+    if language_tokenizer != (family.arch == "causal_lm"):
         return [f"a {type(tokenizer).__name__} for a {family.title}"]
-    if isinstance(tokenizer, ByteBPETokenizer):
+    if language_tokenizer:
         return [] if len(tokenizer) <= cfg.src_vocab_size else [
             f"a tokenizer with {len(tokenizer)} ids for a model with src_vocab_size={cfg.src_vocab_size}"]
     if tokenizer.pad_id != cfg.pad_id or tokenizer.vocab_size > cfg.src_vocab_size:

@@ -75,10 +75,14 @@ VISION_FINE_TUNING_DEFAULTS: dict[str, Any] = {
 # A GPT-2 fine-tuned on the lm task: transformers' run_clm.py defaults (AdamW, lr 5e-5, betas (0.9, 0.999), eps
 # 1e-8, no weight decay, no warm-up, a linear decay to 0) with the task's own clipping at 1.0; 1,000 steps of 16
 # blocks instead of run_clm's 3 epochs (a budget in steps, as the task's). The block size stays the task's 256.
+# Validation and the final scores read LM_EVAL_BLOCKS blocks spread over each split, not the whole split: a
+# pretrained model is large, and scoring all of Shakespeare's validation plays each time costs more than the
+# training steps between (the run says so when it starts; --set data.eval_blocks=0 reads every block).
+LM_EVAL_BLOCKS = 64
 LM_FINE_TUNING_DEFAULTS: dict[str, Any] = {
     "train.optimizer": "adamw", "train.lr": 5e-5, "train.betas": [0.9, 0.999], "train.adam_eps": 1e-8,
     "train.weight_decay": 0.0, "train.schedule": "linear", "train.warmup_steps": 0, "train.min_lr": 0.0,
-    "train.max_steps": 1000, "train.max_tokens": 16 * 256}
+    "train.max_steps": 1000, "train.max_tokens": 16 * 256, "data.eval_blocks": LM_EVAL_BLOCKS}
 
 
 class Recipe(NamedTuple):
@@ -197,7 +201,7 @@ def vision_finetune_config(directory: Path, num_classes: int, input_size: list[i
                                      "a text task", "a pretrained ViT classifies from its CLS token")
     options = dict(num_classes=num_classes, extra_sections=sections, overrides=overrides, input_size=input_size,
                    pooler=False)
-    from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), **options)
+    from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), measure_start=False, **options)
     return model_config(checkpoint, **options)
 
 
@@ -220,5 +224,5 @@ def lm_finetune_config(directory: Path, model_sets: dict[str, Any]) -> ModelConf
     keywords, sections, overrides = split_model_sets(model_sets)
     checkpoint = _checkpoint_of_kind(directory, keywords, lambda family: family.arch == "causal_lm",
                                      "a language model", "a classification task", "a language model has no pooling")
-    return from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)),
+    return from_checkpoint(checkpoint, reinitialise=bool(keywords.get("reinitialise", False)), measure_start=False,
                            extra_sections=sections, overrides=overrides).config

@@ -53,9 +53,10 @@ def load_gpt2_tokenizer(directory: Union[str, Path]) -> ByteBPETokenizer:
     return ByteBPETokenizer(backend)
 
 
-def end_of_text_id(tokenizer: Optional[ByteBPETokenizer]) -> Optional[int]:
-    """The id of ``<|endoftext|>`` (GPT-2's bos and eos), or None when the tokenizer has none."""
-    return None if tokenizer is None else tokenizer.tokenizer.token_to_id(END_OF_TEXT)
+def end_of_text_id(tokenizer: Any) -> Optional[int]:
+    """The id of ``<|endoftext|>`` (GPT-2's bos and eos), or None when the tokenizer has none (a character
+    tokenizer, a byte-level BPE the ``lm`` task trained)."""
+    return tokenizer.tokenizer.token_to_id(END_OF_TEXT) if isinstance(tokenizer, ByteBPETokenizer) else None
 
 
 def save_gpt2_tokenizer(tokenizer: ByteBPETokenizer, directory: Union[str, Path], *,

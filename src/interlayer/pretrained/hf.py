@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import stat
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -46,42 +44,36 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ..build import build_model
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..fileio import read_json
-from ..data.lm_tokenizers import ByteBPETokenizer
+from ..data.lm_tokenizers import LMTokenizer
 from ..methods import METHODS
 from ..models.registry import get_config
 from ..models.vision import VisionConfig, build_vision_model
 from .bpe import BPETokenizer
 from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
                        family_of)
+from .exact_start import step_zero_notes
 from .gpt2 import load_gpt2_tokenizer
+from .hf_files import PretrainedError, confined, read_weights, resolve_source
 from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
 log = logging.getLogger(__name__)
 
 OVERRIDABLE = ("dropout", "attn_dropout", "act_dropout", "attn_impl")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 PROCESSOR_FILE = "preprocessor_config.json"
 ST_MODULES = "modules.json"
 REINITIALISE_HINT = ("these methods restructure the pretrained weights; pass reinitialise=True (CLI: --set "
                      "reinitialise=true) to load what fits and start the restructured parameters from their own "
                      "initialisation")
 AnyConfig = Union[ModelConfig, VisionConfig]
-AnyTokenizer = Union[PretrainedTokenizer, ByteBPETokenizer]  # a classifier's, or a language model's (GPT-2)
-
-
-class PretrainedError(CheckpointError):
-    """A checkpoint that is not a supported Hugging Face model, or a model that cannot become one."""
+AnyTokenizer = Union[PretrainedTokenizer, LMTokenizer]  # a classifier's, or a language model's (bytes or characters)
 
 
 @dataclass
@@ -148,85 +140,6 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
     if problems:
         raise PretrainedError(f"{path}: this {hf['model_type']} variant cannot be represented: " + "; ".join(problems))
     return hf, family
-
-
-def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
-    """All tensors of the checkpoint, from safetensors or a ``.bin`` (``weights_only=True``), sharded or not.
-
-    Every file read is confined to ``directory``: a shard index (``weight_map``) naming an absolute path, a ``..``
-    or a link out of the folder is refused, and so is anything but a regular file (a FIFO would hang the read).
-    """
-    directory = Path(directory)
-    for name in WEIGHT_FILES:
-        path = directory / name
-        if not os.path.lexists(path):
-            continue
-        _confined(directory, path, path)
-        if name.endswith(".index.json"):
-            return {k: v for shard in _shards(directory, path) for k, v in _read_one(shard).items()}
-        return _read_one(path)
-    present = sorted(p.name for p in directory.iterdir())
-    raise PretrainedError(f"{directory} has no PyTorch weights: expected one of {', '.join(WEIGHT_FILES)}, found "
-                          f"{present} (convert TensorFlow/Flax checkpoints with transformers first)")
-
-
-def _confined(directory: Path, path: Path, named_by: Path) -> Path:
-    """``path`` if it is a regular file inside ``directory`` (after following links); else PretrainedError.
-
-    One link out is allowed: the Hugging Face cache's own layout, where ``REPO/snapshots/REVISION/`` (the folder
-    ``snapshot_download`` returns) holds links into ``REPO/blobs/``.
-    """
-    root = directory.resolve()
-    roots = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])
-    try:
-        resolved = path.resolve(strict=True)
-    except (OSError, RuntimeError) as err:  # missing, or a loop of links
-        raise PretrainedError(f"{named_by}: {path.name} cannot be read ({getattr(err, 'strerror', None) or err})"
-                              ) from None
-    if not any(resolved.is_relative_to(allowed) for allowed in roots):
-        raise PretrainedError(f"{named_by}: {path} leads outside {directory} (to {resolved}); a checkpoint folder "
-                              "may only read its own files: refused")
-    if not stat.S_ISREG(resolved.stat().st_mode):
-        raise PretrainedError(f"{named_by}: {path} is not a regular file (a FIFO, device or folder); refused")
-    return resolved
-
-
-def _shards(directory: Path, index: Path) -> list[Path]:
-    """The shard files of an index, each confined to ``directory`` (:func:`_confined`)."""
-    data = read_json(index, PretrainedError)
-    weight_map = data.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise PretrainedError(f"{index}: no weight_map (a JSON object of tensor name -> shard file), so it is not a "
-                              "shard index")
-    shards = []
-    for name in sorted({str(v) for v in weight_map.values()}):
-        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
-            raise PretrainedError(f"{index}: weight_map names the shard {name!r}; a shard must be a file inside "
-                                  f"{directory} (no absolute path, no '..'): refused")
-        shards.append(_confined(directory, directory / name, index))
-    return shards
-
-
-def _read_one(path: Path) -> dict[str, Tensor]:
-    if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise PretrainedError(f"{path}: not a readable safetensors file ({err}); it may be truncated or "
-                                  "corrupt: copy it again") from None
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise PretrainedError(f"{path} holds Python objects besides tensors, which interlayer does not unpickle "
-                              "(unpickling a file can run any code it names); it reads plain state dicts only. "
-                              "Use the model's model.safetensors, or convert this file where you trust it") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise PretrainedError(f"{path}: not a readable PyTorch weights file ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); it may be truncated or corrupt"
-                              ) from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise PretrainedError(f"{path} does not hold a state dict of tensors (got {type(state).__name__})")
-    return state
 
 
 def normalise_names(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -318,7 +231,7 @@ def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     for module in read_json(modules_path, PretrainedError, expect=list):
         if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
             config_path = directory / str(module.get("path", "")) / "config.json"
-            modes = (read_json(_confined(directory, config_path, modules_path), PretrainedError)
+            modes = (read_json(confined(directory, config_path, modules_path), PretrainedError)
                      if os.path.lexists(config_path) else {})
             chosen = [mode for mode, on in modes.items() if mode.startswith("pooling_mode_") and on]
             if chosen == ["pooling_mode_mean_tokens"]:
@@ -465,39 +378,12 @@ def build(config: AnyConfig) -> nn.Module:
 # ---------------------------------------------------------------------------------------------------- loading
 
 
-def resolve_source(source: Union[str, Path], *, revision: Optional[str] = None, local_files_only: bool = False,
-                   cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    """A local folder for ``source``: itself when it is a directory, else the snapshot of Hub repository
-    ``source`` in the local Hugging Face cache (``cache_dir``, default ``HF_HUB_CACHE``), downloaded first when it
-    is not cached, unless ``local_files_only`` (or ``HF_HUB_OFFLINE=1``) says not to. ``huggingface_hub`` is
-    optional (``transformers`` brings it): without it only local folders load."""
-    path = Path(source)
-    if path.is_dir():
-        return path
-    try:
-        from huggingface_hub import constants, errors, snapshot_download
-    except ImportError:
-        raise PretrainedError(f"{source} is not a local folder, and reading it as a Hugging Face Hub id needs the "
-                              "optional package huggingface_hub (pip install huggingface_hub)") from None
-    try:
-        return Path(snapshot_download(repo_id=str(source), revision=revision, cache_dir=cache_dir,
-                                      local_files_only=local_files_only))
-    except errors.LocalEntryNotFoundError:
-        where = cache_dir or constants.HF_HUB_CACHE
-        raise PretrainedError(f"{source} is not a local folder, and as a Hugging Face Hub id it is not in the local "
-                              f"cache ({where}) and was not downloaded (offline, or local_files_only): fetch it "
-                              f"once with `hf download {source}` (or `huggingface-cli download {source}`) where "
-                              "the Hub is reachable, or pass the model's folder") from None
-    except (OSError, ValueError) as err:  # the hub's not-found and HTTP errors are OSErrors; a bad id a ValueError
-        raise PretrainedError(f"{source} is not a local folder and could not be fetched from the Hugging Face Hub: "
-                              f"{type(err).__name__}: {err}") from None
-
-
 def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_classes: Optional[int] = None,
             pooling: Optional[str] = None, pooler: Optional[bool] = None,
             extra_sections: Optional[dict[str, Any]] = None, overrides: Optional[dict[str, Any]] = None,
             reinitialise: bool = False, revision: Optional[str] = None, local_files_only: bool = False,
-            cache_dir: Optional[Union[str, Path]] = None) -> nn.Module:
+            cache_dir: Optional[Union[str, Path]] = None, dtype: Union[torch.dtype, str, None] = None,
+            torch_dtype: Union[torch.dtype, str, None] = None) -> nn.Module:
     """The interlayer model of a Hugging Face checkpoint folder, Hub id or in-memory ``transformers`` model.
 
     * ``source``: a folder (``config.json``, weights, tokenizer or ``preprocessor_config.json``); a Hub id
@@ -512,30 +398,75 @@ def from_hf(source: Union[str, Path, nn.Module], *, processor: Any = None, num_c
     * ``reinitialise``: let methods that restructure pretrained weights (LW, conv branch, Crossformer hard
       guidance) start those parameters afresh instead of refusing.
 
-    Returns the model in eval mode with ``model.import_report`` (:class:`ImportReport`, also logged) and
-    ``model.tokenizer``.
+    * ``dtype`` (``transformers``' older name: ``torch_dtype``): the parameters' dtype, a ``torch.dtype``, its name
+      (``"bfloat16"``) or ``"auto"`` (the checkpoint's: ``config.json``'s ``dtype``/``torch_dtype``, else its
+      first floating-point tensor's); default float32. The weights are loaded in float32 and then cast.
+
+    Returns the model in eval mode with ``model.import_report`` (:class:`ImportReport`, also logged),
+    ``model.tokenizer`` and the checkpoint's special token ids and label names on ``model.config``
+    (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``id2label``: :mod:`interlayer.core.hf_names`).
     """
+    if dtype is not None and torch_dtype is not None:
+        raise TypeError("got both dtype and torch_dtype; torch_dtype is transformers' older name of dtype, pass one")
+    dtype = dtype if dtype is not None else torch_dtype
     if isinstance(source, nn.Module):
         with tempfile.TemporaryDirectory(prefix="interlayer-hf-") as tmp:
             _save_transformers_model(source, processor, Path(tmp))
             model = from_hf(tmp, num_classes=num_classes, pooling=pooling, pooler=pooler,
-                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise,
+                            dtype=dtype)
         model.import_report.source = f"in-memory {type(source).__name__}"
         return model
     directory = resolve_source(source, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir)
-    return from_checkpoint(read_checkpoint(directory), num_classes=num_classes, pooling=pooling, pooler=pooler,
-                           extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+    checkpoint = read_checkpoint(directory)
+    model = from_checkpoint(checkpoint, num_classes=num_classes, pooling=pooling, pooler=pooler,
+                            extra_sections=extra_sections, overrides=overrides, reinitialise=reinitialise)
+    chosen = _dtype(dtype, checkpoint)
+    return model.to(chosen) if chosen is not None else model
 
 
-def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, **options: Any) -> nn.Module:
-    """:func:`from_hf` for a checkpoint already read; ``options`` are :func:`model_config`'s."""
+def _dtype(dtype: Union[torch.dtype, str, None], checkpoint: HFCheckpoint) -> Optional[torch.dtype]:
+    """The dtype ``from_hf(dtype=...)`` asks for (see there), or None to keep float32."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        named = checkpoint.hf.get("dtype") or checkpoint.hf.get("torch_dtype")
+        if named is None:
+            return next((t.dtype for t in checkpoint.state.values() if t.is_floating_point()), None)
+        dtype = str(named)
+    chosen = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(chosen, torch.dtype) or not chosen.is_floating_point:
+        raise ConfigError(f"dtype={dtype!r} is not a floating-point torch dtype; give e.g. torch.bfloat16, "
+                          "'float16', 'float32' or 'auto' (the checkpoint's)")
+    return chosen
+
+
+def from_checkpoint(checkpoint: HFCheckpoint, *, reinitialise: bool = False, measure_start: bool = True,
+                    **options: Any) -> nn.Module:
+    """:func:`from_hf` for a checkpoint already read; ``options`` are :func:`model_config`'s; ``measure_start``:
+    measure what each method changes before the first update (:func:`load_checkpoint_state`; off for an import
+    that only checks a config)."""
     config = model_config(checkpoint, **options)
     check_sizes(checkpoint, config, reinitialise=reinitialise)
     model = build(config)
-    model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise)
+    model.import_report = load_checkpoint_state(model, checkpoint, reinitialise=reinitialise,
+                                                measure_start=measure_start)
     model.tokenizer = checkpoint.tokenizer
+    _special_settings(checkpoint, encoder_config(model.config), model.import_report)
     return model.eval()
 
+
+def _special_settings(checkpoint: HFCheckpoint, cfg: ModelConfig, report: ImportReport) -> None:
+    """The checkpoint's special token ids, and its label names when its head was loaded, on ``cfg``."""
+    hf = checkpoint.hf
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(hf.get(key), int):
+            setattr(cfg, key, hf[key])
+    names = hf.get("id2label")
+    head = f"{checkpoint.family.core_prefix}head.weight"
+    if isinstance(names, dict) and len(names) == cfg.num_classes and head in report.loaded:
+        cfg.id2label = {int(k): str(v) for k, v in names.items()}
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
 
 def layers_in_weights(family: Family, state: dict[str, Tensor]) -> int:
     """How many encoder layers the checkpoint's tensors hold: layer ``k`` counts when any of its names is there."""
@@ -593,8 +524,11 @@ def _save_transformers_model(model: nn.Module, processor: Any, directory: Path) 
 
 
 def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reinitialise: bool = False,
-                          log_report: bool = True) -> ImportReport:
+                          log_report: bool = True, measure_start: bool = True) -> ImportReport:
     """Copy the checkpoint's tensors into ``model`` (built from :func:`model_config`); see the module docstring.
+    With ``measure_start`` and ``log_report`` (a real import, not the shape check) the report's notes also name
+    every method section that changes the imported function before the first update, measured
+    (:mod:`~interlayer.pretrained.exact_start`).
 
     Raises :class:`PretrainedError` when an encoder tensor is missing from the checkpoint, is unknown, has no
     place or another shape in the model, or two different tensors would land in one tied parameter (the last
@@ -629,7 +563,9 @@ def load_checkpoint_state(model: nn.Module, checkpoint: HFCheckpoint, *, reiniti
     report.ignored = sorted(k for k in state if k not in mapping)
     _init_fresh_heads(model, family, report, float(checkpoint.hf.get("initializer_range", 0.02)))
     report.notes += checkpoint.notes + _notes(checkpoint, cfg, report, layout, head_loaded, classes)
-    if log_report:  # not for the shape check on the meta device (check_sizes)
+    if log_report and measure_start:  # not for the shape check on the meta device (check_sizes)
+        report.notes += step_zero_notes(model, build, lambda plain: load_checkpoint_state(
+            plain, checkpoint, log_report=False).initialised)
         log.info("imported %s: %d tensors loaded, initialised %s, ignored %s, restructured %s; %s", source,
                  len(report.loaded), report.initialised, report.ignored, report.restructured, " ".join(report.notes))
     return report

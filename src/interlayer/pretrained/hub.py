@@ -3,8 +3,9 @@
 :meth:`~interlayer.core.hub.PretrainedMixin.from_pretrained` (the Hugging Face convention, on every interlayer
 model class) resolves its source here:
 
-* a local folder written by interlayer (``model.safetensors`` whose metadata says ``format: interlayer``) is
-  rebuilt by :func:`interlayer.load_pretrained`, ties and all;
+* a local folder written by interlayer (``model.safetensors`` whose metadata says ``format: interlayer``, or a
+  folder written for ``transformers`` whose ``config.json`` says ``model_type: interlayer``) is rebuilt by
+  :func:`interlayer.load_pretrained`, ties and all;
 * a local ``transformers`` folder of a supported family is imported by :func:`~interlayer.pretrained.from_hf`;
 * anything else is taken for a Hub repository id and fetched with ``huggingface_hub.snapshot_download`` (its
   cache first; the network only when the files are not cached and ``local_files_only`` is False), then loaded as
@@ -22,8 +23,9 @@ from typing import Any, Optional, Union
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import WEIGHTS_FILE
+from ..checkpoint import CONFIG_FILE, HF_MODEL_TYPE, WEIGHTS_FILE
 from ..errors import CheckpointError
+from ..fileio import read_json
 from ..models.registry import load_pretrained
 from .hf import from_hf, resolve_source
 
@@ -33,6 +35,8 @@ def is_interlayer_folder(directory: Path) -> bool:
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         return False
+    if read_json(directory / CONFIG_FILE, CheckpointError, optional=True).get("model_type") == HF_MODEL_TYPE:
+        return True
     with safe_open(str(weights), framework="pt") as handle:
         return (handle.metadata() or {}).get("format") == "interlayer"
 

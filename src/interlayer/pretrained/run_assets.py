@@ -8,10 +8,10 @@ what a ``transformers`` user needs without being told; an imported model (``from
 import report instead. :func:`model_card` writes them down as the folder's ``README.md``.
 
 Tokenizers a run may hold, and their Hugging Face form: a fine-tuning run's WordPiece or BPE tokenizer (the
-checkpoint's own files: written back as they are), a language model's byte-level BPE (GPT-2's tokenizer files),
-a language model's characters or a from-scratch classifier's word vocabulary (no ``transformers`` tokenizer
-reproduces them here: an export in ``transformers``' format refuses them by name; interlayer's own format copies
-their files).
+checkpoint's own files: written back as they are), a language model's byte-level BPE or characters (a
+``tokenizers`` pipeline in ``tokenizer.json``, which ``AutoTokenizer`` loads; GPT-2's own files for a GPT-2
+export of a byte-level BPE), or a from-scratch classifier's word vocabulary (no ``transformers`` tokenizer
+reproduces it here: an export refuses it by name, or with ``tokenizer=False`` leaves it out).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer
+from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind
 from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
 from .hf import AnyTokenizer, load_tokenizer
 from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
@@ -86,25 +86,22 @@ def read_run_assets(model: nn.Module) -> RunAssets:
 
 def _folder_tokenizer(directory: Path) -> tuple[Optional[AnyTokenizer], Optional[str]]:
     """(the folder's tokenizer when transformers can load it, else a phrase naming the one it has)."""
+    if lm_tokenizer_kind(directory) is not None:
+        return load_lm_tokenizer(directory), None
     if tokenizer_kind(directory) is not None:
         return load_tokenizer(directory), None
-    if _json(directory / TOKENIZER_FILE).get("kind") in ("char", "bpe"):
-        tokenizer = load_lm_tokenizer(directory)
-        if isinstance(tokenizer, ByteBPETokenizer):
-            return tokenizer, None
-        assert isinstance(tokenizer, CharTokenizer)
-        return None, (f"the run's character tokenizer ({directory / TOKENIZER_FILE}: interlayer's own, "
-                      f"{len(tokenizer.chars)} characters)")
     if (directory / WORD_VOCAB_FILE).is_file():
         return None, f"the run's vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own format)"
     return None, None
 
 
-def copy_run_files(assets: RunAssets, directory: Path) -> list[str]:
-    """Copy the tokenizer and task files of the model's folder into ``directory`` (an own-format export)."""
+def copy_run_files(assets: RunAssets, directory: Path, *, tokenizer_files: bool = True) -> list[str]:
+    """Copy the task files and (with ``tokenizer_files``) the tokenizer files of the model's folder into
+    ``directory`` (an export in interlayer's format)."""
     copied = []
+    names = (*TOKENIZER_FILES, WORD_VOCAB_FILE, *RUN_FILES) if tokenizer_files else RUN_FILES
     if assets.directory is not None:
-        for name in (*TOKENIZER_FILES, WORD_VOCAB_FILE, *RUN_FILES):
+        for name in names:
             if (assets.directory / name).is_file() and name not in copied:
                 shutil.copyfile(assets.directory / name, directory / name)
                 copied.append(name)
@@ -115,10 +112,23 @@ def _plain(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
 
 
+def describe_tokenizer(tokenizer: Any) -> str:
+    """What a tokenizer is, in words, with its size: the one a model card states."""
+    if isinstance(tokenizer, CharTokenizer):
+        return f"characters, {len(tokenizer):,} ids"
+    if isinstance(tokenizer, ByteBPETokenizer):
+        return f"byte-level BPE, {len(tokenizer):,} ids"
+    kind = {"WordPieceTokenizer": "WordPiece", "BPETokenizer": "byte-level BPE"}.get(type(tokenizer).__name__,
+                                                                                      type(tokenizer).__name__)
+    return f"{kind}, {tokenizer.vocab_size:,} ids"
+
+
 def model_card(model: nn.Module, assets: RunAssets, *, library: str, architecture: str,
-               note: Optional[str] = None) -> str:
-    """README.md of an exported folder: base model, methods and their settings, the run's data, scores and command,
-    and how to load it (``library``: ``transformers`` or ``interlayer``)."""
+               note: Optional[str] = None, tokenizer: Any = None, with_code: bool = False) -> str:
+    """README.md of an exported folder: base model, methods and their settings, the tokenizer written with it, the
+    run's data, scores and command, and how to load it (``library``: ``transformers`` for a ``transformers``
+    family's classes, ``interlayer`` for interlayer's; ``with_code``: the folder carries interlayer's code)."""
+    tokenizer = assets.tokenizer if tokenizer is None else tokenizer
     cfg = getattr(model, "config", None)
     core = getattr(cfg, "encoder", cfg)  # an image model's config holds its encoder's
     sections = core.sections() if hasattr(core, "sections") else []
@@ -141,12 +151,20 @@ def model_card(model: nn.Module, assets: RunAssets, *, library: str, architectur
         lines.append("- methods: none (a plain Transformer)")
     if assets.labels:
         lines.append(f"- labels: {', '.join(assets.labels)}")
+    if tokenizer is not None:
+        lines.append(f"- tokenizer: {describe_tokenizer(tokenizer)}"
+                     + (f" (the base model's, {assets.base_model})" if assets.base_model else ""))
+    elif assets.unexportable_tokenizer:
+        lines.append(f"- tokenizer: {assets.unexportable_tokenizer}, not written (transformers cannot load it)")
     if assets.task or assets.run:
         lines += ["", "## Training", ""]
         if assets.task.get("task"):
             lines.append(f"- task: {assets.task['task']}")
         if assets.data:
-            lines.append(f"- data: `{json.dumps(assets.data, sort_keys=True)}`")
+            data = dict(assets.data)
+            if assets.base_model:  # the checkpoint's tokenizer replaced these settings
+                data = {k: v for k, v in data.items() if k not in ("tokenizer", "vocab_size")}
+            lines.append(f"- data: `{json.dumps(data, sort_keys=True)}`")
         if assets.run.get("train"):
             lines.append(f"- training settings: `{json.dumps(assets.run['train'], sort_keys=True)}`")
         if assets.run.get("command"):
@@ -156,19 +174,27 @@ def model_card(model: nn.Module, assets: RunAssets, *, library: str, architectur
     if scores:
         lines += ["", "## Results", "", *[f"- {key}: {json.dumps(value)}" for key, value in scores.items()]]
     lines += ["", "## Use", ""]
+    tokenizer_call = " and `AutoTokenizer.from_pretrained(folder)`" if tokenizer is not None else ""
+    auto = auto_class_of(architecture)
     if library == "transformers":
-        lines.append(f"`transformers`: `{_auto_class(architecture)}.from_pretrained(folder)`"
-                     + (" and `AutoTokenizer.from_pretrained(folder)`." if assets.tokenizer is not None else "."))
+        lines.append(f"`transformers`: `{auto}.from_pretrained(folder)`{tokenizer_call}.")
     else:
-        lines.append("`interlayer.load_pretrained(folder)` (or `CausalLM`/`EncoderClassifier`"
-                     "`.from_pretrained(folder)`); `transformers` has no class that computes this model.")
+        lines.append(f"`transformers`, after `import interlayer` (which registers its classes): "
+                     f"`{auto}.from_pretrained(folder)`{tokenizer_call}; `pipeline(...)` and `Trainer` take it.")
+        if with_code:
+            lines.append("")
+            lines.append(f"Without interlayer installed: `{auto}.from_pretrained(folder, trust_remote_code=True)` "
+                         "runs the copy of interlayer's model code in this folder (read it first, as any remote "
+                         "code).")
+        lines += ["", "`interlayer`: `interlayer.load_pretrained(folder)`."]
     return "\n".join(lines) + "\n"
 
 
-def _auto_class(architecture: str) -> str:
+def auto_class_of(architecture: str) -> str:
+    """The ``transformers`` Auto class that loads ``architecture``."""
     for suffix, auto in (("ForSequenceClassification", "AutoModelForSequenceClassification"),
                          ("ForImageClassification", "AutoModelForImageClassification"),
-                         ("LMHeadModel", "AutoModelForCausalLM")):
+                         ("LMHeadModel", "AutoModelForCausalLM"), ("ForCausalLM", "AutoModelForCausalLM")):
         if architecture.endswith(suffix):
             return auto
     return "AutoModel"

@@ -24,6 +24,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
+from ..data.lm_tokenizers import KIND_KEY as LM_KIND_KEY
 from ..fileio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -46,16 +47,18 @@ class TokenizerError(ValueError):
     why."""
 
 
-@dataclass
-class EncodedBatch:
-    """Padded model inputs: ``tokens`` and ``segments`` (token types) ``(B, T)``, ``padding_mask`` True at pads."""
+class EncodedBatch(dict):
+    """Padded model inputs, under ``transformers``' names as a dict (``input_ids``, ``token_type_ids``,
+    ``attention_mask``: 1 where a token is read, so ``model(**batch)`` works on interlayer and ``transformers``
+    models alike) and interlayer's as attributes: ``tokens`` and ``segments`` (token types) ``(B, T)``,
+    ``padding_mask`` True at pads."""
 
-    tokens: Tensor
-    segments: Tensor
-    padding_mask: Tensor
+    def __init__(self, tokens: Tensor, segments: Tensor, padding_mask: Tensor) -> None:
+        super().__init__(input_ids=tokens, token_type_ids=segments, attention_mask=(~padding_mask).long())
+        self.tokens, self.segments, self.padding_mask = tokens, segments, padding_mask
 
     def model_inputs(self) -> dict[str, Tensor]:
-        """Keyword arguments of :class:`interlayer.core.models.EncoderClassifier.forward`."""
+        """Keyword arguments of :class:`interlayer.core.models.EncoderClassifier.forward`, interlayer's names."""
         return {"tokens": self.tokens, "segments": self.segments, "key_padding_mask": self.padding_mask}
 
 
@@ -141,9 +144,26 @@ class PretrainedTokenizer(ABC):
         encodings = self._encode_batch(list(texts), None if pairs is None else list(pairs), max_length)
         return [(list(e.ids), self._types(e), bool(e.overflowing)) for e in encodings]
 
-    def __call__(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None, *,
-                 max_length: Optional[int] = None) -> EncodedBatch:
-        """Encode a batch (optionally of pairs) and right-pad it with the pad token (token type 0) to its longest."""
+    def __call__(self, texts: Union[str, Sequence[str]], pairs: Union[str, Sequence[str], None] = None, *,
+                 max_length: Optional[int] = None, text_pair: Union[str, Sequence[str], None] = None,
+                 return_tensors: Optional[str] = None, padding: Union[bool, str] = True,
+                 truncation: bool = True) -> EncodedBatch:
+        """Encode a batch (optionally of pairs; a single text is a batch of one) and right-pad it with the pad
+        token (token type 0) to its longest, truncating to ``max_length`` (default: the checkpoint's).
+
+        ``transformers``' call works too: ``tokenizer(texts, text_pair=..., return_tensors="pt", padding=True,
+        truncation=True)`` returns ``input_ids``, ``token_type_ids`` and ``attention_mask``; the values are
+        always PyTorch tensors (``return_tensors`` None or ``"pt"``) and batches are always padded."""
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"return_tensors={return_tensors!r}: interlayer's tokenizers return PyTorch tensors "
+                             "('pt')")
+        if not padding or not truncation:
+            raise ValueError("interlayer's tokenizers always pad a batch to its longest and truncate at max_length "
+                             "(padding=False / truncation=False are not available)")
+        if text_pair is not None:
+            pairs = one_of_texts(pairs, text_pair)
+        texts = [texts] if isinstance(texts, str) else texts
+        pairs = [pairs] if isinstance(pairs, str) else pairs
         rows = self.encode_many(texts, pairs, max_length=max_length)
         width = max(len(ids) for ids, _, _ in rows)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -176,6 +196,13 @@ class PretrainedTokenizer(ABC):
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
+def one_of_texts(pairs: Any, text_pair: Any) -> Any:
+    """The second texts, given as ``pairs`` (interlayer) or ``text_pair`` (``transformers``), never both."""
+    if pairs is not None:
+        raise TypeError("got both pairs and text_pair; they name the same texts, pass one")
+    return text_pair
+
+
 def token_content(token: Union[str, dict[str, Any]]) -> str:
     """A special token given as a string or as a serialised ``AddedToken`` (``{"content": ...}``)."""
     return token["content"] if isinstance(token, dict) else str(token)
@@ -191,9 +218,13 @@ def model_max_length(settings: dict[str, Any], max_length: Optional[int]) -> Opt
 
 
 def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
-    """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none."""
+    """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none, or
+    when it is a language-model tokenizer interlayer wrote (:mod:`interlayer.data.lm_tokenizers`)."""
     directory = Path(directory)
-    declared = str(read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True).get("tokenizer_class", ""))
+    settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
+    if settings.get(LM_KIND_KEY):
+        return None
+    declared = str(settings.get("tokenizer_class", ""))
     if declared in WORDPIECE_CLASSES:
         return "wordpiece"
     if declared in BPE_CLASSES:

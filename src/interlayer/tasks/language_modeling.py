@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -438,6 +439,10 @@ class LanguageModelingSpec(TaskSpec):
             cfg = lm_finetune_config(checkpoint_dir(task.data.pretrained), model_sets)
         else:
             cfg = super().resolve_model(preset, model_sets, task)
+        if cfg.max_positions < task.data.block_size and task.data.pretrained:
+            raise ConfigError(f"data.block_size={task.data.block_size} is longer than the {cfg.max_positions} "
+                              f"positions of {task.data.pretrained} (its n_positions); the model must read a whole "
+                              f"block: lower it, e.g. --set data.block_size={cfg.max_positions}")
         if cfg.max_positions < task.data.block_size:
             raise ConfigError(f"max_positions={cfg.max_positions} is shorter than data.block_size="
                               f"{task.data.block_size}; the model must read a whole block (raise max_positions or "
@@ -449,6 +454,10 @@ class LanguageModelingSpec(TaskSpec):
         its seeded initialisation); the import report goes to task.json."""
         if task.data.pretrained:
             task.imported = load_checkpoint(model, checkpoint_dir(task.data.pretrained)).summary()
+            if task.data.eval_blocks:
+                print(f"interlayer: validation and the final scores read {task.data.eval_blocks} blocks spread over "
+                      f"each split (data.eval_blocks={task.data.eval_blocks}, the fine-tuning default; "
+                      "--set data.eval_blocks=0 reads them all)", file=sys.stderr)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
         """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
