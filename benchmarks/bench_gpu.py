@@ -12,8 +12,9 @@ Parts (``--parts``, default all three):
 * **methods** — each method on the same LM shape (``--shape gpt2``: batch 8 x 1,024; ``--shape char``:
   ``gpt_shakespeare_char``'s 6 layers, d=384, batch 64 x 256) against the model without it, in the same rounds:
   time ratio, MAdds ratio, peak memory, the issue's bar, and the cost model's bound ratio. ``--modes`` compiled
-  and/or eager; ``--kernel-modes auto,reference`` also times each method on its PyTorch reference path
-  (``INTERLAYER_KERNELS``), so a kernel's gain is a ratio from one process.
+  and/or eager; ``--kernel-modes triton,reference`` times each method with its Triton kernels forced on and on its
+  PyTorch reference path (``INTERLAYER_KERNELS``), so a kernel's gain is a ratio from one process (``auto``, the
+  default, is what a user gets: the kernels a GPU run has cleared, ``kernels.dispatch.VALIDATED``).
 * **decode** — ``gpt_shakespeare_char`` (random weights: speed does not depend on them; IEEE fp32 products, so the
   two paths' tokens can be compared), 16-token prompts, 200 new greedy tokens, batch 1 and 8, with and without
   the cache.
@@ -484,7 +485,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--shape", choices=["gpt2", "char"], default="gpt2", help="the methods' model shape")
     parser.add_argument("--modes", default="compiled", help="methods: compiled, eager, or compiled,eager")
     parser.add_argument("--kernel-modes", default="auto",
-                        help="methods: auto (kernels where they run), reference, or auto,reference")
+                        help="methods: auto (the cleared kernels), triton (every kernel), reference, or a list")
     parser.add_argument("--profile", action="store_true", help="record the top CUDA kernels of each compiled step")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")

@@ -52,3 +52,17 @@ def test_the_mode_comes_from_the_environment_and_is_checked(monkeypatch: pytest.
     with pytest.raises(ValueError, match="kernel mode"):
         with kernel_mode("fast"):  # type: ignore[arg-type]
             pass
+
+
+def test_auto_runs_only_the_kernels_a_gpu_run_has_cleared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unmeasured kernel is opt-in (``triton``); ``auto`` leaves it to its reference path even where it could run.
+    (No tensors: the device test passes, so only the mode and the list decide.)"""
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    monkeypatch.setattr(dispatch, "VALIDATED", frozenset({"cross-entropy"}))
+    with kernel_mode("auto"):
+        assert use_triton(kernel="cross-entropy")
+        assert not use_triton(kernel="predictive-attention")
+    with kernel_mode("triton"):
+        assert use_triton(kernel="predictive-attention")
+    with kernel_mode("reference"):
+        assert not use_triton(kernel="cross-entropy")

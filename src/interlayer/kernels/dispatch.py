@@ -54,6 +54,12 @@ def triton_available() -> bool:
     return _TRITON_FOUND
 
 
+# The kernels ``auto`` runs on a GPU: those a GPU run has shown equal to their reference path and at least as fast
+# (docs/benchmarks.md, "GPU"). A kernel not listed runs only when asked for (``INTERLAYER_KERNELS=triton``, or
+# ``kernel_mode("triton")``) until a measurement clears it, so an unmeasured kernel is never anyone's default.
+VALIDATED: frozenset[str] = frozenset({"cross-entropy"})
+
+
 def interpreting() -> bool:
     """Whether Triton runs its kernels on the CPU through its interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -61,12 +67,12 @@ def interpreting() -> bool:
 
 def use_triton(*tensors: Tensor, covered: bool = True, kernel: str = "kernel") -> bool:
     """True when ``kernel`` should run on ``tensors``: Triton is installed, every tensor is on a CUDA device, the
-    kernel ``covered`` the case (its own shape and option checks), and the mode is not ``reference``. CPU tensors
-    take a kernel only in ``triton`` mode under ``TRITON_INTERPRET=1`` (how the suite tests kernels: the
-    interpreter is far too slow to be anyone's default). In ``triton`` mode a case the kernel cannot run raises
-    instead of falling back, saying why."""
+    kernel ``covered`` the case (its own shape and option checks), and the mode asks for it (``triton``; ``auto``
+    for a kernel in :data:`VALIDATED`). CPU tensors take a kernel only in ``triton`` mode under
+    ``TRITON_INTERPRET=1`` (how the suite tests kernels: the interpreter is far too slow to be anyone's default).
+    In ``triton`` mode a case the kernel cannot run raises instead of falling back, saying why."""
     mode = current_mode()
-    if mode == "reference":
+    if mode == "reference" or (mode == "auto" and kernel not in VALIDATED):
         return False
     devices = {t.device.type for t in tensors}
     where = devices <= {"cuda"} or (mode == "triton" and interpreting() and devices <= {"cpu"})

@@ -12,10 +12,13 @@ Kernels:
   epilogue and only ``M`` is written (``R`` is the layer's own logits, or Evolving Attention's source); with
   ``NCONV`` there is no convolution (Res-Transformer: ``Y = X`` visible). ``FIRST`` marks the CNN's input (the
   previous layer's logits, non-finite values read as zero; with ``BETA`` the source ``(1-beta) S + beta M_prev``).
-* ``_conv_backward_z``: one program per (batch, column of tiles), down the rows: the gradient of the
-  pre-activation ``dZ = dY keep act'(Z)`` (``Z`` recomputed for the last convolution, read off the stored ``Y``
-  for the others), the weight and bias gradients accumulated in registers (nine taps: the kernel covers 3 x 3,
-  the paper's size) and written once per program, and for the last convolution ``dR = (1 - alpha) dM``.
+* ``_conv_backward_z``: one program per tile, as the forward: the gradient of the pre-activation
+  ``dZ = dY keep act'(Z)`` (``Z`` recomputed for the last convolution, read off the stored ``Y`` for the others),
+  the tile's share of the weight and bias gradients (nine taps: the kernel covers 3 x 3, the paper's size), each
+  tap's product stored as soon as it is made, and for the last convolution ``dR = (1 - alpha) dM``. (A first
+  version walked each column of tiles in one program holding nine accumulators: 512 programs at GPT-2 small, each
+  serial over up to 64 tiles. The one GPU run of that version measured the whole PA step at 44x the plain model's;
+  this loop is the likeliest cause, and the figure for this version is still to be measured.)
 * ``_conv_backward_x``: the input gradient, ``dX = sum_tap W_tap^T dZ(shifted back)``, times the input's keep;
   for the CNN's input it becomes the gradient of the previous layer's logits (and with ``BETA`` of the layer's own).
 """
@@ -107,101 +110,62 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
 
 
 @triton.jit
-def _tap_grad(dz, X, S, beta, base, ch, r, c, dr: tl.constexpr, dc: tl.constexpr, b, H, T, PAD, s_pb,
-              CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
-              TOP: tl.constexpr):
-    rr = r + dr - TOP
-    cc = c + dc - 1
-    ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-    x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-    return tl.dot(dz, tl.trans(x))
-
-
-@triton.jit
-def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H, T, s_pb, slope, n_cb,
+def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H, T, s_pb, slope, n_rb, n_cb,
                      CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
                      FINAL: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
+    """One tile: ``dZ = dY keep act'(Z)`` (and ``dR = (1 - alpha) dM`` for the last convolution), and the tile's
+    share of the weight and bias gradients, each tap's ``dZ X_tap^T`` stored as soon as it is made (no accumulator
+    lives across taps) into this tile's row of ``DW`` (``[tiles, H, H, 9]``, zeroed by the host, which sums the
+    rows). A causal tile above the diagonal only writes its zeros."""
     b = tl.program_id(0)
-    cb = tl.program_id(1)
+    rb = tl.program_id(1)
+    cb = tl.program_id(2)
     cell = tl.arange(0, 256)
+    r = rb * 16 + cell // 16
     c = cb * 16 + cell % 16
     ch = tl.arange(0, HP)
     ci = tl.arange(0, HP)
     base = b.to(tl.int64) * H * T * T
-    beta = tl.load(BETA_W) if BETA else 0.0
-    alpha = tl.load(ALPHA) if FINAL else 1.0
-    w00 = tl.zeros([HP, HP], tl.float32)
-    w01 = tl.zeros([HP, HP], tl.float32)
-    w02 = tl.zeros([HP, HP], tl.float32)
-    w10 = tl.zeros([HP, HP], tl.float32)
-    w11 = tl.zeros([HP, HP], tl.float32)
-    w12 = tl.zeros([HP, HP], tl.float32)
-    w20 = tl.zeros([HP, HP], tl.float32)
-    w21 = tl.zeros([HP, HP], tl.float32)
-    w22 = tl.zeros([HP, HP], tl.float32)
-    db = tl.zeros([HP], tl.float32)
-    first_rb = cb if CAUSAL else 0
-    for rb in range(first_rb, tl.cdiv(T, 16)):
-        r = rb * 16 + cell // 16
-        keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
-        inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-        offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
-        g = tl.load(G + offs, mask=inside, other=0.0).to(tl.float32)
+    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    if CAUSAL and cb > rb:  # read by nobody downstream, but must not be garbage
+        zero = tl.zeros([HP, 256], tl.float32)
+        tl.store(DZ + offs, zero, mask=inside)
         if FINAL:
-            if BETA:
-                tl.store(DR + offs, (1.0 - alpha) * g, mask=inside)
-            else:
-                tl.store(DR + offs, ((1.0 - alpha) * g).to(DR.dtype.element_ty), mask=inside)
-            acc = tl.zeros([HP, 256], tl.float32)
-            for tap in tl.static_range(9):
-                rr = r + tap // 3 - TOP
-                cc = c + tap % 3 - 1
-                ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-                x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-                w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap,
-                            mask=(ch[:, None] < H) & (ci[None, :] < H), other=0.0)
-                acc += tl.dot(w, x)
-            z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
-            active = z > 0
-            g = alpha * g
-        else:
-            active = tl.load(Y + offs, mask=inside, other=0.0) > 0
-        dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
-        tl.store(DZ + offs, dz, mask=inside)
-        db += tl.sum(dz, 1)
-        w00 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w01 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w02 += _tap_grad(dz, X, S, beta, base, ch, r, c, 0, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w10 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w11 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w12 += _tap_grad(dz, X, S, beta, base, ch, r, c, 1, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w20 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 0, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w21 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 1, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-        w22 += _tap_grad(dz, X, S, beta, base, ch, r, c, 2, 2, b, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP)
-    # this program's partial sums: DW[b, cb, o, i, tap], DB[b, cb, o]; the host adds them up
-    part = (b * n_cb + cb).to(tl.int64)
+            tl.store(DR + offs, zero.to(DR.dtype.element_ty), mask=inside)
+        return
+    beta = tl.load(BETA_W) if BETA else 0.0
+    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
+    g = tl.load(G + offs, mask=inside, other=0.0).to(tl.float32)
+    if FINAL:
+        alpha = tl.load(ALPHA)
+        tl.store(DR + offs, ((1.0 - alpha) * g).to(DR.dtype.element_ty), mask=inside)
+        acc = tl.zeros([HP, 256], tl.float32)
+        for tap in tl.static_range(9):
+            rr = r + tap // 3 - TOP
+            cc = c + tap % 3 - 1
+            ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+            x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+            w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
+                        other=0.0)
+            acc += tl.dot(w, x)
+        z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+        active = z > 0
+        g = alpha * g
+    else:
+        active = tl.load(Y + offs, mask=inside, other=0.0) > 0
+    dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
+    tl.store(DZ + offs, dz, mask=inside)
+    tile = ((b * n_rb + rb) * n_cb + cb).to(tl.int64)
+    tl.store(DB + tile * H + ch, tl.sum(dz, 1), mask=ch < H)
     wmask = (ch[:, None] < H) & (ci[None, :] < H)
-    woffs = part * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
-    tl.store(DW + woffs + 0, w00, mask=wmask)
-    tl.store(DW + woffs + 1, w01, mask=wmask)
-    tl.store(DW + woffs + 2, w02, mask=wmask)
-    tl.store(DW + woffs + 3, w10, mask=wmask)
-    tl.store(DW + woffs + 4, w11, mask=wmask)
-    tl.store(DW + woffs + 5, w12, mask=wmask)
-    tl.store(DW + woffs + 6, w20, mask=wmask)
-    tl.store(DW + woffs + 7, w21, mask=wmask)
-    tl.store(DW + woffs + 8, w22, mask=wmask)
-    tl.store(DB + part * H + ch, db, mask=ch < H)
-    # the upper tiles of a causal column: their dZ (and dR) are read by nobody but must not be garbage
-    if CAUSAL:
-        for rb in range(0, cb):
-            r = rb * 16 + cell // 16
-            inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-            offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
-            zero = tl.zeros([HP, 256], tl.float32)
-            tl.store(DZ + offs, zero, mask=inside)
-            if FINAL:
-                tl.store(DR + offs, zero.to(DR.dtype.element_ty), mask=inside)
+    woffs = tile * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
+    for tap in tl.static_range(9):
+        rr = r + tap // 3 - TOP
+        cc = c + tap % 3 - 1
+        ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+        x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+        tl.store(DW + woffs + tap, tl.dot(dz, tl.trans(x)), mask=wmask)
 
 
 @triton.jit
@@ -313,14 +277,16 @@ def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], 
     if weight is None:  # no convolution: the prediction is the input itself
         _identity_backward(grad, dz, dr, alpha, B, H, T)
     else:
-        dw_parts = torch.empty(B, n_cb, H, H, 9, device=s.device, dtype=torch.float32)
-        db_parts = torch.empty(B, n_cb, H, device=s.device, dtype=torch.float32)
-        _conv_backward_z[(B, n_cb)](
+        tiles = B * n_cb * n_cb
+        # each tile's share of the weight and bias gradients (zero for the tiles a causal map skips), then summed
+        dw_parts = torch.zeros(tiles, H, H, 9, device=s.device, dtype=torch.float32)
+        db_parts = torch.zeros(tiles, H, device=s.device, dtype=torch.float32)
+        _conv_backward_z[_grid_cells(B, T)](
             grad, x, s, weight, bias, y if y is not None else dummy, dz, dr if dr is not None else dummy,
-            dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb,
+            dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb, n_cb,
             CAUSAL=causal, PADDED=padded, FIRST=first, BETA=has_beta, FINAL=final, TOP=top, HP=hp)
-        dw = dw_parts.sum((0, 1)).view_as(weight)
-        db = db_parts.sum((0, 1))
+        dw = dw_parts.sum(0).view_as(weight)
+        db = db_parts.sum(0)
     dx = torch.empty(B, H, T, T, device=s.device, dtype=x.dtype if first else torch.float32)
     _conv_backward_x[_grid_cells(B, T)](
         dz, weight if weight is not None else dummy, source_grad if has_beta else dummy, dx, ds if has_beta else dummy,
