@@ -9,8 +9,8 @@ from interlayer.kernels.dispatch import kernel_mode
 pytest.importorskip("triton")
 # on a GPU machine the compiled kernels, else Triton's interpreter (tests/conftest.py sets it)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# fp32 products run as TF32 (10-bit mantissas) on a GPU's tensor cores, in the kernels as in cuDNN's convolution: sums of
-# ~100 such products over logits of a few units differ by ~1e-2 between two TF32 implementations
+# fp32 products run as TF32 (10-bit mantissas) on a GPU's tensor cores, in the kernels as in cuDNN's convolution:
+# sums of ~100 such products over logits of a few units differ by ~1e-2 between two TF32 implementations
 FP32 = dict(rtol=3e-2, atol=3e-2) if DEVICE == "cuda" else dict(rtol=1e-4, atol=1e-4)
 HALF = [torch.float16, torch.bfloat16] if DEVICE == "cuda" else [torch.float16]  # the interpreter's bf16 is wrong
 
