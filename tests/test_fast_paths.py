@@ -19,7 +19,9 @@ from interlayer import create_model
 from interlayer.core.attention import MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias
 from interlayer.methods.lightweight import GroupedLinear
-from interlayer.methods.predictive import PredictiveMixer, map_conv_relu, map_conv_relu_backward
+from interlayer.kernels import map_conv
+from interlayer.kernels.map_conv import map_conv_relu, map_conv_relu_backward
+from interlayer.methods.predictive import PredictiveMixer
 
 
 def _grads(fn, inputs: list[torch.Tensor], params: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
@@ -164,3 +166,15 @@ def test_prediction_operators_pass_torch_library_opcheck(keep, pads, slope):
     for needs in ([True, True, True], [True, False, False], [False, True, True]):
         torch.library.opcheck(map_conv_relu_backward, (torch.randn_like(out), padded, weight.detach(), out, mask, pads,
                                                         slope, needs))
+
+
+@pytest.mark.parametrize("keep,pads,slope", [(True, [1, 1, 2, 0], 0.0), (False, [1, 1, 1, 1], 0.01)])
+def test_the_map_convolution_operator_equals_its_reference(keep, pads, slope):
+    """``interlayer::map_conv_relu`` and its written-out backward against the layer op by op
+    (``kernels.map_conv.reference``), forward and every gradient."""
+    x = torch.randn(2, 4, 7, 7, requires_grad=True)
+    weight, bias = torch.randn(4, 4, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    mask = torch.tril(torch.ones(7, 7))[None, None] if keep else None
+    got = _grads(lambda: map_conv_relu(x, weight, bias, mask, pads, slope)[0], [x, weight, bias], [])
+    want = _grads(lambda: map_conv.reference(x, weight, bias, mask, pads, slope), [x, weight, bias], [])
+    _assert_all_close(got, want)

@@ -426,7 +426,7 @@ class Trainer:
         return [batches[i + start : i + start + per_rank] for i in range(0, len(batches) - per_step + 1, per_step)]
 
     def _loop(self) -> None:
-        cfg, state = self.cfg, self.state
+        state = self.state
         started = time.perf_counter()
         # one bar for the run, counting optimiser steps against the budget (see budget_steps)
         bar = tqdm(initial=state.step, unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
