@@ -173,7 +173,10 @@ def test_what_a_seed_shares_between_the_main_jobs_variants(tmp_path):
     weights = {}
     for planned in plan.variants:
         torch.manual_seed(1)  # as experiment.initial_model seeds a fresh run
-        weights[planned.variant.name] = plan.spec.model_from_dict(planned.model).state_dict()
+        model = plan.spec.model_from_dict(planned.model)
+        # every tensor by every name it has (a state dict keeps a tied tensor once)
+        weights[planned.variant.name] = {**dict(model.named_parameters(remove_duplicate=False)),
+                                         **dict(model.named_buffers(remove_duplicate=False))}
     base = weights["baseline"]
     shared = {name: sum(key in w and w[key].shape == t.shape and torch.equal(w[key], t) for key, t in base.items())
               for name, w in weights.items()}

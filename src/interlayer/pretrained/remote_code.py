@@ -8,9 +8,9 @@ lines); any other import must be an installed package. The modeling classes
 (:mod:`~interlayer.pretrained.hf_modeling`) need interlayer's model-building code: the config and its method
 sections, ``build``, the core and the methods (about 6,000 lines). So that code is copied too, each module to one
 flat file (``interlayer/core/attention.py`` -> ``il_core_attention.py``), with its relative imports rewritten
-to the flat names (a module bound as ``from . import name`` is reached by ``transformers`` only through another
-file's ``from .name import`` line, which holds for every copied module: tested with ``transformers``' own walk); ``modeling_interlayer.py`` and ``configuration_interlayer.py`` are ``hf_modeling`` and
-``hf_config``. Only what they import is copied (the closure of their imports, imports inside functions and
+to the flat names (``transformers``' walk follows ``from .name import`` lines only, so a module bound by name,
+``from . import name``, gets such a line beside it: tested with ``transformers``' own walk);
+``modeling_interlayer.py`` and ``configuration_interlayer.py`` are ``hf_modeling`` and ``hf_config``. Only what they import is copied (the closure of their imports, imports inside functions and
 ``TYPE_CHECKING`` blocks included): no registry, task, CLI or package ``__init__`` (whose import-time work is
 the installed package's). The third-party imports left are ``torch``, ``numpy``, ``yaml`` and ``safetensors``,
 which ``transformers`` itself requires.
@@ -79,8 +79,10 @@ def closure(entries: tuple[str, ...]) -> list[str]:
                                   "interlayer) cannot be copied into a model folder; import it relatively")
             if not isinstance(node, ast.ImportFrom) or (target := _target(module, node)) is None:
                 continue
-            todo.append(target)
-            todo += [f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}")]
+            modules = [f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}")]
+            if len(modules) < len(node.names) or not _is_package(target):  # a package only for names it defines
+                todo.append(target)
+            todo += modules
     return sorted(seen)
 
 
@@ -103,8 +105,9 @@ def _rewrite(module: str, source: str) -> str:
         statements, names = [], []
         for alias in node.names:
             bound = alias.asname or alias.name
-            if _is_module(f"{target}.{alias.name}"):  # a module: bound by name, its file named below for transformers
-                statements.append(f"from . import {flat_name(f'{target}.{alias.name}')} as {bound}")
+            if _is_module(f"{target}.{alias.name}"):  # a module, bound by name; the first line names its file for
+                flat = flat_name(f"{target}.{alias.name}")  # transformers' walk, which follows `from .name import`
+                statements += [f"from .{flat} import __name__ as _{flat}", f"from . import {flat} as {bound}"]
             else:
                 names.append(alias.name if alias.asname is None else f"{alias.name} as {alias.asname}")
         if names:
