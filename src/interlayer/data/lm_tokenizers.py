@@ -16,6 +16,7 @@ the total negative log-likelihood of the predicted tokens divided by the charact
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Literal, Sequence, Union
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..fileio import write_atomic
+from ..fileio import read_json, write_atomic
 from ..errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -187,10 +188,10 @@ def save_tokenizer(tokenizer: LMTokenizer, directory: Path) -> None:
 
 def load_tokenizer(directory: Path) -> LMTokenizer:
     path = Path(directory) / TOKENIZER_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} is missing: pass a language-model folder written by `interlayer train lm` "
                                 "(RUN_DIR/best)")
-    return tokenizer_from_json(json.loads(path.read_text()), str(path))
+    return tokenizer_from_json(read_json(path, DataError, within=directory), str(path))
 
 
 def tokenizer_from_json(data: dict, where: str) -> LMTokenizer:

@@ -16,6 +16,7 @@ their files).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
+from ..errors import CheckpointError
+from ..fileio import confined
 from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer
 from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
 from .hf import AnyTokenizer, load_tokenizer
@@ -51,9 +54,15 @@ class RunAssets:
     base_model: Optional[str] = None
 
 
-def _json(path: Path) -> dict[str, Any]:
+def _json(path: Path, folder: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` inside ``folder``; ``{}`` when it is missing or damaged (a run's record is an
+    extra of the model card), but a link out of the folder or a special file is refused
+    (:func:`~interlayer.fileio.confined`)."""
+    if not os.path.lexists(path):
+        return {}
+    source = confined(path, folder, CheckpointError)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(source.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -69,10 +78,10 @@ def read_run_assets(model: nn.Module) -> RunAssets:
     if directory is None:
         return assets
     directory = assets.directory = Path(directory)
-    assets.task, assets.data = _json(directory / "task.json"), _json(directory / "data.json")
+    assets.task, assets.data = _json(directory / "task.json", directory), _json(directory / "data.json", directory)
     run_dir = directory.parent
-    if (run_dir / "run.json").is_file():
-        assets.run, assets.results = _json(run_dir / "run.json"), _json(run_dir / "results.json")
+    if os.path.lexists(run_dir / "run.json"):
+        assets.run, assets.results = _json(run_dir / "run.json", run_dir), _json(run_dir / "results.json", run_dir)
     names = assets.task.get("labels") or assets.task.get("class_names")
     if isinstance(names, list) and names:
         assets.labels = [str(name) for name in names]
@@ -88,25 +97,27 @@ def _folder_tokenizer(directory: Path) -> tuple[Optional[AnyTokenizer], Optional
     """(the folder's tokenizer when transformers can load it, else a phrase naming the one it has)."""
     if tokenizer_kind(directory) is not None:
         return load_tokenizer(directory), None
-    if _json(directory / TOKENIZER_FILE).get("kind") in ("char", "bpe"):
+    if _json(directory / TOKENIZER_FILE, directory).get("kind") in ("char", "bpe"):
         tokenizer = load_lm_tokenizer(directory)
         if isinstance(tokenizer, ByteBPETokenizer):
             return tokenizer, None
         assert isinstance(tokenizer, CharTokenizer)
         return None, (f"the run's character tokenizer ({directory / TOKENIZER_FILE}: interlayer's own, "
                       f"{len(tokenizer.chars)} characters)")
-    if (directory / WORD_VOCAB_FILE).is_file():
+    if os.path.lexists(directory / WORD_VOCAB_FILE):
         return None, f"the run's vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own format)"
     return None, None
 
 
 def copy_run_files(assets: RunAssets, directory: Path) -> list[str]:
-    """Copy the tokenizer and task files of the model's folder into ``directory`` (an own-format export)."""
+    """Copy the tokenizer and task files of the model's folder into ``directory`` (an own-format export); each must
+    be a regular file of that folder (:func:`~interlayer.fileio.confined`: a link out of it is refused, not
+    copied)."""
     copied = []
     if assets.directory is not None:
         for name in (*TOKENIZER_FILES, WORD_VOCAB_FILE, *RUN_FILES):
-            if (assets.directory / name).is_file() and name not in copied:
-                shutil.copyfile(assets.directory / name, directory / name)
+            if os.path.lexists(assets.directory / name) and name not in copied:
+                shutil.copyfile(confined(assets.directory / name, assets.directory, CheckpointError), directory / name)
                 copied.append(name)
     return copied
 
