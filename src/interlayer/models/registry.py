@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
-from ..checkpoint import load_saved_weights, read_saved
+from ..checkpoint import load_saved_weights, read_saved, size_checked_config
 from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
@@ -162,7 +162,11 @@ def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, famil
 def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:
     """The model saved in ``directory`` by :func:`~interlayer.checkpoint.save_pretrained`, rebuilt by the family
     that registered its ``model_type`` and re-tied, on ``device`` (a ``torch.device`` or ``"auto" | "cpu" |
-    "cuda[:N]" | "mps"``; default the CPU) when given. The model's ``source_dir`` is ``directory``."""
+    "cuda[:N]" | "mps"``; default the CPU) when given. The model's ``source_dir`` is ``directory``.
+
+    Nothing is built before the config's sizes are checked against the weights' header
+    (:func:`~interlayer.checkpoint.size_checked_config`: a ``config.json`` declaring ten million layers over one is
+    refused naming the key, at no cost)."""
     saved = read_saved(directory)
     discover()
     if saved.model_type not in _MODEL_TYPES:
@@ -170,9 +174,10 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
                               f"{', '.join(sorted(_MODEL_TYPES))} (import the module that registers it)")
     kind = _MODEL_TYPES[saved.model_type]
     try:
-        model = kind.build(kind.from_dict(saved.config, "config"))
+        config = size_checked_config(saved, kind.config_class, lambda data: kind.from_dict(data, "config"), kind.build)
     except ConfigError as err:
         raise CheckpointError(f"{saved.config_path}: {err}") from None
+    model = kind.build(config)
     load_saved_weights(model, saved)
     if device is not None:
         model.to(device if isinstance(device, torch.device) else resolve_device(device))
