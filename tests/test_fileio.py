@@ -118,6 +118,10 @@ KINDS = {
     "own data.json": ("best", "data.json", lambda folder: task_specs()["lm"].saved_data(folder)),
     "own task.json (evaluate)": ("best", "task.json", lambda folder: _cli(["evaluate", "--checkpoint", str(folder)])),
     "run.json (export)": ("run", "run.json", lambda folder: read_run_assets(load_pretrained(folder / "best"))),
+    "run.json (resume)": ("run", "run.json", lambda folder: _cli(["train", "lm", "--run-dir", str(folder),
+                                                                   "--resume", "--no-progress"])),
+    "checkpoint_last.safetensors (resume)": ("run", "checkpoint_last.safetensors", lambda folder: _cli(
+        ["train", "lm", "--run-dir", str(folder), "--resume", "--no-progress"])),
     "translation vocab.json": ("mt", "vocab.json", lambda folder: VocabPair.load(folder)),
     "word vocabulary": ("mt", "vocab.json", lambda folder: WordVocab.load(folder)),
     "hf config.json": ("bert", "config.json", lambda folder: read_hf_config(folder)),

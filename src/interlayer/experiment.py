@@ -298,7 +298,7 @@ def _read_run(spec: TaskSpec, run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"cannot resume: {path} is missing (no run was started there)")
-    stored = read_json(path)
+    stored = read_json(path, within=run_dir)
     missing = [key for key in ("task", "model", "train", "data") if key not in stored]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not written by `interlayer train`")

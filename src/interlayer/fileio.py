@@ -49,9 +49,12 @@ MAX_DEPTH = 100
 MAX_INT = 2 ** 63 - 1
 ECHO_CHARS = 200  # what a message quotes of a value at most (:func:`shorten`)
 # The error numbers of a file that cannot be written for a reason of the machine, not of interlayer: reported as a
-# bad situation (exit code 2) naming the file, never as an internal error.
-WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
-                errno.EEXIST, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EXDEV, errno.EIO)
+# bad situation (exit code 2) naming the file, never as an internal error. The first are the machine's whatever
+# the operation (the command line reports them wherever they come from); the others, met writing a file through
+# atomic_path / atomic_directory (a path below a file, a name too long, ...).
+MACHINE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO)
+WRITE_ERRNOS = (*MACHINE_ERRNOS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ENOTEMPTY,
+                errno.EXDEV)
 
 
 class WriteError(OSError):
@@ -83,10 +86,15 @@ def _disk_full(err: BaseException) -> bool:
 
 
 def write_failure(path: Optional[PathLike], err: BaseException) -> Optional[WriteError]:
-    """``err``, raised writing ``path`` (None: the path ``err`` names, if any), as a :class:`WriteError` naming the
-    path (a full disk as :class:`DiskFullError`, with the free space), or None when it is no failure of the
-    machine (a bug)."""
+    """``err``, raised writing ``path``, as a :class:`WriteError` naming the path (a full disk as
+    :class:`DiskFullError`, with the free space), or None when it is no failure of the machine (a bug).
+
+    ``path=None``: ``err`` was raised somewhere (the command line's last resort), and only the machine's errors
+    (:data:`MACHINE_ERRNOS`) count, named with the path ``err`` holds; a missing permission or an I/O error there
+    may have been a read."""
     number = os_error_number(err)
+    known = WRITE_ERRNOS if path is not None else MACHINE_ERRNOS
+    verb = "write" if path is not None or number in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "read or write"
     where = path if path is not None else getattr(err, "filename", None)
     path = Path(where or ".")
     if _disk_full(err):
@@ -94,8 +102,8 @@ def write_failure(path: Optional[PathLike], err: BaseException) -> Optional[Writ
             f"{path}: no space left on device while writing it ({_free_space(path.parent)} in {path.parent}); the "
             f"previous {path.name}, if any, is intact: free some space and run the command again (a training run: "
             "with --resume)")
-    elif number in WRITE_ERRNOS:
-        failure = WriteError(f"cannot write {where or 'a file'}: {os.strerror(number).lower()}; choose a place you "
+    elif number in known:
+        failure = WriteError(f"cannot {verb} {where or 'a file'}: {os.strerror(number).lower()}; choose a place you "
                              "may write to (or fix its permissions, free its disk) and run the command again")
     else:
         return None
