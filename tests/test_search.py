@@ -360,6 +360,9 @@ def test_a_refused_search_leaves_no_study_database_or_lock(tmp_path, capsys):
     assert main(["search", "mpt", "--task", "sst2", "--trials", "2", "--output", str(output), "--set",
                  "d_model=abc"]) == 2
     assert os.listdir(output) == ["notes.txt"]
+    assert main(["search", "mpt", "--report-only", "--output", str(output)]) == 2  # made an empty study.db
+    assert f"{output / 'study.db'} does not exist: no search was started in {output}" in capsys.readouterr().err
+    assert os.listdir(output) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("content", [os.urandom(3000), b"SQLite format 3\x00" + os.urandom(200)],

@@ -7,10 +7,12 @@ silently, so a config edited in two places would train with whichever came last.
 raised as the caller's error class (a config file: ``ConfigError``; a file of a saved model: ``CheckpointError``),
 so the command line reports them as a bad input (exit code 2) instead of a traceback.
 
-What is read is bounded: a document nested deeper than :data:`MAX_DEPTH` levels or holding an integer outside the
-64-bit range every setting uses is refused naming the source (Python's own limits would end in a ``RecursionError``
-or ``ValueError: Exceeds the limit (4300 digits)``), and what an error message echoes of a value is cut to
-:data:`ECHO_CHARS` characters (:func:`shorten`), so a 120 KB ``--set`` value gives a one-line message.
+What is read is bounded: a document nested deeper than :data:`MAX_DEPTH` levels, an integer of more than 4,300
+digits, and in a config or a ``--set`` value an integer beyond the 64-bit range every setting uses, are refused
+naming the source (Python's own limits would end in a ``RecursionError`` or ``ValueError: Exceeds the limit (4300
+digits)``; JSON beside a model may hold larger integers: a tokenizer's ``model_max_length`` is often ``int(1e30)``),
+and what an error message echoes of a value is cut to :data:`ECHO_CHARS` characters (:func:`shorten`), so a 120 KB
+``--set`` value gives a one-line message.
 
 Files of a folder from elsewhere (a model folder, a run directory, a Hugging Face checkpoint) are read through
 :func:`confined` (``read_text`` / ``read_json`` with ``within=FOLDER``): a file that is a link leading out of the

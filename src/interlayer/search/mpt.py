@@ -511,6 +511,10 @@ def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str,
 def write_report(settings: SearchSettings) -> str:
     """Write ``OUTPUT/report.md`` and ``OUTPUT/best_pattern.png`` from the storage alone (``--report-only``) and
     return the Markdown. Trials whose heartbeat is older than the grace period are marked FAIL first."""
+    database = Path(settings.output) / "study.db"
+    if settings.storage is None and not os.path.lexists(database):  # opening it would make an empty one
+        raise ConfigError(f"{database} does not exist: no search was started in {settings.output}; check --output "
+                          "(or --storage/--study)")
     study = _load(make_storage(settings), settings.study)
     if study is None:
         raise ConfigError(f"no study {settings.study!r} in {redact(settings.storage_url)}; check --storage/--study "
