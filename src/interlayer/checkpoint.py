@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -133,7 +134,7 @@ def read_saved(directory: Union[str, Path]) -> SavedModel:
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
-        if not path.exists():
+        if not os.path.lexists(path):  # a link to nowhere is no missing file: confined() names it
             raise CheckpointError(f"{directory} is not an interlayer checkpoint: {path.name} is missing")
     try:
         with safe_open(str(confined(weights_path, directory, CheckpointError)), framework="pt") as handle:
