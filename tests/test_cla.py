@@ -214,3 +214,18 @@ def test_compare_variants_resolve_on_the_main_jobs_language_model(tmp_path):
                                      "sides": None}
     assert models["svformer"]["value_residual"]["mode"] == "svformer"
     assert models["resformer_learnable"]["value_residual"]["learnable"] is True
+
+
+def test_a_factor_beyond_the_depth_is_refused_naming_the_largest_useful_value():
+    """cla.sharing_factor=1000000 on 4 layers was silently one group (issue 43): every factor from the depth on makes
+    that same group, so the depth is the largest useful value."""
+    with pytest.raises(ConfigError, match=r"cla\.sharing_factor=1000000 is larger than the depth \(enc_layers=4\): 4 "
+                                          r"already makes each stack one group .* the largest useful value; give "
+                                          r"1\.\.4"):
+        lm(cla={"sharing_factor": 1_000_000})
+    assert lm(cla={"sharing_factor": 4}).config.cla.sharing_factor == 4  # the depth itself: one group, accepted
+    with pytest.raises(ConfigError, match=r"larger than the depth \(enc_layers=2 and dec_layers=3\): 3 already"):
+        create_model("transformer_small", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, dec_layers=3,
+                     cla={"sharing_factor": 4})
+    create_model("transformer_small", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, dec_layers=3,
+                 cla={"sharing_factor": 3})  # useful on the decoder; the encoder is one group

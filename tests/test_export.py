@@ -5,6 +5,9 @@ its tokenizer, its labels' names, a model card, and the same logits; a method no
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from interlayer.pretrained import PretrainedError, from_hf, load_tokenizer, to_h
 transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import write_checkpoint, write_data  # noqa: E402
+from helpers.folders import read_only_folder, snapshot  # noqa: E402
 
 TEXTS = ["the film was good", "it was bad ,"]
 
@@ -106,3 +110,57 @@ def test_lm_export_writes_generation_config_and_refuses_a_missing_tokenizer(tmp_
 def test_export_of_a_missing_run_is_a_user_error(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
     assert "neither a run directory" in capsys.readouterr().err
+
+
+# -- where an export may write (issue 43) ----------------------------------------------------------------------------
+def _export(*argv: str) -> int:
+    return main(["export", *map(str, argv)])
+
+
+def test_export_never_writes_into_the_run_or_folder_it_reads(runs, tmp_path, capsys):
+    """``export RUN RUN/best`` replaced the run's own best model (after which generate and export of the run failed
+    with "unknown key 'model_type'"); exporting a folder onto itself replaced its files."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["plain"], run)
+    before = snapshot(run)
+    for source, target, relation in [(run, run / "best", "lies inside"), (run / "best", run / "best", "is"),
+                                     (run / "best", run / "best" / "sub", "lies inside"), (run / "best", run, "holds")]:
+        assert _export(source, target, "--overwrite") == 2
+        err = capsys.readouterr().err
+        assert f"the export target {target} {relation} {source}, the run or model folder being exported" in err
+        assert err.count("\n") == 1
+    assert snapshot(run) == before
+
+
+def test_export_refuses_a_non_empty_target_unless_overwrite_and_then_replaces_it_whole(runs, tmp_path, capsys):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "merges.txt").write_text("an earlier export's file")
+    assert _export(runs["plain"], target) == 2
+    assert (f"the export target {target} is not empty (merges.txt); pass --overwrite to replace its contents, or "
+            "choose a new or empty folder") in capsys.readouterr().err
+    assert os.listdir(target) == ["merges.txt"]
+    assert _export(runs["plain"], target, "--overwrite") == 0
+    assert "merges.txt" not in os.listdir(target) and (target / "config.json").is_file()  # no stale file mixed in
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no staging folder left
+    (tmp_path / "empty").mkdir()
+    assert _export(runs["plain"], tmp_path / "empty") == 0  # an empty folder needs no --overwrite
+
+
+def test_export_to_a_file_names_it_in_one_line(runs, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert _export(runs["plain"], tmp_path / "afile") == 2
+    assert f"the export target {tmp_path / 'afile'} is a file; give a folder to write" in capsys.readouterr().err
+    assert _export(runs["plain"], tmp_path / "afile" / "sub") == 2
+    assert (f"the export target {tmp_path / 'afile' / 'sub'} cannot be a folder: {tmp_path / 'afile'} is a file"
+            in capsys.readouterr().err)
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_export_into_a_read_only_folder_is_named_and_leaves_nothing(runs, tmp_path, capsys):
+    with read_only_folder(tmp_path / "ro") as folder:
+        assert _export(runs["plain"], folder / "out") == 2
+        err = capsys.readouterr().err
+        assert re.search(rf"^interlayer: error: cannot write {re.escape(str(folder))}.*: (read-only file system|"
+                         r"permission denied); choose a place you may write to", err), err
+        assert err.count("\n") == 1 and os.listdir(folder) == []

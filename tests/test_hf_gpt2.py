@@ -496,3 +496,61 @@ def test_the_warm_up_adds_no_graph_break_and_runs_on_meta() -> None:
     model(tokens).logits.sum().backward()
     explanation = torch._dynamo.explain(model)(tokens)
     assert explanation.graph_break_count == 0, [str(r.reason) for r in explanation.break_reasons]
+
+
+# -- every restructuring section is known as one (issue 43) ----------------------------------------------------------
+METHOD_SECTIONS = {"crossformer_hard": ("crossformer", {"hard": ["kq"]}), "crossformer_soft": ("crossformer",
+                                                                                               {"soft": ["kq"]}),
+                   "multipass": ("multipass", {}), "predictive": ("predictive", {}), "lightweight": ("lightweight", {}),
+                   "layer_sharing": ("layer_sharing", {}), "layer_sharing_1": ("layer_sharing", {"repeats": 1}),
+                   "resformer": ("value_residual", {}), "svformer": ("value_residual", {"mode": "svformer"}),
+                   "cla": ("cla", {}), "cla_1": ("cla", {"sharing_factor": 1}), "denseformer": ("denseformer", {}),
+                   "hyper_connections": ("hyper_connections", {}), "mhc": ("mhc", {}),
+                   "muddformer": ("muddformer", {})}
+
+
+def test_the_sections_an_import_refuses_are_exactly_the_restructuring_ones(folders: dict[str, Path]) -> None:
+    """``restructuring_sections`` decides whether a fine-tuning run re-initialises (``load_checkpoint``): a section
+    missing from it refused ``train lm --pretrained GPT2 --set cla.sharing_factor=2 --set reinitialise=true`` with
+    advice to pass the flag just passed. Every method (the conv branch has no causal form) is checked both ways."""
+    from interlayer.methods import METHODS
+    from interlayer.pretrained.hf import restructuring_sections
+
+    assert {name for name, _ in METHOD_SECTIONS.values()} == {m.name for m in METHODS} - {"conv_branch"}
+    for case, (name, section) in METHOD_SECTIONS.items():
+        model = from_hf(folders["tied"], extra_sections={name: section}, reinitialise=True)
+        try:
+            from_hf(folders["tied"], extra_sections={name: section})
+            refused = False
+        except PretrainedError as err:
+            refused = "restructure the pretrained weights" in str(err)
+        assert refused == bool(restructuring_sections(model.config)), case
+
+
+@pytest.mark.parametrize("sets", [["cla.sharing_factor=2"], ["value_residual.mode=svformer"], ["layer_sharing=true"]],
+                         ids=["cla", "svformer", "layer_sharing"])
+def test_lm_fine_tuning_with_a_restructuring_section_and_reinitialise_trains(sets: list[str],
+                                                                             folders: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
+    args = ["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--run-dir", str(tmp_path / "r"),
+            "--no-progress", "--set", "data.block_size=32", "--set", "train.max_tokens=64", "--set",
+            "train.max_steps=1", "--set", "reinitialise=true", *[a for s in sets for a in ("--set", s)]]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "r" / "task.json").read_text())["pretrained"]["restructured"]
+
+
+def test_a_method_size_the_checkpoint_does_not_justify_is_refused_before_building(folders: dict[str, Path],
+                                                                                    tmp_path: Path, capsys: Any
+                                                                                    ) -> None:
+    """The checks of every model folder apply to a Hugging Face import's method sections too."""
+    with pytest.raises(PretrainedError, match=r"hyper_connections\.rate=100000000 is larger than anything .* holds"):
+        from_hf(folders["tied"], extra_sections={"hyper_connections": {"rate": 100_000_000}})
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
+    assert main(["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--run-dir",
+                 str(tmp_path / "r"), "--no-progress", "--set", "data.block_size=32", "--set",
+                 "hyper_connections.rate=100000000"]) == 2
+    assert "hyper_connections.rate=100000000 is larger than anything" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

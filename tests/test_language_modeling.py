@@ -3,6 +3,7 @@ bundled Shakespeare split by play, and the command line (train lm, generate, eva
 import gzip
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,3 +239,17 @@ def test_cli_train_generate_evaluate(text_file, tmp_path, capsys):
     assert "not in the model's vocabulary" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", str(run / "best"), "--data", str(text_file)]) == 0
     assert "bits_per_char" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("data, where", [(b"\x00" * 5000, ":1: holds a NUL byte (character 0 of the file)"),
+                                         (b"to be or not\nto \x00be\n" * 20, ":2: holds a NUL byte (character 16 of "
+                                                                            "the file)")], ids=["zeros", "one_nul"])
+def test_text_with_nul_bytes_is_refused_like_a_binary_file(tmp_path, capsys, data, where):
+    """A file of 5,000 NULs trained with exit 0 (NUL is valid UTF-8), while binary files were refused (issue 43)."""
+    path = tmp_path / "book.txt"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=rf"book\.txt{re.escape(where)}; no text file holds one, so it is binary or "
+                                        r"damaged"):
+        load_corpus(str(path))
+    assert main(["train", "lm", "--data", str(path), "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "holds a NUL byte" in capsys.readouterr().err and not (tmp_path / "run").exists()

@@ -365,3 +365,18 @@ def test_tokenizer_pairs_and_truncation_by_hand(tiny: Path) -> None:
     assert ids == [2, 5, 6, 7, 3, 11, 12, 3] and len(ids) == 8
     assert tokenizer.encode("the cat sat on the mat", max_length=5)[0] == [2, 5, 6, 7, 3]
     assert len(tokenizer.encode("the cat sat on the mat the cat sat on the mat")[0]) == 8
+
+
+@pytest.mark.parametrize("token", ["[CLS]:0", "[C LS]"], ids=["colon", "space"])
+def test_a_special_token_holding_a_colon_or_a_space_works(tmp_path: Path, token: str) -> None:
+    """tokenizer_config.json's cls_token "[CLS]:0" ended in "internal error: ValueError: Cannot build Piece from
+    string" (issue 43; transformers' own fast tokenizer fails the same way): BERT's template is given to tokenizers
+    as tokens, not as text to parse, so any token of the vocabulary can be a special one."""
+    folder = write_bert(tmp_path / "bert", tiny_state())
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in [*TINY_VOCAB, token]))
+    (folder / "tokenizer_config.json").write_text(f'{{"cls_token": "{token}"}}')
+    ids, types = WordPieceTokenizer.from_pretrained(folder).encode("the cat sat", "a dog")
+    vocab = {t: i for i, t in enumerate(TINY_VOCAB)}
+    assert ids == [len(TINY_VOCAB), *(vocab[w] for w in ("the", "cat", "sat")), vocab["[SEP]"], vocab["a"],
+                   vocab["dog"], vocab["[SEP]"]]
+    assert types == [0] * 5 + [1] * 3

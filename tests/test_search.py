@@ -343,3 +343,38 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# -- a refused search leaves nothing; a damaged study names its file (issue 43) ------------------------------------
+def test_a_refused_search_leaves_no_study_database_or_lock(tmp_path, capsys):
+    """A bad --set (or data) was refused after OUTPUT/study.db and study.lock had been made."""
+    from interlayer.cli import main
+
+    output = tmp_path / "search"
+    assert main(["search", "mpt", "--task", "sst2", "--trials", "2", "--output", str(output), "--set",
+                 "d_model=abc"]) == 2
+    assert "d_model must be an integer, got 'abc'" in capsys.readouterr().err
+    assert not output.exists()
+    output.mkdir()  # an --output that exists already: what was there stays, nothing is added
+    (output / "notes.txt").write_text("mine")
+    assert main(["search", "mpt", "--task", "sst2", "--trials", "2", "--output", str(output), "--set",
+                 "d_model=abc"]) == 2
+    assert os.listdir(output) == ["notes.txt"]
+    assert main(["search", "mpt", "--report-only", "--output", str(output)]) == 2  # made an empty study.db
+    assert f"{output / 'study.db'} does not exist: no search was started in {output}" in capsys.readouterr().err
+    assert os.listdir(output) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("content", [os.urandom(3000), b"SQLite format 3\x00" + os.urandom(200)],
+                         ids=["random", "sqlite_header"])
+def test_a_damaged_study_database_is_one_line_without_sql(tmp_path, capsys, content):
+    from interlayer.cli import main
+
+    output = tmp_path / "search"
+    output.mkdir()
+    (output / "study.db").write_bytes(content)
+    assert main(["search", "mpt", "--task", "sst2", "--trials", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"interlayer: error: {output / 'study.db'} is not a readable study database (")
+    assert "damaged or another program's: move it away to start the search afresh" in err
+    assert err.count("\n") == 1 and "SQL" not in err and "sqlalche.me" not in err

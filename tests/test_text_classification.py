@@ -339,3 +339,14 @@ def test_cli_train_then_evaluate(sst_files, tmp_path, capsys):
     bad = _write(tmp_path / "bad.txt", ["7 nope"])
     assert main(["evaluate", "--checkpoint", str(run / "best"), "--data", str(bad)]) == 2
     assert "bad.txt:1: label '7'" in capsys.readouterr().err
+
+
+def test_a_line_with_a_nul_byte_is_refused_naming_file_and_line(tmp_path):
+    """NUL is valid UTF-8 but no text holds it: a binary file that happens to decode is refused as one (issue 43)."""
+    from interlayer.data.text import read_lines
+
+    path = tmp_path / "train.txt"
+    path.write_bytes(b"1 a good film\n0 a b\x00d one\n")
+    with pytest.raises(DataError, match=r"train\.txt:2: holds a NUL byte \(character 5 of the line\); no text file "
+                                        r"holds one"):
+        read_lines(path)

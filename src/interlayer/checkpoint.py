@@ -15,13 +15,37 @@ so the training engine, which only writes and reads weights, imports no model fa
 their ``config.json`` is ``transformers``' (``model_type: "interlayer"``, the interlayer config and model type in
 its ``interlayer`` section, the special token ids and label names beside it) and their tensors carry the
 ``transformers`` class's ``interlayer.`` prefix.
+
+**Sizes are checked before any model is built** (:func:`size_checked_config`): a folder from a stranger may declare
+``enc_layers=10000000`` or ``src_vocab_size=10**12`` over weights of one small layer, and building that model
+first would take the machine's memory. The check reads the weights file's header only (names and shapes) and
+refuses, naming the key, the value and what the file holds:
+
+1. any integer of the config larger than every dimension of every tensor in the file and than the number of
+   tensor names (aliases of tied tensors counted): the file's own tensors do not justify it. A setting no tensor
+   measures (``max_positions`` of sinusoidal or rotary positions, a warm-up length: a config class lists them in
+   ``UNMEASURED_FIELDS``) may reach :data:`UNMEASURED_LIMIT`;
+2. a config that, built on PyTorch's ``meta`` device (shapes only, no memory), registers more parameter tensors
+   than four times the file's names and 256 more (:func:`build_on_meta` stops the build there, so ten million
+   layers cost nothing; the margin is for a Hugging Face checkpoint, whose fused tensors become several
+   parameters, with method sections adding their own);
+3. any tensor of that shapes-only model missing from the file, unknown to it, or of another shape, and a tie map
+   other than the saved one;
+4. buffers the file does not hold (position tables, index tables) of more numbers than :func:`buffer_budget`.
+
+The same pieces check a Hugging Face folder (:func:`interlayer.pretrained.hf.check_sizes`): its method sections
+by (1), its build by (2) and (4); its core sizes are all tensors of the checkpoint, compared by name there.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import os
+import threading
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -29,7 +53,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .errors import CheckpointError
-from .fileio import atomic_path, parse_json, read_json, write_atomic
+from .fileio import atomic_path, confined, parse_json, read_json, write_atomic
+
+# The largest value of a setting no tensor measures (``UNMEASURED_FIELDS``): 2^16 positions of a sinusoidal or
+# rotary table, warm-up steps, Sinkhorn iterations. Larger ones are refused as a damaged or hostile config.
+UNMEASURED_LIMIT = 2 ** 16
+# Values up to this are never refused: no setting this small makes a model the file could not hold (the default
+# dec_layers=6 of a tiny language model whose tensors are 4 wide, say).
+MEASURED_FLOOR = 64
+# Buffers outside the weights file may hold at most this many numbers, or as many as the file's tensors, whichever
+# is more: 2^24 is a sinusoidal table of 65,536 positions x 256 widths (64 MiB in fp32).
+BUFFER_FLOOR = 2 ** 24
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -60,20 +94,12 @@ def canonical_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "state dict"
                               ) -> None:
     """Load a state dict that may omit alias names; mismatches raise :class:`CheckpointError` naming the keys."""
-    ties = tie_map(model)
-    aliases = {alias: canon for canon, group in ties.items() for alias in group}
-    expected = [k for k in model.state_dict() if k not in aliases]
-    given = {k for k in state if k not in aliases}
-    missing, unexpected = [k for k in expected if k not in given], sorted(given - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"{source} does not fit this model: missing {missing[:5]}"
-                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-                              f"{'...' if len(unexpected) > 5 else ''}")
+    aliases = {alias for group in tie_map(model).values() for alias in group}
     own = model.state_dict()
-    for key in expected:
-        if own[key].shape != state[key].shape:
-            raise CheckpointError(f"{source}: {key} has shape {tuple(state[key].shape)}, the model expects "
-                                  f"{tuple(own[key].shape)}")
+    expected = {k: tuple(v.shape) for k, v in own.items() if k not in aliases}
+    problem = _fit_problem(expected, {k: tuple(v.shape) for k, v in state.items() if k not in aliases}, source)
+    if problem is not None:
+        raise CheckpointError(problem)
     model.load_state_dict({k: state[k] for k in expected}, strict=False)
 
 
@@ -147,6 +173,7 @@ class SavedModel:
     model_type: str
     config: dict[str, Any]
     ties: dict[str, list[str]]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the weights' header: name -> shape
     prefix: str = ""  # the tensors' names start with it (a folder written for transformers: "interlayer.")
     settings: Optional[dict[str, Any]] = None  # transformers' settings the config.json holds (eos_token_id, ...)
 
@@ -160,20 +187,25 @@ class SavedModel:
 
 
 def read_saved(directory: Union[str, Path]) -> SavedModel:
-    """The config, model type and tie map of a folder written by :func:`save_pretrained` (tensors not read)."""
+    """The config, model type, tie map and tensor shapes of a folder written by :func:`save_pretrained`, from
+    ``config.json`` and the weights' header (no tensor is read). Both files must be regular files inside the
+    folder (:func:`~interlayer.fileio.confined`)."""
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
-        if not path.is_file():
+        if not os.path.lexists(path):  # a link to nowhere is no missing file: confined() names it
             raise CheckpointError(f"{directory} is not an interlayer checkpoint: {path.name} is missing")
     try:
-        with safe_open(str(weights_path), framework="pt") as handle:
+        with safe_open(str(confined(weights_path, directory, CheckpointError)), framework="pt") as handle:
             metadata = handle.metadata() or {}
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err}); it may be truncated or "
                               "corrupt: copy it again, or save the model again") from None
     ties = parse_json(metadata.get("tie_map", "{}"), f"{weights_path} (metadata tie_map)", CheckpointError)
-    config = read_json(config_path, CheckpointError)
+    if not isinstance(ties, dict) or not all(isinstance(v, list) for v in ties.values()):
+        raise CheckpointError(f"{weights_path}: the metadata's tie_map is not a JSON object of name -> list of names")
+    config = read_json(config_path, CheckpointError, within=directory)
     if config.get("model_type") == HF_MODEL_TYPE:
         section = config.get("interlayer")
         if not isinstance(section, dict) or not isinstance(section.get("config"), dict):
@@ -182,20 +214,173 @@ def read_saved(directory: Union[str, Path]) -> SavedModel:
         settings = {key: config[key] for key in HF_SETTINGS if config.get(key) is not None}
         if "id2label" in settings:
             settings["id2label"] = {int(k): v for k, v in settings["id2label"].items()}
-        return SavedModel(directory, str(section.get("model_type", "transformer")), section["config"], ties,
+        # the size check compares names with interlayer's model: without the transformers class's prefix
+        shapes = {name.removeprefix(HF_PREFIX): shape for name, shape in shapes.items()}
+        return SavedModel(directory, str(section.get("model_type", "transformer")), section["config"], ties, shapes,
                           HF_PREFIX, settings)
-    return SavedModel(directory, metadata.get("model_type", "transformer"), config, ties)
+    return SavedModel(directory, metadata.get("model_type", "transformer"), config, ties, shapes)
+
+
+# ------------------------------------------------------------------------------------ sizes, before any build
+
+
+def tensor_extent(shapes: Mapping[str, tuple[int, ...]], aliases: int = 0) -> tuple[int, int]:
+    """What a weights file holds, as the size check measures it: (the largest dimension of any tensor, the number
+    of tensor names, ``aliases`` of tied tensors included)."""
+    return max((d for shape in shapes.values() for d in shape), default=0), len(shapes) + aliases
+
+
+def _field_classes(cls: Optional[type]) -> dict[str, type]:
+    """Field name -> the dataclass a nested section of ``cls`` is read as (``Optional[X]`` -> ``X``)."""
+    if cls is None or not is_dataclass(cls):
+        return {}
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for item in fields(cls):
+        candidates = [hints.get(item.name), *typing.get_args(hints.get(item.name))]
+        nested = next((c for c in candidates if isinstance(c, type) and is_dataclass(c)), None)
+        if nested is not None:
+            out[item.name] = nested
+    return out
+
+
+def _integers(config: Mapping[str, Any], cls: Optional[type], prefix: str = ""
+              ) -> Iterator[tuple[str, int, bool]]:
+    """(dotted key, value, whether a tensor measures it) of every integer in ``config`` (lists included),
+    reading nested sections as the dataclasses ``cls`` declares."""
+    unmeasured = set(getattr(cls, "UNMEASURED_FIELDS", ()))
+    nested = _field_classes(cls)
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _integers(value, nested.get(key), f"{name}.")
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int) and not isinstance(item, bool):
+                yield name, item, key not in unmeasured
+
+
+def check_config_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], *, config_class: type,
+                       source: str, holder: str, aliases: int = 0,
+                       error: type[CheckpointError] = CheckpointError) -> None:
+    """Step 1 of the module docstring: refuse (``error``) an integer of ``config`` (read as ``config_class``) that
+    the tensors of ``holder`` (whose ``shapes`` they are) do not justify, naming ``source`` (the config's file), the
+    key, the value and what the file holds."""
+    widest, names = tensor_extent(shapes, aliases)
+    limit = max(widest, names, MEASURED_FLOOR)
+    for key, value, measured in _integers(config, config_class):
+        if measured and value > limit:
+            raise error(
+                f"{source}: {key}={value} is larger than anything {holder} holds ({names} tensors, none with a "
+                f"dimension above {widest}); refused before any model was built: the config was edited or "
+                "belongs to other weights")
+        if not measured and value > UNMEASURED_LIMIT:
+            raise error(
+                f"{source}: {key}={value} is more than {UNMEASURED_LIMIT:,}, the most interlayer reads for a setting "
+                f"no tensor of {holder} measures; refused before any model was built: the config was edited or "
+                "is damaged")
+
+
+class _TooManyTensors(BaseException):
+    """Stops a shapes-only build (a BaseException, so that no ``except Exception`` of a builder swallows it)."""
+
+
+def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, holder: str,
+                  error: type[CheckpointError] = CheckpointError) -> nn.Module:
+    """Step 2 of the module docstring: ``build()`` on the ``meta`` device (shapes only), stopped with
+    :class:`CheckpointError` as soon as it has registered more than ``4 * names + 256`` parameter tensors (a config
+    that asks for millions of layers over the ``names`` tensors of ``holder`` is refused after a few)."""
+    budget = 4 * names + 256
+    builder = threading.get_ident()
+    count = 0
+
+    def counted(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
+        nonlocal count
+        if threading.get_ident() == builder:
+            count += 1
+            if count > budget:
+                raise _TooManyTensors
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(counted)
+    try:
+        with torch.device("meta"):
+            return build()
+    except _TooManyTensors:
+        raise error(f"{source} describes a model of more than {budget} parameter tensors, but {holder} "
+                              f"holds {names}; refused before any model was built: the config was edited or belongs "
+                              "to other weights") from None
+    finally:
+        handle.remove()
+
+
+def buffer_budget(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """How many numbers a model may hold outside its weights file (step 4): as many as the file, or
+    :data:`BUFFER_FLOOR`, whichever is more."""
+    return max(sum(math.prod(shape) for shape in shapes.values()), BUFFER_FLOOR)
+
+
+def check_buffers(shadow: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, source: str, holder: str,
+                  error: type[CheckpointError] = CheckpointError) -> None:
+    """Step 4 of the module docstring, on the shapes-only model ``shadow``: the buffers it keeps outside the state
+    dict (position and index tables) may not hold more numbers than :func:`buffer_budget`."""
+    saved = set(shadow.state_dict())
+    extra = [(name, buffer) for name, buffer in shadow.named_buffers() if name not in saved]
+    total, limit = sum(buffer.numel() for _, buffer in extra), buffer_budget(shapes)
+    if total > limit:
+        name, buffer = max(extra, key=lambda item: item[1].numel())
+        raise error(f"{source} describes a model whose tables outside the weights hold {total:,} numbers "
+                              f"(the largest, {name}, of shape {tuple(buffer.shape)}), more than {limit:,} for what "
+                              f"{holder} holds; refused before any model was built: lower max_positions (or the grid "
+                              "sizes), or the config was edited")
+
+
+def _fit_problem(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]], source: str
+                 ) -> Optional[str]:
+    """Why tensors of shapes ``given`` do not fill a model whose canonical tensors have shapes ``expected``."""
+    missing, unexpected = [k for k in expected if k not in given], sorted(set(given) - set(expected))
+    if missing or unexpected:
+        return (f"{source} does not fit this model: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    wrong = next((k for k in expected if tuple(given[k]) != tuple(expected[k])), None)
+    if wrong is not None:
+        return f"{source}: {wrong} has shape {tuple(given[wrong])}, the model expects {tuple(expected[wrong])}"
+    return None
+
+
+def size_checked_config(saved: SavedModel, config_class: type, from_dict: Callable[[dict[str, Any]], Any],
+                   build: Callable[[Any], nn.Module]) -> Any:
+    """The config of ``saved`` (``from_dict(saved.config)``), once the model it builds is known to be the one the
+    weights' header describes: steps 1-4 of the module docstring, before any model is built for real."""
+    holder = str(saved.weights_path)
+    aliases = sum(len(group) for group in saved.ties.values())
+    check_config_sizes(saved.config, saved.shapes, config_class=config_class, source=str(saved.config_path),
+                       holder=holder, aliases=aliases)
+    config = from_dict(saved.config)
+    shadow = build_on_meta(lambda: build(config), tensor_extent(saved.shapes, aliases)[1],
+                           source=str(saved.config_path), holder=holder)
+    _check_ties(saved, shadow)
+    problem = _fit_problem({k: tuple(v.shape) for k, v in canonical_state_dict(shadow).items()}, saved.shapes,
+                           holder)
+    if problem is not None:
+        raise CheckpointError(f"{problem}; refused before any model was built: {saved.config_path} and the weights "
+                              "come from different models")
+    check_buffers(shadow, saved.shapes, source=str(saved.config_path), holder=holder)
+    return config
+
+
+def _check_ties(saved: SavedModel, model: nn.Module) -> None:
+    if saved.ties != tie_map(model):
+        raise CheckpointError(f"{saved.weights_path} was saved with tied parameters {saved.ties}, but its config "
+                              f"builds a model tied as {tie_map(model)}; the files come from different models")
 
 
 def load_saved_weights(model: nn.Module, saved: SavedModel) -> nn.Module:
     """Load ``saved``'s tensors into ``model``, rebuilt from ``saved.config``, after checking that it is tied as the
     saved one was; sets ``model.source_dir`` (an export finds the run's tokenizer, labels and scores there:
     pretrained/run_assets.py)."""
-    if saved.ties != tie_map(model):
-        raise CheckpointError(f"{saved.weights_path} was saved with tied parameters {saved.ties}, but its config "
-                              f"builds a model tied as {tie_map(model)}; the files come from different models")
+    _check_ties(saved, model)
     try:
-        tensors = load_file(str(saved.weights_path))
+        tensors = load_file(str(confined(saved.weights_path, saved.directory, CheckpointError)))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{saved.weights_path}: cannot read the tensors ({err}); the file may be truncated "
                               "or corrupt: copy it again, or save the model again") from None

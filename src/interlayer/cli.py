@@ -8,19 +8,20 @@ import os
 import signal
 import sys
 import traceback
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, get_args
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_args
 
 from pathlib import Path
 
 from .compare import DEFAULT as COMPARE_DEFAULT
 from .data.text import read_lines, read_stream_lines
 from .errors import CheckpointError, ConfigError, DataError
-from .fileio import DiskFullError, read_json
+from .fileio import WriteError, atomic_directory, read_json, shorten, write_atomic, write_failure
 from .tasks.translation_decoding import DecodeOptions
 from .pretrained import TokenizerError
 from .experiment import train
 from .models.registry import get_config, model_catalog
 from .papers import paper_tables
+from .training import distributed
 from .training.concurrency import DirectoryBusy, available_cores
 from .training.config import PrecisionSetting
 from .tasks import task_specs
@@ -32,6 +33,8 @@ from .training.cluster import parse_time
 if TYPE_CHECKING:
     from .training.cluster import LauncherSettings
 
+MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
+
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     out = {}
@@ -39,7 +42,7 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects key=value (e.g. --set d_model=256 or --set crossformer.hard=kq), "
-                              f"got {pair!r}")
+                              f"got {shorten(repr(pair))}")
         out[key] = value
     return out
 
@@ -75,8 +78,21 @@ def finite_float(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors cut to one short line (an argument of 5,000 digits is quoted, not printed)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(one_line(message))
+
+
+def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """An error message as the command line prints it: one line (a line break in a quoted value becomes a space),
+    at most ``limit`` characters (the middle of a longer one left out and counted)."""
+    return shorten(" ".join(message.split("\n")), limit)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="interlayer",
         description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.",
         epilog="A bad input (config, data, model folder, a directory another process writes) is reported in one line "
@@ -278,6 +294,10 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
 # a full pass over a sliding window: a bound keeps a typo (--max-new-tokens 100000000) from running for days into
 # memory exhaustion with nothing printed.
 MAX_NEW_TOKENS = 100_000
+# The samples are generated as one batch (one row each): --num-samples 100000000 asked for 38 GB at once.
+MAX_SAMPLES = 1_000
+# The seeds every random generator takes (numpy's are 32-bit); train.seed has the same range.
+SEED_RANGE = range(2 ** 32)
 
 
 def _prompt_text(prompt: str) -> str:
@@ -295,8 +315,12 @@ def _generate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .core.generation import SamplingOptions
     from .tasks.language_modeling import generate_text
 
-    if args.num_samples < 1:
-        raise ConfigError(f"--num-samples={args.num_samples} must be at least 1")
+    if not 1 <= args.num_samples <= MAX_SAMPLES:
+        raise ConfigError(f"--num-samples={args.num_samples} must be 1..{MAX_SAMPLES:,}: the samples are generated "
+                          "as one batch; for more, run the command again with other --seed values")
+    if args.seed not in SEED_RANGE:
+        raise ConfigError(f"--seed={shorten(str(args.seed))} is outside 0..{SEED_RANGE[-1]}, the seeds every random "
+                          "generator accepts (as train.seed); give a seed in that range")
     if args.max_new_tokens > MAX_NEW_TOKENS:
         raise ConfigError(f"--max-new-tokens={args.max_new_tokens} is more than {MAX_NEW_TOKENS:,}: the continuation "
                           "is printed when it is complete, and past the model's context every token re-reads a "
@@ -332,6 +356,10 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                         help="for a model no transformers family computes: also copy interlayer's model code into "
                              "the folder, so that it loads with trust_remote_code=True where interlayer is not "
                              "installed")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace OUT_DIR's contents when it is not empty (it is replaced as a whole, once the "
+                             "export is complete: files of an earlier export do not remain); without it a non-empty "
+                             "OUT_DIR is refused")
 
 
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
@@ -339,26 +367,48 @@ def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .models.registry import load_pretrained
     from .pretrained import PretrainedError
     from .pretrained.export import export
-    source = Path(args.run_dir)
-    folder = source / BEST_DIR if (source / BEST_DIR / CONFIG_FILE).is_file() else source
-    if not (folder / CONFIG_FILE).is_file():
+    source, target = Path(args.run_dir), Path(args.out_dir)
+    folder = source / BEST_DIR if os.path.lexists(source / BEST_DIR / CONFIG_FILE) else source
+    if not os.path.lexists(folder / CONFIG_FILE):
         raise FileNotFoundError(f"{source} is neither a run directory with a {BEST_DIR}/ model nor a model folder "
                                 f"({CONFIG_FILE} is missing): pass the directory `interlayer train` wrote")
+    _check_export_target(source, target, args.overwrite)
     model = load_pretrained(folder)
-    try:
-        report = export(model, Path(args.out_dir), family=args.family,
-                        tokenizer=False if args.no_tokenizer else None, with_code=args.with_code)
-    except PretrainedError as err:
-        raise ConfigError(str(err)) from None
+    with atomic_directory(target, replace=args.overwrite) as staging:
+        try:
+            report = export(model, staging, family=args.family, tokenizer=False if args.no_tokenizer else None,
+                            with_code=args.with_code)
+        except PretrainedError as err:
+            raise ConfigError(str(err)) from None
     if report.format == "transformers":
         note = " (a transformers family's own classes need no code: --with-code changes nothing)" \
             if args.with_code else ""
-        print(f"wrote {report.architecture} for transformers to {report.directory}{note}")
+        print(f"wrote {report.architecture} for transformers to {target}{note}")
     else:
-        print(f"wrote {report.architecture} (interlayer's class for transformers) to {report.directory} "
-              f"({report.reason}); transformers loads it after `import interlayer`" + (", and with trust_remote_code=True without interlayer (the folder carries its code)"
-                               if report.with_code else " (--with-code: also without interlayer)")
-              + "; interlayer.load_pretrained loads it too")
+        carried = (", and with trust_remote_code=True without interlayer (the folder carries its code)"
+                   if report.with_code else " (--with-code: also without interlayer)")
+        print(f"wrote {report.architecture} (interlayer's class for transformers) to {target} ({report.reason}); "
+              f"transformers loads it after `import interlayer`{carried}; interlayer.load_pretrained loads it too")
+
+
+def _check_export_target(source: Path, target: Path, overwrite: bool) -> None:
+    """Refuse an export target that is (or lies below) a file, that overlaps the run or folder being exported
+    (``export RUN RUN/best`` would replace the model it reads), or that holds files, unless ``--overwrite``."""
+    for path in (target, *target.parents):
+        if path.exists() and not path.is_dir():
+            where = "is a file" if path == target else f"cannot be a folder: {path} is a file"
+            raise ConfigError(f"the export target {target} {where}; give a folder to write (a new one, or an empty "
+                              "one; --overwrite replaces a folder's contents)")
+    out, read = target.resolve(), source.resolve()
+    if out == read or out.is_relative_to(read) or read.is_relative_to(out):
+        relation = "is" if out == read else "lies inside" if out.is_relative_to(read) else "holds"
+        raise ConfigError(f"the export target {target} {relation} {source}, the run or model folder being exported: "
+                          "writing there would replace what the export reads; choose a folder outside it")
+    entries = sorted(entry.name for entry in target.iterdir()) if target.is_dir() else []
+    if entries and not overwrite:
+        shown = ", ".join(entries[:5]) + (f", ... ({len(entries)} in all)" if len(entries) > 5 else "")
+        raise ConfigError(f"the export target {target} is not empty ({shown}); pass --overwrite to replace its "
+                          "contents, or choose a new or empty folder")
 
 
 def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
@@ -469,8 +519,14 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Exit code 0 when the run finished; 128 + the signal's number when a signal stopped it (SIGINT 130, SIGTERM
     143), as a shell reports a process the signal killed, so scripts and schedulers see the run did not finish."""
     spec = task_specs()[args.task]
-    data_sets, options = spec.options_from_args(args)
-    sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
+    try:
+        data_sets, options = spec.options_from_args(args)
+        sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
+    except EXPECTED_ERRORS as err:  # under torchrun every rank learns of it and stops with the same message
+        env = distributed.environment()
+        distributed.initialise(env)
+        distributed.agree(env, err)
+        raise
     preset = args.preset or spec.default_preset
     model_name = Path(getattr(args, "pretrained", None) or preset).stem  # a fine-tuning run: the checkpoint
     run_dir = Path(args.run_dir or f"runs/{args.task}/{model_name}-s{1 if args.seed is None else args.seed}")
@@ -495,7 +551,7 @@ def _translate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     out = translate(model, vocab, lines, DecodeOptions(**decode_options(args)), source=source)
     text = "\n".join(out) + ("\n" if out else "")
     if args.output:
-        Path(args.output).write_text(text)
+        write_atomic(args.output, text)  # a failed write leaves no half of it (and names the file)
     else:
         sys.stdout.write(text)
 
@@ -503,10 +559,10 @@ def _translate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     directory = Path(args.checkpoint)
     info = directory / "task.json"
-    if not info.is_file():
+    if not os.path.lexists(info):
         raise FileNotFoundError(f"{directory} has no task.json: pass a model folder written by `interlayer train` "
                                 "(RUN_DIR/best or RUN_DIR/averaged)")
-    name = read_json(info, CheckpointError).get("task")
+    name = read_json(info, CheckpointError, within=directory).get("task")
     specs = task_specs()
     if name not in specs:
         raise CheckpointError(f"{info} names the task {name!r}; known tasks: {', '.join(specs)} (pass a model "
@@ -530,8 +586,9 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
     if missing:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
-    settings = make_settings(chosen["task"], chosen["variants"], seeds=chosen["seeds"] or 1,
-                             budget_minutes=chosen["budget_minutes"], preset=args.preset, baseline=args.baseline,
+    seeds = 1 if chosen["seeds"] is None else chosen["seeds"]  # --seeds 0 is refused, not taken for the default
+    settings = make_settings(chosen["task"], chosen["variants"], seeds=seeds, budget_minutes=chosen["budget_minutes"],
+                             preset=args.preset, baseline=args.baseline,
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
                              budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
@@ -582,9 +639,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str]], Optional[int]]
     "evaluate": _evaluate, "generate": _generate, "export": _export, "compare": _compare, "search": _search,
     "prepare": _prepare}
 
-# Bad input, named by the message: exit code 2 and one line.
+# Bad input, named by the message: exit code 2 and one line. A WriteError (read-only file system, permission,
+# full disk) is the machine's situation, named with the file: exit code 2 too.
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, DirectoryBusy, FileNotFoundError,
-                   FileExistsError, DiskFullError)
+                   FileExistsError, WriteError)
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 
 
@@ -596,6 +654,25 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # stdout is no file (a test's capture): nothing to flush there
         pass
+
+
+def _error_line(message: str) -> None:
+    """``interlayer: error: MESSAGE`` on stderr in one write: the ranks of a distributed run print the same line
+    into one pipe, and a message and its newline written apart interleave there."""
+    sys.stderr.write(f"interlayer: error: {one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def _leaving(code: int) -> int:
+    """``code``, after making sure that a rank of a distributed run ends with it: every rank has printed the same
+    message (training/distributed.py, ``agree``) and is shutting down, which takes PyTorch a moment; torchrun
+    sends SIGTERM to the ranks still running when the first one has exited. A rank past its error ignores it (the
+    interpreter's shutdown keeps an ignored signal ignored, where it would drop a handler) and exits with ``code``
+    a moment later, instead of being reported as killed."""
+    if distributed.environment().enabled:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        distributed.leave()
+    return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -618,18 +695,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()
-        print(f"interlayer: error: {err}", file=sys.stderr)
-        return 2
+        _error_line(str(err))
+        return _leaving(2)
     except DivergenceError as err:
         print(f"interlayer: error: {err}", file=sys.stderr)
         return 3
     except Exception as err:  # noqa: BLE001 (one line unless --debug)
+        # a write the machine refused outside fileio's writers (the mkdir of a run directory, a log file): the
+        # machine's situation, named with its file, exit code 2
+        failure = write_failure(getattr(err, "filename", None), err) if isinstance(err, OSError) else None
+        if failure is not None:
+            if args.debug:
+                traceback.print_exc()
+            _error_line(str(failure))
+            return _leaving(2)
         if args.debug:
             raise
-        print(f"interlayer: internal error: {type(err).__name__}: {err}\n"
+        print(f"interlayer: internal error: {type(err).__name__}: {one_line(str(err))}\n"
               f"interlayer: run it again with --debug (interlayer --debug {args.command} ...) for the traceback",
               file=sys.stderr)
-        return 1
+        return _leaving(1)
 
 
 if __name__ == "__main__":

@@ -93,55 +93,65 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     often to log and save, threads), whose changes are applied, announced through ``warn`` and recorded in
     ``run.json``; any other change raises :class:`ConfigError` listing it. A run stopped before its first
     checkpoint has nothing to resume: ``resume=True`` starts it again from the beginning, with its stored settings,
-    and says so. Under ``torchrun`` rank 0 prepares the run (vocabulary, ``run.json``) and the other ranks load it;
-    rank 0 alone holds the lock and scores the final model. ``score_test=False`` skips the test set (an
+    and says so. Under ``torchrun`` every rank first resolves its own settings and the ranks compare them
+    (:func:`~interlayer.training.distributed.agree`: different settings, or a refusal on any rank, stop every rank
+    with one message); then rank 0 prepares the run (vocabulary, ``run.json``) and the other ranks load it; rank 0
+    alone holds the lock and scores the final model. ``score_test=False`` skips the test set (an
     architecture search must select on validation only); ``results["best_valid"]`` always holds the best
     validation metrics. An interrupted run's results name the signal that stopped it (``"signal"``).
     """
-    run_dir = Path(run_dir)
-    _check_run_dir(run_dir)
-    if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
-        raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
+    run_dir, sets, options = Path(run_dir), sets or {}, options or {}
     env = distributed.environment()
     distributed.initialise(env)
-    fresh = None
-    if env.is_main and not resume:  # resolved before the lock: a bad config leaves no directory behind
-        _refuse_existing(run_dir)
-        fresh = _resolve_new(spec, preset, sets or {}, seed, max_minutes)
-        if command is not None:
-            fresh.record["command"] = list(command)
-    with DirectoryLock(run_dir, f"{spec.name} training run") if env.is_main else contextlib.nullcontext():
-        return _train(spec, fresh, preset, sets or {}, seed, max_minutes, run_dir, resume, progress, options or {},
-                      score_test, warn, env)
+    error: Optional[BaseException] = None
+    settings = None
+    try:
+        _check_run_dir(run_dir)
+        if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
+            raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
+        settings = _settings(spec, preset, sets, seed, max_minutes, run_dir, resume, options)
+    except Exception as err:  # noqa: BLE001 (every rank learns of it: distributed.agree)
+        error = err
+    distributed.agree(env, error, settings)  # the same settings on every rank, or every rank stops
+    with contextlib.ExitStack() as lock:
+        return _train(spec, preset, sets, seed, max_minutes, run_dir, resume, progress, options, score_test, warn,
+                      env, lock, command)
 
 
-def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets: dict[str, Any],
-           seed: Optional[int], max_minutes: Optional[float], run_dir: Path, resume: bool, progress: bool,
-           options: dict[str, Any], score_test: bool, warn: Callable[[str], None], env: distributed.DistEnv
-           ) -> dict[str, Any]:
+def _settings(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+              max_minutes: Optional[float], run_dir: Path, resume: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """What a rank was asked to run, resolved as far as it goes without data (``--set`` values parsed, the task's
+    defaults applied): the settings the ranks of a distributed run compare before anything is written."""
+    model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
+    return {"task": spec.name, "preset": preset, "model": model_sets, "train": train_sets, "data": data_sets,
+            "seed": seed, "max_minutes": max_minutes, "run_dir": str(run_dir), "resume": resume, "options": options}
+
+
+def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+           max_minutes: Optional[float], run_dir: Path, resume: bool, progress: bool, options: dict[str, Any],
+           score_test: bool, warn: Callable[[str], None], env: distributed.DistEnv, lock: contextlib.ExitStack,
+           command: Optional[Sequence[str]]) -> dict[str, Any]:
     # a legacy pickle checkpoint is no "missing checkpoint": the engine refuses it with the reason
     start_over = resume and (run_dir / RUN_FILE).is_file() and not any(
         (run_dir / name).is_file() for name in (LAST, LEGACY_LAST))
-    if resume and not start_over:
-        task, model, train_cfg = _load_run(spec, run_dir, preset, sets, seed, max_minutes,
-                                           warn if env.is_main else lambda line: None, env.is_main)
-    elif env.is_main:
-        if start_over:
-            warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
-                 "nothing to resume: starting it from the beginning with its stored settings")
-            task, model, train_cfg = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn)
-        else:
-            assert fresh is not None
-            _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
-            task, model, train_cfg = fresh.task, fresh.model, fresh.train_cfg
-            task.save_assets(run_dir)
-            _write_json(run_dir / RUN_FILE, fresh.record)
-        distributed.barrier(env)  # the other ranks read what was just written
-    else:
-        distributed.barrier(env)
-        task, model, train_cfg = _load_run(spec, run_dir, None, {}, None, None, warn, False)
-    if fresh is None:  # a fresh run was checked before its directory was written
-        check_before_training(task, model, train_cfg)
+    prepared: Optional[tuple[Any, nn.Module, TrainConfig]] = None
+    error: Optional[BaseException] = None
+    if env.is_main:  # rank 0 prepares the run; a refusal here stops every rank (distributed.agree)
+        try:
+            prepared = _prepare(spec, preset, sets, seed, max_minutes, run_dir, resume, start_over, warn, lock,
+                                command)
+        except Exception as err:  # noqa: BLE001
+            error = err
+    distributed.agree(env, error)  # the other ranks read what rank 0 wrote
+    if not env.is_main:
+        try:
+            prepared = _load_run(spec, run_dir, None, {}, None, None, warn, False)
+            check_before_training(*prepared)
+        except Exception as err:  # noqa: BLE001
+            error = err
+    distributed.agree(env, error)
+    assert prepared is not None
+    task, model, train_cfg = prepared
     trainer = Trainer(task, model, train_cfg, run_dir, resume=resume and not start_over, progress=progress)
     started = time.perf_counter()
     state = trainer.fit()
@@ -167,6 +177,34 @@ def _train(spec: TaskSpec, fresh: Optional[_NewRun], preset: Optional[str], sets
                                   "written. Lower train.lr, or check the test data for non-finite values")
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2))
     return results
+
+
+def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
+             max_minutes: Optional[float], run_dir: Path, resume: bool, start_over: bool,
+             warn: Callable[[str], None], lock: contextlib.ExitStack, command: Optional[Sequence[str]]
+             ) -> tuple[Any, nn.Module, TrainConfig]:
+    """Rank 0's part before training: a fresh run resolved, built and checked before its directory is locked and
+    written (a refused run leaves no directory behind); a resumed one loaded (or started over) under the lock."""
+    fresh = None
+    if not resume:
+        _refuse_existing(run_dir)
+        fresh = _resolve_new(spec, preset, sets, seed, max_minutes)
+        if command is not None:
+            fresh.record["command"] = list(command)
+    lock.enter_context(DirectoryLock(run_dir, f"{spec.name} training run"))
+    if fresh is not None:
+        _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
+        fresh.task.save_assets(run_dir)
+        _write_json(run_dir / RUN_FILE, fresh.record)
+        return fresh.task, fresh.model, fresh.train_cfg
+    if start_over:
+        warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
+             "nothing to resume: starting it from the beginning with its stored settings")
+        prepared = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn)
+    else:
+        prepared = _load_run(spec, run_dir, preset, sets, seed, max_minutes, warn, True)
+    check_before_training(*prepared)
+    return prepared
 
 
 def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -> None:
@@ -260,7 +298,7 @@ def _read_run(spec: TaskSpec, run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"cannot resume: {path} is missing (no run was started there)")
-    stored = read_json(path)
+    stored = read_json(path, within=run_dir)
     missing = [key for key in ("task", "model", "train", "data") if key not in stored]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not written by `interlayer train`")

@@ -45,6 +45,10 @@ DEFAULT = {"task": "lm", "variants": ["baseline,pa,crossformer_kq,crossformer_sg
                     "data.eval_blocks=128", "train.max_tokens=1024", "train.lr=6e-3", "train.min_lr=6e-4",
                     "train.warmup_steps=16", "train.threads=1"]}
 DEFAULT_OUTPUT = "runs/compare/{task}"
+# Seeds per variant at most: each is a run of every variant, and the plan lists them all before the first starts
+# (--seeds 100000000 ended in a MemoryError). 1,000 is beyond any comparison the statistics plan for
+# (compare/stats.py gives up there too).
+MAX_SEEDS = 1000
 
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
@@ -55,8 +59,9 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
     ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:
     a budget in optimiser steps, which unlike minutes does not depend on the machine or its load."""
     spec = get_spec(task)
-    if seeds < 1:
-        raise ConfigError(f"--seeds={seeds} must be at least 1")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError(f"--seeds={seeds} must be 1..{MAX_SEEDS:,}: seeds count from 1 (--seeds N trains every "
+                          "variant with the seeds 1..N)")
     if budget_minutes is not None and budget_minutes <= 0:
         raise ConfigError(f"--budget-minutes={budget_minutes} must be positive (leave it out for the task's epoch "
                           "limits)")

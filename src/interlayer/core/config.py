@@ -21,7 +21,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from ..errors import ConfigError
 from .hf_names import HFConfigNames
@@ -73,6 +73,10 @@ class TransformerConfig(HFConfigNames):
     ``transformers``' names (``vocab_size``, ``hidden_size``, ``eos_token_id``, ...) are properties:
     :mod:`interlayer.core.hf_names`.
     """
+
+    # Sizes no tensor of a saved model measures (sinusoidal/rotary positions have no table; the relative
+    # distance is unused by other positions): a saved config may give them up to checkpoint.UNMEASURED_LIMIT.
+    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("max_positions", "rel_max_distance")
 
     arch: Arch = "encoder_decoder"
     src_vocab_size: int = 8000

@@ -90,7 +90,7 @@ class VocabPair:
     def load(cls, directory: Path) -> "VocabPair":
         """The pair saved by :meth:`save`; a malformed or foreign ``vocab.json`` raises :class:`DataError`."""
         path = Path(directory) / "vocab.json"
-        data = read_json(path, DataError)
+        data = read_json(path, DataError, within=directory)
         if not isinstance(data.get("source"), str) or not isinstance(data.get("joint"), bool) or (
                 not data["joint"] and not isinstance(data.get("target"), str)):
             raise DataError(f"{path} is not a translation vocabulary (expected the keys joint, source and target "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -177,10 +178,10 @@ class WordVocab:
     @classmethod
     def load(cls, directory: PathLike) -> "WordVocab":
         path = Path(directory) / VOCAB_FILE
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise FileNotFoundError(f"{directory} has no {VOCAB_FILE}: pass a run directory or a model folder "
                                     "written by a text-classification run")
-        data = read_json(path, DataError)
+        data = read_json(path, DataError, within=directory)
         if not isinstance(data.get("words"), list) or not {"lowercase", "min_freq"} <= set(data):
             raise DataError(f"{path} is not a word vocabulary (expected the keys specials, lowercase, min_freq and "
                             f"words written by a text-classification run; found {sorted(data)})")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .parallel import resolve_path
+from .text import nul_refusal
 from ..errors import DataError
 
 PathLike = Union[str, Path]
@@ -78,6 +79,9 @@ def read_text(path: PathLike) -> str:
         line = raw.count(b"\n", 0, err.start) + 1
         raise DataError(f"{path}: not valid UTF-8 at byte offset {err.start} (line {line}: "
                         f"{raw[max(0, err.start - 10):err.start + 10]!r}); convert the file to UTF-8") from None
+    if "\x00" in text:
+        position = text.index("\x00")
+        raise DataError(nul_refusal(f"{path}:{text.count(chr(10), 0, position) + 1}", position, "of the file"))
     return text.replace("\r\n", "\n")
 
 

@@ -28,6 +28,7 @@ Both tokenizers are callable as ``transformers``' are: ``tokenizer(texts, return
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
@@ -37,7 +38,7 @@ import torch
 from torch import Tensor
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..fileio import write_atomic
+from ..fileio import read_json, write_atomic
 from ..errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -286,15 +287,15 @@ def lm_tokenizer_kind(directory: Path) -> Optional[Kind]:
     """``"char"``/``"bpe"`` when ``directory`` holds a language-model tokenizer interlayer wrote (either format),
     else None."""
     directory = Path(directory)
-    try:
-        settings = json.loads((directory / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
-        if isinstance(settings, dict) and settings.get(KIND_KEY) in ("char", "bpe"):
+    try:  # both files read inside the folder (a link leaving it is refused, fileio.confined)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE, DataError, within=directory)
+        if settings.get(KIND_KEY) in ("char", "bpe"):
             return settings[KIND_KEY]
-    except (OSError, ValueError):
+    except (DataError, OSError, ValueError):
         pass
     try:
-        wrapper = json.loads((directory / TOKENIZER_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        wrapper = read_json(directory / TOKENIZER_FILE, DataError, within=directory)
+    except (DataError, OSError, ValueError):
         return None
     return wrapper.get("kind") if isinstance(wrapper, dict) and wrapper.get("kind") in ("char", "bpe") else None
 
@@ -303,17 +304,17 @@ def load_tokenizer(directory: Path) -> LMTokenizer:
     """The language-model tokenizer saved in ``directory``, in the format of :func:`save_tokenizer` or the one
     before it (``{"kind": "char", "chars": ...}`` / ``{"kind": "bpe", "tokenizer": ...}``)."""
     path = Path(directory) / TOKENIZER_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} is missing: pass a language-model folder written by `interlayer train lm` "
                                 "(RUN_DIR/best)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if isinstance(data, dict) and "kind" in data:  # the format before tokenizer.json was a tokenizers pipeline
+    data = read_json(path, DataError, within=directory)
+    if "kind" in data:  # the format before tokenizer.json was a tokenizers pipeline
         return tokenizer_from_json(data, str(path))
     kind = lm_tokenizer_kind(directory)
     if kind is None:
         raise DataError(f"{path} is not a language-model tokenizer interlayer wrote (no {KIND_KEY} in "
                         f"{TOKENIZER_CONFIG_FILE}, nor the older {{\"kind\": ...}} form)")
-    backend = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+    backend = Tokenizer.from_str(json.dumps(data))
     if kind == "bpe":
         return ByteBPETokenizer(backend)
     by_id = sorted(backend.get_vocab().items(), key=lambda item: item[1])

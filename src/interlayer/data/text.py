@@ -1,7 +1,8 @@
 """Line-oriented text files, plain or gzip, read strictly: every problem is reported with file and line.
 
 Why strict: a silently skipped or mis-decoded line shifts a parallel corpus out of alignment, and the damage shows
-up hours later as a bad BLEU score. So undecodable bytes, empty files and over-long lines raise
+up hours later as a bad BLEU score. So undecodable bytes, NUL bytes (valid UTF-8, but no text holds them: a binary
+file that happens to decode, a file of zeros a crash left), empty files and over-long lines raise
 :class:`DataError` at load time, naming ``path:line``.
 """
 from __future__ import annotations
@@ -23,10 +24,18 @@ def _decoded(raw_lines: Iterable[bytes], source: object, max_chars: int) -> Iter
         except UnicodeDecodeError as err:
             raise DataError(f"{source}:{number}: not valid UTF-8 (byte {err.start} of the line: "
                             f"{raw[max(0, err.start - 10):err.start + 10]!r}); convert it to UTF-8") from None
+        if "\x00" in line:
+            raise DataError(nul_refusal(f"{source}:{number}", line.index("\x00"), "of the line"))
         if max_chars and len(line) > max_chars:
             raise DataError(f"{source}:{number}: line has {len(line)} characters, more than the limit of "
                             f"{max_chars}; split or drop it, or raise the limit")
         yield number, line
+
+
+def nul_refusal(where: str, position: int, of: str) -> str:
+    """The message refusing text that holds a NUL byte (at character ``position`` ``of`` what was read)."""
+    return (f"{where}: holds a NUL byte (character {position} {of}); no text file holds one, so it is binary or "
+            "damaged (a file of zeros, say): convert it to UTF-8 text")
 
 
 def iter_lines(path: PathLike, *, max_chars: int = 0) -> Iterator[tuple[int, str]]:

@@ -13,7 +13,8 @@ Paper map (section numbers of the paper):
   then ``{1, 2, 3}``, ``{4, 5, 6}``, ``{7, 8, 9}``. ``short_group="first"`` (the default) is that; ``"last"`` puts it
   at the end (``{0, 1, 2}``, ..., ``{9}``), what interlayer did before. ``sharing_factor=3`` on 4 layers makes
   ``{0}``, ``{1, 2, 3}``, 2 KV layers instead of 4 either way (``cla3`` of ``compare`` on the 4-layer LM). ``1`` is
-  the plain model (no layer has a source).
+  the plain model (no layer has a source). A factor larger than every stack's depth is refused naming the depth,
+  the largest useful value (any larger one gives the same single group per stack).
 * **Separate layer-norm parameters** (Sec. 3.1: "separately-learnable affine layer-norm parameters for the KV
   projection blocks and Q projection blocks"): in a pre-LN block one LayerNorm feeds the query, key and value
   projections; with ``separate_kv_norm`` every layer that computes K/V normalises its input once more with a
@@ -87,6 +88,14 @@ class CLAConfig:
         if self.sharing_factor < 1:
             raise ConfigError(f"cla.sharing_factor={self.sharing_factor} must be at least 1 (1 is the plain model; "
                               "the paper uses 2 and 3)")
+        depths = {side: cfg.enc_layers if side == "encoder" else cfg.dec_layers for side in self.resolved_sides(cfg)}
+        deepest = max(depths.values())
+        if self.sharing_factor > deepest:  # every factor from the depth on makes the same single group
+            shown = " and ".join(f"{'enc' if side == 'encoder' else 'dec'}_layers={depth}"
+                                 for side, depth in depths.items())
+            raise ConfigError(f"cla.sharing_factor={self.sharing_factor} is larger than the depth ({shown}): "
+                              f"{deepest} already makes each stack one group sharing the first layer's keys and "
+                              f"values, the largest useful value; give 1..{deepest}")
         if self.separate_kv_norm and not cfg.norm_first:
             raise ConfigError("cla.separate_kv_norm=true gives the K/V projections their own input layer norm, but "
                               "norm_first=False (post-LN) blocks have no input norm; set norm_first=True or leave "

@@ -66,7 +66,7 @@ Choices where the paper leaves room (each with the reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -94,6 +94,7 @@ class MHCConfig:
     * ``init_epsilon``: how far ``H_pre`` and ``H_res`` start from HC's one-hot and identity (see the docstring).
     """
 
+    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("sinkhorn_iters",)  # iterations, no size (checkpoint.py)
     rate: int = 4
     dynamic: bool = True
     sinkhorn_iters: int = 20
@@ -158,7 +159,10 @@ class ManifoldHyperConnection(nn.Module):
             self.phi = nn.Parameter(torch.zeros(n * d_model, n * n + 2 * n))
             self.alpha = nn.Parameter(torch.full((3,), float(scale_init)))
             # Which alpha scales each coefficient: alpha_pre for n, alpha_post for n, alpha_res for n^2.
-            self.register_buffer("alpha_index", torch.tensor([0] * n + [1] * n + [2] * n * n), persistent=False)
+            # (tensor operations, not a Python list of n^2 ints: a shapes-only build of a saved config costs nothing)
+            alpha_index = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long),
+                                     torch.full((n * n,), 2, dtype=torch.long)])
+            self.register_buffer("alpha_index", alpha_index, persistent=False)
 
     def mappings(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``H_pre`` ``(..., n)``, ``H_post`` ``(..., n)``, ``H_res`` ``(..., n, n)`` at every position of ``streams``

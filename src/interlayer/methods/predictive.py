@@ -90,7 +90,7 @@ The prediction and the layer's own logits are kept in ``AttentionIntermediates.e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +113,7 @@ if TYPE_CHECKING:
 class PredictiveConfig:
     """Eq. 4 mixing weight and the prediction CNN (PA Sec. 3.3, Table 5)."""
 
+    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("alpha_warmup_steps",)  # a schedule, no size (checkpoint.py)
     alpha: float = 0.1  # Sec. 4.1.1: 0.1 on SST, Yelp and IWSLT'14 De-En
     conv_layers: int = 1  # Sec. 4.1.1 / Table 5: one 3x3 layer; 0 = Res-Transformer
     kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,9 @@ class MCANConfig(ConfigFile):
     core's config classes, ``None`` when off; their ``encoder``/``decoder``/``cross`` sides are the question SA,
     the image SA and the guided attention.
     """
+
+    # The input's geometry: no tensor of a saved model measures it (checkpoint.py's size check)
+    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_size", "max_regions", "max_question_len")
 
     vocab_size: int = 20000
     num_answers: int = 3129

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..accounting import count_parameters
-from ..checkpoint import load_saved_weights, read_saved
+from ..checkpoint import SavedModel, load_saved_weights, read_saved, size_checked_config
 from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
@@ -164,25 +164,36 @@ def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device
     that registered its ``model_type`` and re-tied, on ``device`` (a ``torch.device`` or ``"auto" | "cpu" |
     "cuda[:N]" | "mps"``; default the CPU) when given, in eval mode (dropout off) as ``transformers``'
     ``from_pretrained`` returns models: call ``.train()`` to train it. The model's ``source_dir`` is
-    ``directory``."""
+    ``directory``.
+
+    Nothing is built before the config's sizes are checked against the weights' header
+    (:func:`~interlayer.checkpoint.size_checked_config`: a ``config.json`` declaring ten million layers over one is
+    refused naming the key, at no cost)."""
     saved = read_saved(directory)
-    model = build_saved(saved.model_type, saved.config, str(saved.config_path))
+    model = build_saved(saved.model_type, saved.config, str(saved.config_path), saved=saved)
     load_saved_weights(model, saved)
     if device is not None:
         model.to(device if isinstance(device, torch.device) else resolve_device(device))
     return model.eval()
 
 
-def build_saved(model_type: str, config: dict[str, Any], source: str) -> nn.Module:
+def build_saved(model_type: str, config: dict[str, Any], source: str, *, saved: Optional[SavedModel] = None
+                ) -> nn.Module:
     """A freshly initialised model of a saved ``model_type`` and config dict (what :func:`load_pretrained` loads
-    the weights into; the ``transformers`` classes build interlayer models of every family with it)."""
+    the weights into; the ``transformers`` classes build interlayer models of every family with it). With
+    ``saved`` (the folder as read), the config's sizes are checked against its weights' header first
+    (:func:`~interlayer.checkpoint.size_checked_config`)."""
     discover()
     if model_type not in _MODEL_TYPES:
         raise CheckpointError(f"{source} holds a {model_type!r} model; known model types: "
                               f"{', '.join(sorted(_MODEL_TYPES))} (import the module that registers it)")
     kind = _MODEL_TYPES[model_type]
     try:
-        return kind.build(kind.from_dict(config, "config"))
+        if saved is None:
+            return kind.build(kind.from_dict(config, "config"))
+        checked = size_checked_config(saved, kind.config_class, lambda data: kind.from_dict(data, "config"),
+                                      kind.build)
+        return kind.build(checked)
     except ConfigError as err:
         raise CheckpointError(f"{source}: {err}") from None
 

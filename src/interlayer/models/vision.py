@@ -52,7 +52,7 @@ import copy
 import difflib
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +88,9 @@ class VisionConfig(ConfigFile):
     The field names are disjoint from :class:`ModelConfig`'s, so a flat override such as ``d_model=64`` or
     ``patch_size=7`` reaches the right place (``encoder.KEY`` also works).
     """
+
+    # The input's geometry: no tensor of a saved model measures it (checkpoint.py's size check)
+    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_height", "image_width", "input_size")
 
     backbone: Backbone = "vit"
     image_height: int = 28

@@ -22,6 +22,7 @@ Choices, each matching ``transformers`` so that ids are identical:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -72,9 +73,9 @@ class BPETokenizer(PretrainedTokenizer):
         """Read the BPE model of ``tokenizer.json`` (or ``vocab.json`` + ``merges.txt``) and
         ``tokenizer_config.json``; ``max_length`` caps the checkpoint's ``model_max_length``."""
         directory = Path(directory)
-        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
-        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True)
-        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
+        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True, within=directory)
+        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True, within=directory)
         vocab, merges = read_bpe(directory, backend_file)
         specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         return cls(vocab, merges, add_prefix_space=bool(settings.get("add_prefix_space", False)),
@@ -126,10 +127,10 @@ def read_bpe(directory: Path, backend_file: dict[str, Any]) -> tuple[dict[str, i
         return _checked_vocab(dict(model["vocab"]), source), [tuple(m) if isinstance(m, list) else _merge(m, source)
                                                               for m in model.get("merges", [])]
     vocab_path, merges_path = directory / BPE_VOCAB_FILE, directory / BPE_MERGES_FILE
-    if vocab_path.is_file() and merges_path.is_file():
-        lines = read_text(merges_path, TokenizerError).splitlines()
-        return _checked_vocab(read_json(vocab_path, TokenizerError, optional=True), vocab_path), [_merge(line, merges_path) for line in lines
-                                                                   if line and not line.startswith("#version")]
+    if os.path.lexists(vocab_path) and os.path.lexists(merges_path):
+        lines = read_text(merges_path, TokenizerError, within=directory).splitlines()
+        vocab = _checked_vocab(read_json(vocab_path, TokenizerError, within=directory), vocab_path)
+        return vocab, [_merge(line, merges_path) for line in lines if line and not line.startswith("#version")]
     found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither"
     raise TokenizerError(f"{directory} has no byte-level BPE vocabulary: expected a BPE {TOKENIZER_FILE} or "
                          f"{BPE_VOCAB_FILE} + {BPE_MERGES_FILE}, found {found} (SentencePiece tokenizers such as "

@@ -23,7 +23,7 @@ grey 28 x 28 images are repeated to 3 channels and resized to the model's size, 
 own statistics); ``lm`` takes a GPT-2 folder (:func:`lm_finetune_config`, :func:`lm_tokenizer`: its byte-level BPE
 replaces the task's tokenizer, so the scores are bits per byte; :data:`LM_FINE_TUNING_DEFAULTS`). ``--set
 reinitialise=true`` lets methods that restructure pretrained weights (LW, the conv branch, Crossformer hard
-guidance) start those weights afresh instead of being refused.
+guidance, layer sharing, CLA, SVFormer) start those weights afresh instead of being refused.
 """
 from __future__ import annotations
 

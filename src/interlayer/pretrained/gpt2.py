@@ -36,17 +36,18 @@ GPT2_SPECIALS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token"
 def load_gpt2_tokenizer(directory: Union[str, Path]) -> ByteBPETokenizer:
     """The byte-level BPE of a GPT-2 folder (see the module docstring)."""
     directory = Path(directory)
-    settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
+    settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
     if settings.get("add_prefix_space"):
         raise TokenizerError(f"{directory / TOKENIZER_CONFIG_FILE}: add_prefix_space=true is not supported for a "
                              "language model (the text is encoded in pieces and each would gain a leading space); "
                              "set it to false")
-    backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True)
+    backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True, within=directory)
     vocab, merges = read_bpe(directory, backend_file)
     backend = byte_level_backend(vocab, merges, add_prefix_space=False)
     declared = read_added_tokens(settings, backend_file)
     named = {spec.content for spec in declared}
-    specials = read_special_tokens(settings, read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True), GPT2_SPECIALS)
+    specials = read_special_tokens(settings, read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True,
+                                                                   within=directory), GPT2_SPECIALS)
     implied = [AddedTokenSpec(token, vocab[token]) for token in dict.fromkeys(specials.values())
                if token in vocab and token not in named]
     add_tokens(backend, declared + implied, BPE_VOCAB_FILE)

@@ -24,7 +24,8 @@ Policies where the checkpoints leave room (each with its reason):
   is new. Pre-training heads and heads the core cannot express (DistilBERT's ReLU ``pre_classifier``, ELECTRA's
   GELU head) are skipped and listed under ``ignored``.
 * **Methods that restructure pretrained weights** (LW group-wise layers, the conv branch, Crossformer hard
-  guidance tying matrices the checkpoint holds apart) cannot receive the checkpoint: the import fails naming the
+  guidance and layer sharing tying matrices the checkpoint holds apart, CLA and SVFormer deleting key/value
+  projections: :func:`restructuring_sections`) cannot receive the checkpoint: the import fails naming the
   tensor, unless ``reinitialise=True`` asks to load what fits and leave those parameters at their fresh
   initialisation (listed under ``initialised``; the checkpoint tensors they replace under ``restructured``).
   Predictive Attention, Multi-Pass and Crossformer soft guidance only add parameters and load as they are.
@@ -39,7 +40,7 @@ import logging
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -47,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from ..build import build_model
+from ..checkpoint import build_on_meta, check_buffers, check_config_sizes
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
 from ..errors import ConfigError
@@ -127,9 +129,9 @@ def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]
         raise PretrainedError(f"{directory} is not a directory; pass a Hugging Face checkpoint directory "
                               "(config.json, model.safetensors or pytorch_model.bin, tokenizer or processor files)")
     path = directory / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise PretrainedError(f"{directory} has no config.json, so it is not a Hugging Face checkpoint")
-    hf = read_json(path, PretrainedError)  # names the file: bad UTF-8, bad JSON, not an object
+    hf = read_json(path, PretrainedError, within=directory)  # names the file: bad UTF-8, bad JSON, not an object
     model_type = hf.get("model_type")
     family = family_of(model_type) if isinstance(model_type, str) else None
     if family is None:
@@ -209,7 +211,7 @@ def _pixel_normalisation(directory: Path, hf: dict[str, Any], notes: list[str]) 
     normalisation: the model sees ``(s x - mean) / std`` with ``s = 255 * rescale_factor`` (or 255 without
     rescaling), i.e. ``(x - mean / s) / (std / s)``."""
     channels = int(hf.get("num_channels", 3))
-    settings = read_json(directory / PROCESSOR_FILE, TokenizerError, optional=True)
+    settings = read_json(directory / PROCESSOR_FILE, TokenizerError, optional=True, within=directory)
     if not settings:
         notes.append(f"no {PROCESSOR_FILE}: ViTImageProcessor's defaults (rescale 1/255, mean {VIT_PIXEL_MEAN}, "
                      f"std {VIT_PIXEL_STD}) are the model's pixel normalisation")
@@ -226,9 +228,9 @@ def _pixel_normalisation(directory: Path, hf: dict[str, Any], notes: list[str]) 
 def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     """``mean``/``cls`` from a sentence-transformers ``Pooling`` module config, or None when there is none."""
     modules_path = directory / ST_MODULES
-    if not modules_path.is_file():
+    if not os.path.lexists(modules_path):
         return None
-    for module in read_json(modules_path, PretrainedError, expect=list):
+    for module in read_json(modules_path, PretrainedError, expect=list, within=directory):
         if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
             config_path = directory / str(module.get("path", "")) / "config.json"
             modes = (read_json(confined(directory, config_path, modules_path), PretrainedError)
@@ -486,7 +488,10 @@ def check_sizes(checkpoint: HFCheckpoint, config: AnyConfig, *, reinitialise: bo
     ``vocab_size=1e12``: building that model first would take the memory until the machine gives out. The layer
     count is compared with the layers the tensors hold (cheap); then the model is built on PyTorch's ``meta``
     device (shapes only, no memory) and every tensor checked against its parameter, which refuses any other size
-    (vocabulary, width, positions, patches) naming the tensor, as the real load would.
+    (vocabulary, width, positions, patches) naming the tensor, as the real load would. The method sections (the
+    user's, on top of the checkpoint) and the build pass the checks every model folder gets
+    (:mod:`interlayer.checkpoint`: no section size the tensors do not justify, a build stopped after twice the
+    checkpoint's tensors, tables outside the weights bounded).
     """
     source = checkpoint.source
     declared = encoder_config(config).enc_layers
@@ -497,16 +502,31 @@ def check_sizes(checkpoint: HFCheckpoint, config: AnyConfig, *, reinitialise: bo
         raise PretrainedError(f"{source} lacks {family.title} encoder tensors {_first(missing)} (config.json "
                               f"declares {declared} layers, the weights hold {present}); refused before any model "
                               "was built: the folder is damaged or its config.json belongs to another model")
-    with torch.device("meta"):
-        shadow = build(config)
+    shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint.state.items()}
+    encoder = encoder_config(config)
+    sections = {method.name: asdict(section) for method, section in encoder.sections()}
+    check_config_sizes(sections, shapes, config_class=type(encoder), source=f"{source} (method sections)",
+                       holder=source, error=PretrainedError)
+    shadow = build_on_meta(lambda: build(config), len(shapes), source=source, holder=f"{source}'s weights",
+                           error=PretrainedError)
     load_checkpoint_state(shadow, checkpoint, reinitialise=reinitialise, log_report=False)
+    check_buffers(shadow, shapes, source=source, holder=f"{source}'s weights", error=PretrainedError)
 
 
 def restructuring_sections(cfg: ModelConfig) -> list[str]:
-    """The method sections of ``cfg`` that restructure pretrained weights (they need ``reinitialise``)."""
+    """The method sections of ``cfg`` that restructure pretrained weights (they need ``reinitialise``): those that
+    replace modules (LW, the conv branch), delete projections (CLA's reusing layers, SVFormer's values beyond the
+    first layer) or tie matrices the checkpoint holds apart (Crossformer hard guidance, layer sharing). An import
+    without ``reinitialise`` fails for exactly these (tests/test_hf_gpt2.py checks every method)."""
     names = [name for name in ("lightweight", "conv_branch") if getattr(cfg, name) is not None]
     if cfg.crossformer is not None and cfg.crossformer.hard:
         names.append("crossformer.hard")
+    if cfg.cla is not None and cfg.cla.sharing_factor > 1:
+        names.append("cla")
+    if cfg.value_residual is not None and cfg.value_residual.mode == "svformer":
+        names.append("value_residual.mode=svformer")
+    if cfg.layer_sharing is not None and cfg.layer_sharing.repeats != 1:
+        names.append("layer_sharing")
     return names
 
 

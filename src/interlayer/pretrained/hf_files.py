@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import stat
 from pathlib import Path
 from typing import Optional, Union
 
@@ -15,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from .. import fileio
 from ..errors import CheckpointError
 from ..fileio import read_json
 
@@ -47,24 +47,10 @@ def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
 
 
 def confined(directory: Path, path: Path, named_by: Path) -> Path:
-    """``path`` if it is a regular file inside ``directory`` (after following links); else PretrainedError.
-
-    One link out is allowed: the Hugging Face cache's own layout, where ``REPO/snapshots/REVISION/`` (the folder
-    ``snapshot_download`` returns) holds links into ``REPO/blobs/``.
-    """
-    root = directory.resolve()
-    roots = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])
-    try:
-        resolved = path.resolve(strict=True)
-    except (OSError, RuntimeError) as err:  # missing, or a loop of links
-        raise PretrainedError(f"{named_by}: {path.name} cannot be read ({getattr(err, 'strerror', None) or err})"
-                              ) from None
-    if not any(resolved.is_relative_to(allowed) for allowed in roots):
-        raise PretrainedError(f"{named_by}: {path} leads outside {directory} (to {resolved}); a checkpoint folder "
-                              "may only read its own files: refused")
-    if not stat.S_ISREG(resolved.stat().st_mode):
-        raise PretrainedError(f"{named_by}: {path} is not a regular file (a FIFO, device or folder); refused")
-    return resolved
+    """``path`` if it is a regular file inside ``directory`` (after following links); else PretrainedError
+    (:func:`interlayer.fileio.confined`, which allows the Hugging Face cache's own layout: ``REPO/snapshots/REV/``
+    links into ``REPO/blobs/``)."""
+    return fileio.confined(path, directory, PretrainedError, named_by=named_by)
 
 
 def _shards(directory: Path, index: Path) -> list[Path]:

@@ -17,15 +17,16 @@ interlayer's (the model's dataclass config, with the tie map in the weights' met
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..checkpoint import CONFIG_FILE, HF_MODEL_TYPE, WEIGHTS_FILE
 from ..errors import CheckpointError
-from ..fileio import read_json
+from ..fileio import confined, read_json
 from ..models.registry import load_pretrained
 from .hf import from_hf, resolve_source
 
@@ -33,12 +34,17 @@ from .hf import from_hf, resolve_source
 def is_interlayer_folder(directory: Path) -> bool:
     """Whether ``directory`` holds a model written by :func:`interlayer.save_pretrained`."""
     weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
+    if not os.path.lexists(weights):
         return False
-    if read_json(directory / CONFIG_FILE, CheckpointError, optional=True).get("model_type") == HF_MODEL_TYPE:
+    if read_json(directory / CONFIG_FILE, CheckpointError, optional=True, within=directory
+                 ).get("model_type") == HF_MODEL_TYPE:
         return True
-    with safe_open(str(weights), framework="pt") as handle:
-        return (handle.metadata() or {}).get("format") == "interlayer"
+    try:
+        with safe_open(str(confined(weights, directory, CheckpointError)), framework="pt") as handle:
+            return (handle.metadata() or {}).get("format") == "interlayer"
+    except SafetensorError as err:
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({err}); it may be truncated or corrupt: "
+                              "copy it again") from None
 
 
 def load_model(source: Union[str, Path], *, revision: Optional[str] = None, local_files_only: bool = False,

@@ -16,6 +16,7 @@ reproduces it here: an export refuses it by name, or with ``tokenizer=False`` le
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
+from ..errors import CheckpointError
+from ..fileio import confined
 from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind
 from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
 from .hf import AnyTokenizer, load_tokenizer
@@ -51,9 +54,15 @@ class RunAssets:
     base_model: Optional[str] = None
 
 
-def _json(path: Path) -> dict[str, Any]:
+def _json(path: Path, folder: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` inside ``folder``; ``{}`` when it is missing or damaged (a run's record is an
+    extra of the model card), but a link out of the folder or a special file is refused
+    (:func:`~interlayer.fileio.confined`)."""
+    if not os.path.lexists(path):
+        return {}
+    source = confined(path, folder, CheckpointError)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(source.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -69,10 +78,10 @@ def read_run_assets(model: nn.Module) -> RunAssets:
     if directory is None:
         return assets
     directory = assets.directory = Path(directory)
-    assets.task, assets.data = _json(directory / "task.json"), _json(directory / "data.json")
+    assets.task, assets.data = _json(directory / "task.json", directory), _json(directory / "data.json", directory)
     run_dir = directory.parent
-    if (run_dir / "run.json").is_file():
-        assets.run, assets.results = _json(run_dir / "run.json"), _json(run_dir / "results.json")
+    if os.path.lexists(run_dir / "run.json"):
+        assets.run, assets.results = _json(run_dir / "run.json", run_dir), _json(run_dir / "results.json", run_dir)
     names = assets.task.get("labels") or assets.task.get("class_names")
     if isinstance(names, list) and names:
         assets.labels = [str(name) for name in names]
@@ -90,20 +99,21 @@ def _folder_tokenizer(directory: Path) -> tuple[Optional[AnyTokenizer], Optional
         return load_lm_tokenizer(directory), None
     if tokenizer_kind(directory) is not None:
         return load_tokenizer(directory), None
-    if (directory / WORD_VOCAB_FILE).is_file():
+    if os.path.lexists(directory / WORD_VOCAB_FILE):
         return None, f"the run's vocabulary ({directory / WORD_VOCAB_FILE}: interlayer's own format)"
     return None, None
 
 
 def copy_run_files(assets: RunAssets, directory: Path, *, tokenizer_files: bool = True) -> list[str]:
     """Copy the task files and (with ``tokenizer_files``) the tokenizer files of the model's folder into
-    ``directory`` (an export in interlayer's format)."""
+    ``directory`` (an export in interlayer's format); each must be a regular file of that folder
+    (:func:`~interlayer.fileio.confined`: a link out of it is refused, not copied)."""
     copied = []
     names = (*TOKENIZER_FILES, WORD_VOCAB_FILE, *RUN_FILES) if tokenizer_files else RUN_FILES
     if assets.directory is not None:
         for name in names:
-            if (assets.directory / name).is_file() and name not in copied:
-                shutil.copyfile(assets.directory / name, directory / name)
+            if os.path.lexists(assets.directory / name) and name not in copied:
+                shutil.copyfile(confined(assets.directory / name, assets.directory, CheckpointError), directory / name)
                 copied.append(name)
     return copied
 

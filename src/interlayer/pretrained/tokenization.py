@@ -15,6 +15,7 @@ Unigram) have no pipeline here.
 from __future__ import annotations
 
 import json
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
 from ..data.lm_tokenizers import KIND_KEY as LM_KIND_KEY
+from ..errors import DataError
 from ..fileio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -42,9 +44,9 @@ BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast")
 TokenizerKind = Literal["wordpiece", "bpe"]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(DataError):
     """A vocabulary or tokenizer configuration that cannot give the checkpoint's tokenisation; the message says
-    why."""
+    why (a :class:`~interlayer.errors.DataError`, a ``ValueError``: a bad input wherever it is met)."""
 
 
 class EncodedBatch(dict):
@@ -221,7 +223,7 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
     """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none, or
     when it is a language-model tokenizer interlayer wrote (:mod:`interlayer.data.lm_tokenizers`)."""
     directory = Path(directory)
-    settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
+    settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
     if settings.get(LM_KIND_KEY):
         return None
     declared = str(settings.get("tokenizer_class", ""))
@@ -229,11 +231,13 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
         return "wordpiece"
     if declared in BPE_CLASSES:
         return "bpe"
-    if (directory / WORDPIECE_VOCAB_FILE).is_file():
+    # lexists, not is_file: a link or a FIFO in the folder's place of a vocabulary is refused when it is read
+    if os.path.lexists(directory / WORDPIECE_VOCAB_FILE):
         return "wordpiece"
-    if (directory / BPE_VOCAB_FILE).is_file() and (directory / BPE_MERGES_FILE).is_file():
+    if os.path.lexists(directory / BPE_VOCAB_FILE) and os.path.lexists(directory / BPE_MERGES_FILE):
         return "bpe"
-    backend = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True).get("model", {}).get("type")
+    backend = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True, within=directory
+                        ).get("model", {}).get("type")
     return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(backend)
 
 

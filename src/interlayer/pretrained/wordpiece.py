@@ -21,6 +21,7 @@ Choices, each matching what ``transformers`` does so that ids are identical:
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -73,9 +74,9 @@ class WordPieceTokenizer(PretrainedTokenizer):
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
         cls, sep = self.special_tokens["cls_token"], self.special_tokens["sep_token"]
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-            special_tokens=[(cls, self.vocab[cls]), (sep, self.vocab[sep])])
+        # BERT's template ([CLS] a [SEP], [CLS] a [SEP] b [SEP], token types 0 then 1) given as tokens, not as
+        # TemplateProcessing's text, which cannot spell a token holding a space or a ':' ("[CLS]:0")
+        backend.post_processor = processors.BertProcessing((sep, self.vocab[sep]), (cls, self.vocab[cls]))
         add_tokens(backend, self.added_tokens, VOCAB_FILE)
         return backend
 
@@ -87,9 +88,9 @@ class WordPieceTokenizer(PretrainedTokenizer):
         ``max_length`` caps the checkpoint's ``model_max_length`` (the importer passes the position table size).
         """
         directory = Path(directory)
-        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True)
-        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True)
-        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True)
+        settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
+        special_map = read_json(directory / SPECIAL_TOKENS_FILE, TokenizerError, optional=True, within=directory)
+        backend_file = read_json(directory / TOKENIZER_FILE, TokenizerError, optional=True, within=directory)
         tokens = _read_vocab(directory, backend_file)
         specials = read_special_tokens(settings, special_map, SPECIAL_DEFAULTS)
         limit = model_max_length(settings, max_length)
@@ -121,8 +122,9 @@ class WordPieceTokenizer(PretrainedTokenizer):
 def _read_vocab(directory: Path, backend_file: dict[str, Any]) -> list[str]:
     """``vocab.txt`` lines (as ``transformers``: only the newline stripped), else ``tokenizer.json``'s vocabulary."""
     path = directory / VOCAB_FILE
-    if path.is_file():
-        return [line.rstrip("\n") for line in read_text(path, TokenizerError).splitlines(keepends=True)]
+    if os.path.lexists(path):
+        text = read_text(path, TokenizerError, within=directory)
+        return [line.rstrip("\n") for line in text.splitlines(keepends=True)]
     model = backend_file.get("model", {})
     if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
         found = f"a {model.get('type')} model in {TOKENIZER_FILE}" if model else "neither file"

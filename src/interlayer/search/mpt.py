@@ -37,6 +37,7 @@ import fcntl
 import json
 import math
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -173,11 +174,23 @@ def make_storage(settings: SearchSettings) -> RDBStorage:
     except ModuleNotFoundError as err:
         raise ConfigError(f"--storage {redact(url)} needs the database driver {err.name!r} (PostgreSQL: pip install "
                           "psycopg2-binary)") from err
-    except Exception as err:  # sqlalchemy: bad URL, unreachable server, wrong password
-        raise ConfigError(f"--storage {redact(url)}: {type(err).__name__}: {err}") from err
+    except Exception as err:  # sqlalchemy: bad URL, unreachable server, wrong password, a damaged file
+        raise storage_error(settings, err) from err
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return storage
+
+
+def storage_error(settings: SearchSettings, err: Exception) -> ConfigError:
+    """``err``, met opening the storage, in one line: the database's own complaint (SQLAlchemy wraps it with the
+    SQL statement and a link), and for the default SQLite file what to do with it."""
+    reason = getattr(err, "orig", None) or err  # the DBAPI error inside SQLAlchemy's
+    text = " ".join(str(reason).split()) or type(reason).__name__
+    if settings.storage is None:
+        path = Path(settings.output) / "study.db"
+        return ConfigError(f"{path} is not a readable study database ({text}); it is damaged or another program's: "
+                           "move it away to start the search afresh (its trials are lost), or restore it from a copy")
+    return ConfigError(f"--storage {redact(settings.storage_url)}: {type(reason).__name__}: {text}")
 
 
 def redact(url: str) -> str:
@@ -222,19 +235,32 @@ def open_study(settings: SearchSettings, definition: Optional[Definition] = None
     would collide with the new trial numbers). Storage and study are made under :func:`_creation_lock`.
     """
     settings = with_preset(settings)
-    with _creation_lock(Path(settings.output)):
+    output = Path(settings.output)
+    if settings.storage is None and not os.path.lexists(output / "study.db"):
+        # a new study in the default SQLite file: whatever can refuse it is checked before the file, and the lock
+        # beside it, are made, so that a refused command leaves neither behind
+        _check_no_foreign_trials(settings)
+        definition = definition or resolve_definition(settings)
+        _check_space(settings, definition.n_layers)
+    with _creation_lock(output):
         return _open_study(settings, definition)
+
+
+def _check_no_foreign_trials(settings: SearchSettings) -> None:
+    """A new study refuses an ``--output`` whose ``trials/`` holds runs: they belong to another study and would
+    collide with the new trial numbers."""
+    trials_dir = Path(settings.output) / "trials"
+    if trials_dir.is_dir() and any(trials_dir.iterdir()):
+        raise ConfigError(f"{trials_dir} holds trial runs of another study, but study {settings.study!r} does "
+                          f"not exist in {redact(settings.storage_url)}; choose another --output (or "
+                          "--storage/--study of the study those runs belong to)")
 
 
 def _open_study(settings: SearchSettings, definition: Optional[Definition]) -> tuple[optuna.Study, Definition]:
     storage = make_storage(settings)
     study = _load(storage, settings.study)
     if study is None:
-        trials_dir = Path(settings.output) / "trials"
-        if trials_dir.is_dir() and any(trials_dir.iterdir()):
-            raise ConfigError(f"{trials_dir} holds trial runs of another study, but study {settings.study!r} does "
-                              f"not exist in {redact(settings.storage_url)}; choose another --output (or "
-                              "--storage/--study of the study those runs belong to)")
+        _check_no_foreign_trials(settings)
         definition = definition or resolve_definition(settings)
         _check_space(settings, definition.n_layers)
         direction = "maximize" if definition.higher_is_better else "minimize"
@@ -439,8 +465,7 @@ def start_study(settings: SearchSettings, definition: Optional[Definition] = Non
     search knobs recorded for the report."""
     settings = with_preset(settings)
     settings.validate()
-    Path(settings.output).mkdir(parents=True, exist_ok=True)
-    study, stored = open_study(settings, definition)
+    study, stored = open_study(settings, definition)  # makes --output (a refused command makes nothing)
     study.set_user_attr(STRATEGY_ATTR, {"trials": settings.trials, **asdict(settings.strategy(stored.n_layers))})
     return settings, stored
 
@@ -486,6 +511,10 @@ def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str,
 def write_report(settings: SearchSettings) -> str:
     """Write ``OUTPUT/report.md`` and ``OUTPUT/best_pattern.png`` from the storage alone (``--report-only``) and
     return the Markdown. Trials whose heartbeat is older than the grace period are marked FAIL first."""
+    database = Path(settings.output) / "study.db"
+    if settings.storage is None and not os.path.lexists(database):  # opening it would make an empty one
+        raise ConfigError(f"{database} does not exist: no search was started in {settings.output}; check --output "
+                          "(or --storage/--study)")
     study = _load(make_storage(settings), settings.study)
     if study is None:
         raise ConfigError(f"no study {settings.study!r} in {redact(settings.storage_url)}; check --storage/--study "

@@ -94,7 +94,8 @@ class TaskSpec(abc.ABC):
     def saved_data(self, directory: Path) -> Any:
         """The data settings a run saved beside its model (``data.json``, a :attr:`data_class`), checked as
         ``--set data.KEY`` values are: what ``evaluate`` reads to rebuild the data the model was trained on."""
-        return dataclass_from_dict(self.data_class, read_json(Path(directory) / "data.json", DataError), "data.")
+        saved = read_json(Path(directory) / "data.json", DataError, within=directory)
+        return dataclass_from_dict(self.data_class, saved, "data.")
 
     def model_from_dict(self, data: dict[str, Any]) -> nn.Module:
         """The model a saved config (``resolve_model(...).to_dict()``) describes, built by the family that claims

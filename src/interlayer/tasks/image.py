@@ -39,7 +39,7 @@ from ..core.config import check_choices
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
 from ..errors import ConfigError, DataError
-from ..fileio import write_atomic
+from ..fileio import read_json, write_atomic
 from ..pretrained.hf import load_checkpoint
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
 from ..training.config import TrainConfig
@@ -342,7 +342,7 @@ class ImageClassificationSpec(TaskSpec):
         labels file beside it (``...images-idx3...`` -> ``...labels-idx1...``); default the run's test files."""
         directory = Path(directory)
         data = self.saved_data(directory)
-        names = json.loads((directory / "task.json").read_text()).get("class_names", data.class_names)
+        names = read_json(directory / "task.json", DataError, within=directory).get("class_names", data.class_names)
         model = load_pretrained(directory, getattr(args, "device", None))
         images_path, labels_path = _evaluation_files(data, args.data)
         images, labels = load_split(images_path, labels_path, model.config.encoder.num_classes)

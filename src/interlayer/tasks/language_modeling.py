@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import sys
 import time
@@ -337,7 +338,7 @@ def tokenizer_of(path: Union[str, Path]) -> LMTokenizer:
         raise FileNotFoundError(f"--tokenizer {path}: no such folder (give char, bpe, a run folder, or a GPT-2 "
                                 "tokenizer folder: vocab.json + merges.txt or tokenizer.json)")
     own = folder / TOKENIZER_FILE
-    data = read_json(own, DataError, optional=True)
+    data = read_json(own, DataError, optional=True, within=folder)
     if "kind" in data:  # interlayer's own
         return tokenizer_from_json(data, str(own))
     if data:
@@ -369,7 +370,8 @@ class LanguageModelingSpec(TaskSpec):
         if run_dir is None:
             return LanguageModelingTask(data, train)
         stored = run_dir / "task.json"
-        imported = json.loads(stored.read_text()).get("pretrained") if stored.is_file() else None
+        imported = (read_json(stored, DataError, within=run_dir).get("pretrained") if os.path.lexists(stored)
+                    else None)
         return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
 
     def finish(self, task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]

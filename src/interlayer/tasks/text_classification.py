@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
 from ..errors import ConfigError, DataError
-from ..fileio import read_yaml_or_json, write_atomic
+from ..fileio import read_json, read_yaml_or_json, write_atomic
 from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
                                    encode_example)
 from ..data.parallel import resolve_path
@@ -417,7 +418,7 @@ def report(kind: "TextClassificationSpec", path: Path, gold: Sequence[int], pred
 def _stored_import_report(run_dir: Path) -> Optional[dict[str, Any]]:
     """The import report a fine-tuning run wrote into task.json (so a resumed run's best/ keeps it)."""
     path = run_dir / "task.json"
-    return json.loads(path.read_text()).get("pretrained") if path.is_file() else None
+    return read_json(path, DataError, within=run_dir).get("pretrained") if os.path.lexists(path) else None
 
 
 # App. B.2.1: Adam, lr 4e-4, batch 64, L2 2e-6; SST 10 epochs with a cosine decay to 1e-6, SNLI 30 epochs with

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -217,13 +218,14 @@ def load_translator(directory: Path, device: Union[str, torch.device, None] = No
     """A saved translation model (``best/``, ``averaged/``) with its vocabulary."""
     directory = Path(directory)
     info = directory / "task.json"
-    task = read_json(info, CheckpointError).get("task") if info.is_file() else "translation"
+    task = (read_json(info, CheckpointError, within=directory).get("task") if os.path.lexists(info)
+            else "translation")
     if task != "translation":
         raise CheckpointError(f"{directory} holds a {task!r} model ({info}), not a translation model; translate "
                               "needs the folder of a translation run (RUN_DIR/best or RUN_DIR/averaged of "
                               "`interlayer train translation`); score this one with `interlayer evaluate "
                               f"--checkpoint {directory}`")
-    if not (directory / "vocab.json").is_file():
+    if not os.path.lexists(directory / "vocab.json"):
         raise FileNotFoundError(f"{directory} has no vocab.json: pass a translation model folder such as "
                                 "RUN_DIR/best or RUN_DIR/averaged")
     return load_pretrained(directory, device).eval(), VocabPair.load(directory)

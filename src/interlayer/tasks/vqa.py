@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -537,7 +538,7 @@ class VQASpec(TaskSpec):
         run's seed (``train_config.json``), so that ``--noise-std 1.0`` repeats the run's own noisy figures."""
         directory = Path(directory)
         data = self.saved_data(directory)
-        info = read_json(directory / "task.json", DataError)
+        info = read_json(directory / "task.json", DataError, within=directory)
         if args.data:
             data.dir = args.data
         vocab = Vocab(info["words"], info["answers"])
@@ -548,8 +549,8 @@ class VQASpec(TaskSpec):
         split = load_test_split(data, vocab)
         # the run's seed, as ``finish`` used it: the same noise and attention samples, so the same figures
         train_config = directory / "train_config.json"
-        seed = int(read_json(train_config, DataError).get("seed", TrainConfig.seed)) if train_config.is_file() \
-            else TrainConfig.seed
+        seed = (int(read_json(train_config, DataError, within=directory).get("seed", TrainConfig.seed))
+                if os.path.lexists(train_config) else TrainConfig.seed)
         clean = score(model, split, vocab, data.dataset, samples=data.pavpu_samples, seed=seed)
         noisy = (score(model, split, vocab, data.dataset, noise_std=noise, samples=data.pavpu_samples, seed=seed)
                  if noise else None)

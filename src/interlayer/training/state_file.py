@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
-from ..fileio import atomic_path
+from ..fileio import atomic_path, confined
 
 FORMAT = "interlayer-train-state"
 VERSION = 1
@@ -101,8 +101,9 @@ def write(path: Path, *, model: dict[str, torch.Tensor], optimizer: dict[str, An
 
 def read_model_config(path: Path) -> dict[str, Any]:
     """The model config a checkpoint was written with, from its header alone (no tensor is read)."""
+    source = confined(path, Path(path).parent, CheckpointError)  # a run directory's own file (fileio.confined)
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(str(source), framework="pt") as handle:
             header = handle.metadata() or {}
         return json.loads(header["model_config"])
     except (SafetensorError, OSError, ValueError, KeyError) as err:
@@ -113,9 +114,10 @@ def read_model_config(path: Path) -> dict[str, Any]:
 def read(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path`` as ``{"model", "optimizer", "rng", "assets", **metadata}``; tensors on the CPU."""
     path = Path(path)
+    source = confined(path, path.parent, CheckpointError)  # a run directory's own file (fileio.confined)
     try:
-        tensors = load_file(str(path))
-        with safe_open(str(path), framework="pt") as handle:
+        tensors = load_file(str(source))
+        with safe_open(str(source), framework="pt") as handle:
             header = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable interlayer training checkpoint ({err}); it may be "
