@@ -6,20 +6,10 @@ import torch
 from interlayer.kernels import cross_entropy
 from interlayer.kernels.dispatch import kernel_mode
 
+from helpers.kernels import HALF, on_device  # noqa: F401 (on_device: the fixture)
+
 pytest.importorskip("triton")
-# on a GPU machine the compiled kernels, else Triton's interpreter (tests/conftest.py sets it)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# fp32 products run as TF32 (10-bit mantissas) on a GPU's tensor cores, in the kernels as in cuDNN's convolution:
-# sums of ~100 such products over logits of a few units differ by ~1e-2 between two TF32 implementations
-FP32 = dict(rtol=3e-2, atol=3e-2) if DEVICE == "cuda" else dict(rtol=1e-4, atol=1e-4)
-HALF = [torch.float16, torch.bfloat16] if DEVICE == "cuda" else [torch.float16]  # the interpreter's bf16 is wrong
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    """Every tensor and model of these tests is made on the device the kernels run on."""
-    with torch.device(DEVICE):
-        yield
+pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
 
 
 def _case(dtype: torch.dtype, shape: tuple[int, ...], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

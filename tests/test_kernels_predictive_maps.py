@@ -6,21 +6,10 @@ import torch
 from interlayer.kernels import predictive_maps as pm
 from interlayer.kernels.dispatch import kernel_mode
 
+from helpers.kernels import FP32, HALF, MODEL, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
+
 pytest.importorskip("triton")
-# on a GPU machine the compiled kernels, else Triton's interpreter (tests/conftest.py sets it)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# fp32 products run as TF32 (10-bit mantissas) on a GPU's tensor cores, in the kernels as in cuDNN's convolution:
-# sums of ~100 such products over logits of a few units differ by ~1e-2 between two TF32 implementations
-FP32 = dict(rtol=3e-2, atol=3e-2) if DEVICE == "cuda" else dict(rtol=1e-4, atol=1e-4)
-HALF = [torch.float16, torch.bfloat16] if DEVICE == "cuda" else [torch.float16]  # the interpreter's bf16 is wrong
-MODEL = dict(rtol=2e-2, atol=1e-3) if DEVICE == "cuda" else dict(rtol=1e-3, atol=1e-4)
-
-
-@pytest.fixture(autouse=True)
-def _on_device():
-    """Every tensor and model of these tests is made on the device the kernels run on."""
-    with torch.device(DEVICE):
-        yield
+pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
 
 
 def _case(*, dtype=torch.float32, b=2, h=3, t=20, d=16, convs=1, seed=0):
@@ -60,7 +49,7 @@ def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.f
                                                               pad), inputs, grads)
     ref_out, ref_mixed, ref_g = _run(lambda: pm.reference(s, prev, v, weights, biases, alpha, beta_t, slope, causal,
                                                           pad), inputs, grads)
-    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else dict(rtol=6e-2, atol=6e-2)
+    tol = FP32 if dtype == torch.float32 else half_tolerance(dtype)
     torch.testing.assert_close(out, ref_out, **tol)
     hidden = pm.hidden_cells(mixed.shape, pad, causal, mixed.device)
     visible = ~hidden if hidden is not None else torch.ones_like(mixed, dtype=torch.bool)

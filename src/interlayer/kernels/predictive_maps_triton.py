@@ -66,6 +66,24 @@ def _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST: tl.constexpr, BETA: tl
 
 
 @triton.jit
+def _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL: tl.constexpr, PADDED: tl.constexpr,
+              FIRST: tl.constexpr, BETA: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
+    """The pre-activation ``Z = conv(X) + b`` of one tile, ``(HP, 256)``: one ``W_tap @ X_shifted`` product a tap."""
+    ch = tl.arange(0, HP)
+    ci = tl.arange(0, HP)
+    acc = tl.zeros([HP, 256], tl.float32)
+    for tap in tl.static_range(9):
+        rr = r + tap // 3 - TOP
+        cc = c + tap % 3 - 1
+        ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
+        x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
+        w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
+                    other=0.0)
+        acc += tl.dot(w, x)
+    return acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+
+
+@triton.jit
 def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slope,
                   CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
                   BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
@@ -85,17 +103,7 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
     if NCONV:
         y = _input(X, S, beta, base, ch, r, c, H, T, keep, FIRST, BETA)
     else:
-        acc = tl.zeros([HP, 256], tl.float32)
-        ci = tl.arange(0, HP)
-        for tap in tl.static_range(9):
-            rr = r + tap // 3 - TOP
-            cc = c + tap % 3 - 1
-            ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-            x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-            w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
-                        other=0.0)
-            acc += tl.dot(w, x)
-        z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+        z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         y = tl.where(z > 0, z, z * slope) * keep[None, :].to(tl.float32)
     inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
     offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
@@ -140,16 +148,7 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
     if FINAL:
         alpha = tl.load(ALPHA)
         tl.store(DR + offs, ((1.0 - alpha) * g).to(DR.dtype.element_ty), mask=inside)
-        acc = tl.zeros([HP, 256], tl.float32)
-        for tap in tl.static_range(9):
-            rr = r + tap // 3 - TOP
-            cc = c + tap % 3 - 1
-            ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-            x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-            w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
-                        other=0.0)
-            acc += tl.dot(w, x)
-        z = acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
+        z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         active = z > 0
         g = alpha * g
     else:
