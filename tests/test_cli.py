@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.folders import copy_folder, read_only_folder, snapshot, train_tiny_lm
 from interlayer.cli import MAX_SAMPLES, main, one_line
 from interlayer.compare import MAX_SEEDS
-
-from helpers.folders import copy_folder, read_only_folder, snapshot, train_tiny_lm
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,26 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from interlayer import get_config, list_models, save_pretrained
+from helpers.compare import compare_sets, faked_comparison
+from interlayer import get_config, list_models
 from interlayer.cli import main
-from interlayer.core.config import ConfigError
-from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
-                                make_settings)
+from interlayer.compare import (
+    DEFAULT,
+    MAIN_JOB_STEPS,
+    MAIN_JOB_VALIDATIONS,
+    build_plan,
+    hard_permutation,
+    make_settings,
+    plots,
+)
 from interlayer.compare.plan import Plan, prepare_directory
-from interlayer.compare import plots
 from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
-from interlayer.training.engine import LAST
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
+from interlayer.core.config import ConfigError
 from interlayer.training.concurrency import threads_per_run
-
-from helpers.compare import compare_sets, faked_comparison
+from interlayer.training.engine import LAST
 
 
 def _cli_sets(corpus, extra=()):

@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from helpers import TEXT, set_args
+from helpers.translation import write_corpus
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.training.engine import LAST, read_checkpoint
-
-from helpers import TEXT, set_args
-from helpers.translation import write_corpus
 
 
 def _free_port() -> int:
@@ -53,7 +52,8 @@ def corpus(tmp_path_factory):
 @pytest.mark.parametrize("extra", [
     {}, {"crossformer.hard": "[kq, ffn]"},
     pytest.param({"train.device": "cuda", "train.tf32": "false"}, marks=pytest.mark.skipif(
-        torch.cuda.device_count() < 2, reason="NCCL across 2 GPUs needs 2 GPUs"))], ids=["plain", "crossformer_hg", "nccl"])
+        torch.cuda.device_count() < 2, reason="NCCL across 2 GPUs needs 2 GPUs"))],
+    ids=["plain", "crossformer_hg", "nccl"])
 def test_two_processes_equal_one_process_with_the_same_global_batch(corpus, tmp_path, extra):
     single, double = tmp_path / "single", tmp_path / "ddp"
     _run(0, 1, 0, corpus, single, 2, extra)

@@ -11,14 +11,27 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
+from helpers.folders import fifo, link_out, train_tiny_lm
+from helpers.pretrained import tiny_state, write_bert
 from interlayer import CheckpointError, load_pretrained
 from interlayer.cli import main
 from interlayer.data.bpe import VocabPair
 from interlayer.data.classification import WordVocab
 from interlayer.data.lm_tokenizers import load_tokenizer
 from interlayer.errors import ConfigError, DataError
-from interlayer.fileio import (MAX_DEPTH, WriteError, atomic_directory, atomic_path, confined, load_yaml,
-                               parse_json, read_json, read_text, read_yaml_or_json, shorten)
+from interlayer.fileio import (
+    MAX_DEPTH,
+    WriteError,
+    atomic_directory,
+    atomic_path,
+    confined,
+    load_yaml,
+    parse_json,
+    read_json,
+    read_text,
+    read_yaml_or_json,
+    shorten,
+)
 from interlayer.pretrained import PretrainedError, TokenizerError
 from interlayer.pretrained.bpe import BPETokenizer
 from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
@@ -26,9 +39,6 @@ from interlayer.pretrained.run_assets import read_run_assets
 from interlayer.pretrained.tokenization import tokenizer_kind
 from interlayer.pretrained.wordpiece import WordPieceTokenizer
 from interlayer.tasks import task_specs
-
-from helpers.folders import fifo, link_out, train_tiny_lm
-from helpers.pretrained import tiny_state, write_bert
 
 LEADS_OUT = r"leads outside .* \(to .*\); a checkpoint folder may only read its own files: refused"
 

@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import torch
-
-from interlayer.training.engine import LAST, read_checkpoint
 from safetensors.torch import load_file
 
+from helpers.finetune import HEADS, LAYERS, MRPC_HEAD, VOCAB, D, fresh, write_checkpoint, write_data
 from interlayer import count_parameters, load_pretrained
 from interlayer.cli import main
 from interlayer.compare import build_plan, make_settings
@@ -31,9 +30,7 @@ from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, PA_TABLE_6, spl
 from interlayer.tasks import task_specs
 from interlayer.tasks.text_classification import TextClassificationTask, make_batch
 from interlayer.training import TrainConfig, Trainer
-from interlayer.training.engine import learning_rate
-
-from helpers.finetune import D, HEADS, LAYERS, MRPC_HEAD, VOCAB, fresh, write_checkpoint, write_data
+from interlayer.training.engine import LAST, learning_rate, read_checkpoint
 
 # Small and quick: 12 training examples in 3 batches; the fine-tuning recipe otherwise (adamw, linear warm-up).
 QUICK = {"data.max_len": "32", "data.batch_size": "4", "train.max_epochs": "2", "train.log_interval": "1"}

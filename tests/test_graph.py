@@ -14,22 +14,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from interlayer import create_model, get_config
-from interlayer.training.engine import LAST, read_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from interlayer import create_model, get_config
 from interlayer.accounting import count_madds, count_parameters
-from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
-from interlayer.papers.crossformer import GAT_PRESETS
 from interlayer.checkpoint import save_pretrained, tie_map
-from interlayer.models.registry import load_pretrained
 from interlayer.core.config import ConfigError
 from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
 from interlayer.data.text import DataError
 from interlayer.experiment import train
+from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
+from interlayer.models.registry import load_pretrained
+from interlayer.papers.crossformer import GAT_PRESETS
 from interlayer.tasks import task_specs
 from interlayer.tasks.graph import NodeClassificationTask
+from interlayer.training.engine import LAST, read_checkpoint
 
 SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"  # beside the checkout
 OPTIONS = list(SHARING)

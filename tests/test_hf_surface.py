@@ -11,10 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.lm import lm
 from interlayer import create_model, load_pretrained
 from interlayer.checkpoint import tie_map
-
-from helpers.lm import lm
 
 CORE = dict(src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32, enc_layers=3, max_positions=32, dropout=0.0,
             attn_dropout=0.0)

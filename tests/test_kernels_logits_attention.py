@@ -49,7 +49,8 @@ def test_kernel_equals_the_reference(dtype, causal, padded) -> None:
     with kernel_mode("triton"):
         out, gl, gv = _grads(lambda: la.logits_attention(logits, v, pad, causal), logits, v, grad_out)
     ref, rgl, rgv = _grads(lambda: la.reference(logits, v, pad, causal), logits, v, grad_out)
-    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else dict(rtol=6e-2, atol=6e-2)
+    tol = (FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16
+           else dict(rtol=6e-2, atol=6e-2))
     torch.testing.assert_close(out, ref, **tol)
     torch.testing.assert_close(gl, rgl, **tol)
     torch.testing.assert_close(gv, rgv, **tol)

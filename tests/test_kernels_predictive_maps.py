@@ -60,7 +60,8 @@ def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.f
                                                               pad), inputs, grads)
     ref_out, ref_mixed, ref_g = _run(lambda: pm.reference(s, prev, v, weights, biases, alpha, beta_t, slope, causal,
                                                           pad), inputs, grads)
-    tol = FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16 else dict(rtol=6e-2, atol=6e-2)
+    tol = (FP32 if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2) if dtype == torch.float16
+           else dict(rtol=6e-2, atol=6e-2))
     torch.testing.assert_close(out, ref_out, **tol)
     hidden = pm.hidden_cells(mixed.shape, pad, causal, mixed.device)
     visible = ~hidden if hidden is not None else torch.ones_like(mixed, dtype=torch.bool)

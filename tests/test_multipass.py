@@ -11,8 +11,17 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import (ConfigError, build_model, config_from_dict, count_madds, count_parameters, create_model,
-                        get_config, load_pretrained, save_pretrained)
+from interlayer import (
+    ConfigError,
+    build_model,
+    config_from_dict,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.core.components import Components
 from interlayer.core.encoder import Encoder
 from interlayer.core.models import EncoderClassifier
@@ -356,7 +365,7 @@ def test_classifier_arch_with_all_exits() -> None:
     out = mpt(src)
     assert len(out.exit_logits) == 2 and out.exit_logits[-1] is out.logits
     torch.testing.assert_close(out.exit_logits[0], plain(src).logits)
-    sum(nn.functional.cross_entropy(l, torch.tensor([0, 2])) for l in out.exit_logits).backward()
+    sum(nn.functional.cross_entropy(logits, torch.tensor([0, 2])) for logits in out.exit_logits).backward()
     assert mpt.encoder.connection_logits.grad is not None
     mpt.eval()
     emb = torch.randn(2, 5, TINY["d_model"])
@@ -477,7 +486,7 @@ def test_composes_with_other_methods(other: str, section: dict) -> None:
     assert count_parameters(model) == count_parameters(tiny(None, **{other: section})) + N * N
     out = model(tokens(), tokens())
     assert len(out.exit_logits) == 2
-    sum(l.sum() for l in out.exit_logits).backward()
+    sum(logits.sum() for logits in out.exit_logits).backward()
     assert model.encoder.connection_logits.grad is not None
 
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from helpers import SRC
 from interlayer import get_config
 from interlayer.cli import main
 from interlayer.compare.runner import Runner
@@ -31,9 +32,6 @@ from interlayer.data.text import DataError
 from interlayer.training import TrainConfig
 from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryLock
 from interlayer.training.engine import LAST
-
-
-from helpers import SRC
 
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
         "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0", "train.keep_last=1",

@@ -13,15 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import set_args
+from helpers.compare import compare_sets, faked_comparison
 from interlayer.cli import main
 from interlayer.compare.report import md_code, summarize, write_report
 from interlayer.compare.runner import run_state
 from interlayer.pretrained import PretrainedError, from_hf
 from interlayer.pretrained.hf import read_weights
 from interlayer.training.engine import LAST
-
-from helpers import set_args
-from helpers.compare import compare_sets, faked_comparison
 
 TINY_TRANSLATION = ["d_model=32", "n_heads=2", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
                     "train.warmup_steps=2", "data.vocab_size=60"]

@@ -18,15 +18,24 @@ import optuna
 import pytest
 from matplotlib.image import imread
 
-from interlayer.core.config import ConfigError
-from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_study, run_search
-from interlayer.search.policy import (Record, Strategy, all_patterns, decode, encode, good_and_poor, propose,
-                                      rank_completed, swap_neighbours, within_one_swap)
-from interlayer.search.report import draw_pattern
-from interlayer.search.sampler import PARAM, PHASE_ATTR, MPTSearchSampler
-
 from helpers.search import DEFINITION, N, Scored, score, search_settings
 from helpers.translation import write_corpus
+from interlayer.core.config import ConfigError
+from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_study, run_search
+from interlayer.search.policy import (
+    Record,
+    Strategy,
+    all_patterns,
+    decode,
+    encode,
+    good_and_poor,
+    propose,
+    rank_completed,
+    swap_neighbours,
+    within_one_swap,
+)
+from interlayer.search.report import draw_pattern
+from interlayer.search.sampler import PARAM, PHASE_ATTR, MPTSearchSampler
 
 TrialState = optuna.trial.TrialState
 
@@ -60,7 +69,7 @@ def test_phases_reference_then_coarse_then_refine_around_the_best_without_repeat
     assert phases[1:6] == ["coarse"] * 5
     assert set(phases[6:]) <= {"refine", "random"} and "refine" in phases[6:]
     assert len(set(patterns)) == 16  # never the same pattern twice
-    for i, trial in enumerate(trials):
+    for i in range(len(trials)):
         if phases[i] != "refine":
             continue
         before = [Record(t.number, patterns[t.number], phases[t.number], TrialState.COMPLETE, t.value)

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import gpu
 from interlayer import create_model
-from interlayer.checkpoint import CheckpointError, canonical_state_dict
+from interlayer.checkpoint import canonical_state_dict
 from interlayer.cli import main
 from interlayer.training import TrainConfig, Trainer, engine, state_file
 from interlayer.training.engine import LAST, LEGACY_LAST, DivergenceError, read_checkpoint
-
-from helpers import gpu
 
 WORDS = ["awful", "bad", "plain", "good", "great", "the", "film", "is"]
 

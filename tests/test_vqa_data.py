@@ -10,9 +10,22 @@ import pytest
 
 from interlayer.data import sort_of_clevr as soc
 from interlayer.data.text import DataError
-from interlayer.data.vqa_formats import (ArrayFeatures, NpzDirectory, TsvFeatures, answer_vocabulary, check_images,
-                                         normalize_answer, open_features, process_digit_article, process_punctuation,
-                                         read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
+from interlayer.data.vqa_formats import (
+    ArrayFeatures,
+    NpzDirectory,
+    TsvFeatures,
+    answer_vocabulary,
+    check_images,
+    normalize_answer,
+    open_features,
+    process_digit_article,
+    process_punctuation,
+    read_clevr,
+    read_gqa,
+    read_vqa2,
+    tokenize_question,
+    word_vocabulary,
+)
 
 # -- Sort-of-CLEVR ----------------------------------------------------------------------------------------------
 

@@ -2,33 +2,32 @@
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import os
 import signal
 import sys
 import traceback
-from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_args
-
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_args
 
 from .compare import DEFAULT as COMPARE_DEFAULT
 from .data.text import read_lines, read_stream_lines
 from .errors import CheckpointError, ConfigError, DataError
-from .fileio import WriteError, atomic_directory, read_json, shorten, write_atomic, write_failure
-from .tasks.translation_decoding import DecodeOptions
-from .pretrained import TokenizerError
 from .experiment import train
+from .fileio import WriteError, atomic_directory, read_json, shorten, write_atomic, write_failure
 from .models.registry import get_config, model_catalog
 from .papers import paper_tables
+from .pretrained import TokenizerError
+from .tables import format_table
+from .tasks import task_specs
+from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
+from .tasks.translation_decoding import DecodeOptions
 from .training import distributed
+from .training.cluster import parse_time
 from .training.concurrency import DirectoryBusy, available_cores
 from .training.config import PrecisionSetting
-from .tasks import task_specs
 from .training.engine import BEST_DIR, DivergenceError
-from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
-from .tables import format_table
-from .training.cluster import parse_time
 
 if TYPE_CHECKING:
     from .training.cluster import LauncherSettings
@@ -420,9 +419,9 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
         "lm", help="UTF-8 text -> nanoGPT .bin files or llm.c shards",
         description="Read a UTF-8 file or folder as `train lm` reads it (split files, or documents split by "
                     "--valid-fraction/--test-fraction), tokenize each split with --tokenizer in parallel, and write "
-                    "nanoGPT's train.bin/val.bin/test.bin (or llm.c shards) and meta.json into a new folder, atomically; "
-                    "the same text gives the same bytes. Training on the folder trains on the ids `train lm` would "
-                    "have made from the text.")
+                    "nanoGPT's train.bin/val.bin/test.bin (or llm.c shards) and meta.json into a new folder, "
+                    "atomically; the same text gives the same bytes. Training on the folder trains on the ids "
+                    "`train lm` would have made from the text.")
     lm.add_argument("source", metavar="SOURCE", help="a UTF-8 text file, a folder of .txt files, or a folder with "
                                                      "train.txt and valid.txt (test.txt optional)")
     lm.add_argument("--output", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")

@@ -33,10 +33,9 @@ from .config import dataclass_from_dict, parse_value
 from .errors import ConfigError
 from .fileio import read_json, write_atomic, write_json
 from .tasks import TaskSpec
-from .training import TrainConfig, Trainer, distributed
+from .training import TrainConfig, Trainer, distributed, state_file
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
-from .training import state_file
 from .training.engine import LAST, LEGACY_LAST, DivergenceError
 
 RUN_FILE = "run.json"

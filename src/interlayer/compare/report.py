@@ -34,10 +34,10 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
-from ..models.registry import load_pretrained
 from ..config import dataclass_from_dict
+from ..errors import CheckpointError
 from ..fileio import write_atomic
+from ..models.registry import load_pretrained
 from ..tables import format_table, human
 from ..training.config import TrainConfig
 from . import exports, plots
@@ -45,8 +45,17 @@ from .child import MEMORY_FILE, DamagedResults, read_results
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose
-from .stats import (POWER, SEED_SHARES, TEST_TITLES, Comparison, compare_to_baseline, mean_std, ratio_range, rule,
-                    test_lines)
+from .stats import (
+    POWER,
+    SEED_SHARES,
+    TEST_TITLES,
+    Comparison,
+    compare_to_baseline,
+    mean_std,
+    ratio_range,
+    rule,
+    test_lines,
+)
 
 FIGURES = "figures"
 # The metric's unit, for the axes and the --margin (absolute, in these units); tasks report accuracy in percent.

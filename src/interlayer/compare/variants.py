@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-
 from ..config import parse_value
 from ..errors import ConfigError
 from ..methods import METHODS

@@ -1,10 +1,10 @@
 """Sampling from a causal language model: greedy, temperature, top-k and top-p; batched prompts; the KV cache.
 
-* **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row
-  (prompt included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019,
-  as ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the
-  logits are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set whose
-  probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
+* **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row (prompt
+  included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019, as
+  ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the logits
+  are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set
+  whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
   from ``generator`` when one is given (a seeded run is reproducible).
 * **Batches of prompts of different lengths** come as one ``(B, T)`` tensor and a ``padding_mask`` (True at
   padding), padded on the left, on the right, or anywhere: each row's real tokens are first moved, in order, to

@@ -71,9 +71,9 @@ class HFGenerationSettings:
 
 @dataclass
 class GenerateOutput:
-    """``return_dict_in_generate=True``: ``transformers``' ``GenerateDecoderOnlyOutput`` / ``GenerateBeamDecoderOnlyOutput``
-    fields that interlayer fills: the sequences (prompts and continuations) and, for beam search, each returned
-    sequence's score (its summed log-probabilities over ``length ** length_penalty``)."""
+    """``return_dict_in_generate=True``: ``transformers``' ``GenerateDecoderOnlyOutput`` /
+    ``GenerateBeamDecoderOnlyOutput`` fields that interlayer fills: the sequences (prompts and continuations) and, for
+    beam search, each returned sequence's score (its summed log-probabilities over ``length ** length_penalty``)."""
 
     sequences: Tensor
     sequences_scores: Optional[Tensor] = None
@@ -167,17 +167,17 @@ def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Opti
                      **options: Any) -> Union[Tensor, GenerateOutput]:
     """``transformers``' ``generate``: the prompts followed by their continuations.
 
-    ``options`` and ``generation_config`` are ``transformers``' (``max_new_tokens``, ``max_length``,
-    ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``num_beams``,
-    ``length_penalty``, ``early_stopping``, ``num_return_sequences``, ``eos_token_id``, ``pad_token_id``,
-    ``use_cache``, ``return_dict_in_generate``), resolved over the model's own settings and ``transformers``'
-    defaults as ``transformers`` resolves them (module docstring; another option raises
-    :class:`UnsupportedGenerationOption`). ``num_beams > 1`` is beam search
-    (:mod:`interlayer.core.beam_search`), otherwise :func:`~interlayer.core.generation.generate`. A row that produced ``eos_token_id`` is filled
-    with ``pad_token_id`` (``eos_token_id`` when none is given), and the batch stops once every row has. The prompts
-    come back as given, padding and all (left padding is what transformers expects, and any padding works here:
-    see :mod:`interlayer.core.generation`); ``return_dict_in_generate`` wraps them in a
-    :class:`GenerateOutput` (with beam search, the sequences' scores too).
+    ``options`` and ``generation_config`` are ``transformers``' (``max_new_tokens``, ``max_length``, ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``num_beams``, ``length_penalty``,
+    ``early_stopping``, ``num_return_sequences``, ``eos_token_id``, ``pad_token_id``, ``use_cache``,
+    ``return_dict_in_generate``), resolved over the model's own settings and ``transformers``' defaults as
+    ``transformers`` resolves them (module docstring; another option raises :class:`UnsupportedGenerationOption`).
+    ``num_beams > 1`` is beam search (:mod:`interlayer.core.beam_search`), otherwise
+    :func:`~interlayer.core.generation.generate`. A row that produced ``eos_token_id`` is filled with ``pad_token_id``
+    (``eos_token_id`` when none is given), and the batch stops once every row has. The prompts come back as given,
+    padding and all (left padding is what transformers expects, and any padding works here: see
+    :mod:`interlayer.core.generation`); ``return_dict_in_generate`` wraps them in a :class:`GenerateOutput` (with beam
+    search, the sequences' scores too).
     """
     settings = resolve_settings(model.generation_defaults(), generation_config, options, input_ids.shape[-1])
     scores = None

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from ..errors import DataError
 from ..fileio import read_json, write_atomic
 from .text import PathLike, iter_lines
-from ..errors import DataError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID = 0, 1, 2, 3
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")

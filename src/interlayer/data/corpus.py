@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from ..errors import DataError
 from .parallel import resolve_path
 from .text import nul_refusal
-from ..errors import DataError
 
 PathLike = Union[str, Path]
 SPLITS = ("train", "valid", "test")

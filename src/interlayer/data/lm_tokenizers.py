@@ -35,11 +35,11 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch import Tensor
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import Tensor
 
-from ..fileio import read_json, write_atomic
 from ..errors import DataError
+from ..fileio import read_json, write_atomic
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

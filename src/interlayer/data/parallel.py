@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .text import PathLike, read_lines
 from ..errors import DataError
+from .text import PathLike, read_lines
 
 MAX_LINE_CHARS = 4096
 

@@ -52,9 +52,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import DataError
 from .parallel import resolve_path
 from .text import iter_lines
-from ..errors import DataError
 
 PathLike = Union[str, Path]
 RAW_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")

@@ -39,10 +39,18 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
-from .corpus import (DOCUMENT_SEPARATOR, SPLITS, CorpusFiles, corpus_files, document_text, fraction_bounds,
-                     read_text, split_description, strip_gutenberg)
-from .lm_tokenizers import (CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer,
-                            tokenizer_from_json)
+from .corpus import (
+    DOCUMENT_SEPARATOR,
+    SPLITS,
+    CorpusFiles,
+    corpus_files,
+    document_text,
+    fraction_bounds,
+    read_text,
+    split_description,
+    strip_gutenberg,
+)
+from .lm_tokenizers import CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer, tokenizer_from_json
 from .token_files import MAX_VOCAB, META_FILE, NANOGPT_FILES, Layout, TokenWriter
 
 SHARD_NAMES = {"train": "train", "valid": "val", "test": "test"}

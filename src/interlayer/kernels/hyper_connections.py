@@ -80,8 +80,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .precision import fp32_island
 from .dispatch import use_triton
+from .precision import fp32_island
 
 KERNEL = "hyper_connections"
 MAX_TILE = 8192  # elements of one (n, d) register tile, rounded up to powers of two; beyond, registers would spill

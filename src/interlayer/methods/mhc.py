@@ -73,8 +73,8 @@ from torch import Tensor, nn
 
 from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
-from ..kernels.precision import fp32_island
 from ..errors import ConfigError
+from ..kernels.precision import fp32_island
 from .base import MethodBase
 from .hyper_connections import SUBLAYERS
 

@@ -102,8 +102,8 @@ from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .conv_branch import attention_heads, check_kernel, check_sides
 from .base import MethodBase
+from .conv_branch import attention_heads, check_kernel, check_sides
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..build import build_model
-from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
+from ..config import ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value
 from ..core.components import Components
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties

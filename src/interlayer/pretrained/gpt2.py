@@ -24,10 +24,19 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..data.lm_tokenizers import ByteBPETokenizer
-from .bpe import byte_level_backend, read_bpe
 from ..fileio import read_json
-from .tokenization import (BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec,
-                           TokenizerError, add_tokens, read_added_tokens, read_special_tokens)
+from .bpe import byte_level_backend, read_bpe
+from .tokenization import (
+    BPE_VOCAB_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    AddedTokenSpec,
+    TokenizerError,
+    add_tokens,
+    read_added_tokens,
+    read_special_tokens,
+)
 
 END_OF_TEXT = "<|endoftext|>"
 GPT2_SPECIALS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": END_OF_TEXT}

@@ -29,10 +29,20 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from ..fileio import read_json, read_text
-
-from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
-                           PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens, model_max_length,
-                           read_added_tokens, read_special_tokens)
+from .tokenization import (
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    AddedTokenSpec,
+    EncodedBatch,
+    PretrainedTokenizer,
+    TokenizerError,
+    add_tokens,
+    checked_special_tokens,
+    model_max_length,
+    read_added_tokens,
+    read_special_tokens,
+)
 from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]

@@ -5,9 +5,17 @@
 settings, storage, study and workers, :mod:`.launch` the trials as cluster jobs (``--launcher submitit``),
 :mod:`.report` the report and the pattern figure.
 """
-from .mpt import (SearchOutcome, SearchSettings, TrialRequest, TrialResult, run_search, run_worker, train_trial,
-                  write_report)
 from .launch import run_search_jobs
+from .mpt import (
+    SearchOutcome,
+    SearchSettings,
+    TrialRequest,
+    TrialResult,
+    run_search,
+    run_worker,
+    train_trial,
+    write_report,
+)
 from .policy import Strategy, propose
 from .report import draw_pattern
 from .sampler import Definition, MPTSearchSampler

@@ -48,8 +48,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import optuna
 import sqlalchemy
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.samplers import BaseSampler
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
@@ -58,8 +58,16 @@ from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
-from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PARAM, PHASE_ATTR, STRATEGY_ATTR, Definition, MPTSearchSampler,
-                      trial_pattern)
+from .sampler import (
+    CONDITIONS_ATTR,
+    DEFINITION_ATTR,
+    PARAM,
+    PHASE_ATTR,
+    STRATEGY_ATTR,
+    Definition,
+    MPTSearchSampler,
+    trial_pattern,
+)
 
 DEFAULT_STUDY = "mpt-search"
 DEFAULT_OUTPUT = "runs/search/mpt-{task}"

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Optional, Union, get_args, overload
 
 import torch
@@ -55,22 +55,31 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import load_pretrained
 from ..config import ModelConfig
 from ..core.config import check_choices
 from ..core.generation import SamplingOptions
+from ..core.losses import label_smoothed_nll, total_loss
 from ..data.corpus import load_corpus, read_text, resolve
-from ..data.lm_tokenizers import (TOKENIZER_FILE, IdTokenizer, Kind, LMTokenizer, chars_tokenizer, load_tokenizer,
-                                  save_tokenizer, tokenizer_from_json, train_tokenizer)
+from ..data.lm_tokenizers import (
+    TOKENIZER_FILE,
+    IdTokenizer,
+    Kind,
+    LMTokenizer,
+    chars_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_from_json,
+    train_tokenizer,
+)
 from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
-from ..pretrained.hf import load_checkpoint
+from ..models.registry import load_pretrained
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
+from ..pretrained.hf import load_checkpoint
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 
 SPLITS = ("train", "valid", "test")

@@ -47,21 +47,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
+from ..core.losses import label_smoothed_nll, total_loss
+from ..data.classification import (
+    MRPC,
+    PAD_ID,
+    SICK,
+    SST2,
+    SST5,
+    DataFormat,
+    Encoded,
+    Example,
+    WordVocab,
+    encode_example,
+)
+from ..data.parallel import resolve_path
+from ..errors import ConfigError, DataError
+from ..fileio import read_json, read_yaml_or_json, write_atomic
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
-from ..errors import ConfigError, DataError
-from ..fileio import read_json, read_yaml_or_json, write_atomic
-from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
-                                   encode_example)
-from ..data.parallel import resolve_path
 from ..pretrained import PretrainedTokenizer, load_tokenizer
-from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
+from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.tokenization import tokenizer_kind
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .metrics import accuracy, confusion_matrix, format_report, per_class_scores
 

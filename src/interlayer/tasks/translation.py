@@ -20,16 +20,16 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..accounting import count_madds, count_parameters
+from ..core.losses import label_smoothed_nll, total_loss
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import read_parallel, resolve_path
-from ..accounting import count_madds, count_parameters
 from ..errors import CheckpointError, ConfigError, DataError
-from ..models.registry import load_pretrained
 from ..fileio import read_json, write_atomic
+from ..models.registry import load_pretrained
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .translation_decoding import DecodeOptions, decode
 

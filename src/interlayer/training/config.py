@@ -5,10 +5,9 @@ square-root schedule with warm-up, label smoothing 0.1.
 """
 from __future__ import annotations
 
-import os
-
-from dataclasses import dataclass, field
 import importlib.util
+import os
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.config import check_choices, check_finite

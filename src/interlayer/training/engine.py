@@ -54,11 +54,11 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
-from ..errors import CheckpointError
-from . import distributed, state_file
-from ..fileio import atomic_path, write_atomic
-from .config import TrainConfig
 from ..devices import resolve_device
+from ..errors import CheckpointError
+from ..fileio import atomic_path, write_atomic
+from . import distributed, state_file
+from .config import TrainConfig
 from .device import autocast, configure_tf32, inputs_to, make_scaler, move, resolve_precision
 from .step_logs import StepLogs
 
