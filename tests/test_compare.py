@@ -32,8 +32,9 @@ from interlayer.compare.plan import Plan, prepare_directory
 from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
-from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
+from interlayer.compare.variants import NAMED_VARIANTS, Context, parse_variants, split_entries
 from interlayer.core.config import ConfigError
+from interlayer.errors import VariantError
 from interlayer.training.concurrency import threads_per_run
 from interlayer.training.engine import LAST
 

@@ -18,10 +18,9 @@ from interlayer.cli import main
 from interlayer.data.bpe import VocabPair
 from interlayer.data.classification import WordVocab
 from interlayer.data.lm_tokenizers import load_tokenizer
-from interlayer.errors import ConfigError, DataError
+from interlayer.errors import ConfigError, DataError, PretrainedError, TokenizerError, WriteError
 from interlayer.fileio import (
     MAX_DEPTH,
-    WriteError,
     atomic_directory,
     atomic_path,
     confined,
@@ -32,7 +31,6 @@ from interlayer.fileio import (
     read_yaml_or_json,
     shorten,
 )
-from interlayer.pretrained import PretrainedError, TokenizerError
 from interlayer.pretrained.bpe import BPETokenizer
 from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
 from interlayer.pretrained.run_assets import read_run_assets

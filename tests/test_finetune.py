@@ -22,8 +22,8 @@ from interlayer import count_parameters, load_pretrained
 from interlayer.cli import main
 from interlayer.compare import build_plan, make_settings
 from interlayer.compare.plan import build_task
-from interlayer.compare.variants import VariantError
 from interlayer.config import ConfigError
+from interlayer.errors import VariantError
 from interlayer.experiment import train, with_defaults
 from interlayer.pretrained import WordPieceTokenizer, import_bert
 from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, PA_TABLE_6, split_model_sets

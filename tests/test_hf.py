@@ -26,13 +26,14 @@ from interlayer.cli import main
 from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.models.vision import ImageClassifier
-from interlayer.pretrained import BPETokenizer, PretrainedError, from_hf, to_hf
+from interlayer.pretrained import BPETokenizer, from_hf, to_hf
 from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
 
 transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 from helpers.hf import CASES, HEADS, LAYERS, TEXT, D, images, reference, text_ids  # noqa: E402
+from interlayer.errors import PretrainedError  # noqa: E402
 
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 

@@ -18,7 +18,8 @@ from helpers.compare import compare_sets, faked_comparison
 from interlayer.cli import main
 from interlayer.compare.report import md_code, summarize, write_report
 from interlayer.compare.runner import run_state
-from interlayer.pretrained import PretrainedError, from_hf
+from interlayer.errors import PretrainedError
+from interlayer.pretrained import from_hf
 from interlayer.pretrained.hf import read_weights
 from interlayer.training.engine import LAST
 

@@ -16,8 +16,9 @@ from helpers import gpu
 from interlayer import create_model
 from interlayer.checkpoint import canonical_state_dict
 from interlayer.cli import main
+from interlayer.errors import DivergenceError
 from interlayer.training import TrainConfig, Trainer, engine, state_file
-from interlayer.training.engine import LAST, LEGACY_LAST, DivergenceError, read_checkpoint
+from interlayer.training.engine import LAST, LEGACY_LAST, read_checkpoint
 
 WORDS = ["awful", "bad", "plain", "good", "great", "the", "film", "is"]
 

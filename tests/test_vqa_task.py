@@ -13,9 +13,9 @@ from torch import nn
 from helpers import set_args
 from interlayer.cli import main
 from interlayer.compare.plan import Settings, build_plan
-from interlayer.compare.variants import VariantError
 from interlayer.data import sort_of_clevr as soc
 from interlayer.data.vqa_formats import open_features
+from interlayer.errors import VariantError
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.tasks import vqa as vqa_task

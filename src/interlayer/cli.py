@@ -13,21 +13,29 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_ar
 
 from .compare import DEFAULT as COMPARE_DEFAULT
 from .data.text import read_lines, read_stream_lines
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DirectoryBusy,
+    DivergenceError,
+    PretrainedError,
+    TokenizerError,
+    WriteError,
+)
 from .experiment import train
-from .fileio import WriteError, atomic_directory, read_json, shorten, write_atomic, write_failure
+from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
 from .models.registry import get_config, model_catalog
 from .papers import paper_tables
-from .pretrained import TokenizerError
 from .tables import format_table
 from .tasks import task_specs
 from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
 from .tasks.translation_decoding import DecodeOptions
 from .training import distributed
 from .training.cluster import parse_time
-from .training.concurrency import DirectoryBusy, available_cores
+from .training.concurrency import available_cores
 from .training.config import PrecisionSetting
-from .training.engine import BEST_DIR, DivergenceError
+from .training.engine import BEST_DIR
 
 if TYPE_CHECKING:
     from .training.cluster import LauncherSettings
@@ -364,7 +372,6 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .checkpoint import CONFIG_FILE
     from .models.registry import load_pretrained
-    from .pretrained import PretrainedError
     from .pretrained.export import export
     source, target = Path(args.run_dir), Path(args.out_dir)
     folder = source / BEST_DIR if os.path.lexists(source / BEST_DIR / CONFIG_FILE) else source

@@ -30,13 +30,13 @@ import torch
 from torch import nn
 
 from .config import dataclass_from_dict, parse_value
-from .errors import ConfigError
+from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed, state_file
 from .training.concurrency import DirectoryLock
 from .training.config import CHANGEABLE_ON_RESUME
-from .training.engine import LAST, LEGACY_LAST, DivergenceError
+from .training.engine import LAST, LEGACY_LAST
 
 RUN_FILE = "run.json"
 

@@ -22,12 +22,12 @@ import torch
 from .. import __version__
 from ..accounting import count_madds, count_parameters
 from ..config import dataclass_from_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
-from .variants import Context, Variant, VariantError, parse_variant, variant_overrides
+from .variants import Context, Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
 FORMAT = 1

@@ -35,13 +35,13 @@ import numpy as np
 import torch
 
 from ..config import dataclass_from_dict
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DamagedResults
 from ..fileio import write_atomic
 from ..models.registry import load_pretrained
 from ..tables import format_table, human
 from ..training.config import TrainConfig
 from . import exports, plots
-from .child import MEMORY_FILE, DamagedResults, read_results
+from .child import MEMORY_FILE, read_results
 from .plan import Plan, PlannedVariant
 from .runner import RUNS, STATUS_FILE, run_name
 from .selection import Choice, Selection, choice_lines, choose

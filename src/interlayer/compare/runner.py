@@ -46,11 +46,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..errors import DamagedResults
 from ..fileio import write_json
 from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from ..training.engine import LAST, LEGACY_LAST
 from . import child
-from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, DamagedResults, read_results
+from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, read_results
 from .plan import Plan, PlannedVariant
 
 RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..config import parse_value
-from ..errors import ConfigError
+from ..errors import ConfigError, VariantError
 from ..methods import METHODS
 
 # Method sections of a Transformer config. A global --set on one of them would switch the method on in every
@@ -34,10 +34,6 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 # Training settings a variant may not change: the comparison gives every variant the same seeds and budget.
 SHARED_TRAIN_KEYS = ("seed", "max_minutes")
-
-
-class VariantError(ConfigError):
-    """A ``--variants`` entry that cannot be parsed, or cannot apply to the task's model."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 from torch import Tensor
 
+from ..errors import UnsupportedGenerationOption
 from .beam_search import beam_search
 from .generation import SamplingOptions, generate
 
@@ -43,10 +44,6 @@ SUPPORTED = (*DEFAULTS, "max_new_tokens", "max_length", "eos_token_id", "pad_tok
 # GenerationConfig entries that say nothing about decoding (bookkeeping, or what interlayer models always do)
 IGNORED = ("transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash",
            "output_attentions", "output_hidden_states", "decoder_start_token_id", "is_assistant")
-
-
-class UnsupportedGenerationOption(ValueError):
-    """A ``generate`` option :func:`~interlayer.core.generation.generate_like_hf` does not implement."""
 
 
 @dataclass(frozen=True)

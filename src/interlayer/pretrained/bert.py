@@ -13,10 +13,10 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, PretrainedError
 from .export import to_hf
 from .families import BertFamily
-from .hf import PretrainedError, from_checkpoint, read_checkpoint
+from .hf import from_checkpoint, read_checkpoint
 from .tokenization import PretrainedTokenizer
 
 __all__ = ["PA_BERT_ALPHA", "bert_config", "encoder_parameter_map", "export_bert", "import_bert", "pa_bert_section"]

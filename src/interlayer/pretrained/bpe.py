@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from ..errors import TokenizerError
 from ..fileio import read_json, read_text
 from .tokenization import (
     BPE_MERGES_FILE,
@@ -38,7 +39,6 @@ from .tokenization import (
     TOKENIZER_FILE,
     AddedTokenSpec,
     PretrainedTokenizer,
-    TokenizerError,
     add_tokens,
     checked_special_tokens,
     model_max_length,

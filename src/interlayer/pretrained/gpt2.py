@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..data.lm_tokenizers import ByteBPETokenizer
+from ..errors import TokenizerError
 from ..fileio import read_json
 from .bpe import byte_level_backend, read_bpe
 from .tokenization import (
@@ -32,7 +33,6 @@ from .tokenization import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     AddedTokenSpec,
-    TokenizerError,
     add_tokens,
     read_added_tokens,
     read_special_tokens,

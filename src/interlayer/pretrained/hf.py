@@ -52,7 +52,7 @@ from ..checkpoint import build_on_meta, check_buffers, check_config_sizes
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
 from ..data.lm_tokenizers import LMTokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, PretrainedError, TokenizerError
 from ..fileio import read_json
 from ..methods import METHODS
 from ..models.registry import get_config
@@ -61,8 +61,8 @@ from .bpe import BPETokenizer
 from .exact_start import step_zero_notes
 from .families import SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout, family_of
 from .gpt2 import load_gpt2_tokenizer
-from .hf_files import PretrainedError, confined, read_weights, resolve_source
-from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
+from .hf_files import confined, read_weights, resolve_source
+from .tokenization import PretrainedTokenizer, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
 log = logging.getLogger(__name__)

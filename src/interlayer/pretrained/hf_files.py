@@ -15,15 +15,11 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from .. import fileio
-from ..errors import CheckpointError
+from ..errors import PretrainedError
 from ..fileio import read_json
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-
-
-class PretrainedError(CheckpointError):
-    """A checkpoint that is not a supported Hugging Face model, or a model that cannot become one."""
 
 
 def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:

@@ -50,7 +50,8 @@ from transformers.modeling_outputs import (
 from ..build import build_model
 from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import config_from_dict
-from ..core.hf_generation import GenerateOutput, UnsupportedGenerationOption, generate_like_hf
+from ..core.hf_generation import GenerateOutput, generate_like_hf
+from ..errors import UnsupportedGenerationOption
 from .hf_config import InterlayerConfig
 
 WEIGHTS_NAME = "model.safetensors"

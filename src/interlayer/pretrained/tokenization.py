@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
 from ..data.lm_tokenizers import KIND_KEY as LM_KIND_KEY
-from ..errors import DataError
+from ..errors import TokenizerError
 from ..fileio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -42,11 +42,6 @@ WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer"
                      "ElectraTokenizer", "ElectraTokenizerFast")
 BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast")
 TokenizerKind = Literal["wordpiece", "bpe"]
-
-
-class TokenizerError(DataError):
-    """A vocabulary or tokenizer configuration that cannot give the checkpoint's tokenisation; the message says
-    why (a :class:`~interlayer.errors.DataError`, a ``ValueError``: a bad input wherever it is met)."""
 
 
 class EncodedBatch(dict):

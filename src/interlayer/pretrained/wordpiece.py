@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from ..errors import TokenizerError
 from ..fileio import read_json, read_text
 from .tokenization import (
     SPECIAL_TOKENS_FILE,
@@ -36,7 +37,6 @@ from .tokenization import (
     AddedTokenSpec,
     EncodedBatch,
     PretrainedTokenizer,
-    TokenizerError,
     add_tokens,
     checked_special_tokens,
     model_max_length,

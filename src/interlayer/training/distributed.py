@@ -22,9 +22,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointError, ConfigError, DataError
-from ..fileio import WriteError, shorten
-from .concurrency import DirectoryBusy
+from ..errors import CheckpointError, ConfigError, DataError, DirectoryBusy, WriteError
+from ..fileio import shorten
 
 # The errors a rank reports as a refusal (a bad input or situation, exit code 2 on every rank); any other error is a
 # failure, ending every rank with exit code 1. The families the command line reports as bad input.

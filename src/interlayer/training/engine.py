@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
 from ..devices import resolve_device
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DivergenceError
 from ..fileio import atomic_path, write_atomic
 from . import distributed, state_file
 from .config import TrainConfig
@@ -68,10 +68,6 @@ BEST_DIR = "best"
 # fp16: the scaler halves its scale at every overflow; this many overflows in a row (a scale 2^-25 of where it
 # was) means the gradients are not finite at any scale: the model itself has diverged.
 MAX_SKIPPED_STEPS = 25
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss or gradients; the message names the step and what was kept."""
 
 
 class Task(Protocol):
