@@ -24,7 +24,6 @@ from interlayer.compare import (
     MAIN_JOB_STEPS,
     MAIN_JOB_VALIDATIONS,
     build_plan,
-    hard_permutation,
     make_settings,
     plots,
 )
@@ -32,9 +31,10 @@ from interlayer.compare.plan import Plan, prepare_directory
 from interlayer.compare.report import environment, still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
-from interlayer.compare.variants import NAMED_VARIANTS, Context, parse_variants, split_entries
+from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
 from interlayer.core.config import ConfigError
 from interlayer.errors import VariantError
+from interlayer.methods.base import VariantContext
 from interlayer.training.concurrency import threads_per_run
 from interlayer.training.engine import LAST
 
@@ -78,15 +78,6 @@ def test_global_set_of_a_method_section_is_refused():
         make_settings("translation", ["baseline,pa"], sets={"predictive.alpha": "0.5"})
 
 
-def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
-    assert hard_permutation(6) == [0, 4, 1, 5, 2, 3]  # MPT Fig. 3
-    assert hard_permutation(3) == [0, 2, 1]
-    for n in range(3, 13):
-        perm = hard_permutation(n)
-        assert sorted(perm) == list(range(n)) and perm[0] == 0 and perm != list(range(n))
-    assert hard_permutation(2) == [0, 1]
-
-
 def test_named_variants_are_computed_against_the_task_model(corpus):
     settings = make_settings("translation", ["baseline,mpt_hard,pa,crossformer_kq,lw_1x"],
                              sets=compare_sets(corpus, ["enc_layers=3"]))
@@ -101,12 +92,13 @@ def test_named_variants_are_computed_against_the_task_model(corpus):
     assert plan.variant("mpt_hard").madds > plan.variant("baseline").madds  # two encoder passes
     assert plan.variant("baseline").lengths[0] > 2  # mean training lengths, not a constant
     base = get_config("transformer_text_cls").to_dict()
-    assert NAMED_VARIANTS["pa"].overrides(Context("sick", "transformer_text_cls", base))["predictive.alpha"] == 0.5
+    sick = VariantContext("sick", "transformer_text_cls", base)
+    assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5
     gat = {"model_type": "gat", "crossformer": None}
-    assert NAMED_VARIANTS["crossformer_kq"].overrides(Context("cora", "gat_cora", gat)) == {"crossformer": "kq"}
+    assert NAMED_VARIANTS["crossformer_kq"].overrides(VariantContext("cora", "gat_cora", gat)) == {"crossformer": "kq"}
     with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
                                            "trains a gat model"):
-        NAMED_VARIANTS["pa"].overrides(Context("cora", "gat_cora", gat))
+        NAMED_VARIANTS["pa"].overrides(VariantContext("cora", "gat_cora", gat))
 
 
 def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, capsys):

@@ -25,7 +25,7 @@ from interlayer import (
 from interlayer.core.components import Components
 from interlayer.core.encoder import Encoder
 from interlayer.core.models import EncoderClassifier
-from interlayer.methods.multipass import METHOD, MultiPassEncoder, soft_init_logits
+from interlayer.methods.multipass import METHOD, MultiPassEncoder, hard_permutation, soft_init_logits
 from interlayer.models.registry import presets
 from interlayer.papers.multipass import PRESETS, paper_tables
 
@@ -171,6 +171,15 @@ def test_default_connection_matches_reference(routing: str, norm_first: bool) ->
     for p in (1, 2, 3):
         mpt.encoder.exit_pass = p
         torch.testing.assert_close(encode(mpt, src), expected[p - 1])
+
+
+def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
+    assert hard_permutation(6) == [0, 4, 1, 5, 2, 3]  # MPT Fig. 3
+    assert hard_permutation(3) == [0, 2, 1]
+    for n in range(3, 13):
+        perm = hard_permutation(n)
+        assert sorted(perm) == list(range(n)) and perm[0] == 0 and perm != list(range(n))
+    assert hard_permutation(2) == [0, 1]
 
 
 @pytest.mark.parametrize("routing", ["a", "b", "c", "d"])

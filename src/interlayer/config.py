@@ -15,22 +15,11 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
-from .core.config import TransformerConfig, dataclass_from_dict, unknown_key
+from .core.config import dataclass_from_dict, unknown_key
 from .errors import ConfigError
 from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
-from .methods.cla import CLAConfig
-from .methods.conv_branch import ConvBranchConfig
-from .methods.crossformer import CrossformerConfig
-from .methods.denseformer import DenseFormerConfig
-from .methods.hyper_connections import HyperConnectionsConfig
-from .methods.layer_sharing import LayerSharingConfig
-from .methods.lightweight import LightweightConfig
-from .methods.mhc import MHCConfig
-from .methods.muddformer import MUDDFormerConfig
-from .methods.multipass import MultiPassConfig
-from .methods.predictive import PredictiveConfig
-from .methods.value_residual import ValueResidualConfig
+from .methods.base import ComposedConfig
 
 
 class ConfigFile:
@@ -46,22 +35,22 @@ class ConfigFile:
         write_atomic(path, text + ("\n" if not text.endswith("\n") else ""))
 
 
-@dataclass
-class ModelConfig(ConfigFile, TransformerConfig):
-    """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off)."""
+def _with_method_sections(cls: type) -> type:
+    """``cls`` as a dataclass with one field per method of :data:`~interlayer.methods.METHODS`, in that order: the
+    method's name, typed ``Optional[method.config_class]``, ``None`` (off) by default. A method's section is
+    declared by the method (its ``name`` and ``config_class``), so adding a method adds its field here."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for method in METHODS:
+        annotations[method.name] = Optional[method.config_class]
+        setattr(cls, method.name, None)
+    cls.__annotations__ = annotations
+    return dataclass(cls)
 
-    crossformer: Optional[CrossformerConfig] = None
-    multipass: Optional[MultiPassConfig] = None
-    predictive: Optional[PredictiveConfig] = None
-    conv_branch: Optional[ConvBranchConfig] = None
-    lightweight: Optional[LightweightConfig] = None
-    layer_sharing: Optional[LayerSharingConfig] = None
-    value_residual: Optional[ValueResidualConfig] = None
-    cla: Optional[CLAConfig] = None
-    denseformer: Optional[DenseFormerConfig] = None
-    hyper_connections: Optional[HyperConnectionsConfig] = None
-    mhc: Optional[MHCConfig] = None
-    muddformer: Optional[MUDDFormerConfig] = None
+
+@_with_method_sections
+class ModelConfig(ConfigFile, ComposedConfig):
+    """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off), one per method
+    of :data:`~interlayer.methods.METHODS`, under the method's name."""
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""

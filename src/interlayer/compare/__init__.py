@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..training.concurrency import DirectoryLock
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
-from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
+from .variants import NAMED_VARIANTS, check_global_sets, describe_named, parse_variants
 
 if TYPE_CHECKING:
     from ..training.cluster import LauncherSettings
@@ -151,4 +151,4 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
 
 
 __all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",
-           "describe_named", "hard_permutation", "make_settings", "parse_selections", "run_compare"]
+           "describe_named", "make_settings", "parse_selections", "run_compare"]

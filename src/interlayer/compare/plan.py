@@ -25,9 +25,10 @@ from ..config import dataclass_from_dict
 from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
+from ..methods.base import VariantContext
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
-from .variants import Context, Variant, parse_variant, variant_overrides
+from .variants import Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
 FORMAT = 1
@@ -174,7 +175,7 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
         ctx = None
         if variant.named:
             base = spec.resolve_model(variant.preset, model_sets, task).to_dict()
-            ctx = Context(spec.name, variant.preset, base)
+            ctx = VariantContext(spec.name, variant.preset, base)
         own = variant_overrides(variant, ctx)
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional, get_args
+from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
 import torch
 from torch import Tensor, nn
@@ -76,11 +76,8 @@ from torch import Tensor, nn
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.feedforward import FeedForward
-from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from ..errors import ConfigError, VariantError
+from .base import ComposedConfig, Conflict, Example, MethodBase, NamedVariant, VariantContext
 
 Pair = Literal["kq", "qk", "qq", "kk", "vf", "ffn"]
 Side = Literal["encoder", "decoder", "cross"]
@@ -127,13 +124,13 @@ class CrossformerConfig:
     reduction: Reduction = "sum"
     soft_target: SoftTarget = "weights"
 
-    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+    def resolved_sides(self, cfg: ComposedConfig) -> list[str]:
         """The guided stacks: ``sides``, or every self-attention stack the architecture has."""
         if self.sides is not None:
             return list(self.sides)
         return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         _check_unique("crossformer.hard", self.hard)
         _check_unique("crossformer.soft", self.soft)
         if not self.hard and not self.soft:
@@ -157,7 +154,7 @@ class CrossformerConfig:
         self._validate_states(cfg)
         _check_composition(self, cfg)
 
-    def _validate_states(self, cfg: "ModelConfig") -> None:
+    def _validate_states(self, cfg: ComposedConfig) -> None:
         """Refuse what ``soft_target="states"`` cannot compare, or what it would silently ignore."""
         if self.soft_target != "states":
             return
@@ -174,7 +171,7 @@ class CrossformerConfig:
                               f"queries, one per target position, via {crossed}; they have no common positions. "
                               "Use 'qq'/'kk'/'vf' on the cross side, or soft_target='weights'")
 
-    def _validate_sides(self, cfg: "ModelConfig") -> None:
+    def _validate_sides(self, cfg: ComposedConfig) -> None:
         if self.sides is not None:
             _check_unique("crossformer.sides", self.sides)
             if not self.sides:
@@ -232,7 +229,7 @@ def _attributes(pair: str, ffn_order: str, i: int) -> tuple[str, str]:
     return name, name
 
 
-def collect_links(section: CrossformerConfig, cfg: "ModelConfig", pairs: list[str], key: str,
+def collect_links(section: CrossformerConfig, cfg: ComposedConfig, pairs: list[str], key: str,
                   blocks_of: BlocksOf, owners: Optional[dict[str, str]] = None) -> list[Link]:
     """Every link of ``pairs`` on the guided sides, after checking the modules can be tied/regularised."""
     links: list[Link] = []
@@ -258,7 +255,7 @@ def model_blocks(model: nn.Module) -> BlocksOf:
     return blocks_of
 
 
-def _factory_blocks(components: Components, cfg: "ModelConfig") -> BlocksOf:
+def _factory_blocks(components: Components, cfg: ComposedConfig) -> BlocksOf:
     """``blocks_of`` calling the installed factories, as the model builder will."""
     def blocks_of(side: str, pair: str) -> tuple[list[nn.Module], str]:
         stack = "encoder" if side == "encoder" else "decoder"
@@ -271,7 +268,7 @@ def _factory_blocks(components: Components, cfg: "ModelConfig") -> BlocksOf:
     return blocks_of
 
 
-def _check_composition(section: CrossformerConfig, cfg: "ModelConfig") -> None:
+def _check_composition(section: CrossformerConfig, cfg: ComposedConfig) -> None:
     """Build the guided modules from the other methods' factories on the meta device and check them.
 
     Probing the factories (instead of reading other sections' fields) rejects exactly the combinations whose
@@ -365,7 +362,7 @@ class SoftGuidance:
     The links are re-read from the model on every call, so modules replaced after building are respected.
     """
 
-    def __init__(self, section: CrossformerConfig, cfg: "ModelConfig") -> None:
+    def __init__(self, section: CrossformerConfig, cfg: ComposedConfig) -> None:
         self.section = section
         self.cfg = cfg
 
@@ -527,7 +524,7 @@ class StateGuidance:
         self.recorder = StateRecorder()
 
     @classmethod
-    def attach(cls, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> "StateGuidance":
+    def attach(cls, section: CrossformerConfig, cfg: ComposedConfig, model: nn.Module) -> "StateGuidance":
         """Build the state terms of ``section.soft`` on ``model`` and register the hooks that record them."""
         links = collect_links(section, cfg, list(section.soft), "crossformer.soft", model_blocks(model))
         sites = [StateSite(link.lower_path, link.upper_path, _positions(link.side, link.lower_path))
@@ -628,14 +625,51 @@ def _check_unique(key: str, values: Any) -> None:
         raise ConfigError(f"{key}={list(values)} lists {repeated} more than once")
 
 
+def _variant(hard: list[str], soft: list[str], gat: Optional[str] = None) -> Callable[[VariantContext], dict]:
+    """Hard/soft pairs for a Transformer; on GAT (Crossformer Sec. 3.3, Table 5) its own ``crossformer`` field."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        if ctx.is_gat:
+            if gat is None:
+                raise VariantError(f"this Crossformer variant has no GAT form on task {ctx.task!r}: GAT takes one "
+                                   "hard pair (Crossformer Table 5: key-query or FFN); use crossformer_kq or "
+                                   "crossformer_ffn")
+            return {"crossformer": gat}
+        ctx.transformer_fields("Crossformer")
+        out: dict[str, Any] = {}
+        if hard:
+            out["crossformer.hard"] = list(hard)
+        if soft:
+            out["crossformer.soft"] = list(soft)
+        return out
+
+    return overrides
+
+
 class _CrossformerMethod(MethodBase):
     """Nothing to replace before the build: Crossformer reuses the plain modules and only ties or regularises them."""
 
     name = "crossformer"
     config_class = CrossformerConfig
     ties_only = True  # hard guidance ties weights, soft guidance adds a training loss: the forward pass is plain
+    variants = {
+        "crossformer_kq": NamedVariant("Crossformer-Key-Query hard guidance (Eq. 3; Tables 1-2, Table 5 on GAT)",
+                                       _variant(["kq"], [], gat="kq")),
+        "crossformer_vf": NamedVariant("Crossformer-Value hard guidance (Eq. 6; Tables 1-2)", _variant(["vf"], [])),
+        "crossformer_ffn": NamedVariant("Crossformer-FFN hard guidance (Eq. 5; Tables 1-2, Table 5 on GAT)",
+                                        _variant(["ffn"], [], gat="ffn")),
+        "crossformer_all": NamedVariant("Crossformer-All: key-query, value-fusion and FFN hard guidance (Sec. 2.2, "
+                                        "Table 2)", _variant(["kq", "vf", "ffn"], [])),
+        "crossformer_sg": NamedVariant("Crossformer-SG: soft guidance of key-query, value-fusion and FFN, L2, "
+                                       "alpha=0.01 (Eq. 1-2, Table 1 left, App. A.1.2)",
+                                       _variant([], ["kq", "vf", "ffn"])),
+    }
+    examples = (Example("crossformer", {"hard": ["kq", "vf", "ffn"]}),
+                Example("crossformer_soft", {"soft": ["kq", "vf", "ffn"], "alpha": 0.1}))
+    # Every pair ties or compares the plain projections and FFNs, which these replace (collect_links)
+    conflicts = (Conflict("lightweight", "lightweight"), Conflict("conv_branch", "conv_branch"))
 
-    def finalize(self, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+    def finalize(self, section: CrossformerConfig, cfg: ComposedConfig, model: nn.Module) -> None:
         """Tie the hard pairs top-down and register the soft-guidance loss (with its recording hooks for states).
 
         Top-down order makes the chained orders (``qq``, ``kk``) end on one tensor: layer T-2 first takes layer

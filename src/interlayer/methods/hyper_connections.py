@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -82,10 +82,16 @@ from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import (
+    STACK_MCAN,
+    ComposedConfig,
+    Conflict,
+    Example,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    section_variant,
+)
 
 InputIndex = Literal["sublayer", "layer"]
 SUBLAYERS: dict[Side, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
@@ -107,7 +113,7 @@ class HyperConnectionsConfig:
     scale_init: float = 0.01
     input_index: InputIndex = "sublayer"
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if isinstance(self.rate, bool) or not isinstance(self.rate, int) or self.rate < 1:
             raise ConfigError(f"hyper_connections.rate={self.rate!r} must be an integer >= 1 (the expansion rate "
                               "n; the paper uses 2, 4, 8)")
@@ -203,11 +209,26 @@ class Streams(DepthConnection):
         return stream_sum(h)
 
 
+def _variant(dynamic: bool) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("hyper_connections", "Hyper-connections", STACK_MCAN.format(label="Hyper-connections"),
+                           rate=4, dynamic=dynamic)
+
+
 class _HyperConnectionsMethod(MethodBase):
     name = "hyper_connections"
     config_class = HyperConnectionsConfig
+    variants = {
+        "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's default; "
+                                          "Hyper-Connections Sec. 2.2, Sec. 4.1); needs pre-LN", _variant(True)),
+        "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
+                                                 "Hyper-Connections Sec. 2.1); needs pre-LN", _variant(False)),
+    }
+    examples = (Example("hyper_connections", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    # validate: the streams leave no d-vector for a pass to add, nor a single output for a DWA to average
+    conflicts = (Conflict("multipass", "neither paper says which stream"),
+                 Conflict("denseformer", "cannot be combined"))
 
-    def validate(self, section: HyperConnectionsConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: HyperConnectionsConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         if cfg.multipass is not None:
@@ -219,7 +240,7 @@ class _HyperConnectionsMethod(MethodBase):
                               "streams vs depth-weighted averages of the block outputs); the two cannot be combined "
                               "(remove one section)")
 
-    def customize(self, section: HyperConnectionsConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: HyperConnectionsConfig, cfg: ComposedConfig, components: Components) -> None:
         def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             k = index * len(kinds) + kinds.index(kind) if section.input_index == "sublayer" else index

@@ -66,7 +66,7 @@ Choices where the paper leaves room (each with the reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -75,11 +75,8 @@ from ..core.components import Components, Side, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.precision import fp32_island
-from .base import MethodBase
+from .base import STACK_MCAN, ComposedConfig, Conflict, Example, MethodBase, NamedVariant, section_variant
 from .hyper_connections import SUBLAYERS
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
 
 
 @dataclass
@@ -102,7 +99,7 @@ class MHCConfig:
     norm_eps: float = 1e-20
     init_epsilon: float = 0.01
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key, low in (("rate", 1), ("sinkhorn_iters", 1)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -242,8 +239,17 @@ def composite_gain(mappings: list[Tensor]) -> tuple[Tensor, Tensor]:
 class _MHCMethod(MethodBase):
     name = "mhc"
     config_class = MHCConfig
+    variants = {
+        "mhc": NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
+                            "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
+                            section_variant("mhc", "mHC", STACK_MCAN.format(label="mHC"))),
+    }
+    examples = (Example("mhc", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    conflicts = (Conflict("multipass", "neither paper says which stream"),
+                 Conflict("hyper_connections", "mhc and hyper_connections"),
+                 Conflict("denseformer", "mhc and denseformer"), Conflict("muddformer", "mhc and muddformer"))
 
-    def validate(self, section: MHCConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: MHCConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         if cfg.multipass is not None:
@@ -256,7 +262,7 @@ class _MHCMethod(MethodBase):
                 raise ConfigError(f"mhc and {other} both replace the stack's residual path (n constrained streams vs "
                                   f"{what}); the two cannot be combined (remove one section)")
 
-    def customize(self, section: MHCConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: MHCConfig, cfg: ComposedConfig, components: Components) -> None:
         def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             return ManifoldHyperConnection(

@@ -65,7 +65,7 @@ Choices where the paper leaves room (each with the reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,11 +75,18 @@ from ..core.components import Components, Side
 from ..core.feedforward import FeedForward
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
-from .base import MethodBase, check_core_self_attention
+from .base import (
+    STACK_MCAN,
+    ComposedConfig,
+    Conflict,
+    Example,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_core_self_attention,
+    section_variant,
+)
 from .denseformer import dwa_inputs
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
 
 WAYS = ("q", "k", "v", "r")  # Eq. 8's order: query, key, value, residual
 
@@ -102,12 +109,12 @@ class MUDDFormerConfig:
     prepost_norm: bool = False
     ffn_reallocation: bool = False
 
-    def depths(self, cfg: "ModelConfig") -> dict[str, int]:
+    def depths(self, cfg: ComposedConfig) -> dict[str, int]:
         """Each stack's depth by its config key."""
         return {"enc_layers": cfg.enc_layers, **({"dec_layers": cfg.dec_layers} if cfg.arch == "encoder_decoder"
                                                   else {})}
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key in ("dilation", "period"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,7 +133,7 @@ class MUDDFormerConfig:
         if self.ffn_reallocation:
             self._check_ffn_widths(cfg)
 
-    def _check_ffn_widths(self, cfg: "ModelConfig") -> None:
+    def _check_ffn_widths(self, cfg: ComposedConfig) -> None:
         """Refuse what ties or replaces FFNs, whose widths re-allocation makes differ from layer to layer."""
         if cfg.lightweight is not None:
             raise ConfigError("muddformer.ffn_reallocation gives each layer its own FFN width, but lightweight "
@@ -259,11 +266,32 @@ def ffn_width(d_ffn: int, index: int, n_layers: int) -> int:
     return round(d_ffn * (0.5 * (n_layers - i) + 1.5 * (i - 1)) / (n_layers - 1))
 
 
+def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("muddformer", "MUDDFormer", STACK_MCAN.format(label="MUDDFormer"), **section)
+
+
 class _MUDDFormerMethod(MethodBase):
     name = "muddformer"
     config_class = MUDDFormerConfig
+    variants = {
+        "muddformer": NamedVariant("MUDDFormer: per-position dense aggregates of every earlier block's output, one "
+                                   "each for the query, key, value and residual inputs of the next block, started as "
+                                   "the plain model (MUDDFormer Sec. 2, Eq. 3-8, Sec. 3)", _variant()),
+        "muddformer_static": NamedVariant("MUDDFormer's multiway static dense connections: one learned weight per "
+                                          "(way, earlier block), no per-position part (Table 5's '+Multiway Static "
+                                          "Dense'; single-way it is DenseFormer)", _variant(dynamic=False)),
+        "muddformer_2x2": NamedVariant("MUDDFormer-2x2: dilation 2, a DA after every second block, the paper's "
+                                       "cheaper trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
+                                       _variant(dilation=2, period=2)),
+    }
+    examples = (Example("muddformer", {"dilation": 1, "period": 1}),)
+    # validate, and check_core_self_attention: multiway MUDDFormer hands the core self-attention its own
+    # query/key/value inputs
+    conflicts = (Conflict("hyper_connections", "muddformer and hyper_connections"),
+                 Conflict("denseformer", "muddformer and denseformer"),
+                 Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"))
 
-    def validate(self, section: MUDDFormerConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: MUDDFormerConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         for other, what in (("denseformer", "its depth-weighted averages"),
@@ -272,7 +300,7 @@ class _MUDDFormerMethod(MethodBase):
                 raise ConfigError(f"muddformer and {other} both replace the stack's depth connection (dense "
                                   f"aggregates vs {what}); the two cannot be combined (remove one section)")
 
-    def customize(self, section: MUDDFormerConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: MUDDFormerConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:
             raise ConfigError("muddformer installs the stack's depth connection (its DA modules), but another "
                               "method already did; the two cannot be combined (remove one section)")

@@ -90,7 +90,7 @@ The prediction and the layer's own logits are kept in ``AttentionIntermediates.e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -102,11 +102,8 @@ from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .base import MethodBase
-from .conv_branch import attention_heads, check_kernel, check_sides
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import ComposedConfig, Example, MethodBase, NamedVariant, StackSide, VariantContext, stack_sides
+from .conv_branch import attention_heads, check_kernel
 
 
 @dataclass
@@ -127,14 +124,15 @@ class PredictiveConfig:
     kernel: Optional[Literal["symmetric", "causal"]] = None
     # after every convolution: "relu", PA Sec. 3.3; "leaky_relu" (slope 0.01), Evolving Attention's code (module doc)
     activation: Literal["relu", "leaky_relu"] = "relu"
-    sides: list[str] = field(default_factory=lambda: ["encoder"])
+    # the encoder (Sec. 4.1.1); a decoder that attends both ways (causal_decoder=False) may take it too (module doc)
+    sides: list[StackSide] = field(default_factory=lambda: ["encoder"])
 
-    def resolved_kernel(self, cfg: "ModelConfig") -> str:
+    def resolved_kernel(self, cfg: ComposedConfig) -> str:
         if self.kernel is not None:
             return self.kernel
         return "causal" if cfg.arch == "causal_lm" else "symmetric"
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"predictive.alpha={self.alpha} must lie in [0, 1] (PA Eq. 4; 0 is the plain "
                               "Transformer, 1 uses the CNN prediction alone)")
@@ -153,13 +151,10 @@ class PredictiveConfig:
                               f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "
                               "attention map, so a position would see the future; use predictive.kernel='causal' "
                               "(the default in a causal model)")
-        if cfg.causal_decoder:
-            check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
-                         "and future queries' logits into visible positions (the PA paper uses the encoder only); "
-                         "a decoder built with causal_decoder=False may take 'decoder'")
-        elif list(self.sides) not in (["encoder"], ["decoder"], ["encoder", "decoder"]):
-            raise ConfigError(f"predictive.sides={self.sides!r} must be ['encoder'], ['decoder'] or ['encoder', "
-                              "'decoder'] (the decoder attends both ways: causal_decoder=False)")
+        causal = ("a 3x3 kernel over a causal attention map mixes future keys' and future queries' logits into "
+                  "visible positions (the PA paper uses the encoder only); a decoder built with causal_decoder=False "
+                  "may take 'decoder'")
+        stack_sides("predictive", self.sides, cfg, decoder_refused=causal if cfg.causal_decoder else None)
         if "decoder" in self.sides and cfg.dec_layers < 2:
             raise ConfigError(f"predictive.sides includes 'decoder', which needs dec_layers >= 2, got "
                               f"{cfg.dec_layers}: the first layer never predicts (PA Sec. 3.3)")
@@ -358,7 +353,7 @@ def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
 LEAKY_SLOPE = 0.01
 
 
-def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> PredictiveMixer:
+def make_mixer(section: PredictiveConfig, heads: int, cfg: ComposedConfig) -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
                            kernel_size=section.kernel_size, init=section.init, beta=section.beta,
                            causal_kernel=section.resolved_kernel(cfg) == "causal",
@@ -366,13 +361,43 @@ def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> Pre
                            negative_slope=LEAKY_SLOPE if section.activation == "leaky_relu" else 0.0)
 
 
+# PA's alpha by task (Eq. 4): 0.1 for SST/Yelp/IWSLT (Sec. 4.1.1, the section's default), 0.5 for SNLI (Sec. 4.1.1;
+# SICK is our stand-in), 0.2 for GLUE (App. B.2.2; MRPC), 0.01 for images (CIFAR, Sec. 4.2.1).
+PA_ALPHA = {"sick": 0.5, "mrpc": 0.2, "fashion_mnist": 0.01}
+
+
+def _variant(conv_layers: int, conv_branch: bool) -> Callable[[VariantContext], dict[str, Any]]:
+    """``conv_layers`` convolutions per prediction module, alpha by task (:data:`PA_ALPHA`), on the plain block or
+    on the Conv-Transformer's (``conv_branch``)."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        ctx.transformer_fields("PA")
+        out: dict[str, Any] = {"predictive.conv_layers": conv_layers}
+        if ctx.task in PA_ALPHA:
+            out["predictive.alpha"] = PA_ALPHA[ctx.task]
+        if conv_branch:
+            out["conv_branch"] = {}
+        return out
+
+    return overrides
+
+
 class _PredictiveMethod(MethodBase):
     """Nothing to tie or add after the build: the mixers are installed in the attention modules at build time."""
 
     name = "predictive"
     config_class = PredictiveConfig
+    variants = {
+        "pa": NamedVariant("PA-Transformer: one 3x3 conv per prediction module, alpha by task (PA Eq. 4, Sec. 4.1.1; "
+                           "0.1 SST/IWSLT, 0.5 SICK, 0.2 MRPC, 0.01 images)", _variant(1, conv_branch=False)),
+        "pa_res": NamedVariant("Res-Transformer: attention maps added without the CNN (PA Table 5, conv_layers=0)",
+                               _variant(0, conv_branch=False)),
+        "pa_conv": NamedVariant("PA-Conv-Transformer: the Conv-Transformer plus attention prediction (PA Sec. 3.5, "
+                                "Table 1)", _variant(1, conv_branch=True)),
+    }
+    examples = (Example("predictive", {"alpha": 0.5}),)
 
-    def customize(self, section: PredictiveConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: PredictiveConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.logit_mixer
         heads = attention_heads(cfg)
         shared = make_mixer(section, heads, cfg) if section.share_conv else None
