@@ -27,8 +27,9 @@ from interlayer.compare import (
     make_settings,
     plots,
 )
+from interlayer.compare.environment import comparison_environment
 from interlayer.compare.plan import Plan, prepare_directory
-from interlayer.compare.report import environment, still_falling, write_report
+from interlayer.compare.report import still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
@@ -430,7 +431,7 @@ def test_still_falling_curves_are_told_apart_from_levelled_ones():
 def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
     plan = build_plan(make_settings("translation", ["baseline"], budget_minutes=1.0,
                                     sets={**compare_sets(corpus), "train.threads": "1"}))
-    env = environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
+    env = comparison_environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
     assert re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", env.commit)  # this checkout is a git work tree
     lines = env.lines()
     assert f"torch {torch.__version__}" in lines[1] and "CPU" in env.device

@@ -6,7 +6,8 @@ import pytest
 
 from helpers.compare import fake_runs
 from interlayer.compare import build_plan, make_settings
-from interlayer.compare.report import read_run, write_report
+from interlayer.compare.records import read_run
+from interlayer.compare.report import write_report
 
 TEXT = "".join(f"Line {i}: to be, or not to be, that is the question {i * 3}.\n" for i in range(80))
 

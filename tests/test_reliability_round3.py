@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from helpers import set_args
 from helpers.compare import compare_sets, faked_comparison
 from interlayer.cli import main
-from interlayer.compare.report import md_code, summarize, write_report
+from interlayer.compare.records import summarize
+from interlayer.compare.report import md_code, write_report
 from interlayer.compare.runner import run_state
 from interlayer.errors import PretrainedError
 from interlayer.pretrained import from_hf

@@ -106,9 +106,10 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
     naming this one, instead of training the same runs beside it.
     """
+    from .environment import comparison_environment, load_average
     from .launcher import SubmititRunner
     from .plan import prepare_directory
-    from .report import environment, load_average, write_report
+    from .report import write_report
     from .runner import Runner
 
     started, load_at_start = time.perf_counter(), load_average()
@@ -127,7 +128,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         runner = (Runner(plan, output, jobs=jobs, echo=echo) if launcher is None else
                   SubmititRunner(plan, output, launcher, echo=echo))
         outcomes, interrupted = runner.run_all()
-        env = environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
+        env = comparison_environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
                           None if launcher is None else launcher.describe())
         report = write_report(plan, output, list(command), selections, margin, env)
     echo("")

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import fmean
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .report import VariantSummary
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,22 @@ def check_selections(selections: Sequence[Selection], variants: Sequence[str]) -
             seen[candidate] = selection.group
 
 
-def choose(selection: Selection, summaries: Sequence["VariantSummary"], higher_is_better: bool) -> Choice:
+class _Run(Protocol):
+    name: str
+    state: str
+
+
+class Candidate(Protocol):
+    """What a choice reads of a variant's summary (:class:`~interlayer.compare.records.VariantSummary`; this module
+    does not import it, so that ``compare``'s run processes, which import the package, do not load the records and
+    their imports)."""
+
+    name: str
+    valid: list[float]
+    runs: list[_Run]
+
+
+def choose(selection: Selection, summaries: Sequence[Candidate], higher_is_better: bool) -> Choice:
     """The candidate with the best mean validation metric, once all their runs have finished."""
     by_name = {s.name: s for s in summaries}
     valid = {c: fmean(by_name[c].valid) if by_name[c].valid else None for c in selection.candidates}
