@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..errors import UnsupportedGenerationOption
 from .beam_search import beam_search
-from .generation import SamplingOptions, generate
-
-if TYPE_CHECKING:
-    from .lm import CausalLM
+from .generation import CausalModel, SamplingOptions, generate
 
 DEFAULTS: dict[str, Any] = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0,
                                 num_beams=1, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
@@ -159,7 +156,7 @@ def resolve_settings(model_defaults: dict[str, Any], generation_config: Any, kwa
         return_dict_in_generate=bool(options["return_dict_in_generate"]))
 
 
-def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
+def generate_like_hf(model: CausalModel, input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
                      generator: Optional[torch.Generator] = None, generation_config: Any = None,
                      **options: Any) -> Union[Tensor, GenerateOutput]:
     """``transformers``' ``generate``: the prompts followed by their continuations.
