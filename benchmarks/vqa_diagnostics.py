@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from interlayer.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.data import sort_of_clevr as soc
 from interlayer.errors import DataError
 from interlayer.fileio import read_json

@@ -112,15 +112,17 @@ METHOD_MODULES = sorted(f"interlayer.methods.{p.stem}" for p in (SRC / "methods"
 
 @pytest.mark.parametrize("module", METHOD_MODULES)
 def test_a_method_module_imports_only_the_core(module: str) -> None:
-    """In a fresh interpreter, a method module loads the core, the kernels and the methods only: not the composed
-    config, the builder, the registry (old or new), the papers or the models (the package's ``__init__`` brings the
-    errors and ``plugins.after_import``, with which it asks to register with transformers once that is imported)."""
+    """In a fresh interpreter, a method module loads the core, the kernels and the methods only, with the config
+    plumbing below them (``config_io`` and the file readers it uses): not the composed config, the builder, the
+    registry (old or new), the papers or the models (the package's ``__init__`` brings the errors and
+    ``plugins.after_import``, with which it asks to register with transformers once that is imported)."""
     code = (f"import sys, {module}\n"
             "print('\\n'.join(m for m in sys.modules if m.startswith('interlayer')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": str(SRC.parent)}).stdout.split()
     assert module in loaded
-    outside = [m for m in loaded if m not in ("interlayer", "interlayer.errors", "interlayer.plugins")
+    outside = [m for m in loaded if m not in ("interlayer", "interlayer.errors", "interlayer.plugins",
+                                              "interlayer.config_io", "interlayer.fileio")
                and not m.startswith(("interlayer.core", "interlayer.kernels", "interlayer.methods"))]
     assert outside == []
 
@@ -230,7 +232,7 @@ def test_the_checks_see_a_type_only_import() -> None:
 # readers, the weights on disk); the package's ``__init__`` (""), which imports its public names lazily and gives
 # the core its saver and loader, stands on top with the CLI.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "fileio", "tables", "accounting", "devices", "checkpoint", "plugins", "data"),
+    ("errors", "fileio", "config_io", "tables", "accounting", "devices", "checkpoint", "plugins", "data"),
     ("kernels",),
     ("core",),
     ("methods",),

@@ -24,7 +24,7 @@ from helpers import SRC
 from interlayer import get_config
 from interlayer.cli import main
 from interlayer.compare.runner import Runner
-from interlayer.config import parse_value, read_config_file
+from interlayer.config_io import parse_value, read_config_file
 from interlayer.core.config import ConfigError
 from interlayer.data.idx import parse_idx
 from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, save_npz

@@ -9,7 +9,7 @@ import pytest
 from helpers import SRC
 from interlayer import ConfigError
 from interlayer.cli import COMMANDS, build_parser
-from interlayer.core.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.tasks import TaskSpec, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig

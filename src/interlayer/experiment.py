@@ -29,9 +29,10 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from .config import dataclass_from_dict, parse_value
+from .config_io import dataclass_from_dict, parse_value
 from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
+from .models.registry import get_config
 from .tasks import TaskSpec
 from .training import TrainConfig, Trainer, distributed, state_file
 from .training.concurrency import DirectoryLock
@@ -338,7 +339,8 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     data_before = asdict(dataclass_from_dict(spec.data_class, stored["data"], "data."))
     data_cfg = dataclass_from_dict(spec.data_class, {**data_before, **data_sets}, "data.")
     _check_stored_model(run_dir, stored["model"])
-    model_dict = _with_sets(stored["model"], model_sets)
+    # the sets applied as a fresh run applies them (the family's overrides: interlayer.config_io.set_dotted)
+    model_dict = get_config(stored["model"], **model_sets).to_dict() if model_sets else copy.deepcopy(stored["model"])
     model = spec.model_from_dict(model_dict)
     changes = {f"train.{k}": (v, getattr(train_cfg, k)) for k, v in before.items() if getattr(train_cfg, k) != v}
     changes.update({f"data.{k}": (v, getattr(data_cfg, k)) for k, v in data_before.items()
@@ -378,24 +380,6 @@ def _check_stored_model(run_dir: Path, model: dict[str, Any]) -> None:
         shown = ", ".join(f"{k} {a!r} (checkpoint: {b!r})" for k, (a, b) in sorted(differing.items())[:5])
         raise ConfigError(f"{run_dir / RUN_FILE} describes another model than {path} holds: {shown}; run.json was "
                           "edited or comes from another run: restore it (the checkpoint's settings are the run's)")
-
-
-def _with_sets(model: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
-    """``model`` (a stored config dict) with dotted ``sets`` applied at their place: ``d_model``, a method section's
-    ``crossformer.alpha`` (turning the section on), or a field of a nested config (a vision model's ``encoder``)."""
-    out = copy.deepcopy(model)
-    for key, value in sets.items():
-        path = key.split(".")
-        if path[0] not in out:
-            nested = [name for name, sub in out.items() if isinstance(sub, dict) and path[0] in sub]
-            path = nested[:1] + path
-        target = out
-        for name in path[:-1]:
-            if not isinstance(target.get(name), dict):
-                target[name] = {}
-            target = target[name]
-        target[path[-1]] = {} if value is True and target.get(path[-1]) is None and len(path) == 1 else value
-    return out
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from interlayer.build import build_model
-from interlayer.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.experiment import initial_model, split_overrides, with_defaults
 from interlayer.pretrained.bert import bert_config, encoder_parameter_map
 from interlayer.tasks import task_specs

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..config import dataclass_from_dict
+from ..config_io import dataclass_from_dict
 from ..errors import CheckpointError
 from ..models.registry import load_pretrained
 from ..training.config import TrainConfig

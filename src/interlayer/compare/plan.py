@@ -21,7 +21,7 @@ import torch
 
 from .. import __version__
 from ..accounting import count_madds, count_parameters
-from ..config import dataclass_from_dict
+from ..config_io import dataclass_from_dict
 from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json

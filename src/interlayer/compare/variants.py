@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..config import parse_value
+from ..config_io import parse_value
 from ..errors import ConfigError, VariantError
 from ..methods import METHODS
 from ..methods.base import NamedVariant, VariantContext

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, checked_config
+from ..config_io import ConfigFile, checked_config
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties

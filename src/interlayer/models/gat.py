@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, checked_config
+from ..config_io import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin, track_ties
 from ..data.planetoid import load_planetoid
 from ..errors import ConfigError

@@ -62,10 +62,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
+from ..config import ModelConfig
+from ..config_io import ConfigFile, check_choices, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import check_choices
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput
@@ -454,7 +454,7 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _override(cfg: MCANConfig, overrides: dict[str, Any]) -> MCANConfig:
-    return mcan_config_from_dict(set_dotted(cfg.to_dict(), overrides, lambda key: key in SECTIONS),
+    return mcan_config_from_dict(set_dotted(cfg.to_dict(), overrides, is_section=lambda key: key in SECTIONS),
                                  source="overrides")
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..accounting import count_parameters
 from ..checkpoint import SavedModel, load_saved_weights, read_saved, size_checked_config
-from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
+from ..config_io import ConfigFile, checked_config, flatten_overrides, read_config_file, set_dotted
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..plugins import import_modules
@@ -234,10 +234,9 @@ def _claimant(data: dict[str, Any]) -> Family:
 
 
 def override_flat(cfg: ConfigFile, overrides: dict[str, Any]) -> Any:
-    """A flat config dataclass (no nested sections: GAT, the text CNN) with ``overrides`` applied and validated;
-    string values are parsed as ``--set`` values, a dotted key is refused as an unknown key."""
-    values = {key: parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw for key, raw in overrides.items()}
-    return checked_config(type(cfg), {**dataclasses.asdict(cfg), **values}, "overrides")
+    """A flat config dataclass (no nested sections: GAT, the text CNN) with ``overrides`` applied
+    (:func:`~interlayer.config_io.set_dotted`) and validated."""
+    return checked_config(type(cfg), set_dotted(dataclasses.asdict(cfg), overrides), "overrides")
 
 
 def model_catalog(length: int = 64, names: Optional[Sequence[str]] = None) -> str:

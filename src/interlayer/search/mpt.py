@@ -53,6 +53,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from ..config_io import dataclass_from_dict
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
@@ -142,7 +143,6 @@ def with_preset(settings: SearchSettings) -> SearchSettings:
 def resolve_definition(settings: SearchSettings) -> Definition:
     """Build the task (reads the data, e.g. trains the BPE) and resolve the model with the identity pattern, so
     that a bad ``--set`` or data path fails before any worker starts."""
-    from ..config import dataclass_from_dict
     from ..experiment import split_overrides
     from ..training import TrainConfig
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
-from ..core.config import dataclass_from_dict
+from ..config_io import dataclass_from_dict
 from ..errors import ConfigError, DataError
 from ..fileio import read_json
 from ..models.registry import create_model, get_config

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..core.config import check_choices
+from ..config_io import check_choices
 from ..core.losses import label_smoothed_nll, total_loss
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path

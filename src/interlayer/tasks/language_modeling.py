@@ -56,7 +56,7 @@ from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
 from ..config import ModelConfig
-from ..core.config import check_choices
+from ..config_io import check_choices
 from ..core.generation import SamplingOptions
 from ..core.losses import label_smoothed_nll, total_loss
 from ..data.corpus import load_corpus, read_text, resolve

@@ -46,7 +46,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..core.config import check_choices
+from ..config_io import check_choices
 from ..data import sort_of_clevr as soc
 from ..data.vqa_formats import (
     FeatureStore,

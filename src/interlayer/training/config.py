@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..core.config import check_choices, check_finite
+from ..config_io import check_choices, check_finite
 from ..devices import resolve_device
 from ..errors import ConfigError
 
