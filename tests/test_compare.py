@@ -350,6 +350,22 @@ def test_a_comparison_may_grow_by_seeds_and_variants(corpus, tmp_path):
     assert "grew" not in json.loads((out / "compare.json").read_text())["invocations"][-1]
 
 
+def test_compile_as_a_flag_or_as_text_is_one_setting(corpus, tmp_path):
+    """``--compile`` gives ``train.compile=True``; a directory whose compare.json recorded it as text (``--set
+    train.compile=true``, or the flag before it was a boolean) continues with the flag, and the other way round."""
+    out = tmp_path / "cmp"
+    as_text = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                            sets={**compare_sets(corpus), "train.compile": "true"})
+    as_flag = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                            sets={**compare_sets(corpus), "train.compile": True})
+    assert prepare_directory(build_plan(as_text), out, ["interlayer", "compare"]) is False
+    assert prepare_directory(build_plan(as_flag), out, ["interlayer", "compare", "--compile"]) is True
+    other = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                          sets={**compare_sets(corpus), "train.compile": "false"})
+    with pytest.raises(ConfigError, match="train.compile: was true, now false"):
+        prepare_directory(build_plan(other), out, ["interlayer", "compare"])
+
+
 # -- the figures -------------------------------------------------------------------------------------------------
 def _check_png(picture):
     image = Image.open(picture.path)

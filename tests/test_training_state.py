@@ -367,3 +367,29 @@ def test_cli_device_flags_reach_the_run(sst, tmp_path, capsys):
     assert main(["train", "sst5", "--run-dir", str(tmp_path / "x"), "--device", "tpu", *sst]) == 2
     assert "train.device='tpu'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("command", [["train", "sst5"], ["compare", "--task", "sst5", "--variants", "baseline"],
+                                     ["search", "mpt", "--task", "sst5", "--trials", "2"]])
+def test_the_compile_flag_reaches_the_run_as_a_boolean(command, monkeypatch):
+    """``--compile`` is ``train.compile=True`` from the command line to the run: no text to parse on the way."""
+    import interlayer.compare
+    import interlayer.experiment
+    import interlayer.search.mpt
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        sets = kwargs.get("sets") if "sets" in kwargs else args[0].sets
+        seen.append(sets)
+        raise Stop
+
+    monkeypatch.setattr(interlayer.experiment, "train", capture)
+    monkeypatch.setattr(interlayer.compare, "run_compare", capture)
+    monkeypatch.setattr(interlayer.search.mpt, "run_search", capture)
+    with pytest.raises(Stop):
+        main(["--debug", *command, "--compile"])
+    assert seen[0]["train.compile"] is True

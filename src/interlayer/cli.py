@@ -9,10 +9,9 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_args
+from typing import Any, Callable, NoReturn, Optional, Sequence, get_args
 
 from .compare import DEFAULT as COMPARE_DEFAULT
-from .data.text import read_lines, read_stream_lines
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -23,22 +22,13 @@ from .errors import (
     TokenizerError,
     WriteError,
 )
-from .experiment import train
 from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
-from .models.registry import get_config, model_catalog
-from .papers import paper_tables
-from .tables import format_table
 from .tasks import task_specs
-from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
-from .tasks.translation_decoding import DecodeOptions
+from .tasks.translation import add_decode_arguments
 from .training import distributed
-from .training.cluster import parse_time
+from .training.cluster import add_launcher_arguments, launcher_from_args
 from .training.concurrency import available_cores
 from .training.config import PrecisionSetting
-from .training.engine import BEST_DIR
-
-if TYPE_CHECKING:
-    from .training.cluster import LauncherSettings
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
 
@@ -67,10 +57,11 @@ def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> No
         parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
 
 
-def _device_sets(args: argparse.Namespace) -> dict[str, str]:
-    """The ``--set`` equivalents of the device flags that were given."""
+def _device_sets(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` equivalents of the device flags that were given: ``--device`` and ``--precision`` as their
+    text, ``--compile`` as the boolean it is (``train.compile=True``)."""
     sets = {"train.device": args.device, "train.precision": getattr(args, "precision", None),
-            "train.compile": "true" if getattr(args, "compile", False) else None}
+            "train.compile": True if getattr(args, "compile", False) else None}
     return {key: value for key, value in sets.items() if value is not None}
 
 
@@ -226,58 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(--launcher local only)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_device_arguments(compare, training=True)
-    _add_launcher_arguments(compare, "run")
+    add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
     return parser
-
-
-def _slurm_time(text: str) -> int:
-    """An argparse type: ``--slurm-time`` in minutes (:func:`~interlayer.training.cluster.parse_time`)."""
-    try:
-        return parse_time(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("--slurm-time ")) from None
-
-
-def _add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
-    """``--launcher`` and the ``--slurm-*`` options of compare and search (training/cluster.py)."""
-    group = parser.add_argument_group("launcher", f"where each {unit} trains (docs/compare.md, 'On a SLURM cluster')")
-    group.add_argument("--launcher", choices=("local", "submitit"), default="local",
-                       help=f"local: processes on this machine (default); submitit: each {unit} one SLURM job, "
-                            "submitted as a job array and followed until it ends (pip install interlayer[slurm])")
-    group.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
-    group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
-                       help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
-    group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
-                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00; "
-                            "required on SLURM); a run that reaches it saves and is submitted again, resuming")
-    group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
-                       help="jobs of one array running at once (default: submitit's, 256)")
-    group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
-                       help="any other sbatch option submitit knows, '-' written '_' (mem_gb=64, cpus_per_task=8, "
-                            "constraint=a100, account=NAME, qos=NAME; repeatable)")
-    group.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
-                       help="slurm (default); local: the same jobs as processes on this machine (submitit's local "
-                            "executor, a dry run of the cluster path); debug: in this process")
-
-
-def _launcher(args: argparse.Namespace) -> Optional["LauncherSettings"]:
-    """The launcher settings of ``--launcher submitit``, or None for the local launcher (whose ``--slurm-*``
-    options would do nothing, so they are refused)."""
-    from .training.cluster import LauncherSettings, parse_slurm_sets
-
-    given = [f"--{name.replace('_', '-')}" for name in ("slurm_partition", "slurm_time", "slurm_array_parallelism")
-             if getattr(args, name) is not None] + (["--slurm-set"] if args.slurm_set else [])
-    if args.launcher == "local":
-        if given:
-            raise ConfigError(f"{', '.join(given)} apply to --launcher submitit only")
-        return None
-    launcher = LauncherSettings(cluster=args.slurm_cluster, partition=args.slurm_partition,
-                                gpus_per_run=args.slurm_gpus_per_run, time_minutes=args.slurm_time,
-                                array_parallelism=args.slurm_array_parallelism,
-                                extra=parse_slurm_sets(args.slurm_set))
-    launcher.validate()
-    return launcher
 
 
 def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -373,6 +315,7 @@ def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .checkpoint import CONFIG_FILE
     from .models.registry import load_pretrained
     from .pretrained.export import export
+    from .training.engine import BEST_DIR
     source, target = Path(args.run_dir), Path(args.out_dir)
     folder = source / BEST_DIR if os.path.lexists(source / BEST_DIR / CONFIG_FILE) else source
     if not os.path.lexists(folder / CONFIG_FILE):
@@ -502,18 +445,25 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                      help="heartbeat interval; a trial silent for twice this is lost (default 60)")
     mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
     _add_device_arguments(mpt, training=True)
-    _add_launcher_arguments(mpt, "trial")
+    add_launcher_arguments(mpt, "trial")
 
 
+# Each handler imports what only it uses: a command loads its own code (and `interlayer --help` nobody's).
 def _models(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .models.registry import model_catalog
+
     print(model_catalog(args.length, args.names))
 
 
 def _tables(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .papers import paper_tables
+
     print(paper_tables())
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .models.registry import get_config
+
     cfg = get_config(args.preset, **_parse_sets(args.sets))
     if args.output:
         cfg.save(args.output)
@@ -524,6 +474,9 @@ def _config(args: argparse.Namespace, argv: Sequence[str]) -> None:
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Exit code 0 when the run finished; 128 + the signal's number when a signal stopped it (SIGINT 130, SIGTERM
     143), as a shell reports a process the signal killed, so scripts and schedulers see the run did not finish."""
+    from .experiment import train
+    from .training.engine import BEST_DIR
+
     spec = task_specs()[args.task]
     try:
         data_sets, options = spec.options_from_args(args)
@@ -551,6 +504,10 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _translate(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .data.text import read_lines, read_stream_lines
+    from .tasks.translation import decode_options, load_translator, translate
+    from .tasks.translation_decoding import DecodeOptions
+
     model, vocab = load_translator(Path(args.checkpoint), args.device)
     source = args.input or "<stdin>"
     lines = read_lines(args.input) if args.input else read_stream_lines(sys.stdin.buffer, source)
@@ -578,6 +535,7 @@ def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections, run_compare
+    from .tables import format_table
 
     if args.list_variants:
         print(format_table(["variant", "what it is"], describe_named()))
@@ -598,7 +556,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
                              budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
-    launcher = _launcher(args)
+    launcher = launcher_from_args(args)
     if launcher is not None and args.jobs is not None:
         raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
                           "run at once with --slurm-array-parallelism)")
@@ -628,7 +586,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.report_only:
         print(write_report(settings))
         return 0
-    launcher = _launcher(args)
+    launcher = launcher_from_args(args)
     if launcher is None:
         outcome = run_search(settings)
     else:

@@ -46,10 +46,11 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field.
 
-    Values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``.
+    Text values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``;
+    other values (the CLI's ``--compile``: ``True``) are taken as they are.
     """
     model, train, data = {}, {}, {}
     for key, value in sets.items():

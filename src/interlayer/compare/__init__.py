@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
 from ..training.concurrency import DirectoryLock
@@ -53,7 +53,7 @@ MAX_SEEDS = 1000
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
                   preset: Optional[str] = None, baseline: Optional[str] = None,
-                  sets: Optional[dict[str, str]] = None, budget_steps: Optional[int] = None) -> Settings:
+                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None) -> Settings:
     """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`.
 
     ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:

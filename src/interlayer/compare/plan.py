@@ -21,7 +21,7 @@ import torch
 
 from .. import __version__
 from ..accounting import count_madds, count_parameters
-from ..config_io import dataclass_from_dict
+from ..config_io import dataclass_from_dict, parse_value
 from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
@@ -44,7 +44,7 @@ class Settings:
     baseline: str
     seeds: list[int]
     budget_minutes: Optional[float]  # train.max_minutes of every run; None keeps the task's epoch limits
-    sets: dict[str, str] = field(default_factory=dict)  # global --set, for every variant
+    sets: dict[str, Any] = field(default_factory=dict)  # global --set (text, or a flag's typed value), every variant
 
     def parsed_variants(self) -> list[Variant]:
         return [parse_variant(entry, self.preset) for entry in self.variants]
@@ -229,6 +229,12 @@ def _identity(plan: Plan) -> dict[str, Any]:
             "models": {v.variant.name: {"model": v.model, "sets": v.sets} for v in plan.variants}}
 
 
+def _parsed(sets: dict[str, Any]) -> dict[str, Any]:
+    """Global ``--set`` values as the runs read them: ``train.compile="true"`` (``--set``, or ``--compile`` as
+    recorded before it was a boolean) and ``True`` (``--compile``) are one setting."""
+    return {key: parse_value(value, f"--set {key}") if isinstance(value, str) else value for key, value in sets.items()}
+
+
 def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     """Why ``identity`` cannot continue the directory of ``stored`` (empty if it can).
 
@@ -237,7 +243,8 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     settings and the resolved model of every variant already there. Losing seeds or variants is refused, since
     the report would silently drop finished runs.
     """
-    old, new = stored["settings"], identity["settings"]
+    old, new = dict(stored["settings"], sets=_parsed(stored["settings"]["sets"])), identity["settings"]
+    new = dict(new, sets=_parsed(new["sets"]))
     fixed = [k for k in new if k not in ("seeds", "variants")]
     problems = differences({"settings": {k: old.get(k) for k in fixed}}, {"settings": {k: new[k] for k in fixed}})
     lost_seeds = [seed for seed in old["seeds"] if seed not in new["seeds"]]
@@ -248,8 +255,10 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     if lost:
         problems.append(f"settings.variants: was {json.dumps(old['variants'])}, now {json.dumps(new['variants'])} "
                         f"({', '.join(lost)} would be dropped; a comparison may gain variants but not lose them)")
-    kept = {name: model for name, model in stored["models"].items() if name in identity["models"]}
-    problems += differences({"models": kept}, {"models": {name: identity["models"][name] for name in kept}})
+    kept = {name: dict(model, sets=_parsed(model["sets"])) for name, model in stored["models"].items()
+            if name in identity["models"]}
+    now = {name: dict(identity["models"][name], sets=_parsed(identity["models"][name]["sets"])) for name in kept}
+    problems += differences({"models": kept}, {"models": now})
     return problems
 
 

@@ -174,7 +174,7 @@ def parse_variants(entries: list[str], default_preset: str, baseline: Optional[s
     return variants, baseline
 
 
-def check_global_sets(sets: dict[str, str]) -> None:
+def check_global_sets(sets: dict[str, Any]) -> None:
     """Refuse a global ``--set`` that would switch a method on in every variant, the baseline included."""
     for key in sets:
         parts = key.split(".")

@@ -78,13 +78,14 @@ HEARTBEAT_SECONDS = 60
 # -- settings and the study ----------------------------------------------------------------------------------------
 @dataclass
 class SearchSettings:
-    """One ``interlayer search mpt`` command (``sets`` as ``--set`` strings: model fields, train.KEY, data.KEY)."""
+    """One ``interlayer search mpt`` command (``sets``: model fields, train.KEY, data.KEY, as ``--set`` text or typed
+    values: ``--compile`` gives ``train.compile=True``)."""
 
     task: str
     trials: int
     output: Path
     preset: Optional[str] = None
-    sets: dict[str, str] = field(default_factory=dict)
+    sets: dict[str, Any] = field(default_factory=dict)
     coarse: Optional[int] = None  # default (trials - 1) // 2: half the trials, the identity included
     top_k: int = 3
     poor_fraction: float = 0.5
@@ -121,7 +122,8 @@ class SearchSettings:
 
     def conditions(self) -> dict[str, Any]:
         """What every trial of one study shares (a worker with other conditions is refused)."""
-        return {"task": self.task, "preset": self.preset, "sets": {k: str(v) for k, v in sorted(self.sets.items())},
+        sets = {k: v if isinstance(v, str) else json.dumps(v) for k, v in sorted(self.sets.items())}  # as --set text
+        return {"task": self.task, "preset": self.preset, "sets": sets,
                 "seed": self.seed, "budget_minutes": self.budget_minutes}
 
 
