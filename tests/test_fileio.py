@@ -17,7 +17,7 @@ from interlayer import CheckpointError, load_pretrained
 from interlayer.cli import main
 from interlayer.data.bpe import VocabPair
 from interlayer.data.classification import WordVocab
-from interlayer.data.lm_tokenizers import load_tokenizer
+from interlayer.data.lm_tokenizers import load_lm_tokenizer
 from interlayer.errors import ConfigError, DataError, PretrainedError, TokenizerError, WriteError
 from interlayer.fileio import (
     MAX_DEPTH,
@@ -31,7 +31,7 @@ from interlayer.fileio import (
     read_yaml_or_json,
     shorten,
 )
-from interlayer.pretrained.bpe import BPETokenizer
+from interlayer.pretrained.byte_level_bpe import BPETokenizer
 from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
 from interlayer.pretrained.run_assets import read_run_assets
 from interlayer.pretrained.tokenization import tokenizer_kind
@@ -122,7 +122,7 @@ def _translation_vocab(tmp_path: Path) -> Path:
 KINDS = {
     "own config.json": ("best", "config.json", lambda folder: load_pretrained(folder)),
     "own model.safetensors": ("best", "model.safetensors", lambda folder: load_pretrained(folder)),
-    "own tokenizer.json": ("best", "tokenizer.json", lambda folder: load_tokenizer(folder)),
+    "own tokenizer.json": ("best", "tokenizer.json", lambda folder: load_lm_tokenizer(folder)),
     "own data.json": ("best", "data.json", lambda folder: task_specs()["lm"].saved_data(folder)),
     "own task.json (evaluate)": ("best", "task.json", lambda folder: _cli(["evaluate", "--checkpoint", str(folder)])),
     "run.json (export)": ("run", "run.json", lambda folder: read_run_assets(load_pretrained(folder / "best"))),

@@ -26,14 +26,16 @@ from interlayer.cli import main
 from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.models.vision import ImageClassifier
-from interlayer.pretrained import BPETokenizer, from_hf, to_hf
-from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
+from interlayer.pretrained.hf import from_hf, model_config, read_checkpoint, read_weights
 
 transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 from helpers.hf import CASES, HEADS, LAYERS, TEXT, D, images, reference, text_ids  # noqa: E402
 from interlayer.errors import PretrainedError  # noqa: E402
+from interlayer.pretrained.byte_level_bpe import BPETokenizer  # noqa: E402
+from interlayer.pretrained.export import to_hf  # noqa: E402
+from interlayer.pretrained.wordpiece import WordPieceTokenizer  # noqa: E402
 
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 
@@ -215,7 +217,6 @@ def test_saved_tokenizers_keep_their_length_cap_and_no_baked_in_truncation(rober
     """Both tokenizers write through PretrainedTokenizer._write_files: the cap is ``model_max_length`` in
     tokenizer_config.json (transformers truncates to it), and tokenizer.json carries no truncation of its own."""
     from helpers.pretrained import tiny_state, write_bert
-    from interlayer.pretrained.wordpiece import WordPieceTokenizer
 
     bert = write_bert(tmp_path / "bert", tiny_state())
     for name, tokenizer in [("bpe", BPETokenizer.from_pretrained(roberta_folder, max_length=9)),

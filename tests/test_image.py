@@ -35,7 +35,8 @@ from interlayer.tasks.image import (
     stratified_split,
     write_balanced_subset,
 )
-from interlayer.training import TrainConfig, Trainer
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import Trainer
 
 SMALL = dict(image_height=12, image_width=12, d_model=32, d_ffn=64)  # ViT: 3x3 patches (+ CLS); conv: 12 -> 6 -> 3
 CONV_SMALL = dict(SMALL, stage_widths=[4, 8])

@@ -264,6 +264,47 @@ def test_no_layer_reaches_up() -> None:
     assert _upward(_import_graph()) == []
 
 
+def _only_reexports(tree: ast.Module) -> bool:
+    """A module whose body is imports (and ``__all__``) only, after its docstring: it defines nothing."""
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    imports = [node for node in body
+               if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__"]
+    rest = [node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom))
+            and not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"])]
+    return bool(imports) and not rest
+
+
+def test_no_module_only_reexports() -> None:
+    """Every name is imported from the module that defines it: no package ``__init__`` (nor any module) exists
+    to forward another's names (a package's docstring may say where they live)."""
+    assert [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if _only_reexports(ast.parse(p.read_text()))] == []
+    assert _only_reexports(ast.parse('"""Doc."""\nfrom .engine import Trainer\n__all__ = ["Trainer"]\n'))
+    assert not _only_reexports(ast.parse('"""Doc."""\nfrom __future__ import annotations\n'))
+
+
+# Names several modules define on purpose: the same hook of each task or paper module (report, score, predict,
+# paper_tables), each kernel's parts (forward, backward, backward_op, reference, covers), and one verb on two unrelated
+# things (beam search of the translation decoder and of the causal LM; the reports of compare and search; decoding a
+# translation and a search pattern; generating text and Sort-of-CLEVR images; a file's raw bytes; a metrics table).
+SHARED_NAMES = {"report", "score", "predict", "paper_tables", "forward", "backward", "backward_op", "reference",
+                "covers", "beam_search", "write_report", "decode", "generate", "read_raw", "format_report"}
+
+
+def test_a_public_name_is_defined_once() -> None:
+    """One name per idea: no two modules define the same public class or function (two ``Family`` classes, two
+    ``load_tokenizer``, ``read_checkpoint``, ``read_text``, ``environment``, ``Decoder`` once were), and no two
+    modules share a file name that is not a layer's convention (two ``bpe.py`` once were)."""
+    defined: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(str(path.relative_to(SRC)))
+    assert {name: paths for name, paths in defined.items() if len(paths) > 1 and name not in SHARED_NAMES} == {}
+    names = [path.name for path in SRC.rglob("*.py") if path.parent.name not in ("papers", "kernels")]
+    conventions = {"__init__.py", "base.py", "config.py", "hub.py", "report.py"}  # a package's base, settings, ...
+    assert sorted({name for name in names if names.count(name) > 1} - conventions) == []
+
+
 def _method_name_lists(tree: ast.AST, names: set[str]) -> list[str]:
     """Literal collections (tuple, list, set, dict keys) holding three or more method names, and imports of three
     or more method modules by name."""

@@ -30,8 +30,8 @@ from interlayer.data.idx import parse_idx
 from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, save_npz
 from interlayer.data.text import DataError
 from interlayer.errors import DirectoryBusy
-from interlayer.training import TrainConfig
 from interlayer.training.concurrency import LOCK_FILE, DirectoryLock
+from interlayer.training.config import TrainConfig
 from interlayer.training.engine import LAST
 
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",

@@ -20,8 +20,7 @@ from interlayer.compare.records import summarize
 from interlayer.compare.report import md_code, write_report
 from interlayer.compare.runner import run_state
 from interlayer.errors import PretrainedError
-from interlayer.pretrained import from_hf
-from interlayer.pretrained.hf import read_weights
+from interlayer.pretrained.hf import from_hf, read_weights
 from interlayer.training.engine import LAST
 
 TINY_TRANSLATION = ["d_model=32", "n_heads=2", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",

@@ -30,7 +30,7 @@ from interlayer.data.text import DataError
 from interlayer.experiment import train
 from interlayer.models.cnn_text import CNNTextClassifier, CNNTextConfig
 from interlayer.tasks import task_specs
-from interlayer.training import TrainConfig
+from interlayer.training.config import TrainConfig
 
 TINY = {"d_model": "32", "n_heads": "4", "d_ffn": "64", "enc_layers": "2"}
 WORDS = {0: "awful dreadful", 1: "bad dull", 2: "plain okay", 3: "good nice", 4: "great superb"}

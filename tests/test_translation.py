@@ -15,8 +15,9 @@ from interlayer.data.parallel import read_parallel
 from interlayer.data.text import DataError
 from interlayer.tasks.translation import TranslationData, TranslationTask, pad_batch, score
 from interlayer.tasks.translation_decoding import DecodeOptions, beam_search, greedy_decode
-from interlayer.training import TrainConfig, Trainer
-from interlayer.training.engine import LAST, read_checkpoint
+from interlayer.training import state_file
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import LAST, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     resumed = _tiny_model(task)
     final = Trainer(task, resumed, cfg, tmp_path / "b", resume=True, progress=False).fit()
     assert final.finished and final.step == 2 * steps_per_epoch
-    last = read_checkpoint(tmp_path / "b" / LAST)
+    last = state_file.read(tmp_path / "b" / LAST)
     assert {"model", "model_config", "train_config", "optimizer", "rng", "state"} <= set(last)
     assert "vocab.json" in last["assets"] and last["optimizer"]["state"]
     a, b = canonical_state_dict(uninterrupted), canonical_state_dict(resumed)

@@ -20,7 +20,7 @@ from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.tasks import vqa as vqa_task
 from interlayer.tasks.vqa import PAD, RegionImages, VQAData, VQATask, load_test_split, score
-from interlayer.training import TrainConfig
+from interlayer.training.config import TrainConfig
 
 TINY_MODEL = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16"]
 TINY_SOC = ["data.train_size=32", "data.valid_size=8", "data.test_size=8", "data.batch_size=16",

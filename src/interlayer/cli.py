@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     models = sub.add_parser("models", help="list every model preset with parameters and MAdds",
-                            description="Build every preset (or the named ones) of the four model families "
-                                        "(Transformer, text CNN, image, GAT) and print parameters and the "
+                            description="Build every preset (or the named ones) of every model family "
+                                        "(Transformer, text CNN, image, GAT, MCAN) and print parameters and the "
                                         "multiply-adds of one forward pass: at --length tokens for text, one "
-                                        "image for the image models, the bundled graph for GAT.")
+                                        "image for the image models, the bundled graph for GAT, a question of 14 "
+                                        "tokens and 100 regions for MCAN.")
     models.add_argument("names", nargs="*", help="presets to show (default: all)")
     models.add_argument("--length", type=int, default=64, help="sequence length for MAdds (default 64)")
 

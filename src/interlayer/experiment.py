@@ -34,10 +34,10 @@ from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
 from .models.registry import get_config
 from .tasks import TaskSpec
-from .training import TrainConfig, Trainer, distributed, state_file
+from .training import distributed, state_file
 from .training.concurrency import DirectoryLock
-from .training.config import CHANGEABLE_ON_RESUME
-from .training.engine import LAST, LEGACY_LAST
+from .training.config import CHANGEABLE_ON_RESUME, TrainConfig
+from .training.engine import LAST, LEGACY_LAST, Trainer
 
 RUN_FILE = "run.json"
 
@@ -196,7 +196,7 @@ def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: 
     if fresh is not None:
         _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
         fresh.task.save_assets(run_dir)
-        _write_json(run_dir / RUN_FILE, fresh.record)
+        write_json(run_dir / RUN_FILE, fresh.record)
         return fresh.task, fresh.model, fresh.train_cfg
     if start_over:
         warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
@@ -291,7 +291,7 @@ def _restart_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dic
     task = spec.make_task(data_cfg, train_cfg, None)
     model = initial_model(spec, task, model_dict, train_cfg.seed)
     task.save_assets(run_dir)
-    _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+    write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
     return task, model, train_cfg
 
 
@@ -316,7 +316,7 @@ def _load_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[s
     stored = _read_run(spec, run_dir)
     train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes, warn)
     if record and asdict(train_cfg) != stored["train"]:
-        _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+        write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
     return spec.make_task(data_cfg, train_cfg, run_dir), model, train_cfg
 
 
@@ -390,11 +390,6 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(item, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): value}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: a crash leaves the old file or the new one, never half of one."""
-    write_json(path, data)
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

@@ -282,16 +282,12 @@ def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
             invocation["grew"] = grown
             stored.update(identity, variants=[v.to_dict() for v in plan.variants])
         stored["invocations"].append(invocation)
-        _write_json(path, stored)
+        write_json(path, stored)
         return True
     output.mkdir(parents=True, exist_ok=True)
-    _write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
+    write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
                        "variants": [v.to_dict() for v in plan.variants],
                        "environment": {"interlayer": __version__, "torch": torch.__version__,
                                        "python": platform.python_version(), "machine": platform.machine()},
                        "invocations": [invocation]})
     return False
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    write_json(path, data)

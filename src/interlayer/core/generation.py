@@ -42,7 +42,7 @@
   filled with ``eos_id`` and ``Generation.lengths`` says how many tokens (EOS included) it produced.
 
 The loop (:func:`generate`) asks a *decoder* for the next-token logits, first after the prompt
-(:meth:`Decoder.first`) and then after each chosen token (:meth:`Decoder.next`); the decoders are recomputing
+(:meth:`TokenDecoder.first`) and then after each chosen token (:meth:`TokenDecoder.next`); the decoders are recomputing
 (:class:`Recompute`), cached (:class:`Cached`, static or growing) and compiled (:class:`Compiled`), and another
 search (beam search) can drive them the same way.
 """
@@ -200,7 +200,7 @@ class Sequence:
         return tokens, mask, position_ids(mask)
 
 
-class Decoder(abc.ABC):
+class TokenDecoder(abc.ABC):
     """Next-token logits (B, V): after the prompt (:meth:`first`), then after each token chosen (:meth:`next`,
     called once the token is in the :class:`Sequence`)."""
 
@@ -211,7 +211,7 @@ class Decoder(abc.ABC):
     def next(self, chosen: Tensor) -> Tensor: ...
 
 
-class Recompute(Decoder):
+class Recompute(TokenDecoder):
     """No cache: every step reads the last ``max_positions`` tokens again, numbered from 0 (nanoGPT's window)."""
 
     def __init__(self, model: CausalModel, sequence: Sequence) -> None:
@@ -225,7 +225,7 @@ class Recompute(Decoder):
         return self.first()
 
 
-class Cached(Decoder):
+class Cached(TokenDecoder):
     """The prompt once, then one token per step through the layers' caches: static (allocated for every position
     the model will read, written in place) or growing; past ``max_positions`` the window slides without it."""
 
@@ -333,7 +333,7 @@ def release_compiled_step(model: CausalModel) -> None:
     _STEPS.pop(model, None)
 
 
-class Compiled(Decoder):
+class Compiled(TokenDecoder):
     """The prompt (eager), then the compiled fixed-shape step per token; past ``max_positions``, the window."""
 
     def __init__(self, model: CausalModel, sequence: Sequence, new_tokens: int,
@@ -366,7 +366,7 @@ class Compiled(Decoder):
         return logits
 
 
-def decoder_for(model: CausalModel, sequence: Sequence, options: SamplingOptions) -> Decoder:
+def decoder_for(model: CausalModel, sequence: Sequence, options: SamplingOptions) -> TokenDecoder:
     """The decoder the options ask for (module docstring); a prompt longer than the context is read without a
     cache, as every later window is."""
     use_cache = model.supports_cache if options.use_cache is None else options.use_cache

@@ -300,7 +300,7 @@ def lm_tokenizer_kind(directory: Path) -> Optional[Kind]:
     return wrapper.get("kind") if isinstance(wrapper, dict) and wrapper.get("kind") in ("char", "bpe") else None
 
 
-def load_tokenizer(directory: Path) -> LMTokenizer:
+def load_lm_tokenizer(directory: Path) -> LMTokenizer:
     """The language-model tokenizer saved in ``directory``, in the format of :func:`save_tokenizer` or the one
     before it (``{"kind": "char", "chars": ...}`` / ``{"kind": "bpe", "tokenizer": ...}``)."""
     path = Path(directory) / TOKENIZER_FILE

@@ -19,7 +19,7 @@ What a method registers where it lives, so that adding one is a module here plus
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
@@ -39,11 +39,6 @@ class ComposedConfig(TransformerConfig):
 
     if TYPE_CHECKING:  # for type checkers only: at run time an unknown attribute raises as on any object
         def __getattr__(self, name: str) -> Any: ...
-
-
-# The stacks a method with a ``sides`` option may apply to: the encoder (a causal LM's stack is its encoder) and the
-# decoder of an encoder-decoder.
-StackSide = Literal["encoder", "decoder"]
 
 
 # -- compare variants ---------------------------------------------------------------------------------------------
@@ -113,7 +108,7 @@ KV_MCAN = ("the {label} variants change the core Transformer's self-attention st
 
 # -- composition facts --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Example:
+class CompositionExample:
     """A small section of the method that ``tests/test_composition.py`` builds beside every other method's example,
     in an encoder-decoder and in a classifier: one training step, finite gradients, MAdds equal to the FLOP counter.
     ``name`` is the example's name in the test (the method's name, or the method's name and a suffix); ``core``
@@ -126,8 +121,8 @@ class Example:
 
 @dataclass(frozen=True)
 class Conflict:
-    """A combination the method refuses: with ``other`` (another method's :class:`Example`, by name) every example
-    of this method is rejected with a :class:`ConfigError` containing ``reason``."""
+    """A combination the method refuses: with ``other`` (another method's :class:`CompositionExample`, by name) every
+    example of this method is rejected with a :class:`ConfigError` containing ``reason``."""
 
     other: str
     reason: str
@@ -140,7 +135,7 @@ class Method(Protocol):
     # model's, so a model using it can be written out in a format that stores every weight separately (to_hf).
     ties_only: bool
     variants: Mapping[str, NamedVariant]
-    examples: tuple[Example, ...]
+    examples: tuple[CompositionExample, ...]
     conflicts: tuple[Conflict, ...]
 
     def validate(self, section: Any, cfg: ComposedConfig) -> None: ...
@@ -160,7 +155,7 @@ class MethodBase:
     config_class: type
     ties_only: bool = False
     variants: Mapping[str, NamedVariant] = {}
-    examples: tuple[Example, ...] = ()
+    examples: tuple[CompositionExample, ...] = ()
     conflicts: tuple[Conflict, ...] = ()
 
     def validate(self, section: Any, cfg: ComposedConfig) -> None:

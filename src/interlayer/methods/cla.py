@@ -57,17 +57,16 @@ from typing import Any, Callable, Literal, Optional
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import Residual
 from ..errors import ConfigError
 from .base import (
     KV_MCAN,
     ComposedConfig,
+    CompositionExample,
     Conflict,
-    Example,
     MethodBase,
     NamedVariant,
-    StackSide,
     VariantContext,
     add_kv_sources,
     check_core_self_attention,
@@ -180,7 +179,7 @@ class _CLAMethod(MethodBase):
                              "divide the depth, as the paper's Fig. 2 (Brandon et al. 2024, Sec. 2.1)",
                              _variant(sharing_factor=3)),
     }
-    examples = (Example("cla", {"sharing_factor": 2}),)
+    examples = (CompositionExample("cla", {"sharing_factor": 2}),)
     # check_core_self_attention, and validate: a pair would tie the projections CLA leaves out
     conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"),
                  Conflict("crossformer", "shares the computed keys/values"),
@@ -191,7 +190,7 @@ class _CLAMethod(MethodBase):
         separate K/V norms, every layer that leads one gets a :class:`SeparateKVNorm` attention residual."""
         sides = section.resolved_sides(cfg)
 
-        def leader(side: Side, index: int) -> int:
+        def leader(side: StackSide, index: int) -> int:
             depth = cfg.enc_layers if side == "encoder" else cfg.dec_layers
             return group_leader(index, section.sharing_factor, depth, section.short_group)
 
@@ -207,7 +206,7 @@ class _CLAMethod(MethodBase):
             return
         previous = components.residual
 
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             if kind == "attn" and side in sides and leader(side, index) == index:
                 return SeparateKVNorm(cfg.d_model, cfg.dropout, cfg.layer_norm_eps, cfg.bias)
             return previous(side, index, kind)

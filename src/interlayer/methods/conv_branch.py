@@ -46,9 +46,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import AttentionIntermediates, KVCache, MultiHeadAttention
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
-from .base import ComposedConfig, Example, MethodBase, NamedVariant, StackSide, VariantContext, stack_sides
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
 
 
 @dataclass
@@ -270,7 +270,7 @@ class _ConvBranchMethod(MethodBase):
     config_class = ConvBranchConfig
     variants = {"conv": NamedVariant("Conv-Transformer: half self-attention (4 heads), half convolution (PA Sec. "
                                      "3.5, Table 1)", _conv_transformer)}
-    examples = (Example("conv_branch"),)
+    examples = (CompositionExample("conv_branch"),)
 
     def customize(self, section: ConvBranchConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.self_attention

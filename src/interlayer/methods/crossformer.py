@@ -77,10 +77,11 @@ from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.feedforward import FeedForward
 from ..errors import ConfigError, VariantError
-from .base import ComposedConfig, Conflict, Example, MethodBase, NamedVariant, VariantContext
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
 
 Pair = Literal["kq", "qk", "qq", "kk", "vf", "ffn"]
-Side = Literal["encoder", "decoder", "cross"]
+# the stacks guidance may reach: self-attention+FFN stacks, and the decoder's cross-attention
+GuidedStack = Literal["encoder", "decoder", "cross"]
 SoftTarget = Literal["weights", "states"]
 FFNOrder = Literal["w2_w1", "w1_w2"]
 SGNorm = Literal["power", "root"]
@@ -93,7 +94,7 @@ ATTENTION_ORDERS: dict[str, tuple[str, str]] = {"kq": ("k_proj", "q_proj"), "qk"
 ALTERNATIONS: dict[str, tuple[str, str]] = {"vf": ("out_proj", "v_proj"), "w2_w1": ("fc2", "fc1"),
                                             "w1_w2": ("fc1", "fc2")}
 PAIRS: tuple[str, ...] = get_args(Pair)
-SIDES: tuple[str, ...] = get_args(Side)
+SIDES: tuple[str, ...] = get_args(GuidedStack)
 # Projections a MultiHeadAttention applies to its input; fused self-attention computes them in one product, so
 # their states are read from the attention's input (StateGuidance), not from a call of the nn.Linear itself.
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -116,7 +117,7 @@ class CrossformerConfig:
     hard: list[Pair] = field(default_factory=list)
     soft: list[Pair] = field(default_factory=list)
     ffn_order: FFNOrder = "w2_w1"
-    sides: Optional[list[Side]] = None
+    sides: Optional[list[GuidedStack]] = None
     include_bias: bool = True
     p: int = 2
     alpha: float = 0.01
@@ -664,8 +665,8 @@ class _CrossformerMethod(MethodBase):
                                        "alpha=0.01 (Eq. 1-2, Table 1 left, App. A.1.2)",
                                        _variant([], ["kq", "vf", "ffn"])),
     }
-    examples = (Example("crossformer", {"hard": ["kq", "vf", "ffn"]}),
-                Example("crossformer_soft", {"soft": ["kq", "vf", "ffn"], "alpha": 0.1}))
+    examples = (CompositionExample("crossformer", {"hard": ["kq", "vf", "ffn"]}),
+                CompositionExample("crossformer_soft", {"soft": ["kq", "vf", "ffn"], "alpha": 0.1}))
     # Every pair ties or compares the plain projections and FFNs, which these replace (collect_links)
     conflicts = (Conflict("lightweight", "lightweight"), Conflict("conv_branch", "conv_branch"))
 

@@ -44,10 +44,10 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
-from .base import STACK_MCAN, ComposedConfig, Example, MethodBase, NamedVariant, section_variant
+from .base import STACK_MCAN, ComposedConfig, CompositionExample, MethodBase, NamedVariant, section_variant
 
 
 @dataclass
@@ -133,7 +133,7 @@ class _DenseFormerMethod(MethodBase):
                                                                  STACK_MCAN.format(label="DenseFormer"), dilation=2,
                                                                  period=2)),
     }
-    examples = (Example("denseformer", {"dilation": 2, "period": 1}),)
+    examples = (CompositionExample("denseformer", {"dilation": 2, "period": 1}),)
 
     def customize(self, section: DenseFormerConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:
@@ -141,7 +141,7 @@ class _DenseFormerMethod(MethodBase):
                               "method (hyper_connections: n residual streams) already did; the two cannot be "
                               "combined")
 
-        def depth_connection(side: Side) -> DepthConnection:
+        def depth_connection(side: StackSide) -> DepthConnection:
             layers = cfg.enc_layers if side == "encoder" else cfg.dec_layers
             return DepthWeightedAverage(layers, section.dilation, section.period, cfg.d_model)
 

@@ -78,15 +78,15 @@ from typing import Any, Callable, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
 from .base import (
     STACK_MCAN,
     ComposedConfig,
+    CompositionExample,
     Conflict,
-    Example,
     MethodBase,
     NamedVariant,
     VariantContext,
@@ -94,7 +94,7 @@ from .base import (
 )
 
 InputIndex = Literal["sublayer", "layer"]
-SUBLAYERS: dict[Side, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
+SUBLAYERS: dict[StackSide, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
 
 
 @dataclass
@@ -223,7 +223,8 @@ class _HyperConnectionsMethod(MethodBase):
         "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
                                                  "Hyper-Connections Sec. 2.1); needs pre-LN", _variant(False)),
     }
-    examples = (Example("hyper_connections", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    # the papers' pre-LN form
+    examples = (CompositionExample("hyper_connections", {"rate": 2}, core={"norm_first": True}),)
     # validate: the streams leave no d-vector for a pass to add, nor a single output for a DWA to average
     conflicts = (Conflict("multipass", "neither paper says which stream"),
                  Conflict("denseformer", "cannot be combined"))
@@ -241,7 +242,7 @@ class _HyperConnectionsMethod(MethodBase):
                               "(remove one section)")
 
     def customize(self, section: HyperConnectionsConfig, cfg: ComposedConfig, components: Components) -> None:
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             k = index * len(kinds) + kinds.index(kind) if section.input_index == "sublayer" else index
             return HyperConnection(cfg.d_model, section.rate, k, dynamic=section.dynamic,

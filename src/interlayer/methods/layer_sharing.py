@@ -62,8 +62,9 @@ from typing import Any, Callable, Literal, Optional
 
 from torch import nn
 
+from ..core.components import StackSide
 from ..errors import ConfigError, VariantError
-from .base import ComposedConfig, Conflict, Example, MethodBase, NamedVariant, StackSide, VariantContext, stack_sides
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext, stack_sides
 
 Share = Literal["all", "attention", "ffn"]
 Order = Literal["immediate", "all_over", "reverse"]
@@ -229,7 +230,7 @@ class _LayerSharingMethod(MethodBase):
                                        "twice in a row, so the base's parameters at twice its layers and compute "
                                        "(MobileLLM Sec. 2.3)", _variant(deep=True, repeats=2, order="immediate")),
     }
-    examples = (Example("layer_sharing"),)  # ALBERT: every layer of each stack runs one block
+    examples = (CompositionExample("layer_sharing"),)  # ALBERT: every layer of each stack runs one block
     # share='all' ties the very matrices a hard pair ties, or a soft pair compares (validate)
     conflicts = (Conflict("crossformer", "layer_sharing.share='all' and crossformer.hard"),
                  Conflict("crossformer_soft", "layer_sharing.share='all' and crossformer.soft"))

@@ -60,11 +60,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.config import TransformerConfig
 from ..core.feedforward import FeedForward
 from ..errors import ConfigError
-from .base import ComposedConfig, Conflict, Example, MethodBase, NamedVariant, VariantContext
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
 
 QKV_GAIN = 1 / math.sqrt(2)  # the core's (fairseq's) Xavier gain for q/k/v; 1 for the merge and the FFN
 
@@ -280,7 +280,7 @@ def _attention(section: LightweightConfig, cfg: TransformerConfig, relative: Opt
         bias=cfg.bias, relative=relative, logit_mixer=logit_mixer, force_eager=cfg.attn_impl == "eager")
 
 
-def _relative(components: Components, section: LightweightConfig, side: Side, index: int) -> Optional[nn.Module]:
+def _relative(components: Components, section: LightweightConfig, side: StackSide, index: int) -> Optional[nn.Module]:
     """The relative-position module for this layer, sized to the per-head query width ``n d / h``.
 
     ``head_dim`` is passed only when n x changes the width, so a replacement factory taking ``(side, index)``
@@ -325,7 +325,7 @@ class _LightweightMethod(MethodBase):
         "lw_mini": NamedVariant("LW-Transformer-mini1x: LW1x plus a group-wise intermediate layer, G-IL (LW Table "
                                 "III)", _variant(group_intermediate=True)),
     }
-    examples = (Example("lightweight", {"groups": 2}),)
+    examples = (CompositionExample("lightweight", {"groups": 2}),)
     conflicts = (Conflict("conv_branch", "conv_branch"),)  # validate: both replace the encoder self-attention
 
     def validate(self, section: LightweightConfig, cfg: ComposedConfig) -> None:

@@ -71,11 +71,11 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.precision import fp32_island
-from .base import STACK_MCAN, ComposedConfig, Conflict, Example, MethodBase, NamedVariant, section_variant
+from .base import STACK_MCAN, ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, section_variant
 from .hyper_connections import SUBLAYERS
 
 
@@ -244,7 +244,7 @@ class _MHCMethod(MethodBase):
                             "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
                             section_variant("mhc", "mHC", STACK_MCAN.format(label="mHC"))),
     }
-    examples = (Example("mhc", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    examples = (CompositionExample("mhc", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
     conflicts = (Conflict("multipass", "neither paper says which stream"),
                  Conflict("hyper_connections", "mhc and hyper_connections"),
                  Conflict("denseformer", "mhc and denseformer"), Conflict("muddformer", "mhc and muddformer"))
@@ -263,7 +263,7 @@ class _MHCMethod(MethodBase):
                                   f"{what}); the two cannot be combined (remove one section)")
 
     def customize(self, section: MHCConfig, cfg: ComposedConfig, components: Components) -> None:
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             return ManifoldHyperConnection(
                 cfg.d_model, section.rate, index * len(kinds) + kinds.index(kind), dynamic=section.dynamic,

@@ -71,15 +71,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.feedforward import FeedForward
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from .base import (
     STACK_MCAN,
     ComposedConfig,
+    CompositionExample,
     Conflict,
-    Example,
     MethodBase,
     NamedVariant,
     VariantContext,
@@ -284,7 +284,7 @@ class _MUDDFormerMethod(MethodBase):
                                        "cheaper trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
                                        _variant(dilation=2, period=2)),
     }
-    examples = (Example("muddformer", {"dilation": 1, "period": 1}),)
+    examples = (CompositionExample("muddformer", {"dilation": 1, "period": 1}),)
     # validate, and check_core_self_attention: multiway MUDDFormer hands the core self-attention its own
     # query/key/value inputs
     conflicts = (Conflict("hyper_connections", "muddformer and hyper_connections"),
@@ -305,13 +305,13 @@ class _MUDDFormerMethod(MethodBase):
             raise ConfigError("muddformer installs the stack's depth connection (its DA modules), but another "
                               "method already did; the two cannot be combined (remove one section)")
 
-        def layers(side: Side) -> int:
+        def layers(side: StackSide) -> int:
             return cfg.enc_layers if side == "encoder" else cfg.dec_layers
 
         components.depth_connection = lambda side: MultiwayDenseConnections(layers(side), cfg.d_model, section,
                                                                             cfg.layer_norm_eps)
         if section.ffn_reallocation:
-            def ffn(side: Side, index: int) -> nn.Module:
+            def ffn(side: StackSide, index: int) -> nn.Module:
                 return FeedForward(cfg.d_model, ffn_width(cfg.d_ffn, index, layers(side)),
                                    activation=cfg.activation, act_dropout=cfg.act_dropout, bias=cfg.bias)
 

@@ -39,7 +39,7 @@ from ..core.components import Components
 from ..core.config import TransformerConfig
 from ..core.encoder import Encoder, EncoderOutput, Injector
 from ..errors import ConfigError, VariantError
-from .base import ComposedConfig, Example, MethodBase, NamedVariant, VariantContext
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext
 
 Connection = Literal["default", "soft", "hard", "tied_stack"]
 Routing = Literal["a", "b", "c", "d"]
@@ -315,7 +315,7 @@ class _MultiPassMethod(MethodBase):
         "mpt_hard": NamedVariant("MPT hard connections, the best pattern [0,4,1,5,2,3] (Fig. 3) as a rule for the "
                                  "preset's depth (methods.multipass.hard_permutation), 2 passes", _variant("hard")),
     }
-    examples = (Example("multipass", {"connection": "soft", "loss": "all"}),)
+    examples = (CompositionExample("multipass", {"connection": "soft", "loss": "all"}),)
 
     def customize(self, section: MultiPassConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.encoder_class is not None:

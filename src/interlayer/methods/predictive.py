@@ -97,12 +97,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, MixerContext
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .base import ComposedConfig, Example, MethodBase, NamedVariant, StackSide, VariantContext, stack_sides
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
 from .conv_branch import attention_heads, check_kernel
 
 
@@ -395,7 +395,7 @@ class _PredictiveMethod(MethodBase):
         "pa_conv": NamedVariant("PA-Conv-Transformer: the Conv-Transformer plus attention prediction (PA Sec. 3.5, "
                                 "Table 1)", _variant(1, conv_branch=True)),
     }
-    examples = (Example("predictive", {"alpha": 0.5}),)
+    examples = (CompositionExample("predictive", {"alpha": 0.5}),)
 
     def customize(self, section: PredictiveConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.logit_mixer

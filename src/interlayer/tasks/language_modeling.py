@@ -59,14 +59,14 @@ from ..config import ModelConfig
 from ..config_io import check_choices
 from ..core.generation import SamplingOptions
 from ..core.losses import label_smoothed_nll, total_loss
-from ..data.corpus import load_corpus, read_text, resolve
+from ..data.corpus import load_corpus, read_corpus_text, resolve
 from ..data.lm_tokenizers import (
     TOKENIZER_FILE,
     IdTokenizer,
     Kind,
     LMTokenizer,
     chars_tokenizer,
-    load_tokenizer,
+    load_lm_tokenizer,
     save_tokenizer,
     tokenizer_from_json,
     train_tokenizer,
@@ -305,7 +305,7 @@ def load_language_model(directory: Path, device: Union[str, torch.device, None] 
                         ) -> tuple[nn.Module, LMTokenizer]:
     """A saved language model (``RUN_DIR/best``) with its tokenizer, on ``device`` (default the CPU)."""
     directory = Path(directory)
-    tokenizer = load_tokenizer(directory)
+    tokenizer = load_lm_tokenizer(directory)
     model = load_pretrained(directory, device).eval()
     if getattr(model.config, "arch", None) != "causal_lm":
         raise ConfigError(f"{directory} holds a {getattr(model.config, 'arch', type(model).__name__)!r} model, not "
@@ -381,7 +381,7 @@ class LanguageModelingSpec(TaskSpec):
         stored = run_dir / "task.json"
         imported = (read_json(stored, DataError, within=run_dir).get("pretrained") if os.path.lexists(stored)
                     else None)
-        return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
+        return LanguageModelingTask(data, train, tokenizer=load_lm_tokenizer(run_dir), imported=imported)
 
     def finish(self, task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]
                ) -> dict[str, Any]:
@@ -431,7 +431,7 @@ class LanguageModelingSpec(TaskSpec):
         data = self.saved_data(directory)
         task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
         if args.data:
-            texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}
+            texts = {args.data: tokenizer.encode_tensor(read_corpus_text(args.data))}
         else:
             texts = {split: task.ids[split] for split in ("valid", "test")}
         lines = [f"{name}: " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"

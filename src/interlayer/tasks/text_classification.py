@@ -66,10 +66,9 @@ from ..fileio import read_json, read_yaml_or_json, write_atomic
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
-from ..pretrained import PretrainedTokenizer, load_tokenizer
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
-from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
-from ..pretrained.tokenization import tokenizer_kind
+from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint, load_tokenizer
+from ..pretrained.tokenization import PretrainedTokenizer, tokenizer_kind
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec

@@ -173,11 +173,6 @@ def _epoch_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("checkpoint[0-9]*.safetensors"), key=lambda p: int(p.stem[len("checkpoint"):]))
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A training checkpoint as a dict (``model``, ``optimizer``, ``state``, ``rng``, ``assets``, configs)."""
-    return state_file.read(path)
-
-
 class _Logs:
     """CSV files (one per split) plus the scalars in TensorBoard (``tb/``) or Weights & Biases
     (``train.logger``); W&B also receives the run's configuration, and a resumed run continues the same W&B run
@@ -342,7 +337,7 @@ class Trainer:
                                       "because unpickling a file can run any code it names. Delete it to start "
                                       "the run again, or re-create it with the interlayer that wrote it")
             raise FileNotFoundError(f"cannot resume: {path} does not exist (start without --resume)")
-        ckpt = read_checkpoint(path)
+        ckpt = state_file.read(path)
         current = self.model.config.to_dict()
         if ckpt["model_config"] != current:
             diff = {k: (v, current.get(k)) for k, v in ckpt["model_config"].items() if current.get(k) != v}
