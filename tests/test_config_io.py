@@ -60,3 +60,29 @@ def test_a_flat_family_loads_no_method(family: str) -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "interlayer.config_io" in loaded
     assert "interlayer.methods" not in loaded and "interlayer.config'" not in loaded
+
+
+def test_the_gpt_config_takes_the_names_transformers_and_nanogpt_users_know(tmp_path, capsys) -> None:
+    """transformers' names (num_hidden_layers, hidden_size, vocab_size, ...) and GPT-2's / nanoGPT's (n_layer,
+    n_head, n_embd) as input: keyword overrides, --set, config files; saved under the fields' own names. They are
+    the names the config reads back (core/hf_names.py: one table)."""
+    from interlayer.cli import main
+    from interlayer.core.hf_names import FIELD_NAMES
+
+    cfg = get_config("gpt_shakespeare_char", n_layer=2, n_head=2, n_embd=32, n_inner=64, vocab_size=70)
+    assert (cfg.enc_layers, cfg.n_heads, cfg.d_model, cfg.d_ffn, cfg.src_vocab_size) == (2, 2, 32, 64, 70)
+    assert all(getattr(cfg, name) == getattr(cfg, field) for name, (field, _) in FIELD_NAMES.items())
+    path = tmp_path / "gpt.yaml"
+    path.write_text("arch: causal_lm\nnum_hidden_layers: 3\nhidden_size: 48\nnum_attention_heads: 4\n")
+    assert get_config(path).enc_layers == 3 and "num_hidden_layers" not in get_config(path).to_dict()
+    assert main(["config", "gpt_shakespeare_char", "--set", "n_layer=5"]) == 0
+    assert '"enc_layers": 5' in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="n_layer and enc_layers both set enc_layers; give one of them"):
+        get_config("gpt_shakespeare_char", n_layer=2, enc_layers=3)
+    path.write_text("num_hidden_layers: 3\nenc_layers: 2\n")
+    with pytest.raises(ConfigError, match="num_hidden_layers and enc_layers both set enc_layers"):
+        get_config(path)
+    with pytest.raises(ConfigError, match=r"unknown key 'n_layers' \(did you mean 'n_layer'\?\).*other names: "
+                                          r"vocab_size \(src_vocab_size\).*n_layer \(enc_layers\)"):
+        get_config("gpt_shakespeare_char", n_layers=2)
+    assert get_config("vit_fashion_mnist", n_layer=2).encoder.enc_layers == 2  # a nested Transformer config too

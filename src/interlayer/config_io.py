@@ -24,7 +24,7 @@ import types
 import typing
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
@@ -57,24 +57,41 @@ def check_finite(cfg: Any, prefix: str = "") -> None:
     visit(cfg, prefix.rstrip("."))
 
 
-def unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
-    """The error for a key ``cls`` does not have, with the closest valid key as a suggestion."""
-    close = difflib.get_close_matches(key, valid, n=1)
+def unknown_key(key: str, valid: list[str], prefix: str, aliases: Mapping[str, str] = {}) -> ConfigError:
+    """The error for a key a config does not have, with the closest valid key (or other name) as a suggestion and
+    the other names (``aliases``: name -> field) listed after the fields."""
+    close = difflib.get_close_matches(key, [*valid, *aliases], n=1)
     hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}")
+    also = f"; other names: {', '.join(f'{a} ({f})' for a, f in aliases.items())}" if aliases else ""
+    return ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}{also}")
+
+
+def field_name(key: str, names: Sequence[str], aliases: Mapping[str, str]) -> Optional[str]:
+    """The field ``key`` names: itself, or the field it is another name of (``aliases``); None when neither."""
+    if key in names:
+        return key
+    return aliases.get(key)
 
 
 def dataclass_from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Instantiate dataclass ``cls`` from a mapping, checking keys and value types (errors name ``prefix+key``)."""
+    """Instantiate dataclass ``cls`` from a mapping, checking keys and value types (errors name ``prefix+key``).
+
+    A class may accept other names of its fields as input (``FIELD_ALIASES``: name -> field, e.g. the Transformer
+    config's ``n_layer`` for ``enc_layers``); a field given under two names is refused."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
     hints = _hints(cls)
     names = [f.name for f in fields(cls)]
-    kwargs = {}
+    aliases: Mapping[str, str] = getattr(cls, "FIELD_ALIASES", {})
+    kwargs, given = {}, {}
     for key, value in data.items():
-        if key not in names:
-            raise unknown_key(key, names, prefix)
-        kwargs[key] = coerce(value, hints[key], prefix + key)
+        name = field_name(key, names, aliases)
+        if name is None:
+            raise unknown_key(key, names, prefix, aliases)
+        if name in given:
+            raise ConfigError(f"{prefix}{given[name]} and {prefix}{key} both set {prefix}{name}; give one of them")
+        given[name] = key
+        kwargs[name] = coerce(value, hints[name], prefix + key)
     obj = cls(**kwargs)
     check_finite(obj, prefix)
     return obj
@@ -188,7 +205,7 @@ def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
 
 
 def set_dotted(data: dict[str, Any], overrides: Mapping[str, Any], *, is_section: Callable[[str], bool] = _no_section,
-               nested: Sequence[str] = ()) -> dict[str, Any]:
+               nested: Sequence[str] = (), aliases: Mapping[str, str] = {}) -> dict[str, Any]:
     """``data`` (a config as a mapping, changed in place and returned) with dotted-key overrides set: the one
     function every config family applies ``--set`` and Python overrides with.
 
@@ -198,22 +215,26 @@ def set_dotted(data: dict[str, Any], overrides: Mapping[str, Any], *, is_section
       ``encoder.predictive.alpha``); a section that is off (``None``) is turned on with its defaults first, and
       ``SECTION=true`` (``is_section(SECTION)``) turns it on with its defaults.
     * A key the config lacks is looked up in the nested configs named by ``nested``: a vision model's ``d_model``
-      is its ``encoder.d_model``.
+      is its ``encoder.d_model``. ``aliases`` (name -> field: the Transformer's ``FIELD_ALIASES``) are other names
+      of top-level fields (here or nested): ``n_layer`` sets ``enc_layers``.
     * A top-level key found nowhere raises :class:`ConfigError` with the closest valid key, a dotted key into a
       field that is not a section names both; the keys inside a section, and every value, are checked when the
       config is built from ``data`` (the coercer's errors name the whole dotted key).
     """
+    named: dict[tuple[Optional[str], str], str] = {}  # (nested config, field) -> the name the overrides gave it
     for dotted, raw in overrides.items():
         value = parse_value(raw, f"--set {dotted}") if isinstance(raw, str) else raw
-        head, *path = dotted.split(".")
+        given, *path = dotted.split(".")
+        head = given if given in data else aliases.get(given, given)
+        inner = None
         if head not in data:
             inner = next((name for name in nested if isinstance(data.get(name), dict) and head in data[name]), None)
             if inner is None:
                 valid = [*data, *(key for name in nested if isinstance(data.get(name), dict) for key in data[name])]
-                raise unknown_key(head, valid, "")
-            _set(data[inner], dotted, [head, *path], value, is_section)
-        else:
-            _set(data, dotted, [head, *path], value, is_section)
+                raise unknown_key(given, valid, "", aliases)
+        if named.setdefault((inner, head), given) != given:
+            raise ConfigError(f"{named[inner, head]} and {given} both set {head}; give one of them")
+        _set(data if inner is None else data[inner], dotted, [head, *path], value, is_section)
     return data
 
 
