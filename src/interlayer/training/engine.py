@@ -36,15 +36,12 @@ What it guarantees:
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import json
 import math
-import os
 import signal
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -60,6 +57,7 @@ from ..fileio import atomic_path, write_atomic
 from . import distributed, state_file
 from .config import TrainConfig
 from .device import autocast, configure_tf32, inputs_to, make_scaler, move, resolve_precision
+from .metric_logs import MetricLogs
 from .step_logs import StepLogs
 
 LAST = "checkpoint_last.safetensors"
@@ -173,63 +171,6 @@ def _epoch_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("checkpoint[0-9]*.safetensors"), key=lambda p: int(p.stem[len("checkpoint"):]))
 
 
-class _Logs:
-    """CSV files (one per split) plus the scalars in TensorBoard (``tb/``) or Weights & Biases
-    (``train.logger``); W&B also receives the run's configuration, and a resumed run continues the same W&B run
-    (its id is kept in ``RUN_DIR/wandb_id``)."""
-
-    def __init__(self, run_dir: Path, enabled: bool, logger: str = "tensorboard",
-                 config: Optional[dict[str, Any]] = None) -> None:
-        self.run_dir = run_dir
-        self.enabled = enabled  # only rank 0 writes
-        self.logger, self.config = logger, config or {}
-        self._writer: Any = None
-        self._wandb: Any = None
-
-    def write(self, split: str, step: int, values: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        path = self.run_dir / f"{split}.csv"
-        row = {"step": step, **values}
-        fresh = not path.exists()
-        fields = list(row) if fresh else next(csv.reader(path.open()))
-        with path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-            if fresh:
-                writer.writeheader()
-            writer.writerow(row)
-        scalars = {f"{split}/{key}": value for key, value in values.items() if isinstance(value, (int, float))}
-        if self.logger == "wandb":
-            self._wandb_run().log(scalars, step=step)
-            return
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.run_dir / "tb"))
-        for key, value in scalars.items():
-            self._writer.add_scalar(key, value, step)
-        self._writer.flush()
-
-    def _wandb_run(self) -> Any:
-        if self._wandb is None:
-            import wandb
-
-            id_file = self.run_dir / "wandb_id"
-            run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-            write_atomic(id_file, run_id)
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "interlayer"), id=run_id,
-                                     name=self.run_dir.name, dir=str(self.run_dir), config=self.config,
-                                     resume="allow", reinit="create_new")
-        return self._wandb
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
-
-
 def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
                  step_budget: int) -> int:
     """The optimiser step at which training will stop: the step budget, or sooner when the time budget
@@ -286,7 +227,7 @@ class Trainer:
                                    eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused)
         self.state = TrainState()
         model_config = getattr(model, "config", None)
-        self.logs = _Logs(self.run_dir, self.dist.is_main, cfg.logger,
+        self.logs = MetricLogs(self.run_dir, self.dist.is_main, cfg.logger,
                           {"train": dataclasses.asdict(cfg),
                            "model": model_config.to_dict() if hasattr(model_config, "to_dict") else None})
         self._stop_requested = False
