@@ -90,6 +90,8 @@ def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one sub-command per entry of :data:`COMMANDS`, each task's own flags under ``train TASK``
+    (``TaskSpec.add_arguments``), and the shared device, decoding and launcher options."""
     parser = _Parser(
         prog="interlayer",
         description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.",

@@ -82,6 +82,8 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
 
 @dataclass
 class CompareResult:
+    """What ``run_compare`` did: the plan, the report, how every run ended, and whether Ctrl-C stopped it."""
+
     plan: Plan
     report: "Report"
     outcomes: list["RunOutcome"]

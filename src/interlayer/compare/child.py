@@ -64,6 +64,10 @@ def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
 
 
 def run_job(job: dict[str, Any]) -> int:
+    """Train one run of a comparison in this process (``experiment.train`` with the job's task, preset, sets, seed and
+    budget) and record its peak memory growth; ``results.json`` is written only for a finished run, so an interrupted
+    one is continued by the next invocation. Returns the exit code the runner reads (:data:`FINISHED` or
+    :data:`INTERRUPTED`)."""
     spec = task_specs()[job["task"]]
     if job.get("threads"):  # the runner's share of the cores; a config's train.threads still wins in the engine
         torch.set_num_threads(job["threads"])

@@ -72,6 +72,9 @@ class PlannedVariant:
 
 @dataclass
 class TaskInfo:
+    """What the report needs to know of the task, recorded in ``compare.json``: its metric and direction, the units of
+    its throughput, its secondary metrics, the metric's decimals."""
+
     metric: str
     higher_is_better: bool
     units: str  # what the engine's units_per_s counts
@@ -81,6 +84,9 @@ class TaskInfo:
 
 @dataclass
 class Plan:
+    """A comparison resolved against its task before anything trains: the settings, the task, and every variant with its
+    model config, parameters and MAdds; :meth:`runs` is the training order."""
+
     settings: Settings
     spec: TaskSpec
     task: TaskInfo

@@ -33,6 +33,9 @@ def metric_label(metric: str) -> str:
 
 @dataclass
 class RunRecord:
+    """What one run of a comparison did, read back from its directory: its state, results, learning curve, best
+    validation metric, throughput and peak memory growth."""
+
     variant: str
     seed: int
     run_dir: Path
@@ -51,6 +54,9 @@ class RunRecord:
 
 @dataclass
 class VariantSummary:
+    """One variant over its seeds: the runs, the finished runs' test metric by seed (the statistics pair seeds), the
+    best validation metrics, throughputs and peak memory, and its comparison with the baseline."""
+
     planned: PlannedVariant
     runs: list[RunRecord]
     test_by_seed: dict[int, float]  # the finished runs' test metric, by seed (the statistics pair seeds)
@@ -109,6 +115,10 @@ def curve_axis(plan: Plan) -> tuple[str, str]:
 
 
 def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str, Any]) -> RunRecord:
+    """The record of one run (``variant``, ``seed``) from its directory under ``output`` and the comparison's
+    ``status.json`` entries (``status``): finished (its ``results.json``; a damaged one counts as unfinished), failed or
+    cancelled, interrupted (started, not finished) or not started; its learning curve on the plan's x axis, best
+    validation metric, mean throughput and peak memory growth."""
     run_dir = output / RUNS / run_name(variant, seed)
     record = RunRecord(variant, seed, run_dir, "not started")
     metric, higher = plan.task.metric, plan.task.higher_is_better
@@ -145,6 +155,9 @@ def _test_values(runs: list[RunRecord], metric: str) -> dict[int, float]:
 
 
 def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
+    """Every variant's :class:`VariantSummary`, in the plan's order, read from ``output``, with each variant compared to
+    the baseline on the finished runs' test metric (``margin``: the equivalence margin,
+    :mod:`interlayer.compare.stats`)."""
     status_path = output / STATUS_FILE
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     summaries = []

@@ -122,6 +122,9 @@ def comparison_cells(c: Optional[Comparison], places: int) -> list[str]:
 
 
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
+    """The results table's rows, one per variant: size, finished runs, validation and test metric (mean ± std over
+    seeds, secondary metrics too), and the comparison with the baseline; the baseline's row and each ``--select``
+    group's choice are marked."""
     chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
     base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
@@ -233,6 +236,9 @@ def steep_warning(plan: Plan, summaries: list[VariantSummary]) -> Optional[str]:
 # -- writing --------------------------------------------------------------------------------------------------
 @dataclass
 class Report:
+    """What ``write_report`` wrote and what the command prints: the tables, the files, the figures and notes, the
+    verdicts and warnings, the ``--select`` choices."""
+
     table: str  # the comparison table (Markdown pipe format, as printed)
     cost: str  # measured throughput and memory per variant (Markdown, printed after the table)
     markdown: Path
@@ -308,6 +314,9 @@ class Opening:
 
 def opening(plan: Plan, summaries: list[VariantSummary], margin: Optional[float],
             env: Optional[Environment]) -> Opening:
+    """The top of the report: what the verdicts are about (metric, direction, baseline, seeds, margin), which test each
+    comparison used, one sentence per variant, the still-learning warning, and the environment (``env``; none when the
+    report is written outside a compare run)."""
     base = next(s for s in summaries if s.name == plan.settings.baseline)
     seeds = ", ".join(f"{s.name} {len(s.test)}" for s in summaries)
     unit = METRIC_UNITS.get(plan.task.metric)

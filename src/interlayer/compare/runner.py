@@ -64,6 +64,8 @@ def run_name(variant: str, seed: int) -> str:
 
 @dataclass
 class RunOutcome:
+    """How one run of a comparison ended in this invocation, for the summary line and ``status.json``."""
+
     name: str
     status: str  # finished | skipped | interrupted | failed | cancelled (a cluster job)
     seconds: float = 0.0
@@ -146,6 +148,11 @@ def _minutes(seconds: float) -> str:
 
 
 class Runner:
+    """Trains a plan's missing runs on this machine, ``jobs`` at a time, each in its own process (so a crash or memory
+    growth stays with that run) with ``cores / jobs`` torch threads and, on GPUs, a device of its own; records each
+    outcome in ``status.json``. Ctrl-C is forwarded to the runs, which save and stop; the next invocation continues
+    them. :class:`~interlayer.compare.launcher.SubmititRunner` is the cluster's counterpart."""
+
     def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
         self.threads = threads_per_run(jobs)

@@ -21,12 +21,17 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class Selection:
+    """One ``--select GROUP=V1,V2,...``: the group's name and its candidate variants, in the order given (ties go to the
+    first)."""
+
     group: str
     candidates: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Choice:
+    """A group decided (``chosen``) or not yet (``missing`` runs), with each candidate's mean validation metric."""
+
     selection: Selection
     valid: dict[str, Optional[float]]  # candidate -> mean validation metric over its finished runs
     chosen: Optional[str]  # None until every run of every candidate has finished

@@ -42,6 +42,9 @@ class Components:
         self.encoder_class: Optional[type] = None  # None: interlayer.core.encoder.Encoder
 
     def default_relative(self, side: StackSide, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
+        """The core's position module inside the attention of layer ``index``, sized for ``head_dim`` (default: the
+        config's head width): Shaw et al.'s relative bias, PA's 2-D relative bias (encoder only, on the token grid),
+        rotary embeddings, or None for absolute positions."""
         cfg = self.cfg
         head_dim = head_dim or cfg.qk_width // cfg.n_heads
         if cfg.positions == "relative":

@@ -88,6 +88,10 @@ class CausalModel(Protocol):
 
 @dataclass(frozen=True)
 class SamplingOptions:
+    """How :func:`generate` picks tokens and how long it goes on: the length, temperature (0: greedy), top-k, top-p,
+    repetition penalty, the end-of-sequence id, and whether to use the KV cache (None: when the model supports one) and
+    a compiled step."""
+
     max_new_tokens: int = 100
     temperature: float = 1.0  # 0: greedy decoding
     top_k: int = 0  # > 0: sample among the k most likely tokens only (all of them when k exceeds the vocabulary)
@@ -127,6 +131,8 @@ class SamplingOptions:
 
 @dataclass
 class Generation:
+    """The prompts followed by their continuations, and how many tokens each row produced (EOS included)."""
+
     tokens: Tensor  # (B, N) the new tokens; after a row's eos_id, eos_id again
     lengths: Tensor  # (B,) how many of them each row produced, its eos_id included
 

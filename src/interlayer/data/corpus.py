@@ -87,6 +87,8 @@ def read_corpus_text(path: PathLike) -> str:
 
 @dataclass
 class Corpus:
+    """A language-modelling corpus: the text of each split, and where it came from (for messages and the record)."""
+
     train: str
     valid: str
     test: str

@@ -101,6 +101,9 @@ class LMTokenizerMixin:
 
 
 class CharTokenizer(LMTokenizerMixin):
+    """Every character of the training text is a token (nanoGPT's ``shakespeare_char``), in sorted order; saved with the
+    run, so a resumed or evaluated run reads the same ids."""
+
     kind = "char"
 
     def __init__(self, chars: Sequence[str]) -> None:
@@ -170,6 +173,9 @@ CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
 
 
 class ByteBPETokenizer(LMTokenizerMixin):
+    """GPT-2's byte-level BPE trained with ``tokenizers`` on the training split (or a checkpoint's vocabulary and
+    merges): lossless, no normaliser, no special tokens; each token's UTF-8 bytes are known (bits per byte)."""
+
     kind = "bpe"
 
     def __init__(self, tokenizer: Tokenizer) -> None:

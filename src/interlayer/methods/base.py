@@ -129,6 +129,9 @@ class Conflict:
 
 
 class Method(Protocol):
+    """What the package reads of a method (module docstring): its section (``name``, ``config_class``), its compare
+    variants, its composition facts, and the three hooks around model building."""
+
     name: str  # the section's key in ModelConfig
     config_class: type
     # True when the method only ties parameters (and may add training losses): the forward computation is the plain

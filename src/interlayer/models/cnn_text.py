@@ -125,6 +125,10 @@ class ConvBlock(nn.Module):
 
 
 class CNNTextClassifier(nn.Module, PretrainedMixin):
+    """PA Table 1's CNN baseline for text (module docstring): the Transformer text classifier with each self-attention
+    replaced by a same-padded 1-D convolution (``enc_layers`` blocks of convolution and FFN), then pooling over the
+    real tokens and a linear classifier."""
+
     model_type = MODEL_TYPE
 
     def __init__(self, cfg: CNNTextConfig) -> None:

@@ -71,6 +71,9 @@ class Family:
 
 @dataclass(frozen=True)
 class Preset:
+    """A named model: its family, what it is (with the paper's table or section), and the fields it sets over the
+    family's defaults."""
+
     name: str
     description: str
     fields: dict[str, Any]
@@ -83,6 +86,8 @@ _MODEL_TYPES: dict[str, Family] = {}  # a saved model's ``model_type`` -> the fa
 
 
 def register_family(family: Family) -> Family:
+    """Add a model family to the registry (each family module calls it when imported); a name, a default family
+    (``claims=None``) or a saved model type registered twice is an error."""
     if family.name in _FAMILIES:
         raise RuntimeError(f"model family {family.name!r} is registered twice")
     if family.claims is None and any(f.claims is None for f in _FAMILIES.values()):

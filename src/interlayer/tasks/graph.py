@@ -75,6 +75,9 @@ class GraphBatch:
 
 
 class NodeClassificationTask:
+    """Transductive node classification (module docstring): the whole graph is every batch's input, the loss is the
+    cross-entropy of the training nodes, and validation is the accuracy on the validation nodes."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True

@@ -185,6 +185,11 @@ def _token_corpus(root: Path, data: LMData, tokenizer: Optional[LMTokenizer]
 
 
 class LanguageModelingTask:
+    """Next-token prediction on a corpus (module docstring): the text tokenized once (characters, a trained byte-level
+    BPE, a checkpoint's tokenizer, or token files), blocks of ``block_size + 1`` tokens at seeded random offsets, and
+    validation as the loss (nats per token), perplexity and bits per character or byte on blocks spread over the
+    validation text."""
+
     metric = "loss"
     higher_is_better = False
     metric_decimals = 3  # a comparison's table: differences between models are a few thousandths of a nat

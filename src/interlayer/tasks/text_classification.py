@@ -143,6 +143,8 @@ class MRPCData(TextClassificationData):
 
 @dataclass
 class Batch:
+    """Encoded sentences (or pairs, with their segment ids) and their labels."""
+
     tokens: Tensor  # (B, T) ids, PAD_ID-padded
     segments: Optional[Tensor]  # (B, T) 0/1 for sentence pairs, None for single sentences
     labels: Tensor  # (B,)
@@ -150,6 +152,9 @@ class Batch:
 
 @dataclass
 class EncodedSet:
+    """A split encoded once: each example's ids and its label; ``truncated`` counts the examples the length limit cut.
+    """
+
     inputs: list[Encoded]
     labels: list[int]
 
@@ -250,6 +255,10 @@ def metrics(gold: Sequence[int], predicted: Sequence[int], num_classes: int, f1_
 
 # -- the task --------------------------------------------------------------------------------------------------
 class TextClassificationTask:
+    """Training and scoring a text classifier (module docstring): the sentences or pairs encoded once with the run's
+    vocabulary (trained on the training split) or a checkpoint's tokenizer, seeded batches of similar lengths,
+    cross-entropy, and validation by accuracy (and F1 where the task has it)."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True

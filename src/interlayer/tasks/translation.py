@@ -63,6 +63,9 @@ def pad_batch(rows: Sequence[Sequence[int]]) -> Tensor:
 
 @dataclass
 class TranslationBatch:
+    """A batch of sentence pairs as padded id tensors: the source, the decoder's input (``<s> y``) and its targets (``y
+    </s>``)."""
+
     src: Tensor  # (B, S) ids + EOS, padded
     tgt_in: Tensor  # (B, T) BOS + ids
     tgt_out: Tensor  # (B, T) ids + EOS, PAD where absent
@@ -70,6 +73,11 @@ class TranslationBatch:
 
 
 class TranslationTask:
+    """Training and scoring a translation model on parallel text (module docstring): BPE vocabularies trained on the
+    training split (or a run's own, on resume), token-budget batches by length, label-smoothed cross-entropy, validation
+    by the teacher-forced loss and sacreBLEU of greedy decoding, and the test set scored with beam search (sacreBLEU and
+    chrF on detokenized output)."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "bleu"
     higher_is_better = True

@@ -154,6 +154,9 @@ class VQAData:
 # -- splits ---------------------------------------------------------------------------------------------------
 @dataclass
 class Vocab:
+    """The question words and the answers of a VQA data set (built on the training split, saved with the run), and
+    their indices."""
+
     words: list[str]
     answers: list[str]
     word_index: dict[str, int] = field(init=False)
@@ -200,6 +203,8 @@ class RegionImages:
         self.store, self.max_regions = store, max_regions
 
     def batch(self, keys: Sequence[str]) -> tuple[Tensor, Optional[Tensor]]:
+        """The regions of the images ``keys`` as one zero-padded ``(B, R, feature_dim)`` tensor and its padding mask
+        (True at padding)."""
         arrays = [self.store[k][:self.max_regions] for k in keys]
         regions = max(len(a) for a in arrays)
         features = torch.zeros(len(arrays), regions, arrays[0].shape[1])
@@ -215,6 +220,9 @@ class RegionImages:
 
 @dataclass
 class Split:
+    """One split of a VQA data set, encoded: its items, the questions as padded word ids, each question's soft answer
+    scores (VQA accuracy's min(#humans / 3, 1)) and the images (pixels or region features)."""
+
     items: list[VQAItem]
     questions: Tensor  # (N, max_question_len) word ids, PAD after the question
     targets: list[dict[int, float]]  # soft scores by answer index
@@ -418,6 +426,10 @@ def attention_picture(split: Split, index: int, metrics: dict[str, Any], path: P
 
 # -- the task -------------------------------------------------------------------------------------------------
 class VQATask:
+    """Training and scoring MCAN on question answering (module docstring): questions and answers encoded with the run's
+    vocabularies, images as features or pixels, the answer cross-entropy, and validation by accuracy; at the end the
+    test split is scored clean and noisy, with PAvPU."""
+
     device = torch.device("cpu")
     metric = "accuracy"
     higher_is_better = True

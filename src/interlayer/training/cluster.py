@@ -73,6 +73,7 @@ class LauncherSettings:
                 raise ConfigError(message)
 
     def describe(self) -> str:
+        """One line for the report's environment: where the jobs ran and what each asked for."""
         where = {"slurm": "SLURM jobs", "local": "submitit local jobs (processes on this machine)",
                  "debug": "submitit debug jobs (in this process)"}[self.cluster]
         parts = [f"partition {self.partition}"] if self.partition else []

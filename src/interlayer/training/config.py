@@ -47,6 +47,12 @@ CHANGEABLE_ON_RESUME: frozenset[str] = frozenset({
 
 @dataclass
 class TrainConfig:
+    """The ``train.*`` settings of a run: optimiser and learning-rate schedule (fairseq's defaults: Adam, inverse square
+    root with warm-up), batches and accumulation, limits (epochs, steps, minutes, patience), checkpoints and averaging,
+    logging, and where and how the steps run (device, precision, compile, TF32). A task gives its own defaults
+    (``TaskSpec.train_defaults``); each field's comment says what it is, :meth:`validate` what it may be. Fields in
+    :data:`CHANGEABLE_ON_RESUME` may change when a run is resumed."""
+
     optimizer: Optimizer = "adam"
     lr: float = 5e-4
     schedule: Schedule = "inverse_sqrt"

@@ -33,6 +33,9 @@ REFUSALS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointE
 
 @dataclass(frozen=True)
 class DistEnv:
+    """This process's place in a distributed run (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); one process is
+    rank 0 of 1."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0

@@ -100,6 +100,10 @@ class Task(Protocol):
 
 @dataclasses.dataclass
 class TrainState:
+    """Where a run stands, saved in every checkpoint and restored on resume: the epoch and the batch inside it, the
+    optimiser step, the training seconds spent (the time budget), the best validation metric and its epoch (early
+    stopping's reference), and why the run stopped."""
+
     epoch: int = 1
     batch_in_epoch: int = 0
     step: int = 0
@@ -184,6 +188,14 @@ def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_min
 
 
 class Trainer:
+    """The training loop every task shares (the module docstring lists what it guarantees): ``fit`` trains ``model`` on
+    ``task`` with the settings ``cfg`` until a limit (epochs, steps, minutes, patience) or a signal, writing the run
+    directory ``run_dir`` (checkpoints, ``best/``, ``averaged/``, the logs).
+
+    A task needs only the :class:`Task` protocol (batches, a loss, a validation); the model is any ``nn.Module``.
+    ``resume=True`` continues from ``checkpoint_last.safetensors`` to the bit. Under ``torchrun`` every rank runs one,
+    and only the main rank writes."""
+
     stop_signal: Optional[int] = None  # the signal (SIGINT, SIGTERM) that stopped fit(): the CLI's exit code
 
     def __init__(self, task: Task, model: nn.Module, cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
@@ -329,6 +341,10 @@ class Trainer:
         return None
 
     def fit(self) -> TrainState:
+        """Train until a limit or a signal (SIGINT and SIGTERM only set a flag: the current step ends and a checkpoint
+        is written), then finish (validate a partial epoch so that ``best/`` holds the best model so far, average the
+        last checkpoints with ``average_last``); returns the final :class:`TrainState`. A finished run returns at
+        once."""
         if self.state.finished:
             return self.state
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -30,6 +30,8 @@ class MetricLogs:
         self._wandb: Any = None
 
     def write(self, split: str, step: int, values: dict[str, float]) -> None:
+        """Append ``values`` at optimiser step ``step`` to ``SPLIT.csv`` (its columns are the first row's) and send the
+        numbers to TensorBoard or W&B as ``split/key``."""
         if not self.enabled:
             return
         path = self.run_dir / f"{split}.csv"
