@@ -16,6 +16,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
+from helpers import set_args
 from helpers.compare import compare_sets, faked_comparison
 from interlayer import get_config, list_models
 from interlayer.cli import main
@@ -29,7 +30,8 @@ from interlayer.compare import (
 )
 from interlayer.compare.environment import comparison_environment
 from interlayer.compare.plan import Plan, prepare_directory
-from interlayer.compare.report import still_falling, write_report
+from interlayer.compare.records import summarize
+from interlayer.compare.report import md_code, still_falling, write_report
 from interlayer.compare.runner import run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
@@ -517,3 +519,44 @@ def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["selections"]["pa"]["chosen"] == "pa_a0.3"
     assert summary["selections"]["pa"]["valid_means"]["pa_a0.3"] == pytest.approx(99.0)
+
+
+# -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
+def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    damaged = out / "runs" / "baseline-s1" / "results.json"
+    damaged.write_text('{"status": "fini')  # what a crash mid-write of an in-place writer left
+    report = write_report(plan, out, ["interlayer", "compare", "..."])
+    assert not report.complete
+    run = next(r for s in summarize(plan, out) for r in s.runs if r.name == "baseline-s1")
+    assert run.state == "interrupted"
+    assert run.detail.startswith(f"{damaged}:1:") and "not valid JSON" in run.detail
+    assert "counted as unfinished" in report.markdown.read_text()
+    (damaged.parent / LAST).write_bytes(b"")
+    assert run_state(damaged.parent) == "resumable"  # the next compare resumes it, which scores it again
+
+
+def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
+    from interlayer.compare.selection import parse_selections
+
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    group = "<script>alert(1)</script>`x|y*"
+    command = ["interlayer", "compare", "--select", f"{group}=baseline,pa", "--note", "a``b`"]
+    report = write_report(plan, out, command, parse_selections([f"{group}=baseline,pa"]))
+    text = report.markdown.read_text()
+    assert "<script>" not in text.replace(md_code(" ".join(command)), "")  # raw only inside the code span
+    assert r"\<script\>alert(1)\</script\>\`x\|y\*" in text  # in the table and the chosen line, escaped
+    assert "Command: ``` interlayer compare --select <script>" in text  # a fence longer than any run of backticks
+    assert md_code("a``b`") == "``` a``b` ```" and md_code("plain") == "`plain`"
+    assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
+
+
+def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
+    """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
+    out = tmp_path / "cmp"
+    sets = {**compare_sets(corpus), "train.average_last": "5", "train.keep_last": "5"}
+    assert main(["compare", "--task", "translation", "--variants", "baseline", "--budget-steps", "3", "--output",
+                 str(out), *set_args(f"{k}={v}" for k, v in sets.items())]) == 0
+    assert json.loads((out / "runs" / "baseline-s1" / "results.json").read_text())["averaged"].startswith("none:")
