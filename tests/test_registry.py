@@ -264,6 +264,12 @@ def test_no_layer_reaches_up() -> None:
     assert _upward(_import_graph()) == []
 
 
+def test_no_source_file_is_over_700_lines() -> None:
+    """A file that outgrows 700 lines does several jobs: split it by job (as compare/report.py and the engine were)."""
+    assert {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 700} == {}
+
+
 def _only_reexports(tree: ast.Module) -> bool:
     """A module whose body is imports (and ``__all__``) only, after its docstring: it defines nothing."""
     body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
