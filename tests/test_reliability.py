@@ -384,9 +384,9 @@ class _ClosedPipe(io.StringIO):
 
 @pytest.mark.parametrize("args", [["tables"], ["compare", "--list-variants"], ["models", "transformer_small"]])
 def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, args):
-    import interlayer.cli as cli
+    import interlayer.papers as papers  # the tables command imports paper_tables when it runs
 
-    monkeypatch.setattr(cli, "paper_tables", lambda: "| table |\n" * 100)  # what is printed does not matter
+    monkeypatch.setattr(papers, "paper_tables", lambda: "| table |\n" * 100)  # what is printed does not matter
     monkeypatch.setattr(sys, "stdout", _ClosedPipe())
     assert main(args) == 141
     assert capsys.readouterr().err == ""
@@ -402,12 +402,12 @@ def test_a_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
-    import interlayer.cli as cli
+    import interlayer.papers as papers  # the tables command imports paper_tables when it runs
 
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "paper_tables", broken)
+    monkeypatch.setattr(papers, "paper_tables", broken)
     assert main(["tables"]) == 1
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: boom" in err and "--debug" in err and "Traceback" not in err
@@ -417,7 +417,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "paper_tables", interrupted)  # Ctrl-C outside a training loop (reading data, ...)
+    monkeypatch.setattr(papers, "paper_tables", interrupted)  # Ctrl-C outside a training loop (reading data, ...)
     assert main(["tables"]) == 130 and capsys.readouterr().err == "interlayer: interrupted\n"
 
 
