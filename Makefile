@@ -25,7 +25,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
 	touch $@
 
+# The style check first ([tool.ruff] in pyproject.toml: a second of work), then the suite.
 test: setup $(VENV)/.bench-installed
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 bench: setup $(VENV)/.bench-installed

@@ -37,8 +37,8 @@ from torch import nn
 
 from interlayer import count_madds, count_parameters, create_model, get_config
 from interlayer.core.positions import SinusoidalPositions
-from interlayer.tables import format_table
 from interlayer.devices import resolve_device
+from interlayer.tables import format_table
 from interlayer.training.device import autocast, configure_tf32, resolve_precision
 
 VOCAB = 10_000

@@ -13,9 +13,9 @@ import time
 import torch
 
 from interlayer.data.parallel import bundled_dir, read_parallel
-from interlayer.tasks.translation_decoding import DecodeOptions
 from interlayer.tables import format_table
 from interlayer.tasks.translation import load_translator, score, translate
+from interlayer.tasks.translation_decoding import DecodeOptions
 
 
 def main() -> None:

@@ -418,7 +418,8 @@ class Bench:
             del base
             self.empty()
         rows = [[k, f"{v['time_ratio']:.2f}x", f"{v['bar']:.2f}", "met" if v["met"] else "MISSED",
-                 f"{v['bound_ratio']:.2f}x / {v['serial_bound_ratio']:.2f}x", f"{v['madds_ratio']:.2f}x", f"{v['method_ms']:.1f} / {v['base_ms']:.1f}",
+                 f"{v['bound_ratio']:.2f}x / {v['serial_bound_ratio']:.2f}x", f"{v['madds_ratio']:.2f}x",
+                 f"{v['method_ms']:.1f} / {v['base_ms']:.1f}",
                  "n/a" if v["base_peak_gib"] is None else f"{v['method_peak_gib']:.1f} / {v['base_peak_gib']:.1f}"]
                 for k, v in records.items()]
         print(f"\n## Methods, {self.args.shape} shape, batch {batch_size} x {length}, {self.precision}\n")
@@ -481,7 +482,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--parts", default="peers,methods,decode", help="comma-separated: peers, methods, decode")
     parser.add_argument("--methods", nargs="*", help="only the methods whose name contains one of these")
-    parser.add_argument("--peers", nargs="*", help="only these peers (interlayer, minimal-gpt2, hf-gpt2, x-transformers)")
+    parser.add_argument("--peers", nargs="*",
+                        help="only these peers (interlayer, minimal-gpt2, hf-gpt2, x-transformers)")
     parser.add_argument("--shape", choices=["gpt2", "char"], default="gpt2", help="the methods' model shape")
     parser.add_argument("--modes", default="compiled", help="methods: compiled, eager, or compiled,eager")
     parser.add_argument("--kernel-modes", default="auto",

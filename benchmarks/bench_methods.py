@@ -39,8 +39,8 @@ from torch import Tensor, nn
 
 from interlayer import count_madds, create_model
 from interlayer.core.generation import kv_cache_bytes_per_token
-from interlayer.tables import format_table
 from interlayer.devices import resolve_device
+from interlayer.tables import format_table
 from interlayer.training.device import autocast, configure_tf32, resolve_precision
 
 # The main job's language model (interlayer.compare.DEFAULT's model settings).
@@ -271,16 +271,17 @@ def main() -> None:
         memory = result["peak_mib"]
         gain = result["compile_speedup"]
         kv_bytes = result["kv_bytes_per_token"]
-        kv = "" if kv_bytes is None else f"{kv_bytes['base']:,} / {kv_bytes['method']:,} ({result['kv_cache_ratio']:.2f}x)"
+        kv = ("" if kv_bytes is None
+              else f"{kv_bytes['base']:,} / {kv_bytes['method']:,} ({result['kv_cache_ratio']:.2f}x)")
         rows.append([case.name, f"{result['madds_ratio']:.2f}x", f"{result['time_ratio']:.2f}x", target, kv,
                      f"{result['base_ms']:.1f}", f"{result['method_ms']:.1f}",
                      "n/a" if memory["base"] is None else f"{memory['base']:,.0f} / {memory['method']:,.0f}"]
                     + ([f"{gain['base']:.2f}x / {gain['method']:.2f}x"] if gain else []))
         print(f"  {case.name}: MAdds {result['madds_ratio']:.2f}x, time {result['time_ratio']:.2f}x", flush=True)
     print()
-    print(format_table(["case", "MAdds ratio", "time ratio", "target", "KV cache bytes/token (base / method)", "base ms/step", "method ms/step",
-                        "peak MiB (base / method)"] + (["compiled vs eager (base / method)"] if args.compile else []),
-                       rows))
+    headers = ["case", "MAdds ratio", "time ratio", "target", "KV cache bytes/token (base / method)", "base ms/step",
+               "method ms/step", "peak MiB (base / method)"]
+    print(format_table(headers + (["compiled vs eager (base / method)"] if args.compile else []), rows))
     if args.json:
         environment = {"device": str(device), "device_name": name, "precision": precision, "compile": args.compile,
                        "compile_backend": args.compile_backend if args.compile else None,

@@ -39,14 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from interlayer.models.registry import load_pretrained
-from interlayer.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.data import sort_of_clevr as soc
 from interlayer.errors import DataError
 from interlayer.fileio import read_json
-from interlayer.tasks.vqa import Split, VQAData, VQATask, Vocab, load_test_split, score
+from interlayer.models.registry import load_pretrained
+from interlayer.tasks.vqa import Split, Vocab, VQAData, VQATask, load_test_split, score
 from interlayer.training.config import TrainConfig
-
 
 RuleKey = Callable[[soc.SortOfClevr, int], tuple]
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import set_args
+from helpers.folders import copy_folder, read_only_folder, snapshot, train_tiny_lm
+from helpers.tiny_runs import TINY_LM
 from interlayer.cli import MAX_SAMPLES, main, one_line
 from interlayer.compare import MAX_SEEDS
-
-from helpers.folders import copy_folder, read_only_folder, snapshot, train_tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +144,36 @@ def test_a_read_only_run_directory_output_or_config_file_is_named_and_exit_2(lm_
                              err), err
         assert os.listdir(folder) == []
 
+
+@pytest.fixture(scope="module")
+def language_model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lm")
+    (root / "book.txt").write_text("to be or not to be, that is the question.\n" * 40)
+    run = root / "run"
+    assert main(["train", "lm", "--data", str(root / "book.txt"), "--run-dir", str(run), "--no-progress",
+                 *set_args([*TINY_LM, "train.max_steps=1"])]) == 0
+    return run / "best"
+
+
+@pytest.mark.parametrize("args", [["--temperature", "nan"], ["--temperature", "inf"], ["--top-p", "nan"]])
+def test_generate_refuses_non_finite_sampling_settings(language_model, capsys, args):
+    with pytest.raises(SystemExit) as stopped:  # argparse's own exit for a bad argument
+        main(["generate", "--checkpoint", str(language_model), *args])
+    assert stopped.value.code == 2
+    assert f"{args[1]} is not a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("std", ["nan", "inf", "-inf"])
+def test_evaluate_refuses_a_non_finite_noise_std(language_model, capsys, std):
+    with pytest.raises(SystemExit) as stopped:
+        main(["evaluate", "--checkpoint", str(language_model), f"--noise-std={std}"])
+    assert stopped.value.code == 2 and "is not a finite number" in capsys.readouterr().err
+
+
+def test_generate_refuses_a_prompt_that_is_not_utf8_and_an_unbounded_length(language_model, capsys):
+    # a byte that is not UTF-8 on the command line reaches Python as a lone surrogate (surrogateescape)
+    assert main(["generate", "--checkpoint", str(language_model), "--prompt", "to \udcff be"]) == 2
+    assert "--prompt is not valid UTF-8 (byte 3: b'\\xff be'); give the prompt as UTF-8" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "100000000"]) == 2
+    assert "--max-new-tokens=100000000 is more than 100,000" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "5", "--prompt", "to"]) == 0

@@ -16,21 +16,30 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from interlayer import get_config, list_models, save_pretrained
-from interlayer.cli import main
-from interlayer.core.config import ConfigError
-from interlayer.compare import (DEFAULT, MAIN_JOB_STEPS, MAIN_JOB_VALIDATIONS, build_plan, hard_permutation,
-                                make_settings)
-from interlayer.compare.plan import Plan, prepare_directory
-from interlayer.compare import plots
-from interlayer.compare.report import environment, still_falling, write_report
-from interlayer.compare.runner import run_state
-from interlayer.training.engine import LAST
-from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
-from interlayer.compare.variants import NAMED_VARIANTS, Context, VariantError, parse_variants, split_entries
-from interlayer.training.concurrency import threads_per_run
-
+from helpers import set_args
 from helpers.compare import compare_sets, faked_comparison
+from interlayer import get_config, list_models
+from interlayer.cli import main
+from interlayer.compare import (
+    DEFAULT,
+    MAIN_JOB_STEPS,
+    MAIN_JOB_VALIDATIONS,
+    build_plan,
+    make_settings,
+    plots,
+)
+from interlayer.compare.environment import comparison_environment
+from interlayer.compare.plan import Plan, prepare_directory
+from interlayer.compare.records import summarize
+from interlayer.compare.report import md_code, still_falling, write_report
+from interlayer.compare.runner import run_state
+from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
+from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
+from interlayer.core.config import ConfigError
+from interlayer.errors import VariantError
+from interlayer.methods.base import VariantContext
+from interlayer.training.concurrency import threads_per_run
+from interlayer.training.engine import LAST
 
 
 def _cli_sets(corpus, extra=()):
@@ -72,15 +81,6 @@ def test_global_set_of_a_method_section_is_refused():
         make_settings("translation", ["baseline,pa"], sets={"predictive.alpha": "0.5"})
 
 
-def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
-    assert hard_permutation(6) == [0, 4, 1, 5, 2, 3]  # MPT Fig. 3
-    assert hard_permutation(3) == [0, 2, 1]
-    for n in range(3, 13):
-        perm = hard_permutation(n)
-        assert sorted(perm) == list(range(n)) and perm[0] == 0 and perm != list(range(n))
-    assert hard_permutation(2) == [0, 1]
-
-
 def test_named_variants_are_computed_against_the_task_model(corpus):
     settings = make_settings("translation", ["baseline,mpt_hard,pa,crossformer_kq,lw_1x"],
                              sets=compare_sets(corpus, ["enc_layers=3"]))
@@ -95,12 +95,13 @@ def test_named_variants_are_computed_against_the_task_model(corpus):
     assert plan.variant("mpt_hard").madds > plan.variant("baseline").madds  # two encoder passes
     assert plan.variant("baseline").lengths[0] > 2  # mean training lengths, not a constant
     base = get_config("transformer_text_cls").to_dict()
-    assert NAMED_VARIANTS["pa"].overrides(Context("sick", "transformer_text_cls", base))["predictive.alpha"] == 0.5
+    sick = VariantContext("sick", "transformer_text_cls", base)
+    assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5
     gat = {"model_type": "gat", "crossformer": None}
-    assert NAMED_VARIANTS["crossformer_kq"].overrides(Context("cora", "gat_cora", gat)) == {"crossformer": "kq"}
+    assert NAMED_VARIANTS["crossformer_kq"].overrides(VariantContext("cora", "gat_cora", gat)) == {"crossformer": "kq"}
     with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
                                            "trains a gat model"):
-        NAMED_VARIANTS["pa"].overrides(Context("cora", "gat_cora", gat))
+        NAMED_VARIANTS["pa"].overrides(VariantContext("cora", "gat_cora", gat))
 
 
 def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, capsys):
@@ -351,6 +352,22 @@ def test_a_comparison_may_grow_by_seeds_and_variants(corpus, tmp_path):
     assert "grew" not in json.loads((out / "compare.json").read_text())["invocations"][-1]
 
 
+def test_compile_as_a_flag_or_as_text_is_one_setting(corpus, tmp_path):
+    """``--compile`` gives ``train.compile=True``; a directory whose compare.json recorded it as text (``--set
+    train.compile=true``, or the flag before it was a boolean) continues with the flag, and the other way round."""
+    out = tmp_path / "cmp"
+    as_text = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                            sets={**compare_sets(corpus), "train.compile": "true"})
+    as_flag = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                            sets={**compare_sets(corpus), "train.compile": True})
+    assert prepare_directory(build_plan(as_text), out, ["interlayer", "compare"]) is False
+    assert prepare_directory(build_plan(as_flag), out, ["interlayer", "compare", "--compile"]) is True
+    other = make_settings("translation", ["baseline"], budget_minutes=0.5,
+                          sets={**compare_sets(corpus), "train.compile": "false"})
+    with pytest.raises(ConfigError, match="train.compile: was true, now false"):
+        prepare_directory(build_plan(other), out, ["interlayer", "compare"])
+
+
 # -- the figures -------------------------------------------------------------------------------------------------
 def _check_png(picture):
     image = Image.open(picture.path)
@@ -432,7 +449,7 @@ def test_still_falling_curves_are_told_apart_from_levelled_ones():
 def test_the_environment_names_commit_torch_device_threads_wall_time_and_load(corpus):
     plan = build_plan(make_settings("translation", ["baseline"], budget_minutes=1.0,
                                     sets={**compare_sets(corpus), "train.threads": "1"}))
-    env = environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
+    env = comparison_environment(plan, threads=2, jobs=2, wall_seconds=125.0, load_at_start=1.5)
     assert re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", env.commit)  # this checkout is a git work tree
     lines = env.lines()
     assert f"torch {torch.__version__}" in lines[1] and "CPU" in env.device
@@ -502,3 +519,44 @@ def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["selections"]["pa"]["chosen"] == "pa_a0.3"
     assert summary["selections"]["pa"]["valid_means"]["pa_a0.3"] == pytest.approx(99.0)
+
+
+# -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
+def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    damaged = out / "runs" / "baseline-s1" / "results.json"
+    damaged.write_text('{"status": "fini')  # what a crash mid-write of an in-place writer left
+    report = write_report(plan, out, ["interlayer", "compare", "..."])
+    assert not report.complete
+    run = next(r for s in summarize(plan, out) for r in s.runs if r.name == "baseline-s1")
+    assert run.state == "interrupted"
+    assert run.detail.startswith(f"{damaged}:1:") and "not valid JSON" in run.detail
+    assert "counted as unfinished" in report.markdown.read_text()
+    (damaged.parent / LAST).write_bytes(b"")
+    assert run_state(damaged.parent) == "resumable"  # the next compare resumes it, which scores it again
+
+
+def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
+    from interlayer.compare.selection import parse_selections
+
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    group = "<script>alert(1)</script>`x|y*"
+    command = ["interlayer", "compare", "--select", f"{group}=baseline,pa", "--note", "a``b`"]
+    report = write_report(plan, out, command, parse_selections([f"{group}=baseline,pa"]))
+    text = report.markdown.read_text()
+    assert "<script>" not in text.replace(md_code(" ".join(command)), "")  # raw only inside the code span
+    assert r"\<script\>alert(1)\</script\>\`x\|y\*" in text  # in the table and the chosen line, escaped
+    assert "Command: ``` interlayer compare --select <script>" in text  # a fence longer than any run of backticks
+    assert md_code("a``b`") == "``` a``b` ```" and md_code("plain") == "`plain`"
+    assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
+
+
+def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
+    """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
+    out = tmp_path / "cmp"
+    sets = {**compare_sets(corpus), "train.average_last": "5", "train.keep_last": "5"}
+    assert main(["compare", "--task", "translation", "--variants", "baseline", "--budget-steps", "3", "--output",
+                 str(out), *set_args(f"{k}={v}" for k, v in sets.items())]) == 0
+    assert json.loads((out / "runs" / "baseline-s1" / "results.json").read_text())["averaged"].startswith("none:")

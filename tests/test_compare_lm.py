@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from interlayer.compare import build_plan, make_settings
-from interlayer.compare.report import read_run, write_report
-
 from helpers.compare import fake_runs
+from interlayer.compare import build_plan, make_settings
+from interlayer.compare.records import read_run
+from interlayer.compare.report import write_report
 
 TEXT = "".join(f"Line {i}: to be, or not to be, that is the question {i * 3}.\n" for i in range(80))
 
@@ -164,6 +164,7 @@ def test_what_a_seed_shares_between_the_main_jobs_variants(tmp_path):
     every tensor created before its construction first differs (Crossformer-SG 36 of 36, Crossformer-KQ 33, PA 18,
     LW-1x 12 on the main job's model), because the seed fixes the stream the model is initialised from."""
     import torch
+
     from interlayer.compare import DEFAULT
 
     path = tmp_path / "book.txt"

@@ -6,8 +6,18 @@ import math
 import pytest
 from scipy import stats as sps
 
-from interlayer.compare.stats import (compare_to_baseline, detectable_difference, holm, holm_alphas, mean_std,
-                                      paired, power, ratio_range, seeds_needed, welch)
+from interlayer.compare.stats import (
+    compare_to_baseline,
+    detectable_difference,
+    holm,
+    holm_alphas,
+    mean_std,
+    paired,
+    power,
+    ratio_range,
+    seeds_needed,
+    welch,
+)
 
 # R: t.test(extra ~ group, data = sleep) -> t = -1.8608, df = 17.776, p-value = 0.07939,
 # 95 percent confidence interval: -3.3654832  0.2054832

@@ -12,14 +12,13 @@ import time
 
 import pytest
 
+from helpers import SRC
+from helpers.compare import compare_sets
 from interlayer.cli import main
 from interlayer.compare import launcher as compare_launcher
 from interlayer.compare.launcher import SubmititRunner
 from interlayer.errors import ConfigError
 from interlayer.training.cluster import LauncherSettings, job_body, make_executor, parse_slurm_sets, parse_time
-
-from helpers import SRC
-from helpers.compare import compare_sets
 
 submitit = pytest.importorskip("submitit")
 
@@ -31,7 +30,8 @@ def _args(corpus, out, *extra):
 
 
 def _submissions(out):
-    return {name: len(entry["submissions"]) for name, entry in json.loads((out / "jobs.json").read_text())["runs"].items()}
+    runs = json.loads((out / "jobs.json").read_text())["runs"]
+    return {name: len(entry["submissions"]) for name, entry in runs.items()}
 
 
 def test_debug_jobs_a_failure_a_cancellation_and_the_rerun_that_submits_only_them(corpus, tmp_path, monkeypatch,

@@ -1,5 +1,7 @@
 """Every pair of methods either composes (builds, trains one step, counts MAdds exactly) or is rejected with the
-reason. The expected verdict of each pair is written down here, so a change in what composes cannot go unnoticed."""
+reason. The pairs come from :data:`~interlayer.methods.METHODS`: each method registers small examples of its section
+(``Method.examples``) and the combinations it refuses with words of the reason (``Method.conflicts``), so a new
+method is covered by construction, and a method without an example fails here."""
 import itertools
 
 import pytest
@@ -7,53 +9,24 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from interlayer import ConfigError, count_madds, create_model
+from interlayer.methods import METHODS
 
-SECTIONS = {
-    "crossformer": {"hard": ["kq", "vf", "ffn"]},
-    "crossformer_soft": {"soft": ["kq", "vf", "ffn"], "alpha": 0.1},
-    "multipass": {"connection": "soft", "loss": "all"},
-    "predictive": {"alpha": 0.5},
-    "conv_branch": {},
-    "lightweight": {"groups": 2},
-    "layer_sharing": {},  # ALBERT: every layer of each stack runs one block
-    "value_residual": {"learnable": True},
-    "cla": {"sharing_factor": 2},
-    "denseformer": {"dilation": 2, "period": 1},
-    "hyper_connections": {"rate": 2},
-    "mhc": {"rate": 2},
-    "muddformer": {"dilation": 1, "period": 1},
-}
-# Pairs that cannot work, and the words their error must contain.
-REJECTED = {
-    frozenset({"crossformer", "lightweight"}): "lightweight",
-    frozenset({"crossformer_soft", "lightweight"}): "lightweight",
-    frozenset({"crossformer", "conv_branch"}): "conv_branch",
-    frozenset({"crossformer_soft", "conv_branch"}): "conv_branch",
-    frozenset({"lightweight", "conv_branch"}): "conv_branch",
-    frozenset({"crossformer", "layer_sharing"}): "layer_sharing.share='all' and crossformer.hard",
-    frozenset({"crossformer_soft", "layer_sharing"}): "layer_sharing.share='all' and crossformer.soft",
-    frozenset({"crossformer", "crossformer_soft"}): "",  # one section: not a pair (skipped below)
-    **{frozenset({m, o}): w for m in ("value_residual", "cla") for o, w in
-       (("lightweight", "lightweight.attention"), ("conv_branch", "conv_branch"))},
-    frozenset({"cla", "crossformer"}): "shares the computed keys/values",
-    frozenset({"cla", "crossformer_soft"}): "shares the computed keys/values",
-    frozenset({"multipass", "hyper_connections"}): "neither paper says which stream",
-    frozenset({"denseformer", "hyper_connections"}): "cannot be combined",
-    frozenset({"multipass", "mhc"}): "neither paper says which stream",
-    **{frozenset({"mhc", o}): f"mhc and {o}" for o in ("hyper_connections", "denseformer", "muddformer")},
-    **{frozenset({"muddformer", o}): f"muddformer and {o}" for o in ("hyper_connections", "denseformer")},
-    # multiway MUDDFormer hands the self-attention separate query/key/value inputs: the core attention's hook
-    **{frozenset({"muddformer", o}): w for o, w in (("lightweight", "lightweight.attention"),
-                                                    ("conv_branch", "conv_branch"))},
-}
+# example name -> (method, example)
+EXAMPLES = {example.name: (method, example) for method in METHODS for example in method.examples}
+# the examples each pair of examples of two methods is rejected for, and the words of the error
+REJECTED = {frozenset({example.name, conflict.other}): conflict.reason
+            for method in METHODS for conflict in method.conflicts for example in method.examples}
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, attn_impl="eager")
 
 
 def _build(arch: str, names) -> torch.nn.Module:
-    sections = {n.replace("_soft", ""): SECTIONS[n] for n in names}
-    extra = {"num_classes": 3, "positions": "relative"} if arch == "encoder_classifier" else {}
-    if "hyper_connections" in names or "mhc" in names:
-        extra["norm_first"] = True  # the papers' (m)HC replace the pre-norm residual only
+    sections, extra = {}, {}
+    for name in names:
+        method, example = EXAMPLES[name]
+        sections[method.name] = example.section
+        extra.update(example.core)
+    if arch == "encoder_classifier":
+        extra.update(num_classes=3, positions="relative")
     return create_model("transformer_small", arch=arch, **SMALL, **extra, **sections)
 
 
@@ -75,7 +48,20 @@ def _exercise(model: torch.nn.Module):
     return out
 
 
-PAIRS = [p for p in itertools.combinations(SECTIONS, 2) if set(p) != {"crossformer", "crossformer_soft"}]
+PAIRS = [pair for pair in itertools.combinations(EXAMPLES, 2) if EXAMPLES[pair[0]][0] is not EXAMPLES[pair[1]][0]]
+
+
+def test_every_method_has_an_example_and_every_conflict_names_one() -> None:
+    """What makes the pairs below cover METHODS: each method has an example, examples are named apart, and a
+    conflict names another method's example, once (from one of the two methods)."""
+    assert {method.name for method, _ in EXAMPLES.values()} == {method.name for method in METHODS}
+    assert len(EXAMPLES) == sum(len(method.examples) for method in METHODS)
+    claimed = [frozenset({example.name, conflict.other}) for method in METHODS for conflict in method.conflicts
+               for example in method.examples]
+    assert sorted(map(sorted, claimed)) == sorted(map(sorted, set(claimed)))
+    for method in METHODS:
+        for conflict in method.conflicts:
+            assert conflict.other in EXAMPLES and EXAMPLES[conflict.other][0] is not method
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "encoder_classifier"])

@@ -9,8 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, load_pretrained,
-                        save_pretrained)
+from interlayer import (
+    ConfigError,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.methods.conv_branch import AttentionConvBlock
 from interlayer.methods.predictive import PredictiveMixer

@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from interlayer import ConfigError, count_madds, count_parameters, create_model
-
 from helpers import count_flops
+from interlayer import ConfigError, count_madds, count_parameters, create_model
 
 
 def test_tied_parameters_counted_once():
@@ -87,7 +86,8 @@ def test_step_cost_of_the_plain_model_against_a_hand_count() -> None:
     attention = 2 * 2 * tokens * (4 * 32)
     ffn = 2 * 2 * tokens * (2 * 128)
     norms = 4 * (2 * 2 + 4) * tokens * 32
-    assert cost.bytes == {"weights": 12 * params, "optimizer": 28 * params, "activations": 2 * (attention + ffn) + norms,
+    assert cost.bytes == {"weights": 12 * params, "optimizer": 28 * params,
+                          "activations": 2 * (attention + ffn) + norms,
                           "residual stream": 4 * 16 * tokens * 32, "logits": 4 * 2 * tokens * 40,
                           "embedding": 8 * tokens * 32}
     assert cost.madds == 2 * count_madds(model, 16) and cost.flops == 6 * cost.madds

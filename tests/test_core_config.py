@@ -1,8 +1,15 @@
 """Configs: typed, validated with messages naming the key, round-tripped through JSON/YAML, overridable."""
 import pytest
 
-from interlayer import ConfigError, ModelConfig, apply_overrides, config_from_dict, create_model, get_config
-from interlayer import list_models
+from interlayer import (
+    ConfigError,
+    ModelConfig,
+    apply_overrides,
+    config_from_dict,
+    create_model,
+    get_config,
+    list_models,
+)
 
 
 def test_unknown_key_names_it_and_suggests():

@@ -195,7 +195,10 @@ def test_eos_stops_each_row_and_fills_it():
 def test_sampling_filters_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)
-    draws = lambda **kw: {int(choose_tokens(logits, SamplingOptions(**kw), gen)) for _ in range(300)}
+
+    def draws(**kw):
+        return {int(choose_tokens(logits, SamplingOptions(**kw), gen)) for _ in range(300)}
+
     assert draws(top_k=2) == {0, 1}
     assert draws(top_k=200) == {0, 1, 2, 3}  # more than the vocabulary: every token (nanoGPT's top_k=200)
     assert draws(top_p=0.75) == {0, 1}  # 0.5 < 0.75 <= 0.8: the two most likely tokens

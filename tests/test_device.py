@@ -17,13 +17,12 @@ import torch
 import torch._dynamo
 import torch._inductor.config
 
+from helpers import gpu
 from interlayer import create_model, get_config, list_models
-from interlayer.models.gat import with_self_loops
 from interlayer.core.config import ConfigError
 from interlayer.devices import resolve_device
+from interlayer.models.gat import with_self_loops
 from interlayer.training.device import autocast, move, resolve_precision
-
-from helpers import gpu
 
 NAMES = list_models()
 TRANSFORMERS = set(list_models(family="transformer"))

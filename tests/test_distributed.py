@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from interlayer.experiment import train
-from interlayer.tasks import task_specs
-from interlayer.training.engine import LAST, read_checkpoint
-
 from helpers import TEXT, set_args
 from helpers.translation import write_corpus
+from interlayer.experiment import train
+from interlayer.tasks import task_specs
+from interlayer.training import state_file
+from interlayer.training.engine import LAST
 
 
 def _free_port() -> int:
@@ -53,7 +53,8 @@ def corpus(tmp_path_factory):
 @pytest.mark.parametrize("extra", [
     {}, {"crossformer.hard": "[kq, ffn]"},
     pytest.param({"train.device": "cuda", "train.tf32": "false"}, marks=pytest.mark.skipif(
-        torch.cuda.device_count() < 2, reason="NCCL across 2 GPUs needs 2 GPUs"))], ids=["plain", "crossformer_hg", "nccl"])
+        torch.cuda.device_count() < 2, reason="NCCL across 2 GPUs needs 2 GPUs"))],
+    ids=["plain", "crossformer_hg", "nccl"])
 def test_two_processes_equal_one_process_with_the_same_global_batch(corpus, tmp_path, extra):
     single, double = tmp_path / "single", tmp_path / "ddp"
     _run(0, 1, 0, corpus, single, 2, extra)
@@ -66,8 +67,8 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(corpus, tmp_
     assert len(one) == len(two) == 5
     for a, b in zip(one[1:], two[1:]):
         assert float(a[col]) == pytest.approx(float(b[col]), rel=1e-5)
-    w1 = read_checkpoint(single / LAST)["model"]
-    w2 = read_checkpoint(double / LAST)["model"]
+    w1 = state_file.read(single / LAST)["model"]
+    w2 = state_file.read(double / LAST)["model"]
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-4, atol=1e-6)
 

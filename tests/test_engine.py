@@ -9,7 +9,9 @@ import torch
 
 from interlayer import create_model
 from interlayer.core.config import ConfigError
-from interlayer.training import TrainConfig, Trainer, engine
+from interlayer.training import engine
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import Trainer
 
 
 class ScriptedTask:

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from interlayer import create_model
 from interlayer.core.attention import MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias
-from interlayer.methods.lightweight import GroupedLinear
 from interlayer.kernels import map_conv
 from interlayer.kernels.map_conv import map_conv_relu, map_conv_relu_backward
+from interlayer.methods.lightweight import GroupedLinear
 from interlayer.methods.predictive import PredictiveMixer
 
 

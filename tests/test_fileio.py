@@ -11,24 +11,35 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
+from helpers import set_args
+from helpers.folders import fifo, link_out, train_tiny_lm
+from helpers.pretrained import tiny_state, write_bert
+from helpers.tiny_runs import TINY_TEXT, translation_args
 from interlayer import CheckpointError, load_pretrained
 from interlayer.cli import main
 from interlayer.data.bpe import VocabPair
 from interlayer.data.classification import WordVocab
-from interlayer.data.lm_tokenizers import load_tokenizer
-from interlayer.errors import ConfigError, DataError
-from interlayer.fileio import (MAX_DEPTH, WriteError, atomic_directory, atomic_path, confined, load_yaml,
-                               parse_json, read_json, read_text, read_yaml_or_json, shorten)
-from interlayer.pretrained import PretrainedError, TokenizerError
-from interlayer.pretrained.bpe import BPETokenizer
+from interlayer.data.lm_tokenizers import load_lm_tokenizer
+from interlayer.errors import ConfigError, DataError, PretrainedError, TokenizerError, WriteError
+from interlayer.fileio import (
+    MAX_DEPTH,
+    atomic_directory,
+    atomic_path,
+    confined,
+    load_yaml,
+    parse_json,
+    read_json,
+    read_text,
+    read_yaml_or_json,
+    shorten,
+)
+from interlayer.pretrained.byte_level_bpe import BPETokenizer
 from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
 from interlayer.pretrained.run_assets import read_run_assets
 from interlayer.pretrained.tokenization import tokenizer_kind
 from interlayer.pretrained.wordpiece import WordPieceTokenizer
 from interlayer.tasks import task_specs
-
-from helpers.folders import fifo, link_out, train_tiny_lm
-from helpers.pretrained import tiny_state, write_bert
+from interlayer.training.engine import LAST
 
 LEADS_OUT = r"leads outside .* \(to .*\); a checkpoint folder may only read its own files: refused"
 
@@ -114,7 +125,7 @@ def _translation_vocab(tmp_path: Path) -> Path:
 KINDS = {
     "own config.json": ("best", "config.json", lambda folder: load_pretrained(folder)),
     "own model.safetensors": ("best", "model.safetensors", lambda folder: load_pretrained(folder)),
-    "own tokenizer.json": ("best", "tokenizer.json", lambda folder: load_tokenizer(folder)),
+    "own tokenizer.json": ("best", "tokenizer.json", lambda folder: load_lm_tokenizer(folder)),
     "own data.json": ("best", "data.json", lambda folder: task_specs()["lm"].saved_data(folder)),
     "own task.json (evaluate)": ("best", "task.json", lambda folder: _cli(["evaluate", "--checkpoint", str(folder)])),
     "run.json (export)": ("run", "run.json", lambda folder: read_run_assets(load_pretrained(folder / "best"))),
@@ -296,3 +307,68 @@ def test_read_text_and_read_json_name_a_file_they_cannot_read(tmp_path):
         read_json(tmp_path / "absent.json", DataError)
     with pytest.raises(PretrainedError, match=r"absent\.json cannot be read"):
         read_json(tmp_path / "absent.json", PretrainedError, within=tmp_path)
+
+
+def test_a_full_disk_names_the_file_and_the_free_space_and_keeps_the_old_file(corpus, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The training checkpoint's second save meets a full disk (safetensors raises its own error type): exit 2
+    naming the file and the free space; the first checkpoint is intact and no temporary file is left."""
+    import safetensors.torch
+
+    import interlayer.training.state_file as state_file
+
+    real, saved = state_file.save_file, []
+
+    def save_file(tensors, filename, metadata=None):
+        if saved:
+            Path(filename).write_bytes(b"partial")  # what a full disk leaves: a part of the file
+            raise safetensors.SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                              "message: \"No space left on device\" })")
+        real(tensors, filename, metadata=metadata)
+        saved.append(Path(filename).read_bytes())
+
+    monkeypatch.setattr(state_file, "save_file", save_file)
+    run = tmp_path / "run"
+    assert main(translation_args(corpus, run, "train.max_steps=3", "train.save_interval_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"{re.escape(str(run / LAST))}: no space left on device while writing it \([\d.]+ MiB free "
+                     rf"in {re.escape(str(run))}\); the previous {LAST}, if any, is intact", err)
+    assert (run / LAST).read_bytes() == saved[0] and not (run / (LAST + ".tmp")).exists()
+
+
+def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys):
+    """results.json, task.json, the vocabularies ... all go through fileio.write_atomic: an OSError(ENOSPC) in it is
+    one line naming the file, exit 2 (the writer is monkeypatched to fail at results.json)."""
+    import errno
+
+    import interlayer.fileio as fileio
+
+    real = Path.write_bytes
+
+    def write_bytes(self, data):
+        if self.name == "results.json.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(fileio.Path, "write_bytes", write_bytes)
+    run = tmp_path / "run"
+    assert main(["train", "sst2", "--run-dir", str(run), "--no-progress",
+                 *set_args([*TINY_TEXT, "train.max_steps=1"])]) == 2
+    assert f"{run / 'results.json'}: no space left on device while writing it" in capsys.readouterr().err
+    assert not (run / "results.json").exists() and not (run / "results.json.tmp").exists()
+
+
+def test_no_run_file_is_written_in_place():
+    """Every write of the package goes through fileio's atomic writers: no write_text, and save_file only inside
+    atomic_path (the CSV logs are appended row by row, which a crash cannot leave half-rewritten)."""
+    root = Path(__file__).resolve().parents[1] / "src" / "interlayer"
+    offenders = []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            if ".write_text(" in line or (re.search(r"\bsave_file\(", line) and "tmp" not in line
+                                          and "import" not in line):
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    allowed = {"cli.py", "data/idx.py", "data/corpus.py", "pretrained/export.py", "pretrained/gpt2.py",
+               "pretrained/tokenization.py"}
+    assert [o for o in offenders if o.split(":")[0] not in allowed] == []

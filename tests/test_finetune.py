@@ -15,25 +15,24 @@ from typing import Any
 
 import pytest
 import torch
-
-from interlayer.training.engine import LAST, read_checkpoint
 from safetensors.torch import load_file
 
+from helpers.finetune import HEADS, LAYERS, MRPC_HEAD, VOCAB, D, fresh, write_checkpoint, write_data
 from interlayer import count_parameters, load_pretrained
 from interlayer.cli import main
 from interlayer.compare import build_plan, make_settings
 from interlayer.compare.plan import build_task
-from interlayer.compare.variants import VariantError
 from interlayer.config import ConfigError
+from interlayer.errors import VariantError
 from interlayer.experiment import train, with_defaults
-from interlayer.pretrained import WordPieceTokenizer, import_bert
+from interlayer.pretrained.bert import import_bert
 from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, PA_TABLE_6, split_model_sets
+from interlayer.pretrained.wordpiece import WordPieceTokenizer
 from interlayer.tasks import task_specs
 from interlayer.tasks.text_classification import TextClassificationTask, make_batch
-from interlayer.training import TrainConfig, Trainer
-from interlayer.training.engine import learning_rate
-
-from helpers.finetune import D, HEADS, LAYERS, MRPC_HEAD, VOCAB, fresh, write_checkpoint, write_data
+from interlayer.training import state_file
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import LAST, Trainer, learning_rate
 
 # Small and quick: 12 training examples in 3 batches; the fine-tuning recipe otherwise (adamw, linear warm-up).
 QUICK = {"data.max_len": "32", "data.batch_size": "4", "train.max_epochs": "2", "train.log_interval": "1"}
@@ -190,7 +189,7 @@ def test_killed_and_resumed_run_reaches_the_same_weights(checkpoint, data, tmp_p
     torch.manual_seed(123)
     resumed = train(spec, sets={}, run_dir=tmp_path / "b", resume=True, progress=False)  # stored seed: 3
     assert resumed["steps"] == whole["steps"] == 6 and resumed["test_accuracy"] == whole["test_accuracy"]
-    a, b = (read_checkpoint(tmp_path / run / LAST)["model"] for run in "ab")
+    a, b = (state_file.read(tmp_path / run / LAST)["model"] for run in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "b" / "best" / "task.json").read_text())["pretrained"]["counts"]["initialised"] == 6
 

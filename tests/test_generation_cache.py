@@ -14,11 +14,10 @@ import pytest
 import torch
 import torch._dynamo
 
+from helpers.lm import lm
 from interlayer.core import generation
 from interlayer.core.attention import KVCache
 from interlayer.core.generation import SamplingOptions, generate
-
-from helpers.lm import lm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,22 +14,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from interlayer import create_model, get_config
-from interlayer.training.engine import LAST, read_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from interlayer import create_model, get_config
 from interlayer.accounting import count_madds, count_parameters
-from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
-from interlayer.papers.crossformer import GAT_PRESETS
 from interlayer.checkpoint import save_pretrained, tie_map
-from interlayer.models.registry import load_pretrained
 from interlayer.core.config import ConfigError
 from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
 from interlayer.data.text import DataError
 from interlayer.experiment import train
+from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
+from interlayer.models.registry import load_pretrained
+from interlayer.papers.crossformer import GAT_PRESETS
 from interlayer.tasks import task_specs
 from interlayer.tasks.graph import NodeClassificationTask
+from interlayer.training import state_file
+from interlayer.training.engine import LAST
 
 SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"  # beside the checkout
 OPTIONS = list(SHARING)
@@ -378,7 +378,7 @@ def test_smoke_training_and_evaluate(tmp_path: Path) -> None:
     assert results["status"] == "finished" and results["epochs"] == 3 and results["test_nodes"] == 1000
     assert results["parameters"] == 237_580 and 0.0 <= results["test_accuracy"] <= 100.0
     assert json.loads((tmp_path / "run" / "best" / "task.json").read_text())["task"] == "citeseer"
-    state = read_checkpoint(tmp_path / "run" / LAST)["state"]
+    state = state_file.read(tmp_path / "run" / LAST)["state"]
     assert state["best_epoch"] == 1 or "best_nll" in state["best_metrics"]
     text = spec.evaluate(tmp_path / "run" / "best", argparse.Namespace(data=None))
     assert "1000 test nodes, accuracy" in text and "| gold 5 |" in text and "recall" in text

@@ -25,14 +25,17 @@ from interlayer.checkpoint import CheckpointError
 from interlayer.cli import main
 from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
-from interlayer.pretrained import BPETokenizer, PretrainedError, from_hf, to_hf
-from interlayer.pretrained.hf import model_config, read_checkpoint, read_weights
 from interlayer.models.vision import ImageClassifier
+from interlayer.pretrained.hf import from_hf, model_config, read_checkpoint, read_weights
 
 transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
-from helpers.hf import CASES, D, HEADS, LAYERS, TEXT, images, reference, text_ids  # noqa: E402
+from helpers.hf import CASES, HEADS, LAYERS, TEXT, D, images, reference, text_ids  # noqa: E402
+from interlayer.errors import PretrainedError  # noqa: E402
+from interlayer.pretrained.byte_level_bpe import BPETokenizer  # noqa: E402
+from interlayer.pretrained.export import to_hf  # noqa: E402
+from interlayer.pretrained.wordpiece import WordPieceTokenizer  # noqa: E402
 
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 
@@ -213,7 +216,6 @@ def test_saved_tokenizers_keep_their_length_cap_and_no_baked_in_truncation(rober
                                                                            tmp_path: Path) -> None:
     """Both tokenizers write through PretrainedTokenizer._write_files: the cap is ``model_max_length`` in
     tokenizer_config.json (transformers truncates to it), and tokenizer.json carries no truncation of its own."""
-    from interlayer.pretrained.wordpiece import WordPieceTokenizer
     from helpers.pretrained import tiny_state, write_bert
 
     bert = write_bert(tmp_path / "bert", tiny_state())
@@ -296,9 +298,9 @@ def test_cli_fine_tunes_a_roberta_folder_on_sst2(roberta_folder: Path, tmp_path:
 
 
 def test_distilbert_fine_tunes_on_sentence_pairs(tmp_path: Path) -> None:
+    from helpers.finetune import VOCAB as WORDS
     from interlayer.experiment import train
     from interlayer.tasks import task_specs
-    from helpers.finetune import VOCAB as WORDS
 
     directory = tmp_path / "distilbert"
     config = transformers.DistilBertConfig(**dict(CASES["distilbert"][2], vocab_size=len(WORDS)))
@@ -604,8 +606,8 @@ def test_hub_ids_load_from_the_local_cache_offline_in_from_hf_and_from_pretraine
 def test_fine_tuning_configs_refuse_a_checkpoint_of_another_kind_and_pooling(tmp_path: Path) -> None:
     """The image and language-model fine-tuning configs take only their own kind of checkpoint, naming it and
     where the checkpoint does fit, and refuse a pooling setting (the checkpoint's head decides it)."""
-    from interlayer.pretrained.finetune import lm_finetune_config, vision_finetune_config
     from helpers.pretrained import tiny_state, write_bert
+    from interlayer.pretrained.finetune import lm_finetune_config, vision_finetune_config
 
     bert = write_bert(tmp_path / "bert", tiny_state())
     with pytest.raises(PretrainedError, match=r"holds a .*BERT.*, not an image model: fine-tune it on a text task"):

@@ -13,7 +13,7 @@ import torch
 
 import interlayer
 from interlayer.cli import main
-from interlayer.data.lm_tokenizers import ByteBPETokenizer, CharTokenizer, load_tokenizer, save_tokenizer
+from interlayer.data.lm_tokenizers import ByteBPETokenizer, CharTokenizer, load_lm_tokenizer, save_tokenizer
 from interlayer.pretrained.export import export
 from interlayer.pretrained.hf_auto import to_transformers
 
@@ -209,13 +209,13 @@ def test_lm_tokenizers_are_real_tokenizer_json_and_the_old_wrapper_still_reads(k
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "new"))
     ids = tokenizer.encode(text)
     assert hf(text)["input_ids"] == ids and hf.decode(ids) == text and hf.model_max_length == 64
-    assert load_tokenizer(tmp_path / "new").encode(text) == ids
+    assert load_lm_tokenizer(tmp_path / "new").encode(text) == ids
     old = tmp_path / "old"  # the format interlayer wrote before: {"kind": ..., ...}
     old.mkdir()
     wrapper = ({"kind": "char", "chars": "".join(tokenizer.chars)} if kind == "char"
                else {"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
     (old / "tokenizer.json").write_text(json.dumps(wrapper))
-    assert load_tokenizer(old).encode(text) == ids
+    assert load_lm_tokenizer(old).encode(text) == ids
     short, long = tokenizer.encode(text[:5]), tokenizer.encode(text[:9])
     batch = tokenizer([text[:5], text[:9]], return_tensors="pt", padding_side="left")  # HF's keys and padding
     assert batch["attention_mask"][0].tolist() == [0] * (len(long) - len(short)) + [1] * len(short)

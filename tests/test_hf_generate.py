@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from interlayer.core.hf_generation import UnsupportedGenerationOption
-from interlayer.pretrained import from_hf
-
 transformers = pytest.importorskip("transformers")
 
 from helpers.hf_gpt2 import VOCAB, hf_gpt2  # noqa: E402
+from interlayer.errors import UnsupportedGenerationOption  # noqa: E402
+from interlayer.pretrained.hf import from_hf  # noqa: E402
 
 
 @pytest.fixture(scope="module")

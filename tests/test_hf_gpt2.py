@@ -19,12 +19,11 @@ from safetensors.torch import load_file
 
 from interlayer import create_model
 from interlayer.build import build_model
-from interlayer.models.registry import load_pretrained
 from interlayer.cli import main
 from interlayer.core.generation import SamplingOptions, position_ids
 from interlayer.data.lm_tokenizers import ByteBPETokenizer
-from interlayer.pretrained import PretrainedError, from_hf, to_hf
-from interlayer.pretrained.hf import read_checkpoint
+from interlayer.models.registry import load_pretrained
+from interlayer.pretrained.hf import from_hf, read_checkpoint
 from interlayer.training.config import TrainConfig
 from interlayer.training.engine import Trainer
 
@@ -32,7 +31,9 @@ transformers = pytest.importorskip("transformers")
 
 from helpers.hf import CASES as ENCODER_CASES  # noqa: E402
 from helpers.hf import reference as encoder_reference  # noqa: E402
-from helpers.hf_gpt2 import ADDED, CASES, D, TEXTS, VOCAB, hf_gpt2, write_tokenizer  # noqa: E402
+from helpers.hf_gpt2 import ADDED, CASES, TEXTS, VOCAB, D, hf_gpt2, write_tokenizer  # noqa: E402
+from interlayer.errors import PretrainedError  # noqa: E402
+from interlayer.pretrained.export import to_hf  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.lm import lm
 from interlayer import create_model, load_pretrained
 from interlayer.checkpoint import tie_map
-
-from helpers.lm import lm
+from interlayer.pretrained.wordpiece import WordPieceTokenizer
 
 CORE = dict(src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32, enc_layers=3, max_positions=32, dropout=0.0,
             attn_dropout=0.0)
@@ -154,7 +154,6 @@ def test_loading_returns_eval_mode(tmp_path: Path) -> None:
 def test_tokenizers_take_transformers_call() -> None:
     pytest.importorskip("transformers")
     from helpers.pretrained import TINY_VOCAB
-    from interlayer.pretrained import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(TINY_VOCAB, do_lower_case=True)
     batch = tokenizer(["the cat sat", "a dog"], text_pair=["on the mat", "runs"], return_tensors="pt")

@@ -6,10 +6,11 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from interlayer import ConfigError, count_madds, create_model
-
 from helpers.hyper_connections import randomise
-from helpers.lm import TINY as LM_FIELDS, assert_cache_matches, assert_causal, lm as tiny_lm
+from helpers.lm import TINY as LM_FIELDS
+from helpers.lm import assert_cache_matches, assert_causal
+from helpers.lm import lm as tiny_lm
+from interlayer import ConfigError, count_madds, create_model
 
 TINY = {**LM_FIELDS, "enc_layers": 3}
 SMALL = dict(d_model=32, n_heads=4, d_ffn=64, enc_layers=3, dec_layers=2, src_vocab_size=50, dropout=0.0,

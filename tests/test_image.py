@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from interlayer import count_madds, count_parameters, create_model, get_config, load_pretrained, save_pretrained
 from interlayer.checkpoint import tie_map
 from interlayer.cli import main
+from interlayer.config import ModelConfig
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.config import ConfigError
 from interlayer.data.idx import encode_idx, read_idx, read_labelled_images, write_idx
@@ -24,12 +25,18 @@ from interlayer.methods.conv_branch import AttentionConvBlock
 from interlayer.methods.lightweight import GroupedMultiHeadAttention
 from interlayer.methods.multipass import MultiPassEncoder
 from interlayer.methods.predictive import PredictiveMixer
-from interlayer.tasks import task_specs
-from interlayer.tasks.image import (FASHION_MNIST_CLASSES, ImageData, ImageTask, augment, stratified_split,
-                                    write_balanced_subset)
-from interlayer.training import TrainConfig, Trainer
 from interlayer.models.vision import VISION_FIELDS, ConvMixer
-from interlayer.config import ModelConfig
+from interlayer.tasks import task_specs
+from interlayer.tasks.image import (
+    FASHION_MNIST_CLASSES,
+    ImageData,
+    ImageTask,
+    augment,
+    stratified_split,
+    write_balanced_subset,
+)
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import Trainer
 
 SMALL = dict(image_height=12, image_width=12, d_model=32, d_ffn=64)  # ViT: 3x3 patches (+ CLS); conv: 12 -> 6 -> 3
 CONV_SMALL = dict(SMALL, stage_widths=[4, 8])

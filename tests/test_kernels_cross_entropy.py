@@ -3,10 +3,9 @@ gradient, under Triton's interpreter on the CPU (fp32 and fp16; the interpreter'
 import pytest
 import torch
 
+from helpers.kernels import HALF, on_device  # noqa: F401 (on_device: the fixture)
 from interlayer.kernels import cross_entropy
 from interlayer.kernels.dispatch import kernel_mode
-
-from helpers.kernels import HALF, on_device  # noqa: F401 (on_device: the fixture)
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter

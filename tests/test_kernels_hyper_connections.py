@@ -7,6 +7,7 @@ so every case is a few positions wide."""
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Callable, Optional
 
 import pytest
@@ -18,12 +19,11 @@ pytest.importorskip("triton")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from helpers.hyper_connections import randomise  # noqa: E402
+from helpers.lm import lm  # noqa: E402
 from interlayer.kernels import hyper_connections as hck  # noqa: E402
 from interlayer.kernels.dispatch import kernel_mode  # noqa: E402
 from interlayer.methods.hyper_connections import HyperConnection, Streams  # noqa: E402
-
-from helpers.hyper_connections import randomise  # noqa: E402
-from helpers.lm import lm  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -39,6 +39,11 @@ def assert_close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor
     if rival is not None:
         bound = 2 * (rival.detach().float() - expected.detach().float()).abs().max().item() + 1e-3 * scale
     assert error <= bound, f"{what}: max error {error:.3g} > {bound:.3g} (scale {scale:.3g})"
+
+
+def _tanh_mix(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """A sublayer for the chains below: a fixed mixing matrix and a tanh."""
+    return torch.tanh(h @ m)
 
 
 def run_chain(blocks: list[HyperConnection], sublayers: list[Callable], x: torch.Tensor, mode: str
@@ -95,7 +100,7 @@ def test_two_sublayers_match_the_reference_forward_and_every_gradient(dynamic, n
 
     def run(mode: str, precision: torch.dtype):
         copies = [copy.deepcopy(block).to(DEVICE, precision) for block in blocks]
-        sublayers = [lambda h, m=m.to(precision): torch.tanh(h @ m) for m in mixers]
+        sublayers = [functools.partial(_tanh_mix, m=m.to(precision)) for m in mixers]
         return run_chain(copies, sublayers, x.to(precision), mode)
 
     out, record, dys, grads = run("triton", dtype)

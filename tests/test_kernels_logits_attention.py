@@ -3,10 +3,9 @@ reference, forward and both gradients, under Triton's interpreter on the CPU."""
 import pytest
 import torch
 
+from helpers.kernels import FP32, HALF, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
 from interlayer.kernels import logits_attention as la
 from interlayer.kernels.dispatch import kernel_mode
-
-from helpers.kernels import FP32, HALF, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter

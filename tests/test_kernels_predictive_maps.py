@@ -3,10 +3,9 @@ reference, the attention output, the mixed logits and every gradient, under Trit
 import pytest
 import torch
 
+from helpers.kernels import FP32, HALF, MODEL, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
 from interlayer.kernels import predictive_maps as pm
 from interlayer.kernels.dispatch import kernel_mode
-
-from helpers.kernels import FP32, HALF, MODEL, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter

@@ -10,8 +10,15 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from interlayer import (ConfigError, build_model, config_from_dict, count_madds, count_parameters, create_model,
-                        load_pretrained, save_pretrained)
+from interlayer import (
+    ConfigError,
+    build_model,
+    config_from_dict,
+    count_madds,
+    count_parameters,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.checkpoint import tie_map
 from interlayer.core.lm import CausalLM
 from interlayer.methods.layer_sharing import LayerSharingConfig, repeat_blocks

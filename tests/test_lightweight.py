@@ -8,16 +8,22 @@ import pytest
 import torch
 from torch import nn
 
-from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, load_pretrained,
-                        save_pretrained)
+from helpers import count_flops
+from interlayer import (
+    ConfigError,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.components import Components
 from interlayer.core.models import EncoderClassifier
 from interlayer.methods.lightweight import METHOD, GroupedFeedForward, GroupedLinear, GroupedMultiHeadAttention
 from interlayer.papers import lightweight
 from interlayer.papers.lightweight import layer_counts
-
-from helpers import count_flops
 
 D, H, DF, V = 32, 4, 64, 50
 TINY = dict(d_model=D, n_heads=H, d_ffn=DF, enc_layers=2, dec_layers=2, src_vocab_size=V, dropout=0.0)

@@ -4,11 +4,10 @@ and without the KV cache, and cached decoding equals the full forward pass."""
 import pytest
 import torch
 
+from helpers.lm import CHANGED, T, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 from interlayer import ConfigError
 from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
 from interlayer.methods.multipass import MultiPassEncoder
-
-from helpers.lm import CHANGED, T, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 
 CROSSFORMER = {
     **{f"hard_{pair}": {"hard": [pair]} for pair in ("kq", "qk", "qq", "kk", "vf", "ffn")},

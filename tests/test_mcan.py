@@ -9,15 +9,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, list_models,
-                        load_pretrained, save_pretrained)
+from interlayer import (
+    ConfigError,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    list_models,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.decoder import run_decoder_layers
-from interlayer.papers import lightweight
 from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
-from interlayer.papers.lightweight import layer_counts
 from interlayer.methods.predictive import PredictiveMixer
 from interlayer.models.mcan import MCAN, MCANConfig, QuestionLSTM, mcan_config_from_dict
+from interlayer.papers import lightweight
+from interlayer.papers.lightweight import layer_counts
 
 TINY = dict(vocab_size=30, num_answers=7, word_dim=12, feature_dim=10, d_model=16, n_heads=4, d_ffn=24, layers=2,
             flat_mlp=8, flat_glimpses=2, fused_dim=20, max_question_len=8)

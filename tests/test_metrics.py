@@ -18,8 +18,14 @@ import pytest
 import torch
 
 from interlayer.tasks.graph import report as graph_report
-from interlayer.tasks.metrics import (accuracy, confusion_matrix, format_report, per_class_scores, percent_correct,
-                                      summary)
+from interlayer.tasks.metrics import (
+    accuracy,
+    confusion_matrix,
+    format_report,
+    per_class_scores,
+    percent_correct,
+    summary,
+)
 from interlayer.tasks.text_classification import MRPCSpec, metrics, report
 
 GOLD = [0, 0, 0, 1, 1, 2, 2, 2, 2, 3]

@@ -11,12 +11,21 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import (ConfigError, build_model, config_from_dict, count_madds, count_parameters, create_model,
-                        get_config, load_pretrained, save_pretrained)
+from interlayer import (
+    ConfigError,
+    build_model,
+    config_from_dict,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.core.components import Components
 from interlayer.core.encoder import Encoder
 from interlayer.core.models import EncoderClassifier
-from interlayer.methods.multipass import METHOD, MultiPassEncoder, soft_init_logits
+from interlayer.methods.multipass import METHOD, MultiPassEncoder, hard_permutation, soft_init_logits
 from interlayer.models.registry import presets
 from interlayer.papers.multipass import PRESETS, paper_tables
 
@@ -162,6 +171,15 @@ def test_default_connection_matches_reference(routing: str, norm_first: bool) ->
     for p in (1, 2, 3):
         mpt.encoder.exit_pass = p
         torch.testing.assert_close(encode(mpt, src), expected[p - 1])
+
+
+def test_hard_permutation_rule_reproduces_the_paper_and_generalises():
+    assert hard_permutation(6) == [0, 4, 1, 5, 2, 3]  # MPT Fig. 3
+    assert hard_permutation(3) == [0, 2, 1]
+    for n in range(3, 13):
+        perm = hard_permutation(n)
+        assert sorted(perm) == list(range(n)) and perm[0] == 0 and perm != list(range(n))
+    assert hard_permutation(2) == [0, 1]
 
 
 @pytest.mark.parametrize("routing", ["a", "b", "c", "d"])
@@ -356,7 +374,7 @@ def test_classifier_arch_with_all_exits() -> None:
     out = mpt(src)
     assert len(out.exit_logits) == 2 and out.exit_logits[-1] is out.logits
     torch.testing.assert_close(out.exit_logits[0], plain(src).logits)
-    sum(nn.functional.cross_entropy(l, torch.tensor([0, 2])) for l in out.exit_logits).backward()
+    sum(nn.functional.cross_entropy(logits, torch.tensor([0, 2])) for logits in out.exit_logits).backward()
     assert mpt.encoder.connection_logits.grad is not None
     mpt.eval()
     emb = torch.randn(2, 5, TINY["d_model"])
@@ -477,7 +495,7 @@ def test_composes_with_other_methods(other: str, section: dict) -> None:
     assert count_parameters(model) == count_parameters(tiny(None, **{other: section})) + N * N
     out = model(tokens(), tokens())
     assert len(out.exit_logits) == 2
-    sum(l.sum() for l in out.exit_logits).backward()
+    sum(logits.sum() for logits in out.exit_logits).backward()
     assert model.encoder.connection_logits.grad is not None
 
 

@@ -8,8 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from interlayer import (ConfigError, count_madds, count_parameters, create_model, get_config, load_pretrained,
-                        save_pretrained)
+from interlayer import (
+    ConfigError,
+    count_madds,
+    count_parameters,
+    create_model,
+    get_config,
+    load_pretrained,
+    save_pretrained,
+)
 from interlayer.methods.predictive import PredictiveMixer
 
 BASE: dict[str, Any] = dict(arch="encoder_classifier", src_vocab_size=50, d_model=32, n_heads=4, d_ffn=64,
@@ -398,7 +405,7 @@ def test_a_bidirectional_decoder_may_take_pa_and_chains_its_logits() -> None:
                          src_vocab_size=50, dropout=0.0, causal_decoder=False,
                          predictive={"sides": ["decoder"], "alpha": 0.4}).eval()
     layers = list(model.decoder.layers)
-    assert layers[0].self_attn.logit_mixer is None and all(l.self_attn.logit_mixer for l in layers[1:])
+    assert layers[0].self_attn.logit_mixer is None and all(layer.self_attn.logit_mixer for layer in layers[1:])
     assert all(layer.self_attn.logit_mixer is None for layer in model.encoder.layers)
     src, tgt = torch.randint(1, 50, (2, T)), torch.randint(1, 50, (2, 5))
     with torch.no_grad():

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from helpers import TEXT, set_args
 from interlayer.cli import main
 from interlayer.data import prepare_lm
 from interlayer.data.corpus import load_corpus
@@ -13,8 +14,6 @@ from interlayer.data.token_files import open_token_corpus, read_shard
 from interlayer.errors import ConfigError, DataError
 from interlayer.tasks.language_modeling import LanguageModelingTask, LMData, tokenizer_of
 from interlayer.training.config import TrainConfig
-
-from helpers import TEXT, set_args
 
 # documents with blank-line runs, trailing spaces before newlines and non-ASCII text: the places chunking could cut
 DOCUMENTS = {f"doc{i}.txt": "".join(f"Para {i}.{j}: café — naïve  \n\n  indented {i * j}\nend {j}.\n"

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.pretrained import HEADS, TINY_VOCAB, D, tiny_state, write_bert
 from interlayer import ConfigError, count_parameters
-from interlayer.pretrained import PretrainedError, WordPieceTokenizer, export_bert, import_bert, pa_bert_section
-
-from helpers.pretrained import D, HEADS, TINY_VOCAB, tiny_state, write_bert
+from interlayer.errors import PretrainedError
+from interlayer.pretrained.bert import export_bert, import_bert, pa_bert_section
+from interlayer.pretrained.wordpiece import WordPieceTokenizer
 
 SENTENCES = ["the cat sat on the mat.", "a big dog runs!", "cats"]
 PAIRS = ["the dog sat.", "mats", "a cat , a dog , the mat"]

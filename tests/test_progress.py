@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import re
 
+from helpers import TEXT
 from interlayer.cli import main
 from interlayer.compare.runner import overall_eta
 from interlayer.training.engine import budget_steps
-
-from helpers import TEXT
 
 TINY = ["--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ffn=32", "--set", "enc_layers=1",
         "--set", "data.block_size=16", "--set", "data.eval_interval=3", "--set", "train.max_tokens=64",

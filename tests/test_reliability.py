@@ -20,20 +20,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from helpers import SRC
 from interlayer import get_config
 from interlayer.cli import main
 from interlayer.compare.runner import Runner
-from interlayer.config import parse_value, read_config_file
+from interlayer.config_io import parse_value, read_config_file
 from interlayer.core.config import ConfigError
 from interlayer.data.idx import parse_idx
 from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, save_npz
 from interlayer.data.text import DataError
-from interlayer.training import TrainConfig
-from interlayer.training.concurrency import LOCK_FILE, DirectoryBusy, DirectoryLock
+from interlayer.errors import DirectoryBusy
+from interlayer.training.concurrency import LOCK_FILE, DirectoryLock
+from interlayer.training.config import TrainConfig
 from interlayer.training.engine import LAST
-
-
-from helpers import SRC
 
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_tokens=256",
         "train.warmup_steps=2", "train.log_interval=1", "train.average_last=0", "train.keep_last=1",
@@ -385,9 +384,9 @@ class _ClosedPipe(io.StringIO):
 
 @pytest.mark.parametrize("args", [["tables"], ["compare", "--list-variants"], ["models", "transformer_small"]])
 def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, args):
-    import interlayer.cli as cli
+    import interlayer.papers as papers  # the tables command imports paper_tables when it runs
 
-    monkeypatch.setattr(cli, "paper_tables", lambda: "| table |\n" * 100)  # what is printed does not matter
+    monkeypatch.setattr(papers, "paper_tables", lambda: "| table |\n" * 100)  # what is printed does not matter
     monkeypatch.setattr(sys, "stdout", _ClosedPipe())
     assert main(args) == 141
     assert capsys.readouterr().err == ""
@@ -403,12 +402,12 @@ def test_a_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
-    import interlayer.cli as cli
+    import interlayer.papers as papers  # the tables command imports paper_tables when it runs
 
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "paper_tables", broken)
+    monkeypatch.setattr(papers, "paper_tables", broken)
     assert main(["tables"]) == 1
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: boom" in err and "--debug" in err and "Traceback" not in err
@@ -418,7 +417,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "paper_tables", interrupted)  # Ctrl-C outside a training loop (reading data, ...)
+    monkeypatch.setattr(papers, "paper_tables", interrupted)  # Ctrl-C outside a training loop (reading data, ...)
     assert main(["tables"]) == 130 and capsys.readouterr().err == "interlayer: interrupted\n"
 
 

@@ -18,15 +18,25 @@ import optuna
 import pytest
 from matplotlib.image import imread
 
-from interlayer.core.config import ConfigError
-from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_study, run_search
-from interlayer.search.policy import (Record, Strategy, all_patterns, decode, encode, good_and_poor, propose,
-                                      rank_completed, swap_neighbours, within_one_swap)
-from interlayer.search.report import draw_pattern
-from interlayer.search.sampler import PARAM, PHASE_ATTR, MPTSearchSampler
-
 from helpers.search import DEFINITION, N, Scored, score, search_settings
 from helpers.translation import write_corpus
+from interlayer.cli import main
+from interlayer.core.config import ConfigError
+from interlayer.search.mpt import SearchSettings, TrialResult, _run_trial, open_study, run_search
+from interlayer.search.policy import (
+    Record,
+    Strategy,
+    all_patterns,
+    decode,
+    encode,
+    good_and_poor,
+    propose,
+    rank_completed,
+    swap_neighbours,
+    within_one_swap,
+)
+from interlayer.search.report import draw_pattern
+from interlayer.search.sampler import PARAM, PHASE_ATTR, MPTSearchSampler
 
 TrialState = optuna.trial.TrialState
 
@@ -60,7 +70,7 @@ def test_phases_reference_then_coarse_then_refine_around_the_best_without_repeat
     assert phases[1:6] == ["coarse"] * 5
     assert set(phases[6:]) <= {"refine", "random"} and "refine" in phases[6:]
     assert len(set(patterns)) == 16  # never the same pattern twice
-    for i, trial in enumerate(trials):
+    for i in range(len(trials)):
         if phases[i] != "refine":
             continue
         before = [Record(t.number, patterns[t.number], phases[t.number], TrialState.COMPLETE, t.value)
@@ -168,7 +178,6 @@ def test_resume_duplicates_report_and_figure(tmp_path):
     image = imread(tmp_path / "search" / "best_pattern.png")
     assert image.shape[0] > 300 and image.shape[1] > 500
     assert (image[..., :3] < 0.5).mean() > 0.01 and image[..., :3].std() > 0.1  # drawn, not blank
-    from interlayer.cli import main  # here, not at the top: spawned workers import this module
 
     assert main(["search", "mpt", "--report-only", "--output", str(tmp_path / "search")]) == 0
 
@@ -277,7 +286,6 @@ def corpus(tmp_path_factory):
 
 
 def test_one_real_trial_through_experiment_train_and_the_cli(corpus, tmp_path, capsys):
-    from interlayer.cli import main
 
     output = tmp_path / "search"
     args = ["search", "mpt", "--task", "translation", "--trials", "1", "--output", str(output), "--seed", "3"]
@@ -348,7 +356,6 @@ def _alive(pid: int) -> bool:
 # -- a refused search leaves nothing; a damaged study names its file (issue 43) ------------------------------------
 def test_a_refused_search_leaves_no_study_database_or_lock(tmp_path, capsys):
     """A bad --set (or data) was refused after OUTPUT/study.db and study.lock had been made."""
-    from interlayer.cli import main
 
     output = tmp_path / "search"
     assert main(["search", "mpt", "--task", "sst2", "--trials", "2", "--output", str(output), "--set",
@@ -368,7 +375,6 @@ def test_a_refused_search_leaves_no_study_database_or_lock(tmp_path, capsys):
 @pytest.mark.parametrize("content", [os.urandom(3000), b"SQLite format 3\x00" + os.urandom(200)],
                          ids=["random", "sqlite_header"])
 def test_a_damaged_study_database_is_one_line_without_sql(tmp_path, capsys, content):
-    from interlayer.cli import main
 
     output = tmp_path / "search"
     output.mkdir()
@@ -378,3 +384,27 @@ def test_a_damaged_study_database_is_one_line_without_sql(tmp_path, capsys, cont
     assert err.startswith(f"interlayer: error: {output / 'study.db'} is not a readable study database (")
     assert "damaged or another program's: move it away to start the search afresh" in err
     assert err.count("\n") == 1 and "SQL" not in err and "sqlalche.me" not in err
+
+
+def test_the_search_study_is_created_under_a_lock_of_its_output(tmp_path, monkeypatch):
+    """Two `search mpt` started together on a new --output raced in Optuna's schema creation: the storage and the
+    study are now made while OUTPUT/study.lock is held (another process's flock on it must wait)."""
+    import fcntl
+
+    import interlayer.search.mpt as mpt
+    from helpers.search import DEFINITION, search_settings
+
+    real, held = mpt.make_storage, []
+
+    def make_storage(settings):
+        with open(tmp_path / "search" / mpt.STUDY_LOCK) as other:  # another open file: another lock holder
+            try:
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return real(settings)
+
+    monkeypatch.setattr(mpt, "make_storage", make_storage)
+    study, _ = mpt.open_study(search_settings(tmp_path, trials=2), DEFINITION)
+    assert held == [True] and len(study.get_trials()) == 1  # the identity, queued once

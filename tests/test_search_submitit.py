@@ -12,13 +12,12 @@ from pathlib import Path
 import optuna
 import pytest
 
+from helpers import SRC
+from helpers.search import DEFINITION, Scored, search_settings
 from interlayer.search.launch import run_search_jobs
 from interlayer.search.mpt import open_study
 from interlayer.search.sampler import PARAM
 from interlayer.training.cluster import LauncherSettings
-
-from helpers import SRC
-from helpers.search import DEFINITION, Scored, search_settings
 
 submitit = pytest.importorskip("submitit")
 TrialState = optuna.trial.TrialState

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import SRC
 from interlayer import ConfigError
 from interlayer.cli import COMMANDS, build_parser
-from interlayer.core.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.tasks import TaskSpec, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig
-
-from helpers import SRC
 
 TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
 

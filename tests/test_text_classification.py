@@ -9,18 +9,28 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.finetune import MRPC_HEAD, SICK_HEAD
 from interlayer import count_madds, count_parameters, get_config, load_pretrained
-from interlayer.models.cnn_text import CNNTextClassifier, CNNTextConfig
 from interlayer.cli import main
 from interlayer.core.config import ConfigError
-from interlayer.data.classification import (CLS_ID, MRPC, SEP_ID, SICK, SST2, SST5, UNK_ID, Example, WordVocab,
-                                            encode_example, tokenize)
+from interlayer.data.classification import (
+    CLS_ID,
+    MRPC,
+    SEP_ID,
+    SICK,
+    SST2,
+    SST5,
+    UNK_ID,
+    Example,
+    WordVocab,
+    encode_example,
+    tokenize,
+)
 from interlayer.data.text import DataError
 from interlayer.experiment import train
+from interlayer.models.cnn_text import CNNTextClassifier, CNNTextConfig
 from interlayer.tasks import task_specs
-from interlayer.training import TrainConfig
-
-from helpers.finetune import MRPC_HEAD, SICK_HEAD
+from interlayer.training.config import TrainConfig
 
 TINY = {"d_model": "32", "n_heads": "4", "d_ffn": "64", "enc_layers": "2"}
 WORDS = {0: "awful dreadful", 1: "bad dull", 2: "plain okay", 3: "good nice", 4: "great superb"}

@@ -13,15 +13,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from helpers import TEXT, set_args
+from helpers.token_files import nanogpt_folder, write_raw, write_shard
 from interlayer.cli import main
 from interlayer.data.lm_tokenizers import IdTokenizer
 from interlayer.data.token_files import TokenSplit, open_token_corpus, read_shard
 from interlayer.errors import ConfigError, DataError
 from interlayer.tasks.language_modeling import Batches, LanguageModelingTask, LMData
 from interlayer.training.config import TrainConfig
-
-from helpers import TEXT, set_args
-from helpers.token_files import nanogpt_folder, write_raw, write_shard
 
 TINY = set_args(["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=2", "data.block_size=16", "data.eval_interval=3",
                  "train.max_steps=6", "train.max_tokens=64", "train.warmup_steps=2"])

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from interlayer import create_model
-from interlayer.checkpoint import CheckpointError, canonical_state_dict
-from interlayer.cli import main
-from interlayer.training import TrainConfig, Trainer, engine, state_file
-from interlayer.training.engine import LAST, LEGACY_LAST, DivergenceError, read_checkpoint
-
 from helpers import gpu
+from interlayer import create_model
+from interlayer.checkpoint import canonical_state_dict
+from interlayer.cli import main
+from interlayer.errors import DivergenceError
+from interlayer.training import state_file
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import LAST, LEGACY_LAST, Trainer
 
 WORDS = ["awful", "bad", "plain", "good", "great", "the", "film", "is"]
 
@@ -112,7 +113,7 @@ def test_the_checkpoint_holds_only_tensors_and_json(sst, tmp_path):
     and the file parses without any unpickling."""
     run = tmp_path / "run"
     assert main(["train", "sst5", "--run-dir", str(run), "--no-progress", *sst]) == 0
-    ckpt = read_checkpoint(run / LAST)
+    ckpt = state_file.read(run / LAST)
     assert ckpt["state"]["finished"] and ckpt["optimizer"]["state"] and ckpt["rng"][0]["torch"].dtype == torch.uint8
     assert "vocab.json" in ckpt["assets"] or any(name.endswith(".json") for name in ckpt["assets"])
     assert json.loads(json.dumps(ckpt["train_config"])) == ckpt["train_config"]
@@ -173,7 +174,7 @@ def test_a_divergence_noticed_later_is_named_exactly_and_never_saved(tmp_path, k
     with pytest.raises(DivergenceError, match="diverged at step 3") as err:
         trainer.fit()
     assert "kept" in str(err.value) and trainer.state.step == 4
-    kept = read_checkpoint(tmp_path / LAST)
+    kept = state_file.read(tmp_path / LAST)
     assert kept["state"]["step"] == 2
     assert all(torch.isfinite(t).all() for t in kept["model"].values())
 
@@ -185,7 +186,7 @@ def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, kind):
     with pytest.raises(DivergenceError, match="step 3") as err:
         trainer.fit()
     assert "kept" in str(err.value)
-    kept = read_checkpoint(tmp_path / LAST)
+    kept = state_file.read(tmp_path / LAST)
     assert kept["state"]["step"] == 2
     assert all(torch.isfinite(t).all() for t in kept["model"].values())
 
@@ -214,7 +215,7 @@ def test_precision_runs_the_steps_in_that_dtype_and_keeps_the_weights_in_fp32(tm
     trainer.fit()
     assert task.dtypes and set(task.dtypes) == {dtype}
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
-    scaler = read_checkpoint(tmp_path / LAST)["scaler"]
+    scaler = state_file.read(tmp_path / LAST)["scaler"]
     assert (scaler is not None) == (precision == "fp16")
     if scaler is not None:
         assert scaler["scale"] > 0 and scaler["growth_interval"] == 2000
@@ -231,7 +232,7 @@ def test_fp16_scaler_state_survives_a_resume(tmp_path):
     first = Trainer(_Task(), _model(), TrainConfig(**{**cfg.__dict__, "max_epochs": 2}), tmp_path / "b",
                     progress=False)
     first.fit()
-    ckpt = read_checkpoint(tmp_path / "b" / LAST)
+    ckpt = state_file.read(tmp_path / "b" / LAST)
     ckpt["state"]["finished"] = False  # continue the same run for two more epochs
     state_file.write(tmp_path / "b" / LAST, model=ckpt["model"], optimizer=ckpt["optimizer"], rng=ckpt["rng"],
                      assets=ckpt["assets"], metadata={k: ckpt[k] for k in ("model_config", "train_config", "state",
@@ -335,7 +336,7 @@ def _interrupted(tmp_path: Path, device: str, steps: int) -> Path:
 @pytest.mark.parametrize("first,second", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_a_run_saved_on_one_device_resumes_on_the_other(tmp_path, first, second):
     run = _interrupted(tmp_path, first, steps=3)
-    ckpt = read_checkpoint(run / LAST)
+    ckpt = state_file.read(run / LAST)
     assert ckpt["device"].startswith(first) and all(t.device.type == "cpu" for t in ckpt["model"].values())
     resumed = Trainer(_Task(), _model(), TrainConfig(max_epochs=3, warmup_steps=0, device=second), run,
                       resume=True, progress=False)
@@ -352,7 +353,7 @@ def test_bf16_training_on_the_gpu_gives_finite_losses(tmp_path):
                       tmp_path, progress=False)
     trainer.fit()
     assert set(task.dtypes) == {torch.bfloat16} and next(trainer.model.parameters()).is_cuda
-    assert engine.read_checkpoint(tmp_path / LAST)["rng"][0]["cuda"]
+    assert state_file.read(tmp_path / LAST)["rng"][0]["cuda"]
 
 
 def test_cli_device_flags_reach_the_run(sst, tmp_path, capsys):
@@ -361,9 +362,35 @@ def test_cli_device_flags_reach_the_run(sst, tmp_path, capsys):
                  *sst, "--set", "train.max_epochs=1"]) == 0
     train_cfg = json.loads((run / "run.json").read_text())["train"]
     assert (train_cfg["device"], train_cfg["precision"], train_cfg["compile"]) == ("cpu", "bf16", False)
-    ckpt = read_checkpoint(run / LAST)
+    ckpt = state_file.read(run / LAST)
     assert (ckpt["device"], ckpt["precision"]) == ("cpu", "bf16")
     assert main(["evaluate", "--checkpoint", str(run / "best"), "--device", "cpu"]) == 0
     assert main(["train", "sst5", "--run-dir", str(tmp_path / "x"), "--device", "tpu", *sst]) == 2
     assert "train.device='tpu'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("command", [["train", "sst5"], ["compare", "--task", "sst5", "--variants", "baseline"],
+                                     ["search", "mpt", "--task", "sst5", "--trials", "2"]])
+def test_the_compile_flag_reaches_the_run_as_a_boolean(command, monkeypatch):
+    """``--compile`` is ``train.compile=True`` from the command line to the run: no text to parse on the way."""
+    import interlayer.compare
+    import interlayer.experiment
+    import interlayer.search.mpt
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        sets = kwargs.get("sets") if "sets" in kwargs else args[0].sets
+        seen.append(sets)
+        raise Stop
+
+    monkeypatch.setattr(interlayer.experiment, "train", capture)
+    monkeypatch.setattr(interlayer.compare, "run_compare", capture)
+    monkeypatch.setattr(interlayer.search.mpt, "run_search", capture)
+    with pytest.raises(Stop):
+        main(["--debug", *command, "--compile"])
+    assert seen[0]["train.compile"] is True

@@ -5,8 +5,7 @@ import random
 import pytest
 import torch
 
-from interlayer.training.engine import LAST, read_checkpoint
-
+from helpers.translation import sentence_pairs, write_corpus
 from interlayer import create_model
 from interlayer.checkpoint import canonical_state_dict
 from interlayer.cli import main
@@ -14,11 +13,12 @@ from interlayer.data.batching import epoch_order, length_buckets
 from interlayer.data.bpe import VocabPair
 from interlayer.data.parallel import read_parallel
 from interlayer.data.text import DataError
-from interlayer.tasks.translation_decoding import DecodeOptions, beam_search, greedy_decode
 from interlayer.tasks.translation import TranslationData, TranslationTask, pad_batch, score
-from interlayer.training import TrainConfig, Trainer
+from interlayer.tasks.translation_decoding import DecodeOptions, beam_search, greedy_decode
+from interlayer.training import state_file
+from interlayer.training.config import TrainConfig
+from interlayer.training.engine import LAST, Trainer
 
-from helpers.translation import sentence_pairs, write_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -108,7 +108,8 @@ def test_training_writes_logs_checkpoints_and_averages(trained):
     task, model, run, state = trained
     assert state.finished and state.epoch == 4
     assert (run / "best" / "vocab.json").is_file() and (run / "averaged" / "model.safetensors").is_file()
-    assert sorted(p.name for p in run.glob("checkpoint[0-9]*.safetensors")) == ["checkpoint2.safetensors", "checkpoint3.safetensors"]
+    assert sorted(p.name for p in run.glob("checkpoint[0-9]*.safetensors")) == ["checkpoint2.safetensors",
+                                                                                 "checkpoint3.safetensors"]
     header = (run / "train.csv").read_text().splitlines()[0].split(",")
     assert {"loss", "nll", "lr", "units_per_s", "grad_norm"} <= set(header)
     valid = (run / "valid.csv").read_text().splitlines()
@@ -170,7 +171,7 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     resumed = _tiny_model(task)
     final = Trainer(task, resumed, cfg, tmp_path / "b", resume=True, progress=False).fit()
     assert final.finished and final.step == 2 * steps_per_epoch
-    last = read_checkpoint(tmp_path / "b" / LAST)
+    last = state_file.read(tmp_path / "b" / LAST)
     assert {"model", "model_config", "train_config", "optimizer", "rng", "state"} <= set(last)
     assert "vocab.json" in last["assets"] and last["optimizer"]["state"]
     a, b = canonical_state_dict(uninterrupted), canonical_state_dict(resumed)

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch._dynamo
 
+from helpers.kv import reference_layers, reference_logits
+from helpers.lm import TINY, T, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 from interlayer import ConfigError, create_model
 from interlayer.core.generation import kv_cache_bytes_per_token
 
-from helpers.kv import reference_layers, reference_logits
-from helpers.lm import T, TINY, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
 
 def resformer_rule(model):
     def rule(i, k, v, ks, vs):

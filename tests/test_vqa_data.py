@@ -10,9 +10,22 @@ import pytest
 
 from interlayer.data import sort_of_clevr as soc
 from interlayer.data.text import DataError
-from interlayer.data.vqa_formats import (ArrayFeatures, NpzDirectory, TsvFeatures, answer_vocabulary, check_images,
-                                         normalize_answer, open_features, process_digit_article, process_punctuation,
-                                         read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
+from interlayer.data.vqa_formats import (
+    ArrayFeatures,
+    NpzDirectory,
+    TsvFeatures,
+    answer_vocabulary,
+    check_images,
+    normalize_answer,
+    open_features,
+    process_digit_article,
+    process_punctuation,
+    read_clevr,
+    read_gqa,
+    read_vqa2,
+    tokenize_question,
+    word_vocabulary,
+)
 
 # -- Sort-of-CLEVR ----------------------------------------------------------------------------------------------
 
@@ -258,3 +271,56 @@ def test_read_gqa(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(questions))
     with pytest.raises(DataError, match="question 203: expected a JSON object, got list"):
         read_gqa(tmp_path / "q.json")
+
+
+# -- VQA region features, checked in full before training -----------------------------------------------------------
+def _item(question: str, image: str):
+    from interlayer.data.vqa_formats import VQAItem
+
+    return VQAItem(question, image, "q", ["a"], "a")
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.array([[0.0, 1.0, np.nan, 1.0]] * 2, np.float32), r"177\.npz: the features hold non-finite values"),
+    (np.zeros((3, 2, 4), np.float32), r"177\.npz: features of shape \(3, 2, 4\); expected \(regions, 4\)"),
+    (np.zeros((0, 4), np.float32), r"177\.npz: no regions"),
+    (np.array([["a"] * 4], dtype="U1"), r"177\.npz: features of type <U1; expected real numbers"),
+])
+def test_every_feature_file_is_read_and_checked_before_training(tmp_path, array, message):
+    from interlayer.data.text import DataError
+    from interlayer.data.vqa_formats import check_images, open_features
+
+    for image in range(1, 200):
+        np.savez(tmp_path / f"{image}.npz", x=array if image == 177 else np.zeros((2, 4), np.float32))
+    items = [_item(str(i), str(i)) for i in range(1, 200)]
+    with pytest.raises(DataError, match=message):
+        check_images(items, open_features(tmp_path, 4), "q.json")
+
+
+def test_an_object_array_of_features_is_refused_unread(tmp_path):
+    from interlayer.data.text import DataError
+    from interlayer.data.vqa_formats import check_images, open_features
+
+    np.savez(tmp_path / "1.npz", x=np.array([object()] * 4, dtype=object).reshape(1, 4))
+    with pytest.raises(DataError, match=r"1\.npz: not a readable \.npz file \(Object arrays cannot be loaded"):
+        check_images([_item("9", "1")], open_features(tmp_path, 4), "q.json")
+
+
+def test_a_duplicate_image_id_in_a_tsv_or_npz_folder_is_refused(tmp_path):
+    import base64
+
+    from interlayer.data.text import DataError
+    from interlayer.data.vqa_formats import open_features
+
+    features = base64.b64encode(np.zeros(4, np.float32).tobytes()).decode()
+    line = "\t".join(["42", "640", "480", "1", "", features])
+    (tmp_path / "f.tsv").write_text(f"{line}\n{line.replace('42', '7', 1)}\n{line}\n")
+    with pytest.raises(DataError, match=r"f\.tsv:3: image id 42 again \(first at line 1\); every image has one line"):
+        open_features(tmp_path / "f.tsv", 4)
+    folder = tmp_path / "npz"
+    folder.mkdir()
+    np.savez(folder / "42.npz", x=np.zeros((1, 4), np.float32))
+    np.savez(folder / "42.jpg.npz", x=np.ones((1, 4), np.float32))
+    with pytest.raises(DataError, match=r"42\.jpg\.npz and 42\.npz are both the features of image 42|"
+                                        r"42\.npz and 42\.jpg\.npz are both the features of image 42"):
+        open_features(folder, 4)

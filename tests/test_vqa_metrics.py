@@ -4,8 +4,15 @@ import math
 import numpy as np
 import pytest
 
-from interlayer.tasks.vqa_metrics import (PAvPU, by_type, certainty, soft_scores, student_t_two_sided,
-                                          t_test_p_values, vqa_accuracy)
+from interlayer.tasks.vqa_metrics import (
+    PAvPU,
+    by_type,
+    certainty,
+    soft_scores,
+    student_t_two_sided,
+    t_test_p_values,
+    vqa_accuracy,
+)
 
 
 @pytest.mark.parametrize("agreeing,expected", [(0, 0.0), (1, 0.3), (2, 0.6), (3, 0.9), (4, 1.0), (10, 1.0)])

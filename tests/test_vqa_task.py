@@ -10,18 +10,17 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import set_args
 from interlayer.cli import main
 from interlayer.compare.plan import Settings, build_plan
-from interlayer.compare.variants import VariantError
 from interlayer.data import sort_of_clevr as soc
 from interlayer.data.vqa_formats import open_features
+from interlayer.errors import VariantError
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.tasks import vqa as vqa_task
 from interlayer.tasks.vqa import PAD, RegionImages, VQAData, VQATask, load_test_split, score
-from interlayer.training import TrainConfig
-
-from helpers import set_args
+from interlayer.training.config import TrainConfig
 
 TINY_MODEL = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16"]
 TINY_SOC = ["data.train_size=32", "data.valid_size=8", "data.test_size=8", "data.batch_size=16",

@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
+from helpers import TEXT
 from interlayer import ConfigError
 from interlayer.cli import main
 from interlayer.training.config import TrainConfig
-
-from helpers import TEXT
 
 TINY = ["--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ffn=32", "--set", "enc_layers=2",
         "--set", "data.block_size=16", "--set", "data.eval_interval=3", "--set", "train.max_tokens=64",

@@ -57,8 +57,9 @@ GPU_CHECKS = {
 # CPU (the CUDA ones skip with their reason), and one quick test of the rest.
 GPU_FILES = ["tests/test_training_state.py", "tests/test_distributed.py", "tests/test_fast_paths.py",
              "tests/test_engine.py", "tests/test_device.py", "tests/test_generation_cache.py"]
-TINY_SUITE = ["tests/test_training_state.py", "tests/test_device.py", "-k", "precision_runs or bf16_training_on_the_gpu "
-              "or resumes_on_the_other or inductor_on_cuda or graph_breaks and transformer_small"]
+TINY_SUITE = ["tests/test_training_state.py", "tests/test_device.py", "-k",
+              "precision_runs or bf16_training_on_the_gpu or resumes_on_the_other or inductor_on_cuda "
+              "or graph_breaks and transformer_small"]
 TINY_REST = ["tests/test_engine.py", "-k", "learning_rate_schedules"]
 # pytest-xdist workers and the threads each may use: 16 cores give 8 workers of 2 threads. Without a thread limit
 # every worker's torch takes all the cores and the workers fight over them (the first GPU run, 14 workers, had

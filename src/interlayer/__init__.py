@@ -1,4 +1,6 @@
-"""interlayer: four published ways of making Transformer layers work together or cost less, on one core.
+"""interlayer: published ways of making Transformer layers work together or cost less, on one core (the methods of
+:data:`interlayer.methods.METHODS`: Crossformer, Multi-Pass, Predictive Attention, LW-Transformer and the
+cross-layer family since them).
 
 Start with :func:`create_model` (any name :func:`list_models` or ``interlayer models`` lists, or a config, plus
 overrides), :func:`count_parameters` and :func:`count_madds`; :func:`save_pretrained` / :func:`load_pretrained` keep
@@ -31,7 +33,7 @@ _LAZY: dict[str, str] = {
     "CheckpointError": "errors", "load_pretrained": "models.registry", "save_pretrained": "checkpoint",
     "ModelConfig": "config", "apply_overrides": "config", "config_from_dict": "config",
     "create_model": "models.registry", "get_config": "models.registry", "list_models": "models.registry",
-    "from_hf": "pretrained", "to_hf": "pretrained",
+    "from_hf": "pretrained.hf", "to_hf": "pretrained.export",
 }
 
 

@@ -52,7 +52,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, TooManyTensors
 from .fileio import atomic_path, confined, parse_json, read_json, write_atomic
 
 # The largest value of a setting no tensor measures (``UNMEASURED_FIELDS``): 2^16 positions of a sinusoidal or
@@ -281,10 +281,6 @@ def check_config_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int
                 "is damaged")
 
 
-class _TooManyTensors(BaseException):
-    """Stops a shapes-only build (a BaseException, so that no ``except Exception`` of a builder swallows it)."""
-
-
 def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, holder: str,
                   error: type[CheckpointError] = CheckpointError) -> nn.Module:
     """Step 2 of the module docstring: ``build()`` on the ``meta`` device (shapes only), stopped with
@@ -299,13 +295,13 @@ def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, ho
         if threading.get_ident() == builder:
             count += 1
             if count > budget:
-                raise _TooManyTensors
+                raise TooManyTensors
 
     handle = torch.nn.modules.module.register_module_parameter_registration_hook(counted)
     try:
         with torch.device("meta"):
             return build()
-    except _TooManyTensors:
+    except TooManyTensors:
         raise error(f"{source} describes a model of more than {budget} parameter tensors, but {holder} "
                               f"holds {names}; refused before any model was built: the config was edited or belongs "
                               "to other weights") from None

@@ -2,36 +2,33 @@
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import os
 import signal
 import sys
 import traceback
-from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, get_args
-
 from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional, Sequence, get_args
 
 from .compare import DEFAULT as COMPARE_DEFAULT
-from .data.text import read_lines, read_stream_lines
-from .errors import CheckpointError, ConfigError, DataError
-from .fileio import WriteError, atomic_directory, read_json, shorten, write_atomic, write_failure
-from .tasks.translation_decoding import DecodeOptions
-from .pretrained import TokenizerError
-from .experiment import train
-from .models.registry import get_config, model_catalog
-from .papers import paper_tables
-from .training import distributed
-from .training.concurrency import DirectoryBusy, available_cores
-from .training.config import PrecisionSetting
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DirectoryBusy,
+    DivergenceError,
+    PretrainedError,
+    TokenizerError,
+    WriteError,
+)
+from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
 from .tasks import task_specs
-from .training.engine import BEST_DIR, DivergenceError
-from .tasks.translation import add_decode_arguments, decode_options, load_translator, translate
-from .tables import format_table
-from .training.cluster import parse_time
-
-if TYPE_CHECKING:
-    from .training.cluster import LauncherSettings
+from .tasks.translation import add_decode_arguments
+from .training import distributed
+from .training.cluster import add_launcher_arguments, launcher_from_args
+from .training.concurrency import available_cores
+from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
 
@@ -60,10 +57,11 @@ def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> No
         parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
 
 
-def _device_sets(args: argparse.Namespace) -> dict[str, str]:
-    """The ``--set`` equivalents of the device flags that were given."""
+def _device_sets(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` equivalents of the device flags that were given: ``--device`` and ``--precision`` as their
+    text, ``--compile`` as the boolean it is (``train.compile=True``)."""
     sets = {"train.device": args.device, "train.precision": getattr(args, "precision", None),
-            "train.compile": "true" if getattr(args, "compile", False) else None}
+            "train.compile": True if getattr(args, "compile", False) else None}
     return {key: value for key, value in sets.items() if value is not None}
 
 
@@ -92,6 +90,8 @@ def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one sub-command per entry of :data:`COMMANDS`, each task's own flags under ``train TASK``
+    (``TaskSpec.add_arguments``), and the shared device, decoding and launcher options."""
     parser = _Parser(
         prog="interlayer",
         description="Crossformer, Multi-Pass, Predictive Attention and LW-Transformer on one Transformer core.",
@@ -103,10 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     models = sub.add_parser("models", help="list every model preset with parameters and MAdds",
-                            description="Build every preset (or the named ones) of the four model families "
-                                        "(Transformer, text CNN, image, GAT) and print parameters and the "
+                            description="Build every preset (or the named ones) of every model family "
+                                        "(Transformer, text CNN, image, GAT, MCAN) and print parameters and the "
                                         "multiply-adds of one forward pass: at --length tokens for text, one "
-                                        "image for the image models, the bundled graph for GAT.")
+                                        "image for the image models, the bundled graph for GAT, a question of 14 "
+                                        "tokens and 100 regions for MCAN.")
     models.add_argument("names", nargs="*", help="presets to show (default: all)")
     models.add_argument("--length", type=int, default=64, help="sequence length for MAdds (default 64)")
 
@@ -219,58 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(--launcher local only)")
     compare.add_argument("--list-variants", action="store_true", help="list the named variants and exit")
     _add_device_arguments(compare, training=True)
-    _add_launcher_arguments(compare, "run")
+    add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
     return parser
-
-
-def _slurm_time(text: str) -> int:
-    """An argparse type: ``--slurm-time`` in minutes (:func:`~interlayer.training.cluster.parse_time`)."""
-    try:
-        return parse_time(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("--slurm-time ")) from None
-
-
-def _add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
-    """``--launcher`` and the ``--slurm-*`` options of compare and search (training/cluster.py)."""
-    group = parser.add_argument_group("launcher", f"where each {unit} trains (docs/compare.md, 'On a SLURM cluster')")
-    group.add_argument("--launcher", choices=("local", "submitit"), default="local",
-                       help=f"local: processes on this machine (default); submitit: each {unit} one SLURM job, "
-                            "submitted as a job array and followed until it ends (pip install interlayer[slurm])")
-    group.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
-    group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
-                       help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
-    group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
-                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00; "
-                            "required on SLURM); a run that reaches it saves and is submitted again, resuming")
-    group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
-                       help="jobs of one array running at once (default: submitit's, 256)")
-    group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
-                       help="any other sbatch option submitit knows, '-' written '_' (mem_gb=64, cpus_per_task=8, "
-                            "constraint=a100, account=NAME, qos=NAME; repeatable)")
-    group.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
-                       help="slurm (default); local: the same jobs as processes on this machine (submitit's local "
-                            "executor, a dry run of the cluster path); debug: in this process")
-
-
-def _launcher(args: argparse.Namespace) -> Optional["LauncherSettings"]:
-    """The launcher settings of ``--launcher submitit``, or None for the local launcher (whose ``--slurm-*``
-    options would do nothing, so they are refused)."""
-    from .training.cluster import LauncherSettings, parse_slurm_sets
-
-    given = [f"--{name.replace('_', '-')}" for name in ("slurm_partition", "slurm_time", "slurm_array_parallelism")
-             if getattr(args, name) is not None] + (["--slurm-set"] if args.slurm_set else [])
-    if args.launcher == "local":
-        if given:
-            raise ConfigError(f"{', '.join(given)} apply to --launcher submitit only")
-        return None
-    launcher = LauncherSettings(cluster=args.slurm_cluster, partition=args.slurm_partition,
-                                gpus_per_run=args.slurm_gpus_per_run, time_minutes=args.slurm_time,
-                                array_parallelism=args.slurm_array_parallelism,
-                                extra=parse_slurm_sets(args.slurm_set))
-    launcher.validate()
-    return launcher
 
 
 def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -365,8 +317,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 def _export(args: argparse.Namespace, argv: Sequence[str]) -> None:
     from .checkpoint import CONFIG_FILE
     from .models.registry import load_pretrained
-    from .pretrained import PretrainedError
     from .pretrained.export import export
+    from .training.engine import BEST_DIR
     source, target = Path(args.run_dir), Path(args.out_dir)
     folder = source / BEST_DIR if os.path.lexists(source / BEST_DIR / CONFIG_FILE) else source
     if not os.path.lexists(folder / CONFIG_FILE):
@@ -420,9 +372,9 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
         "lm", help="UTF-8 text -> nanoGPT .bin files or llm.c shards",
         description="Read a UTF-8 file or folder as `train lm` reads it (split files, or documents split by "
                     "--valid-fraction/--test-fraction), tokenize each split with --tokenizer in parallel, and write "
-                    "nanoGPT's train.bin/val.bin/test.bin (or llm.c shards) and meta.json into a new folder, atomically; "
-                    "the same text gives the same bytes. Training on the folder trains on the ids `train lm` would "
-                    "have made from the text.")
+                    "nanoGPT's train.bin/val.bin/test.bin (or llm.c shards) and meta.json into a new folder, "
+                    "atomically; the same text gives the same bytes. Training on the folder trains on the ids "
+                    "`train lm` would have made from the text.")
     lm.add_argument("source", metavar="SOURCE", help="a UTF-8 text file, a folder of .txt files, or a folder with "
                                                      "train.txt and valid.txt (test.txt optional)")
     lm.add_argument("--output", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)")
@@ -496,18 +448,25 @@ def _add_search_parser(sub: argparse._SubParsersAction) -> None:
                      help="heartbeat interval; a trial silent for twice this is lost (default 60)")
     mpt.add_argument("--report-only", action="store_true", help="rewrite the report from the storage and exit")
     _add_device_arguments(mpt, training=True)
-    _add_launcher_arguments(mpt, "trial")
+    add_launcher_arguments(mpt, "trial")
 
 
+# Each handler imports what only it uses: a command loads its own code (and `interlayer --help` nobody's).
 def _models(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .models.registry import model_catalog
+
     print(model_catalog(args.length, args.names))
 
 
 def _tables(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .papers import paper_tables
+
     print(paper_tables())
 
 
 def _config(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .models.registry import get_config
+
     cfg = get_config(args.preset, **_parse_sets(args.sets))
     if args.output:
         cfg.save(args.output)
@@ -518,6 +477,9 @@ def _config(args: argparse.Namespace, argv: Sequence[str]) -> None:
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Exit code 0 when the run finished; 128 + the signal's number when a signal stopped it (SIGINT 130, SIGTERM
     143), as a shell reports a process the signal killed, so scripts and schedulers see the run did not finish."""
+    from .experiment import train
+    from .training.engine import BEST_DIR
+
     spec = task_specs()[args.task]
     try:
         data_sets, options = spec.options_from_args(args)
@@ -545,6 +507,10 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _translate(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    from .data.text import read_lines, read_stream_lines
+    from .tasks.translation import decode_options, load_translator, translate
+    from .tasks.translation_decoding import DecodeOptions
+
     model, vocab = load_translator(Path(args.checkpoint), args.device)
     source = args.input or "<stdin>"
     lines = read_lines(args.input) if args.input else read_stream_lines(sys.stdin.buffer, source)
@@ -572,6 +538,7 @@ def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections, run_compare
+    from .tables import format_table
 
     if args.list_variants:
         print(format_table(["variant", "what it is"], describe_named()))
@@ -592,7 +559,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
                              budget_steps=chosen["budget_steps"])
     output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
-    launcher = _launcher(args)
+    launcher = launcher_from_args(args)
     if launcher is not None and args.jobs is not None:
         raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
                           "run at once with --slurm-array-parallelism)")
@@ -622,7 +589,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.report_only:
         print(write_report(settings))
         return 0
-    launcher = _launcher(args)
+    launcher = launcher_from_args(args)
     if launcher is None:
         outcome = run_search(settings)
     else:

@@ -6,62 +6,33 @@ A section left ``None`` means the method is off. Configs round-trip through JSON
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
-import yaml
-
-from .core.config import TransformerConfig, dataclass_from_dict, unknown_key
+from .config_io import ConfigFile, checked_config, read_config_file, set_dotted
 from .errors import ConfigError
-from .fileio import load_yaml, read_yaml_or_json, write_atomic
 from .methods import METHODS
-from .methods.cla import CLAConfig
-from .methods.conv_branch import ConvBranchConfig
-from .methods.crossformer import CrossformerConfig
-from .methods.denseformer import DenseFormerConfig
-from .methods.hyper_connections import HyperConnectionsConfig
-from .methods.layer_sharing import LayerSharingConfig
-from .methods.lightweight import LightweightConfig
-from .methods.mhc import MHCConfig
-from .methods.muddformer import MUDDFormerConfig
-from .methods.multipass import MultiPassConfig
-from .methods.predictive import PredictiveConfig
-from .methods.value_residual import ValueResidualConfig
+from .methods.base import ComposedConfig
 
 
-class ConfigFile:
-    """``to_dict`` and ``save`` for a config dataclass: JSON, or YAML when the path ends in .yaml/.yml."""
+def _with_method_sections(cls: type) -> type:
+    """``cls`` as a dataclass with one field per method of :data:`~interlayer.methods.METHODS`, in that order: the
+    method's name, typed ``Optional[method.config_class]``, ``None`` (off) by default. A method's section is
+    declared by the method (its ``name`` and ``config_class``), so adding a method adds its field here."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for method in METHODS:
+        annotations[method.name] = Optional[method.config_class]
+        setattr(cls, method.name, None)
+    cls.__annotations__ = annotations
+    return dataclass(cls)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-    def save(self, path: Union[str, Path]) -> None:
-        path = Path(path)
-        text = (yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml")
-                else json.dumps(self.to_dict(), indent=2))
-        write_atomic(path, text + ("\n" if not text.endswith("\n") else ""))
-
-
-@dataclass
-class ModelConfig(ConfigFile, TransformerConfig):
-    """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off)."""
-
-    crossformer: Optional[CrossformerConfig] = None
-    multipass: Optional[MultiPassConfig] = None
-    predictive: Optional[PredictiveConfig] = None
-    conv_branch: Optional[ConvBranchConfig] = None
-    lightweight: Optional[LightweightConfig] = None
-    layer_sharing: Optional[LayerSharingConfig] = None
-    value_residual: Optional[ValueResidualConfig] = None
-    cla: Optional[CLAConfig] = None
-    denseformer: Optional[DenseFormerConfig] = None
-    hyper_connections: Optional[HyperConnectionsConfig] = None
-    mhc: Optional[MHCConfig] = None
-    muddformer: Optional[MUDDFormerConfig] = None
+@_with_method_sections
+class ModelConfig(ConfigFile, ComposedConfig):
+    """A :class:`TransformerConfig` plus the method sections (each ``None`` when the method is off), one per method
+    of :data:`~interlayer.methods.METHODS`, under the method's name."""
 
     def sections(self) -> list[tuple[Any, Any]]:
         """(method, section) for every method that is on."""
@@ -75,26 +46,6 @@ class ModelConfig(ConfigFile, TransformerConfig):
     @classmethod
     def load(cls, path: Union[str, Path]) -> "ModelConfig":
         return config_from_dict(read_config_file(path), source=str(path))
-
-
-def read_config_file(path: Union[str, Path]) -> dict[str, Any]:
-    """The mapping in a .json or .yaml config file; unreadable files, bytes that are not UTF-8, syntax errors,
-    duplicate keys (:mod:`interlayer.fileio`) and non-mappings raise :class:`ConfigError` naming the file."""
-    path = Path(path)
-    data = read_yaml_or_json(path)
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
-    return data
-
-
-def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
-    """``cls`` built from ``data`` and validated; any error is prefixed with ``source`` (file, preset, ...)."""
-    try:
-        cfg = dataclass_from_dict(cls, data)
-        cfg.validate()
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    return cfg
 
 
 # Keys renamed after configs holding them were saved: (section, old key) -> new key. A saved config keeps loading.
@@ -144,57 +95,13 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> ModelConfi
 
 
 def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
-    """Return a new config with dotted-key overrides (``{"crossformer.hard": ["kq"]}``) applied and validated.
-
-    String values are parsed as YAML scalars/lists, so ``--set d_model=256`` and ``--set passes=[0,2,1]`` work.
-    Setting a key inside a section that is off turns the section on with its defaults first.
-    """
-    return config_from_dict(set_dotted(cfg.to_dict(), overrides, _is_section), source="overrides")
-
-
-def set_dotted(data: dict[str, Any], overrides: dict[str, Any], is_section: Callable[[str], bool]
-               ) -> dict[str, Any]:
-    """``data`` (a config dict, changed in place and returned) with dotted-key overrides set, as
-    :func:`apply_overrides` describes; ``is_section(name)`` says which keys are method sections."""
-    for dotted, raw in overrides.items():
-        value = parse_value(raw, f"--set {dotted}") if isinstance(raw, str) else raw
-        head, _, rest = dotted.partition(".")
-        if head not in data:
-            raise unknown_key(head, list(data), "")
-        if rest:
-            if data[head] is None:
-                data[head] = {}
-            data[head][rest] = value
-        else:
-            data[head] = {} if value is True and is_section(head) else value
-    return data
+    """Return a new config with dotted-key overrides (``{"crossformer.hard": ["kq"]}``) applied and validated, as
+    :func:`~interlayer.config_io.set_dotted` sets them: text values are ``--set`` values, and a key inside a
+    section that is off turns the section on with its defaults first."""
+    return config_from_dict(set_dotted(cfg.to_dict(), overrides, is_section=is_section, aliases=cfg.FIELD_ALIASES),
+                            source="overrides")
 
 
-def parse_value(text: str, key: str = "--set value") -> Any:
-    """A ``--set`` value: YAML (``3``, ``0.1``, ``true``, ``[0,2,1]``, ``null``), and numbers YAML 1.1 leaves as
-    strings (``1e-3``, ``5E4``) as floats; an empty value is the empty string. Invalid YAML raises
-    :class:`ConfigError` naming ``key``."""
-    value = load_yaml(text, key, inline=True) if text.strip() else ""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def flatten_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """Python-style overrides to dotted keys: ``crossformer__hard=[...]`` or ``crossformer={"hard": [...]}``
-    become ``{"crossformer.hard": [...]}``; an empty dict turns a section on with its defaults."""
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        key = key.replace("__", ".")
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()} if value else {key: True})
-        else:
-            flat[key] = value
-    return flat
-
-
-def _is_section(name: str) -> bool:
+def is_section(name: str) -> bool:
+    """Whether ``name`` is a method section of :class:`ModelConfig`."""
     return any(m.name == name for m in METHODS)

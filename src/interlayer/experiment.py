@@ -29,15 +29,15 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from .config import dataclass_from_dict, parse_value
-from .errors import ConfigError
+from .config_io import dataclass_from_dict, parse_value
+from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
+from .models.registry import get_config
 from .tasks import TaskSpec
-from .training import TrainConfig, Trainer, distributed
+from .training import distributed, state_file
 from .training.concurrency import DirectoryLock
-from .training.config import CHANGEABLE_ON_RESUME
-from .training import state_file
-from .training.engine import LAST, LEGACY_LAST, DivergenceError
+from .training.config import CHANGEABLE_ON_RESUME, TrainConfig
+from .training.engine import LAST, LEGACY_LAST, Trainer
 
 RUN_FILE = "run.json"
 
@@ -46,10 +46,11 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def split_overrides(sets: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field.
 
-    Values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``.
+    Text values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``;
+    other values (the CLI's ``--compile``: ``True``) are taken as they are.
     """
     model, train, data = {}, {}, {}
     for key, value in sets.items():
@@ -195,7 +196,7 @@ def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: 
     if fresh is not None:
         _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
         fresh.task.save_assets(run_dir)
-        _write_json(run_dir / RUN_FILE, fresh.record)
+        write_json(run_dir / RUN_FILE, fresh.record)
         return fresh.task, fresh.model, fresh.train_cfg
     if start_over:
         warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
@@ -290,7 +291,7 @@ def _restart_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dic
     task = spec.make_task(data_cfg, train_cfg, None)
     model = initial_model(spec, task, model_dict, train_cfg.seed)
     task.save_assets(run_dir)
-    _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+    write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
     return task, model, train_cfg
 
 
@@ -315,7 +316,7 @@ def _load_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[s
     stored = _read_run(spec, run_dir)
     train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes, warn)
     if record and asdict(train_cfg) != stored["train"]:
-        _write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+        write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
     return spec.make_task(data_cfg, train_cfg, run_dir), model, train_cfg
 
 
@@ -339,7 +340,8 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     data_before = asdict(dataclass_from_dict(spec.data_class, stored["data"], "data."))
     data_cfg = dataclass_from_dict(spec.data_class, {**data_before, **data_sets}, "data.")
     _check_stored_model(run_dir, stored["model"])
-    model_dict = _with_sets(stored["model"], model_sets)
+    # the sets applied as a fresh run applies them (the family's overrides: interlayer.config_io.set_dotted)
+    model_dict = get_config(stored["model"], **model_sets).to_dict() if model_sets else copy.deepcopy(stored["model"])
     model = spec.model_from_dict(model_dict)
     changes = {f"train.{k}": (v, getattr(train_cfg, k)) for k, v in before.items() if getattr(train_cfg, k) != v}
     changes.update({f"data.{k}": (v, getattr(data_cfg, k)) for k, v in data_before.items()
@@ -381,24 +383,6 @@ def _check_stored_model(run_dir: Path, model: dict[str, Any]) -> None:
                           "edited or comes from another run: restore it (the checkpoint's settings are the run's)")
 
 
-def _with_sets(model: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
-    """``model`` (a stored config dict) with dotted ``sets`` applied at their place: ``d_model``, a method section's
-    ``crossformer.alpha`` (turning the section on), or a field of a nested config (a vision model's ``encoder``)."""
-    out = copy.deepcopy(model)
-    for key, value in sets.items():
-        path = key.split(".")
-        if path[0] not in out:
-            nested = [name for name, sub in out.items() if isinstance(sub, dict) and path[0] in sub]
-            path = nested[:1] + path
-        target = out
-        for name in path[:-1]:
-            if not isinstance(target.get(name), dict):
-                target[name] = {}
-            target = target[name]
-        target[path[-1]] = {} if value is True and target.get(path[-1]) is None and len(path) == 1 else value
-    return out
-
-
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -406,11 +390,6 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(item, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): value}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: a crash leaves the old file or the new one, never half of one."""
-    write_json(path, data)
 
 
 def _mean_speed(run_dir: Path) -> Optional[float]:

@@ -40,7 +40,7 @@ from typing import Any, Iterator, Optional, Union
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, DiskFullError, WriteError
 
 PathLike = Union[str, Path]
 # Configs nest a few levels (a method section, a list of sides); 100 leaves room for any real one and stays far
@@ -57,16 +57,6 @@ ECHO_CHARS = 200  # what a message quotes of a value at most (:func:`shorten`)
 MACHINE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO)
 WRITE_ERRNOS = (*MACHINE_ERRNOS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ENOTEMPTY,
                 errno.EXDEV)
-
-
-class WriteError(OSError):
-    """A file or folder that could not be written (read-only file system, permission, full disk); the message
-    names it and what to do (a bad situation of the user's machine, not a bug: exit code 2)."""
-
-
-class DiskFullError(WriteError):
-    """A file could not be written for lack of space; the message names it and the free space (a bad situation of
-    the user's machine, not a bug: exit code 2)."""
 
 
 # safetensors (Rust) raises its own SafetensorError for a failed write, with the OS error inside its message:

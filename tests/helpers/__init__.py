@@ -3,7 +3,8 @@
 A test module imports what it shares from here, never from another test module: each test file then runs on its
 own and the suite has no order between files (``tests/test_test_layout.py`` checks it). pytest puts ``tests/`` on
 ``sys.path`` (``rootdir`` import mode ``prepend``, no ``__init__.py`` in ``tests/``), so ``import helpers`` works
-in ``make test`` and in a single-file run alike. The submodules are named after the test module each came from.
+in ``make test`` and in a single-file run alike. The submodules are named after the test module each came from,
+or after what they hold (``tiny_runs``: the smallest run of each task).
 """
 from __future__ import annotations
 

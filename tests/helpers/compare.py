@@ -13,7 +13,7 @@ import torch
 from interlayer import save_pretrained
 from interlayer.compare import build_plan, make_settings
 from interlayer.compare.plan import Plan, build_task
-from interlayer.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.experiment import split_overrides
 
 TINY = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=2", "dec_layers=2"]

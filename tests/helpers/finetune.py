@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import save_file
 
 from interlayer.build import build_model
-from interlayer.config import dataclass_from_dict
+from interlayer.config_io import dataclass_from_dict
 from interlayer.experiment import initial_model, split_overrides, with_defaults
 from interlayer.pretrained.bert import bert_config, encoder_parameter_map
 from interlayer.tasks import task_specs
 from interlayer.tasks.text_classification import TextClassificationTask
-from interlayer.training import TrainConfig
+from interlayer.training.config import TrainConfig
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "is", "good", "bad", "a", "dull", "plot",
          "great", "not", "it", "was", "##s", ",", ".", "he", "said", "man", "runs", "dog"]

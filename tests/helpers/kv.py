@@ -5,6 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+
 def _heads(x, h):
     b, t, d = x.shape
     return x.view(b, t, h, d // h).transpose(1, 2)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
 from ..training.concurrency import DirectoryLock
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
-from .variants import NAMED_VARIANTS, check_global_sets, describe_named, hard_permutation, parse_variants
+from .variants import NAMED_VARIANTS, check_global_sets, describe_named, parse_variants
 
 if TYPE_CHECKING:
     from ..training.cluster import LauncherSettings
@@ -53,7 +53,7 @@ MAX_SEEDS = 1000
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
                   preset: Optional[str] = None, baseline: Optional[str] = None,
-                  sets: Optional[dict[str, str]] = None, budget_steps: Optional[int] = None) -> Settings:
+                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None) -> Settings:
     """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`.
 
     ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:
@@ -82,6 +82,8 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
 
 @dataclass
 class CompareResult:
+    """What ``run_compare`` did: the plan, the report, how every run ended, and whether Ctrl-C stopped it."""
+
     plan: Plan
     report: "Report"
     outcomes: list["RunOutcome"]
@@ -106,9 +108,10 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
     naming this one, instead of training the same runs beside it.
     """
+    from .environment import comparison_environment, load_average
     from .launcher import SubmititRunner
     from .plan import prepare_directory
-    from .report import environment, load_average, write_report
+    from .report import write_report
     from .runner import Runner
 
     started, load_at_start = time.perf_counter(), load_average()
@@ -127,7 +130,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         runner = (Runner(plan, output, jobs=jobs, echo=echo) if launcher is None else
                   SubmititRunner(plan, output, launcher, echo=echo))
         outcomes, interrupted = runner.run_all()
-        env = environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
+        env = comparison_environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
                           None if launcher is None else launcher.describe())
         report = write_report(plan, output, list(command), selections, margin, env)
     echo("")
@@ -151,4 +154,4 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
 
 
 __all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",
-           "describe_named", "hard_permutation", "make_settings", "parse_selections", "run_compare"]
+           "describe_named", "make_settings", "parse_selections", "run_compare"]

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import DamagedResults, RunStopped
 from ..experiment import train
 from ..fileio import read_json, write_json
 from ..tasks import task_specs
@@ -31,10 +32,6 @@ from ..training.concurrency import die_with_parent
 FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
 MEMORY_FILE = "compare_memory.json"
 RESULTS_FILE = "results.json"
-
-
-class DamagedResults(Exception):
-    """A run's ``results.json`` that cannot be read (empty, cut short, not a JSON object): the message names it."""
 
 
 def read_results(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -47,12 +44,8 @@ def read_results(run_dir: Path) -> Optional[dict[str, Any]]:
     return read_json(path, DamagedResults)
 
 
-class _Stopped(Exception):
-    """SIGINT/SIGTERM outside the engine's loop (which handles them itself by saving and returning)."""
-
-
 def _stop(signum: int, frame: Any) -> None:
-    raise _Stopped(signal.Signals(signum).name)
+    raise RunStopped(signal.Signals(signum).name)
 
 
 def max_rss_mb() -> float:
@@ -71,6 +64,10 @@ def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
 
 
 def run_job(job: dict[str, Any]) -> int:
+    """Train one run of a comparison in this process (``experiment.train`` with the job's task, preset, sets, seed and
+    budget) and record its peak memory growth; ``results.json`` is written only for a finished run, so an interrupted
+    one is continued by the next invocation. Returns the exit code the runner reads (:data:`FINISHED` or
+    :data:`INTERRUPTED`)."""
     spec = task_specs()[job["task"]]
     if job.get("threads"):  # the runner's share of the cores; a config's train.threads still wins in the engine
         torch.set_num_threads(job["threads"])
@@ -105,7 +102,7 @@ def entry(job: dict[str, Any], log: str) -> None:
         signal.signal(sig, _stop)
     try:
         code = run_job(job)
-    except _Stopped as stop:
+    except RunStopped as stop:
         print(f"stopped by {stop} outside the training loop; the run continues from its last checkpoint",
               file=sys.stderr)
         code = STOPPED_OUTSIDE_TRAINING

@@ -13,14 +13,12 @@ import csv
 import io
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..fileio import write_atomic
+from .plan import Plan
+from .records import VariantSummary
 from .stats import mean_std
-
-if TYPE_CHECKING:
-    from .plan import Plan
-    from .report import VariantSummary
 
 CSV_FILE = "report.csv"
 LATEX_FILE = "report.tex"
@@ -53,7 +51,7 @@ def _number(value: Optional[float]) -> Any:
     return "" if value is None else value
 
 
-def csv_rows(plan: "Plan", summaries: Sequence["VariantSummary"]) -> list[dict[str, Any]]:
+def csv_rows(plan: Plan, summaries: Sequence[VariantSummary]) -> list[dict[str, Any]]:
     """One row per variant: sizes, the metric's mean and std over seeds, the comparison's figures, throughput."""
     rows = []
     for s in summaries:

@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..fileio import write_json
-from ..training.cluster import (POLL_SECONDS, LauncherSettings, attach, job_body, job_result, job_state,
-                                make_executor, refresh)
+from ..training.cluster import (
+    POLL_SECONDS,
+    LauncherSettings,
+    attach,
+    job_body,
+    job_result,
+    job_state,
+    make_executor,
+    refresh,
+)
 from ..training.concurrency import ForwardedInterrupts
 from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, read_results, run_job
 from .plan import Plan, PlannedVariant
@@ -154,7 +162,7 @@ class SubmititRunner:
         log_in_job = self.launcher.cluster != "debug"  # a debug job runs here: its output stays ours
         jobs = []
         with self.executor.batch():
-            for label, variant, seed in items:
+            for _label, variant, seed in items:
                 name = run_name(variant.variant.name, seed)
                 job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets,
                        "seed": seed, "max_minutes": budget, "run_dir": str(self.output / RUNS / name),

@@ -21,13 +21,14 @@ import torch
 
 from .. import __version__
 from ..accounting import count_madds, count_parameters
-from ..config import dataclass_from_dict
-from ..errors import ConfigError
+from ..config_io import dataclass_from_dict, parse_value
+from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
+from ..methods.base import VariantContext
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
-from .variants import Context, Variant, VariantError, parse_variant, variant_overrides
+from .variants import Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
 FORMAT = 1
@@ -43,7 +44,7 @@ class Settings:
     baseline: str
     seeds: list[int]
     budget_minutes: Optional[float]  # train.max_minutes of every run; None keeps the task's epoch limits
-    sets: dict[str, str] = field(default_factory=dict)  # global --set, for every variant
+    sets: dict[str, Any] = field(default_factory=dict)  # global --set (text, or a flag's typed value), every variant
 
     def parsed_variants(self) -> list[Variant]:
         return [parse_variant(entry, self.preset) for entry in self.variants]
@@ -71,6 +72,9 @@ class PlannedVariant:
 
 @dataclass
 class TaskInfo:
+    """What the report needs to know of the task, recorded in ``compare.json``: its metric and direction, the units of
+    its throughput, its secondary metrics, the metric's decimals."""
+
     metric: str
     higher_is_better: bool
     units: str  # what the engine's units_per_s counts
@@ -80,6 +84,9 @@ class TaskInfo:
 
 @dataclass
 class Plan:
+    """A comparison resolved against its task before anything trains: the settings, the task, and every variant with its
+    model config, parameters and MAdds; :meth:`runs` is the training order."""
+
     settings: Settings
     spec: TaskSpec
     task: TaskInfo
@@ -174,7 +181,7 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
         ctx = None
         if variant.named:
             base = spec.resolve_model(variant.preset, model_sets, task).to_dict()
-            ctx = Context(spec.name, variant.preset, base)
+            ctx = VariantContext(spec.name, variant.preset, base)
         own = variant_overrides(variant, ctx)
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)
@@ -228,6 +235,12 @@ def _identity(plan: Plan) -> dict[str, Any]:
             "models": {v.variant.name: {"model": v.model, "sets": v.sets} for v in plan.variants}}
 
 
+def _parsed(sets: dict[str, Any]) -> dict[str, Any]:
+    """Global ``--set`` values as the runs read them: ``train.compile="true"`` (``--set``, or ``--compile`` as
+    recorded before it was a boolean) and ``True`` (``--compile``) are one setting."""
+    return {key: parse_value(value, f"--set {key}") if isinstance(value, str) else value for key, value in sets.items()}
+
+
 def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     """Why ``identity`` cannot continue the directory of ``stored`` (empty if it can).
 
@@ -236,7 +249,8 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     settings and the resolved model of every variant already there. Losing seeds or variants is refused, since
     the report would silently drop finished runs.
     """
-    old, new = stored["settings"], identity["settings"]
+    old, new = dict(stored["settings"], sets=_parsed(stored["settings"]["sets"])), identity["settings"]
+    new = dict(new, sets=_parsed(new["sets"]))
     fixed = [k for k in new if k not in ("seeds", "variants")]
     problems = differences({"settings": {k: old.get(k) for k in fixed}}, {"settings": {k: new[k] for k in fixed}})
     lost_seeds = [seed for seed in old["seeds"] if seed not in new["seeds"]]
@@ -247,8 +261,10 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     if lost:
         problems.append(f"settings.variants: was {json.dumps(old['variants'])}, now {json.dumps(new['variants'])} "
                         f"({', '.join(lost)} would be dropped; a comparison may gain variants but not lose them)")
-    kept = {name: model for name, model in stored["models"].items() if name in identity["models"]}
-    problems += differences({"models": kept}, {"models": {name: identity["models"][name] for name in kept}})
+    kept = {name: dict(model, sets=_parsed(model["sets"])) for name, model in stored["models"].items()
+            if name in identity["models"]}
+    now = {name: dict(identity["models"][name], sets=_parsed(identity["models"][name]["sets"])) for name in kept}
+    problems += differences({"models": kept}, {"models": now})
     return problems
 
 
@@ -272,16 +288,12 @@ def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
             invocation["grew"] = grown
             stored.update(identity, variants=[v.to_dict() for v in plan.variants])
         stored["invocations"].append(invocation)
-        _write_json(path, stored)
+        write_json(path, stored)
         return True
     output.mkdir(parents=True, exist_ok=True)
-    _write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
+    write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
                        "variants": [v.to_dict() for v in plan.variants],
                        "environment": {"interlayer": __version__, "torch": torch.__version__,
                                        "python": platform.python_version(), "machine": platform.machine()},
                        "invocations": [invocation]})
     return False
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    write_json(path, data)

@@ -33,6 +33,8 @@ MAX_LABELLED_TOKENS = 40
 
 @dataclass(frozen=True)
 class Picture:
+    """A figure written to ``path``, with the title and caption the report shows and its size in pixels."""
+
     path: Path
     title: str
     caption: str

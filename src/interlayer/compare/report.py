@@ -1,8 +1,9 @@
-"""The comparison report: a table as the papers print them, the figures, and what every run did.
+"""The comparison report: a table as the papers print them, the figures, and what every run did, rendered as
+Markdown, HTML (figures embedded), JSON, CSV and LaTeX.
 
-Everything is read back from the run directories (``results.json``, ``train.csv``, ``valid.csv``,
-``compare_memory.json``, the ``best/`` models) and ``compare.json``, so a report can be written at any time,
-also for an interrupted comparison (it then says which runs are missing).
+Everything is read back from the run directories (:mod:`.records`; the figures, :mod:`.pictures`, reload the
+``best/`` models) and ``compare.json``, so a report can be written at any time, also for an interrupted comparison
+(it then says which runs are missing). The environment that produced the numbers is :mod:`.environment`'s.
 
 Columns: parameters (each tensor once) and MAdds of one forward pass at the task's typical length (see
 :func:`interlayer.compare.plan.typical_lengths`), training throughput (mean of the logged windows), peak memory
@@ -17,183 +18,30 @@ learning curves are still falling steeply at the end of the budget (the verdict 
 from __future__ import annotations
 
 import base64
-import csv
 import dataclasses
-import functools
 import html
-import inspect
 import json
-import os
-import platform
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
-import torch
 
-from ..errors import CheckpointError
-from ..models.registry import load_pretrained
-from ..config import dataclass_from_dict
 from ..fileio import write_atomic
 from ..tables import format_table, human
-from ..training.config import TrainConfig
 from . import exports, plots
-from .child import MEMORY_FILE, DamagedResults, read_results
-from .plan import Plan, PlannedVariant
-from .runner import RUNS, STATUS_FILE, run_name
+from .environment import Environment
+from .pictures import figures
+from .plan import Plan
+from .records import METRIC_UNITS, VariantSummary, extra_metrics, summarize
 from .selection import Choice, Selection, choice_lines, choose
-from .stats import (POWER, SEED_SHARES, TEST_TITLES, Comparison, compare_to_baseline, mean_std, ratio_range, rule,
-                    test_lines)
+from .stats import POWER, SEED_SHARES, TEST_TITLES, Comparison, mean_std, ratio_range, rule, test_lines
 
 FIGURES = "figures"
-# The metric's unit, for the axes and the --margin (absolute, in these units); tasks report accuracy in percent.
-METRIC_UNITS = {"loss": "nats per token", "accuracy": "%", "bleu": "BLEU points"}
 # A learning curve is "still falling steeply" when its last quarter of the budget brought more than this share of
 # its whole improvement since the first validation (a converging curve brings a few percent there).
 STEEP_SHARE = 0.10
-
-
-def metric_label(metric: str) -> str:
-    unit = METRIC_UNITS.get(metric)
-    return f"{metric} ({unit})" if unit else metric
-
-
-@dataclass
-class RunRecord:
-    variant: str
-    seed: int
-    run_dir: Path
-    state: str  # finished | interrupted | failed | cancelled (a cluster job) | not started
-    results: dict[str, Any] = field(default_factory=dict)
-    curve: list[tuple[float, float]] = field(default_factory=list)  # (training minutes, validation metric)
-    best_valid: Optional[float] = None
-    speed: Optional[float] = None
-    memory: Optional[float] = None  # MiB, growth of ru_maxrss
-    detail: str = ""
-
-    @property
-    def name(self) -> str:
-        return run_name(self.variant, self.seed)
-
-
-@dataclass
-class VariantSummary:
-    planned: PlannedVariant
-    runs: list[RunRecord]
-    test_by_seed: dict[int, float]  # the finished runs' test metric, by seed (the statistics pair seeds)
-    valid: list[float]
-    speeds: dict[int, float]  # each run's measured throughput (the mean of its logged windows), by seed
-    memory: Optional[float]
-    comparison: Optional[Comparison] = None  # against the baseline; None for the baseline itself
-    extra: dict[str, list[float]] = field(default_factory=dict)  # secondary test metrics (MRPC's F1, chrF)
-
-    @property
-    def name(self) -> str:
-        return self.planned.variant.name
-
-    @property
-    def test(self) -> list[float]:
-        return list(self.test_by_seed.values())
-
-    @property
-    def speed(self) -> Optional[float]:
-        """The mean throughput over the runs that logged one."""
-        return mean_std(list(self.speeds.values()))[0]
-
-    def finished(self) -> list[RunRecord]:
-        return [r for r in self.runs if r.state == "finished"]
-
-
-# -- reading the runs -----------------------------------------------------------------------------------------
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with path.open() as handle:
-        return list(csv.DictReader(handle))
-
-
-def _number(text: Optional[str]) -> Optional[float]:
-    try:
-        return float(text) if text not in (None, "") else None
-    except ValueError:
-        return None
-
-
-def csv_curve(path: Path, x_key: str, y_key: str) -> list[tuple[float, float]]:
-    points = []
-    for row in _read_csv(path):
-        x, y = _number(row.get(x_key)), _number(row.get(y_key))
-        if x is not None and y is not None:
-            points.append((x, y))
-    return points
-
-
-def curve_axis(plan: Plan) -> tuple[str, str]:
-    """The learning curves' x (a ``valid.csv`` column, an axis label): training minutes under a time budget,
-    optimiser steps otherwise, which do not depend on the machine's load."""
-    if plan.settings.budget_minutes:
-        return "elapsed_min", "training minutes (validation excluded)"
-    return "step", "optimiser steps"
-
-
-def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str, Any]) -> RunRecord:
-    run_dir = output / RUNS / run_name(variant, seed)
-    record = RunRecord(variant, seed, run_dir, "not started")
-    metric, higher = plan.task.metric, plan.task.higher_is_better
-    record.curve = csv_curve(run_dir / "valid.csv", curve_axis(plan)[0], metric)
-    if record.curve:
-        values = [y for _, y in record.curve]
-        record.best_valid = max(values) if higher else min(values)
-    speeds = [s for s in (_number(r.get("units_per_s")) for r in _read_csv(run_dir / "train.csv")) if s is not None]
-    record.speed = sum(speeds) / len(speeds) if speeds else None
-    if (run_dir / MEMORY_FILE).is_file():
-        record.memory = max(s["peak_rss_growth_mb"] for s in json.loads((run_dir / MEMORY_FILE).read_text()))
-    try:
-        results = read_results(run_dir)
-    except DamagedResults as err:
-        results, record.detail = None, (f"{err}; counted as unfinished: the same compare command scores it "
-                                        "again")
-    if results is not None:
-        record.state, record.results = "finished", results
-    elif status.get(record.name, {}).get("status") in ("failed", "cancelled"):
-        record.state, record.detail = status[record.name]["status"], status[record.name].get("detail", "")
-    elif (run_dir / "run.json").is_file():
-        record.state = "interrupted"
-    return record
-
-
-def extra_metrics(plan: Plan) -> tuple[str, ...]:
-    """The task's secondary test metrics, reported beside its main one (e.g. MRPC's F1, translation's chrF)."""
-    return plan.task.extra_metrics
-
-
-def _test_values(runs: list[RunRecord], metric: str) -> dict[int, float]:
-    return {r.seed: float(r.results[f"test_{metric}"]) for r in runs
-            if isinstance(r.results.get(f"test_{metric}"), (int, float))}
-
-
-def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
-    status_path = output / STATUS_FILE
-    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-    summaries = []
-    for planned in plan.variants:
-        runs = [read_run(plan, output, planned.variant.name, seed, status) for seed in plan.settings.seeds]
-        done = [r for r in runs if r.state == "finished"]
-        valid = [r.best_valid for r in done if r.best_valid is not None]
-        memories = [r.memory for r in runs if r.memory is not None]
-        summaries.append(VariantSummary(planned, runs, _test_values(done, plan.task.metric), valid,
-                                        {r.seed: r.speed for r in runs if r.speed is not None},
-                                        max(memories) if memories else None,
-                                        extra={m: list(_test_values(done, m).values()) for m in extra_metrics(plan)}))
-    base = next(s for s in summaries if s.name == plan.settings.baseline)
-    comparisons = compare_to_baseline({s.name: s.test_by_seed for s in summaries if s is not base},
-                                      base.test_by_seed, plan.task.higher_is_better, margin)
-    for summary in summaries:
-        summary.comparison = comparisons.get(summary.name)
-    return summaries
 
 
 # -- the table ------------------------------------------------------------------------------------------------
@@ -274,6 +122,9 @@ def comparison_cells(c: Optional[Comparison], places: int) -> list[str]:
 
 
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
+    """The results table's rows, one per variant: size, finished runs, validation and test metric (mean ± std over
+    seeds, secondary metrics too), and the comparison with the baseline; the baseline's row and each ``--select``
+    group's choice are marked."""
     chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
     base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
@@ -303,165 +154,6 @@ def run_rows(summaries: list[VariantSummary], metric: str) -> list[list[str]]:
 
 
 RUN_HEADERS = ["run", "status", "epochs", "steps", "train min", "stop reason", "best valid", "test"]
-
-
-# -- figures --------------------------------------------------------------------------------------------------
-def _section(model: dict[str, Any], name: str) -> dict[str, Any]:
-    """A method section of a Transformer config (or of a vision model's encoder); {} when off or absent (GAT's
-    ``crossformer`` is a plain string, not a section)."""
-    encoder = model["encoder"] if isinstance(model.get("encoder"), dict) else model
-    section = encoder.get(name)
-    return section if isinstance(section, dict) else {}
-
-
-def load_run_task(plan: Plan, run_dir: Path) -> Any:
-    """The task of a finished run, with the run's own assets (its vocabulary), as a resumed run builds it."""
-    stored = json.loads((run_dir / "run.json").read_text())
-    train_cfg = dataclass_from_dict(TrainConfig, stored["train"], "train.")
-    data_cfg = dataclass_from_dict(plan.spec.data_class, stored["data"], "data.")
-    return plan.spec.make_task(data_cfg, train_cfg, run_dir)
-
-
-def _best_model(summary: VariantSummary) -> tuple[Optional[RunRecord], Any]:
-    for record in summary.finished():
-        try:
-            return record, load_pretrained(record.run_dir / "best").eval()
-        except (CheckpointError, FileNotFoundError):
-            continue
-    return None, None
-
-
-@torch.no_grad()
-def encoder_attentions(model: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], Optional[torch.Tensor]]:
-    """Every encoder layer's attention intermediates for one input (``need_intermediates=True``); nothing for a
-    model without them (the CNN baseline, GAT)."""
-    if "need_intermediates" not in inspect.signature(model.forward).parameters:
-        return [], None
-    output = model(*args, **kwargs, need_intermediates=True)
-    encoder = getattr(output, "encoder", None)
-    return list(getattr(encoder, "attentions", None) or []), getattr(encoder, "padding_mask", None)
-
-
-def head_mean_probs(logits: torch.Tensor, padding_mask: Optional[torch.Tensor], causal: bool = False) -> np.ndarray:
-    """Softmax over keys of (1, H, T, T) logits, padded keys (and with ``causal`` later keys) excluded, averaged
-    over heads -> (T, T)."""
-    x = logits[0].float()
-    if padding_mask is not None:
-        x = x.masked_fill(padding_mask[0][None, None, :], float("-inf"))
-    if causal:
-        t = x.shape[-1]
-        x = x.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(x, dim=-1).mean(0).numpy()
-
-
-def _baseline_attentions(plan: Plan, baseline: VariantSummary, summary: VariantSummary, tokens: list[str]
-                         ) -> list[Any]:
-    """The baseline's encoder attentions for the same sample (read with the baseline run's own vocabulary, and
-    used only if it yields the same tokens); empty when there is no such model or it has no attention maps."""
-    record, model = _best_model(baseline) if baseline is not summary else (None, None)
-    sample = plan.spec.sample_input(load_run_task(plan, record.run_dir)) if model is not None else None
-    if sample is None:
-        return []
-    args, kwargs, base_tokens = sample
-    return encoder_attentions(model, args, kwargs)[0] if list(base_tokens) == list(tokens) else []
-
-
-def _pa_picture(plan: Plan, summary: VariantSummary, baseline: VariantSummary, path: Path
-                ) -> tuple[Optional[plots.Picture], str]:
-    name = summary.name
-    record, model = _best_model(summary)
-    if model is None:
-        return None, f"PA attention maps of {name}: skipped, no finished run with a best/ model yet."
-    sample = plan.spec.sample_input(load_run_task(plan, record.run_dir))
-    if sample is None:
-        return None, f"PA attention maps of {name}: skipped, task {plan.spec.name!r} offers no sample input " \
-                     "(TaskSpec.sample_input)."
-    args, kwargs, tokens = sample
-    attentions, mask = encoder_attentions(model, args, kwargs)
-    layers = [i for i, a in enumerate(attentions) if a is not None and "predicted" in a.extras]
-    if not layers:
-        return None, f"PA attention maps of {name}: skipped, the model returned no predicted attention maps."
-    base_attentions = _baseline_attentions(plan, baseline, summary, tokens)
-    causal = getattr(getattr(model, "encoder", None), "causal", False)  # a language model attends backwards only
-    rows = []
-    for i in sorted({layers[0], layers[-1]}):
-        att = attentions[i]
-        maps = []
-        base = base_attentions[i] if i < len(base_attentions) else None
-        if base is not None and base.logits.shape[-2:] == att.logits.shape[-2:]:  # the same tokens
-            label = "baseline" if baseline.name == "baseline" else f"baseline: {baseline.name}"
-            maps.append((label, head_mean_probs(base.logits, mask, causal)))
-        maps += [("PA combined (Eq. 4)", head_mean_probs(att.logits, mask, causal)),
-                 ("CNN-predicted", head_mean_probs(att.extras["predicted"], mask, causal)),
-                 ("self-attention", head_mean_probs(att.extras["self"], mask, causal))]
-        rows.append((f"layer {i + 1}", maps))
-    caption = (f"{name} ({record.name}): attention maps of the sample input, mean over heads. Columns as PA Fig. 8: "
-               "the baseline's map (when it has one), the combined map softmax(alpha CNN(A_prev) + (1-alpha) A), the"
-               " CNN prediction and the layer's own self-attention; rows: the first predicting layer and the last.")
-    return plots.attention_maps(rows, tokens, f"PA attention maps: {name}", path, caption), ""
-
-
-def _mpt_picture(summary: VariantSummary, path: Path) -> tuple[Optional[plots.Picture], str]:
-    panels = []
-    for record in summary.finished():
-        try:
-            model = load_pretrained(record.run_dir / "best")
-        except (CheckpointError, FileNotFoundError):
-            continue
-        weights = model.encoder.connection_weights().numpy()
-        for t, matrix in enumerate(weights):
-            label = f"{record.name}" + (f", pass {t + 1} -> {t + 2}" if len(weights) > 1 else "")
-            panels.append((label, matrix))
-    if not panels:
-        return None, f"MPT soft-connection weights of {summary.name}: skipped, no finished run with a best/ model yet."
-    return plots.soft_connections(panels[:4], f"MPT soft connections: {summary.name}", path), ""
-
-
-def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tuple[list[plots.Picture], list[str]]:
-    """Every figure that applies, and a one-line note for each that applies but could not be drawn."""
-    pictures, notes = [], []
-    baseline = next(s for s in summaries if s.name == plan.settings.baseline)
-    curves = plots.learning_curves({s.name: [r.curve for r in s.runs] for s in summaries},
-                                   metric_label(plan.task.metric),
-                                   baseline.name, directory / "learning_curves.png", curve_axis(plan)[1])
-    if curves is None:
-        notes.append("Learning curves: skipped, no run has validated yet.")
-    else:
-        pictures.append(curves)
-    names = [s.name for s in summaries]
-    units = plan.task.units
-    pictures.append(plots.cost_bars(names, [
-        ("parameters", "parameters (count)", [float(s.planned.parameters) for s in summaries]),
-        (f"MAdds @ {'/'.join(map(str, baseline.planned.lengths))}", "multiply-adds per forward pass",
-         [float(s.planned.madds) for s in summaries]),
-        (f"training {units}/s (measured)", f"{units} per second", [s.speed for s in summaries]),
-        ("peak memory growth", "MiB", [s.memory for s in summaries])], baseline.name, directory / "cost.png"))
-    sg = {s.name: [csv_curve(r.run_dir / "train.csv", "step", "crossformer_sg") for r in s.runs] for s in summaries
-          if _section(s.planned.model, "crossformer").get("soft")}
-    if sg:
-        picture = plots.sg_curves(sg, directory / "crossformer_sg.png")
-        if picture is None:
-            notes.append("Crossformer-SG regulariser: skipped, no logged training step yet.")
-        else:
-            pictures.append(picture)
-    for s in summaries:
-        wanted: list[tuple[str, Callable[[], tuple[Optional[plots.Picture], str]]]] = []
-        if _section(s.planned.model, "predictive"):
-            wanted.append(("PA attention maps", functools.partial(
-                _pa_picture, plan, s, baseline, directory / f"pa_attention_{s.name}.png")))
-        if _section(s.planned.model, "multipass").get("connection") == "soft":
-            wanted.append(("MPT soft-connection weights", functools.partial(
-                _mpt_picture, s, directory / f"mpt_soft_{s.name}.png")))
-        for title, draw in wanted:
-            try:
-                picture, note = draw()
-            except Exception as err:  # a picture must not cost the report of finished runs
-                picture, note = None, f"{title} of {s.name}: could not be drawn ({type(err).__name__}: {err})."
-            if picture is not None:
-                pictures.append(picture)
-            if note:
-                notes.append(note)
-    return pictures, notes
 
 
 # -- what won, in words -----------------------------------------------------------------------------------------
@@ -541,77 +233,12 @@ def steep_warning(plan: Plan, summaries: list[VariantSummary]) -> Optional[str]:
             "trained models; a larger budget may change them.")
 
 
-@dataclass(frozen=True)
-class Environment:
-    """What produced the numbers, for the report's reader to judge whether a re-run should match them."""
-
-    commit: str  # interlayer's git commit ("+ local changes" when the work tree differs), or why it is unknown
-    torch: str
-    device: str
-    threads: str  # torch threads per run and runs at a time
-    wall_seconds: Optional[float]  # this invocation of compare, planning to report
-    load: str  # the 1-minute load average at the start and at the end
-
-    def lines(self) -> list[str]:
-        wall = "–" if self.wall_seconds is None else f"{self.wall_seconds / 60:.1f} min ({self.wall_seconds:.0f} s)"
-        return [f"interlayer commit {self.commit}", f"torch {self.torch}, Python {platform.python_version()}",
-                f"device: {self.device}", f"threads: {self.threads}", f"wall time of this invocation: {wall}",
-                f"load average (1 min): {self.load}"]
-
-
-def git_commit() -> str:
-    """The commit of the interlayer source in use, if it is a git checkout."""
-    source = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout, or git is missing)"
-    return head + (" + local changes" if dirty else "")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> Optional[float]:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def environment(plan: Plan, threads: Optional[int], jobs: int, wall_seconds: Optional[float],
-                load_at_start: Optional[float], cluster: Optional[str] = None) -> Environment:
-    """The environment of a comparison that has just run: ``threads`` is the runner's torch threads per run (a
-    config's ``train.threads`` wins), ``jobs`` the runs at a time; ``cluster`` where the runs ran when they were
-    cluster jobs (the runs' own logs name their nodes)."""
-    device = str(plan.settings.sets.get("train.device", "auto"))
-    if cluster is not None:
-        device_text = f"{device} on {cluster}"
-    elif device in ("auto", "cuda") and torch.cuda.is_available():
-        device_text = f"{device}: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} GPU(s))"
-    else:
-        device_text = f"{device}: CPU, {cpu_name()}, {os.cpu_count()} logical core(s)"
-    per_run = plan.settings.sets.get("train.threads") or threads or (
-        "the job's cores (SLURM_CPUS_PER_TASK, else all)" if cluster else torch.get_num_threads())
-    end = load_average()
-    load = " -> ".join("–" if v is None else f"{v:.2f}" for v in (load_at_start, end)) + " (start -> end)"
-    return Environment(git_commit(), torch.__version__, device_text, f"{per_run} torch thread(s) per run, {jobs} "
-                       "run(s) at a time", wall_seconds, load)
-
-
 # -- writing --------------------------------------------------------------------------------------------------
 @dataclass
 class Report:
+    """What ``write_report`` wrote and what the command prints: the tables, the files, the figures and notes, the
+    verdicts and warnings, the ``--select`` choices."""
+
     table: str  # the comparison table (Markdown pipe format, as printed)
     cost: str  # measured throughput and memory per variant (Markdown, printed after the table)
     markdown: Path
@@ -687,6 +314,9 @@ class Opening:
 
 def opening(plan: Plan, summaries: list[VariantSummary], margin: Optional[float],
             env: Optional[Environment]) -> Opening:
+    """The top of the report: what the verdicts are about (metric, direction, baseline, seeds, margin), which test each
+    comparison used, one sentence per variant, the still-learning warning, and the environment (``env``; none when the
+    report is written outside a compare run)."""
     base = next(s for s in summaries if s.name == plan.settings.baseline)
     seeds = ", ".join(f"{s.name} {len(s.test)}" for s in summaries)
     unit = METRIC_UNITS.get(plan.task.metric)
@@ -836,7 +466,8 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
                  margin: Optional[float] = None, env: Optional[Environment] = None) -> Report:
     """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json`` and ``figures/`` into ``output``;
     ``selections`` are the ``--select`` groups, decided on validation (:mod:`.selection`); ``margin`` the
-    equivalence margin (``--margin``, in the metric's units); ``env`` what produced the runs (:func:`environment`)."""
+    equivalence margin (``--margin``, in the metric's units); ``env`` what produced the runs
+    (:func:`~interlayer.compare.environment.comparison_environment`)."""
     output = Path(output)
     summaries = summarize(plan, output, margin)
     top = opening(plan, summaries, margin, env)

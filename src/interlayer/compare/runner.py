@@ -46,11 +46,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..errors import DamagedResults
 from ..fileio import write_json
 from ..training.concurrency import ForwardedInterrupts, threads_per_run
 from ..training.engine import LAST, LEGACY_LAST
 from . import child
-from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, DamagedResults, read_results
+from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, read_results
 from .plan import Plan, PlannedVariant
 
 RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"
@@ -63,6 +64,8 @@ def run_name(variant: str, seed: int) -> str:
 
 @dataclass
 class RunOutcome:
+    """How one run of a comparison ended in this invocation, for the summary line and ``status.json``."""
+
     name: str
     status: str  # finished | skipped | interrupted | failed | cancelled (a cluster job)
     seconds: float = 0.0
@@ -145,6 +148,11 @@ def _minutes(seconds: float) -> str:
 
 
 class Runner:
+    """Trains a plan's missing runs on this machine, ``jobs`` at a time, each in its own process (so a crash or memory
+    growth stays with that run) with ``cores / jobs`` torch threads and, on GPUs, a device of its own; records each
+    outcome in ``status.json``. Ctrl-C is forwarded to the runs, which save and stop; the next invocation continues
+    them. :class:`~interlayer.compare.launcher.SubmititRunner` is the cluster's counterpart."""
+
     def __init__(self, plan: Plan, output: Path, *, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
         self.plan, self.output, self.jobs, self.echo = plan, Path(output), jobs, echo
         self.threads = threads_per_run(jobs)

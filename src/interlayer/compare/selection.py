@@ -14,22 +14,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import fmean
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .report import VariantSummary
 
 
 @dataclass(frozen=True)
 class Selection:
+    """One ``--select GROUP=V1,V2,...``: the group's name and its candidate variants, in the order given (ties go to the
+    first)."""
+
     group: str
     candidates: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Choice:
+    """A group decided (``chosen``) or not yet (``missing`` runs), with each candidate's mean validation metric."""
+
     selection: Selection
     valid: dict[str, Optional[float]]  # candidate -> mean validation metric over its finished runs
     chosen: Optional[str]  # None until every run of every candidate has finished
@@ -73,7 +75,22 @@ def check_selections(selections: Sequence[Selection], variants: Sequence[str]) -
             seen[candidate] = selection.group
 
 
-def choose(selection: Selection, summaries: Sequence["VariantSummary"], higher_is_better: bool) -> Choice:
+class _Run(Protocol):
+    name: str
+    state: str
+
+
+class Candidate(Protocol):
+    """What a choice reads of a variant's summary (:class:`~interlayer.compare.records.VariantSummary`; this module
+    does not import it, so that ``compare``'s run processes, which import the package, do not load the records and
+    their imports)."""
+
+    name: str
+    valid: list[float]
+    runs: list[_Run]
+
+
+def choose(selection: Selection, summaries: Sequence[Candidate], higher_is_better: bool) -> Choice:
     """The candidate with the best mean validation metric, once all their runs have finished."""
     by_name = {s.name: s for s in summaries}
     valid = {c: fmean(by_name[c].valid) if by_name[c].valid else None for c in selection.candidates}

@@ -294,6 +294,8 @@ class MultiHeadAttention(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """fairseq's initialisation: Xavier-uniform projections, the query/key/value ones scaled by 1/sqrt(2), zero
+        biases."""
         # fairseq's init: q/k/v scaled Xavier (gain 1/sqrt(2)) keeps the logit variance near 1 at the start.
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             if proj is not None:

@@ -26,16 +26,13 @@ and numbered as :func:`~interlayer.core.generation.generate` does, and come back
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .generation import apply_repetition_penalty, left_align, position_ids
-
-if TYPE_CHECKING:
-    from .lm import CausalLM
+from .generation import CausalModel, apply_repetition_penalty, left_align, position_ids
 
 NEG = -1.0e9  # transformers' "impossible" score
 
@@ -54,7 +51,7 @@ def _gather(tensor: Tensor, index: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def beam_search(model: "CausalLM", prompts: Tensor, *, num_beams: int, max_new_tokens: int,
+def beam_search(model: CausalModel, prompts: Tensor, *, num_beams: int, max_new_tokens: int,
                 padding_mask: Optional[Tensor] = None, eos_token_id: Optional[int] = None,
                 pad_token_id: Optional[int] = None, length_penalty: float = 1.0,
                 early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,

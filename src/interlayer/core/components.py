@@ -18,7 +18,8 @@ from .feedforward import FeedForward
 from .layers import DepthConnection, Residual
 from .positions import RelativePositionBias, RelativePositionBias2D, RotaryEmbedding
 
-Side = str  # "encoder" or "decoder"
+# The two stacks of layers: the encoder (a causal LM's stack is its encoder) and the decoder of an encoder-decoder
+StackSide = Literal["encoder", "decoder"]
 SublayerKind = Literal["attn", "cross", "ffn"]
 
 
@@ -27,20 +28,23 @@ class Components:
 
     def __init__(self, cfg: TransformerConfig) -> None:
         self.cfg = cfg
-        self.relative: Callable[[Side, int], Optional[nn.Module]] = self.default_relative
-        self.logit_mixer: Callable[[Side, int], Optional[nn.Module]] = lambda side, index: None
+        self.relative: Callable[[StackSide, int], Optional[nn.Module]] = self.default_relative
+        self.logit_mixer: Callable[[StackSide, int], Optional[nn.Module]] = lambda side, index: None
         # Where a self-attention layer's keys/values come from (attention.KVSource); None: its own projections.
-        self.kv_source: Callable[[Side, int], Optional[nn.Module]] = lambda side, index: None
-        self.self_attention: Callable[[Side, int], nn.Module] = self.default_self_attention
+        self.kv_source: Callable[[StackSide, int], Optional[nn.Module]] = lambda side, index: None
+        self.self_attention: Callable[[StackSide, int], nn.Module] = self.default_self_attention
         self.cross_attention: Callable[[int], nn.Module] = self.default_cross_attention
-        self.ffn: Callable[[Side, int], nn.Module] = self.default_ffn
+        self.ffn: Callable[[StackSide, int], nn.Module] = self.default_ffn
         # The residual connection around each sublayer (side, layer index, which sublayer) and the stack-level
         # hook around and between the layers (None: the plain stack); see core/layers.py.
-        self.residual: Callable[[Side, int, SublayerKind], nn.Module] = self.default_residual
-        self.depth_connection: Callable[[Side], Optional[DepthConnection]] = self.default_depth_connection
+        self.residual: Callable[[StackSide, int, SublayerKind], nn.Module] = self.default_residual
+        self.depth_connection: Callable[[StackSide], Optional[DepthConnection]] = self.default_depth_connection
         self.encoder_class: Optional[type] = None  # None: interlayer.core.encoder.Encoder
 
-    def default_relative(self, side: Side, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
+    def default_relative(self, side: StackSide, index: int, head_dim: Optional[int] = None) -> Optional[nn.Module]:
+        """The core's position module inside the attention of layer ``index``, sized for ``head_dim`` (default: the
+        config's head width): Shaw et al.'s relative bias, PA's 2-D relative bias (encoder only, on the token grid),
+        rotary embeddings, or None for absolute positions."""
         cfg = self.cfg
         head_dim = head_dim or cfg.qk_width // cfg.n_heads
         if cfg.positions == "relative":
@@ -51,7 +55,7 @@ class Components:
             return RotaryEmbedding(head_dim, cfg.max_positions)
         return None
 
-    def default_self_attention(self, side: Side, index: int) -> nn.Module:
+    def default_self_attention(self, side: StackSide, index: int) -> nn.Module:
         cfg = self.cfg
         return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
                                   bias=cfg.bias, relative=self.relative(side, index),
@@ -63,15 +67,15 @@ class Components:
         return MultiHeadAttention(cfg.d_model, cfg.n_heads, qk_dim=cfg.qk_dim, dropout=cfg.attn_dropout,
                                   bias=cfg.bias, force_eager=cfg.attn_impl == "eager")
 
-    def default_residual(self, side: Side, index: int, kind: SublayerKind) -> nn.Module:
+    def default_residual(self, side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
         cfg = self.cfg
         return Residual(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps, cfg.bias)
 
-    def default_depth_connection(self, side: Side) -> Optional[DepthConnection]:
+    def default_depth_connection(self, side: StackSide) -> Optional[DepthConnection]:
         """None: the plain stack (a method that installs one can see whether another did by comparing)."""
         return None
 
-    def default_ffn(self, side: Side, index: int) -> nn.Module:
+    def default_ffn(self, side: StackSide, index: int) -> nn.Module:
         cfg = self.cfg
         return FeedForward(cfg.d_model, cfg.d_ffn, activation=cfg.activation, act_dropout=cfg.act_dropout,
                            bias=cfg.bias)

@@ -5,24 +5,19 @@ Design notes
 * One flat dataclass (nanoGPT style) so that ``--set d_model=256`` works without knowing a nesting scheme.
 * ``validate()`` rejects combinations that cannot work, naming the key and the valid choices, so a bad config
   fails at construction time instead of as a shape error three modules deep.
-* Types do the checking: a choice field is a ``Literal[...]`` and :func:`coerce` (every loader) and
-  :func:`check_choices` (every ``validate``) refuse anything else with one message, so the valid values are
-  written once, in the annotation. This module holds the coercer so that the core and the method sections use
-  it without importing :mod:`interlayer.config`.
+* Types do the checking: a choice field is a ``Literal[...]`` and :func:`~interlayer.config_io.coerce` (every
+  loader) and :func:`~interlayer.config_io.check_choices` (every ``validate``) refuse anything else with one
+  message, so the valid values are written once, in the annotation. The coercer lives in
+  :mod:`interlayer.config_io`, below the core, so that every config family uses it without importing another.
 * The method sections (Crossformer, Multi-Pass, ...) live in :mod:`interlayer.config`, which extends this class;
   the core only ever reads the fields declared here.
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
-import math
-import types
-import typing
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, Optional, Union
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
 
+from ..config_io import check_choices, check_finite
 from ..errors import ConfigError
 from .hf_names import HFConfigNames
 
@@ -35,27 +30,6 @@ Activation = Literal["relu", "gelu", "gelu_tanh"]
 Pooling = Literal["cls", "mean"]
 # "auto": fused SDPA when no option needs the logits; "eager": always explicit
 AttnImpl = Literal["auto", "eager"]
-
-
-def check_finite(cfg: Any, prefix: str = "") -> None:
-    """Refuse NaN and infinite floats anywhere in the dataclass ``cfg`` (nested sections and lists included).
-
-    One check for every config instead of one per field: a range test such as ``0 <= p < 1`` happens to reject
-    NaN, but ``lr <= 0`` does not, and an infinite epsilon or learning rate trains to NaN without a word. Ranges
-    stay with each field's ``validate``; this only asks that every number be a number.
-    """
-
-    def visit(value: Any, key: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r} is not a finite number; give a finite value")
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for f in fields(value):
-                visit(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                visit(item, f"{key}[{i}]")
-
-    visit(cfg, prefix.rstrip("."))
 
 
 @dataclass
@@ -187,99 +161,3 @@ def _divisors(n: int) -> list[int]:
     return [d for d in (1, 2, 4, 8, 16, 32) if n % d == 0]
 
 
-# -- the coercer: mappings to typed dataclasses ---------------------------------------------------------------------
-def unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
-    """The error for a key ``cls`` does not have, with the closest valid key as a suggestion."""
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown key '{prefix}{key}'{hint}; valid keys: {', '.join(sorted(valid)) or 'none'}")
-
-
-def dataclass_from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Instantiate dataclass ``cls`` from a mapping, checking keys and value types (errors name ``prefix+key``)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
-    hints = _hints(cls)
-    names = [f.name for f in fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise unknown_key(key, names, prefix)
-        kwargs[key] = coerce(value, hints[key], prefix + key)
-    obj = cls(**kwargs)
-    check_finite(obj, prefix)
-    return obj
-
-
-def coerce(value: Any, hint: Any, key: str) -> Any:
-    """``value`` as the type ``hint`` asks for, or a :class:`ConfigError` naming ``key``: a ``Literal`` admits its
-    values (the message lists them and suggests the closest), a list admits a comma-separated string, ``Optional``
-    admits null, a dataclass admits a mapping (``True``: its defaults)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if typing.get_origin(inner[0]) is Literal and value not in typing.get_args(inner[0]):
-            raise _not_a_choice(key, value, typing.get_args(inner[0]), nullable=type(None) in args)
-        return coerce(value, inner[0], key)
-    if dataclasses.is_dataclass(hint):
-        return dataclass_from_dict(hint, {} if value is True else value, key + ".")
-    if origin is Literal:
-        if value not in args:
-            raise _not_a_choice(key, value, args)
-        return value
-    if origin in (list, tuple):
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        item = args[0] if args else Any
-        return origin(coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return value
-    return value
-
-
-def check_choices(cfg: Any, prefix: str = "") -> None:
-    """Run :func:`coerce` over every field of the dataclass ``cfg`` whose type names a ``Literal`` (nested sections
-    included): a config built in Python skips the loaders, and its ``validate`` still refuses a value outside the
-    annotation with the loaders' message."""
-    hints = _hints(type(cfg))
-    for f in fields(cfg):
-        value, hint = getattr(cfg, f.name), hints[f.name]
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            check_choices(value, f"{prefix}{f.name}.")
-        elif _names_literal(hint):
-            coerce(value, hint, prefix + f.name)
-
-
-def _not_a_choice(key: str, value: Any, valid: tuple, nullable: bool = False) -> ConfigError:
-    close = difflib.get_close_matches(value, [v for v in valid if isinstance(v, str)], n=1) \
-        if isinstance(value, str) else []
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}"
-                       f"{', or null' if nullable else ''}{hint}")
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _names_literal(hint: Any) -> bool:
-    return typing.get_origin(hint) is Literal or any(_names_literal(arg) for arg in typing.get_args(hint))

@@ -25,6 +25,9 @@ from .layers import ActivationCheckpointing, DecoderLayer, DecoderLayerCache, De
 
 @dataclass
 class DecoderCache:
+    """The incremental decoding state of a decoder stack: one :class:`~interlayer.core.layers.DecoderLayerCache` per
+    layer (self-attention keys/values, the cross-attention's memory projections); ``reorder`` follows beam search."""
+
     layers: list[DecoderLayerCache] = field(default_factory=list)
 
     @property
@@ -39,6 +42,9 @@ class DecoderCache:
 
 @dataclass
 class DecoderOutput:
+    """What the decoder returns: next-token logits, the hidden states they are read from, and each layer's self- and
+    cross-attention intermediates (when asked for)."""
+
     logits: Tensor  # (B, T, V)
     hidden: Tensor  # (B, T, d) before the output projection
     self_attentions: list[Optional[AttentionIntermediates]]
@@ -90,6 +96,12 @@ def run_decoder_layers(layers: nn.ModuleList, x: Tensor, memory: Tensor, *, self
 
 
 class Decoder(nn.Module):
+    """The decoder of an encoder-decoder: target embedding (sharing the token table when the config says so),
+    ``dec_layers`` layers with self-attention (causal unless ``causal_decoder=False``, MCAN's image stack),
+    cross-attention to the encoder's memory and a feed-forward block, and the output projection (tied to the token table
+    with ``tie_output``). Built from the components' decoder-side factories, so methods reach it as they reach the
+    encoder."""
+
     def __init__(self, cfg: TransformerConfig, components: Components, tokens: nn.Embedding) -> None:
         super().__init__()
         self.embed = InputEmbedding(cfg, tokens)

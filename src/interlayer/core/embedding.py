@@ -29,6 +29,10 @@ def make_token_embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embed
 
 
 class InputEmbedding(nn.Module):
+    """A stack's input: the token table (scaled by sqrt(d) with ``embed_scale``), absolute positions (sinusoidal or
+    learned, numbered from 0 or RoBERTa's way after the pad id; relative and rotary positions live in the attention),
+    segment embeddings for sentence pairs, then the optional LayerNorm and dropout."""
+
     def __init__(self, cfg: TransformerConfig, tokens: Optional[nn.Embedding]) -> None:
         super().__init__()
         self.tokens = tokens

@@ -56,6 +56,9 @@ class StateViews(Sequence[Tensor]):
 
 @dataclass
 class EncoderOutput:
+    """What an encoder stack returns: its output and padding, and what methods and pictures read of each layer (outputs,
+    mid-layer states, attention intermediates); ``exits`` for models trained on several outputs."""
+
     hidden: Tensor  # (B, T, d) the encoder's output (after the final LayerNorm in pre-LN)
     padding_mask: Optional[Tensor]  # (B, T) True at padding
     states: Sequence[Tensor]  # each layer's output, before the final LayerNorm (a list, or StateViews)
@@ -68,6 +71,14 @@ class EncoderOutput:
 
 
 class Encoder(nn.Module):
+    """The encoder stack: the input embedding, ``enc_layers`` self-attention layers built from the components' factories
+    (so every method reaches them), the optional depth connection around them, and the final LayerNorm in pre-LN.
+
+    It is also a causal language model's stack (``arch="causal_lm"``: ``causal`` set, a ``KVCache`` per layer when
+    decoding). Methods that run the stack differently subclass it and override :meth:`process` (Multi-Pass);
+    :meth:`run_layers` is the one loop, where each layer's logits reach the next layer's mixer and the K/V history
+    reaches the layers that read it."""
+
     def __init__(self, cfg: TransformerConfig, components: Components, tokens: Optional[nn.Embedding]) -> None:
         super().__init__()
         self.pad_id = cfg.pad_id

@@ -11,6 +11,9 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, appr
 
 
 class FeedForward(nn.Module):
+    """The position-wise feed-forward block ``fc2(dropout(act(fc1(x))))`` (Vaswani et al. 2017, Eq. 2),
+    Xavier-initialised with zero biases as fairseq; the names ``fc1``/``fc2`` are what weight-sharing methods tie."""
+
     def __init__(self, d_model: int, d_ffn: int, *, activation: str = "relu", act_dropout: float = 0.0,
                  bias: bool = True) -> None:
         super().__init__()

@@ -1,10 +1,10 @@
 """Sampling from a causal language model: greedy, temperature, top-k and top-p; batched prompts; the KV cache.
 
-* **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row
-  (prompt included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019,
-  as ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the
-  logits are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set whose
-  probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
+* **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row (prompt
+  included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019, as
+  ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the logits
+  are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set
+  whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
   from ``generator`` when one is given (a seeded run is reproducible).
 * **Batches of prompts of different lengths** come as one ``(B, T)`` tensor and a ``padding_mask`` (True at
   padding), padded on the left, on the right, or anywhere: each row's real tokens are first moved, in order, to
@@ -42,7 +42,7 @@
   filled with ``eos_id`` and ``Generation.lengths`` says how many tokens (EOS included) it produced.
 
 The loop (:func:`generate`) asks a *decoder* for the next-token logits, first after the prompt
-(:meth:`Decoder.first`) and then after each chosen token (:meth:`Decoder.next`); the decoders are recomputing
+(:meth:`TokenDecoder.first`) and then after each chosen token (:meth:`TokenDecoder.next`); the decoders are recomputing
 (:class:`Recompute`), cached (:class:`Cached`, static or growing) and compiled (:class:`Compiled`), and another
 search (beam search) can drive them the same way.
 """
@@ -52,21 +52,46 @@ import abc
 import math
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .attention import KVCache
-
-if TYPE_CHECKING:
-    from .lm import CausalLM
 
 CAPACITY_STEP = 64  # a compiled step's cache capacity is a multiple of this: nearby lengths share one compilation
 
 
+class CausalModel(Protocol):
+    """What generation reads of a causal language model (:class:`~interlayer.core.lm.CausalLM`). ``core/lm.py``
+    imports this module (and :mod:`.hf_generation`, :mod:`.beam_search`), so they name the model by what they use
+    of it rather than import it back: the package has no import circle, ``TYPE_CHECKING`` imports included."""
+
+    encoder: nn.Module  # the stack: its ``layers`` (a predictive mixer's kernel decides the compiled decoder)
+    lm_head: nn.Linear
+    max_positions: int
+    supports_cache: bool
+    training: bool
+
+    def __call__(self, input_ids: Tensor, **kwargs: Any) -> Any: ...
+
+    def new_cache(self, capacity: Optional[int] = None) -> list[KVCache]: ...
+
+    def generation_defaults(self) -> dict[str, Any]: ...
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
+    """How :func:`generate` picks tokens and how long it goes on: the length, temperature (0: greedy), top-k, top-p,
+    repetition penalty, the end-of-sequence id, and whether to use the KV cache (None: when the model supports one) and
+    a compiled step."""
+
     max_new_tokens: int = 100
     temperature: float = 1.0  # 0: greedy decoding
     top_k: int = 0  # > 0: sample among the k most likely tokens only (all of them when k exceeds the vocabulary)
@@ -106,6 +131,8 @@ class SamplingOptions:
 
 @dataclass
 class Generation:
+    """The prompts followed by their continuations, and how many tokens each row produced (EOS included)."""
+
     tokens: Tensor  # (B, N) the new tokens; after a row's eos_id, eos_id again
     lengths: Tensor  # (B,) how many of them each row produced, its eos_id included
 
@@ -179,7 +206,7 @@ class Sequence:
         return tokens, mask, position_ids(mask)
 
 
-class Decoder(abc.ABC):
+class TokenDecoder(abc.ABC):
     """Next-token logits (B, V): after the prompt (:meth:`first`), then after each token chosen (:meth:`next`,
     called once the token is in the :class:`Sequence`)."""
 
@@ -190,10 +217,10 @@ class Decoder(abc.ABC):
     def next(self, chosen: Tensor) -> Tensor: ...
 
 
-class Recompute(Decoder):
+class Recompute(TokenDecoder):
     """No cache: every step reads the last ``max_positions`` tokens again, numbered from 0 (nanoGPT's window)."""
 
-    def __init__(self, model: "CausalLM", sequence: Sequence) -> None:
+    def __init__(self, model: CausalModel, sequence: Sequence) -> None:
         self.model, self.sequence = model, sequence
 
     def first(self) -> Tensor:
@@ -204,11 +231,11 @@ class Recompute(Decoder):
         return self.first()
 
 
-class Cached(Decoder):
+class Cached(TokenDecoder):
     """The prompt once, then one token per step through the layers' caches: static (allocated for every position
     the model will read, written in place) or growing; past ``max_positions`` the window slides without it."""
 
-    def __init__(self, model: "CausalLM", sequence: Sequence, static: bool, new_tokens: int) -> None:
+    def __init__(self, model: CausalModel, sequence: Sequence, static: bool, new_tokens: int) -> None:
         self.model, self.sequence = model, sequence
         # the last token chosen is never read, so the cache needs the prompt and new_tokens - 1 positions
         capacity = min(sequence.prompt_length + new_tokens - 1, model.max_positions) if static else None
@@ -243,7 +270,7 @@ class FixedShapeStep:
     model is an argument of every call, not an attribute: the step is kept in a weak dictionary keyed by the model,
     which a reference from the step would keep alive."""
 
-    def __init__(self, model: "CausalLM", batch: int, capacity: int, padded: bool, device: torch.device,
+    def __init__(self, model: CausalModel, batch: int, capacity: int, padded: bool, device: torch.device,
                  backend: Union[str, Callable[..., Any]]) -> None:
         self.capacity = capacity
         self.position = torch.zeros((), dtype=torch.long, device=device)
@@ -253,14 +280,14 @@ class FixedShapeStep:
         self.mask = torch.zeros((batch, capacity), dtype=torch.bool, device=device) if padded else None
         self.cuda_graphs = device.type == "cuda" and backend == "inductor"
         mode = "reduce-overhead" if self.cuda_graphs else None
-        self.compiled: Callable[["CausalLM", Tensor, Tensor], Tensor] = torch.compile(
+        self.compiled: Callable[[CausalModel, Tensor, Tensor], Tensor] = torch.compile(
             self._step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
         self._static_marked = False
 
-    def _step(self, model: "CausalLM", tokens: Tensor, positions: Tensor) -> Tensor:
+    def _step(self, model: CausalModel, tokens: Tensor, positions: Tensor) -> Tensor:
         return model(tokens, padding_mask=self.mask, position_ids=positions, cache=self.caches).logits[:, -1]
 
-    def prefill(self, model: "CausalLM", tokens: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]
+    def prefill(self, model: CausalModel, tokens: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]
                 ) -> Tensor:
         """The prompt (eager; it allocates the buffers the first time), from position 0 of emptied caches."""
         for cache in self.caches:
@@ -278,7 +305,7 @@ class FixedShapeStep:
             self._static_marked = True
         return logits[:, -1]
 
-    def __call__(self, model: "CausalLM", tokens: Tensor, positions: Tensor) -> Tensor:
+    def __call__(self, model: CausalModel, tokens: Tensor, positions: Tensor) -> Tensor:
         """Logits after ``tokens`` (B, 1) at ``positions`` (B, 1), written at the cache's ``position``, which then
         advances by one."""
         if self.cuda_graphs:
@@ -292,7 +319,7 @@ class FixedShapeStep:
 _STEPS: "weakref.WeakKeyDictionary[Any, tuple[tuple, FixedShapeStep]]" = weakref.WeakKeyDictionary()
 
 
-def compiled_step(model: "CausalLM", batch: int, capacity: int, padded: bool, device: torch.device,
+def compiled_step(model: CausalModel, batch: int, capacity: int, padded: bool, device: torch.device,
                   backend: Union[str, Callable[..., Any]]) -> FixedShapeStep:
     """The model's compiled step for these shapes: the one kept from an earlier call, or a new one."""
     autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
@@ -306,16 +333,16 @@ def compiled_step(model: "CausalLM", batch: int, capacity: int, padded: bool, de
     return step
 
 
-def release_compiled_step(model: "CausalLM") -> None:
+def release_compiled_step(model: CausalModel) -> None:
     """Drop the compiled step kept for ``model`` (module docstring) and with it its caches' memory; the next
     ``compile=True`` call builds a new one. (It also goes when the model does.)"""
     _STEPS.pop(model, None)
 
 
-class Compiled(Decoder):
+class Compiled(TokenDecoder):
     """The prompt (eager), then the compiled fixed-shape step per token; past ``max_positions``, the window."""
 
-    def __init__(self, model: "CausalLM", sequence: Sequence, new_tokens: int,
+    def __init__(self, model: CausalModel, sequence: Sequence, new_tokens: int,
                  backend: Union[str, Callable[..., Any]]) -> None:
         mixers = [i for i, layer in enumerate(model.encoder.layers)
                   if getattr(layer.self_attn, "logit_mixer", None) is not None]
@@ -345,7 +372,7 @@ class Compiled(Decoder):
         return logits
 
 
-def decoder_for(model: "CausalLM", sequence: Sequence, options: SamplingOptions) -> Decoder:
+def decoder_for(model: CausalModel, sequence: Sequence, options: SamplingOptions) -> TokenDecoder:
     """The decoder the options ask for (module docstring); a prompt longer than the context is read without a
     cache, as every later window is."""
     use_cache = model.supports_cache if options.use_cache is None else options.use_cache
@@ -359,7 +386,7 @@ def decoder_for(model: "CausalLM", sequence: Sequence, options: SamplingOptions)
 
 
 @torch.no_grad()
-def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = SamplingOptions(), *,
+def generate(model: CausalModel, prompts: Tensor, options: SamplingOptions = SamplingOptions(), *,
              padding_mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Generation:
     """Continue each row of ``prompts`` (B, T) by up to ``options.max_new_tokens`` tokens (eval mode; the
     model's mode is restored afterwards)."""
@@ -415,7 +442,7 @@ def generate(model: "CausalLM", prompts: Tensor, options: SamplingOptions = Samp
 
 
 @torch.no_grad()
-def kv_cache_bytes_per_token(model: "CausalLM", tokens: int = 4) -> int:
+def kv_cache_bytes_per_token(model: CausalModel, tokens: int = 4) -> int:
     """Bytes of keys and values the model's cache holds per token of one sequence, measured: ``tokens`` tokens are
     read with a fresh cache (``model.new_cache()``) in the parameters' dtype, and the bytes every layer keeps
     (:attr:`~interlayer.core.attention.KVCache.nbytes`) are divided by ``tokens``. For a plain model this is

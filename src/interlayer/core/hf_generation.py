@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
+from ..errors import UnsupportedGenerationOption
 from .beam_search import beam_search
-from .generation import SamplingOptions, generate
-
-if TYPE_CHECKING:
-    from .lm import CausalLM
+from .generation import CausalModel, SamplingOptions, generate
 
 DEFAULTS: dict[str, Any] = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0,
                                 num_beams=1, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
@@ -43,10 +41,6 @@ SUPPORTED = (*DEFAULTS, "max_new_tokens", "max_length", "eos_token_id", "pad_tok
 # GenerationConfig entries that say nothing about decoding (bookkeeping, or what interlayer models always do)
 IGNORED = ("transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash",
            "output_attentions", "output_hidden_states", "decoder_start_token_id", "is_assistant")
-
-
-class UnsupportedGenerationOption(ValueError):
-    """A ``generate`` option :func:`~interlayer.core.generation.generate_like_hf` does not implement."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +65,9 @@ class HFGenerationSettings:
 
 @dataclass
 class GenerateOutput:
-    """``return_dict_in_generate=True``: ``transformers``' ``GenerateDecoderOnlyOutput`` / ``GenerateBeamDecoderOnlyOutput``
-    fields that interlayer fills: the sequences (prompts and continuations) and, for beam search, each returned
-    sequence's score (its summed log-probabilities over ``length ** length_penalty``)."""
+    """``return_dict_in_generate=True``: ``transformers``' ``GenerateDecoderOnlyOutput`` /
+    ``GenerateBeamDecoderOnlyOutput`` fields that interlayer fills: the sequences (prompts and continuations) and, for
+    beam search, each returned sequence's score (its summed log-probabilities over ``length ** length_penalty``)."""
 
     sequences: Tensor
     sequences_scores: Optional[Tensor] = None
@@ -162,22 +156,22 @@ def resolve_settings(model_defaults: dict[str, Any], generation_config: Any, kwa
         return_dict_in_generate=bool(options["return_dict_in_generate"]))
 
 
-def generate_like_hf(model: "CausalLM", input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
+def generate_like_hf(model: CausalModel, input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
                      generator: Optional[torch.Generator] = None, generation_config: Any = None,
                      **options: Any) -> Union[Tensor, GenerateOutput]:
     """``transformers``' ``generate``: the prompts followed by their continuations.
 
-    ``options`` and ``generation_config`` are ``transformers``' (``max_new_tokens``, ``max_length``,
-    ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``num_beams``,
-    ``length_penalty``, ``early_stopping``, ``num_return_sequences``, ``eos_token_id``, ``pad_token_id``,
-    ``use_cache``, ``return_dict_in_generate``), resolved over the model's own settings and ``transformers``'
-    defaults as ``transformers`` resolves them (module docstring; another option raises
-    :class:`UnsupportedGenerationOption`). ``num_beams > 1`` is beam search
-    (:mod:`interlayer.core.beam_search`), otherwise :func:`~interlayer.core.generation.generate`. A row that produced ``eos_token_id`` is filled
-    with ``pad_token_id`` (``eos_token_id`` when none is given), and the batch stops once every row has. The prompts
-    come back as given, padding and all (left padding is what transformers expects, and any padding works here:
-    see :mod:`interlayer.core.generation`); ``return_dict_in_generate`` wraps them in a
-    :class:`GenerateOutput` (with beam search, the sequences' scores too).
+    ``options`` and ``generation_config`` are ``transformers``' (``max_new_tokens``, ``max_length``, ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``num_beams``, ``length_penalty``,
+    ``early_stopping``, ``num_return_sequences``, ``eos_token_id``, ``pad_token_id``, ``use_cache``,
+    ``return_dict_in_generate``), resolved over the model's own settings and ``transformers``' defaults as
+    ``transformers`` resolves them (module docstring; another option raises :class:`UnsupportedGenerationOption`).
+    ``num_beams > 1`` is beam search (:mod:`interlayer.core.beam_search`), otherwise
+    :func:`~interlayer.core.generation.generate`. A row that produced ``eos_token_id`` is filled with ``pad_token_id``
+    (``eos_token_id`` when none is given), and the batch stops once every row has. The prompts come back as given,
+    padding and all (left padding is what transformers expects, and any padding works here: see
+    :mod:`interlayer.core.generation`); ``return_dict_in_generate`` wraps them in a :class:`GenerateOutput` (with beam
+    search, the sequences' scores too).
     """
     settings = resolve_settings(model.generation_defaults(), generation_config, options, input_ids.shape[-1])
     scores = None

@@ -6,12 +6,16 @@ Code written for ``transformers`` reads ``model.config.vocab_size``, ``hidden_si
 interlayer's dataclass (its fields are what is saved, validated and overridden); :class:`HFConfigNames` adds
 those names as properties:
 
-* **views of fields**, read and written through: ``vocab_size`` = ``src_vocab_size``, ``hidden_size`` =
-  ``d_model``, ``num_hidden_layers`` = ``enc_layers`` (the layers of the stack a language model or classifier
-  runs; an encoder-decoder's encoder), ``num_attention_heads`` = ``n_heads``, ``intermediate_size`` = ``d_ffn``,
-  ``max_position_embeddings`` and GPT-2's ``n_positions`` = ``max_positions``, ``hidden_act`` = ``activation``,
-  ``num_labels`` = ``num_classes``, ``tie_word_embeddings`` = ``tie_output``; read only: ``model_type``
-  (``"interlayer"``, what an interlayer folder's ``config.json`` says for ``transformers``), ``is_encoder_decoder``;
+* **views of fields** (:data:`FIELD_NAMES`), read and written through: ``vocab_size`` = ``src_vocab_size``,
+  ``hidden_size`` = ``d_model``, ``num_hidden_layers`` = ``enc_layers`` (the layers of the stack a language model
+  or classifier runs; an encoder-decoder's encoder), ``num_attention_heads`` = ``n_heads``, ``intermediate_size``
+  = ``d_ffn``, ``max_position_embeddings`` = ``max_positions``, ``hidden_act`` = ``activation``, ``num_labels`` =
+  ``num_classes``, ``tie_word_embeddings`` = ``tie_output``, and GPT-2's names, which nanoGPT shares: ``n_layer``,
+  ``n_head``, ``n_embd``, ``n_inner``, ``n_positions``. The same names are accepted as input wherever a config is
+  given (a config file, ``--set``, ``create_model(..., n_layer=4)``): :data:`FIELD_ALIASES`, which the coercer
+  reads (:func:`interlayer.config_io.dataclass_from_dict`); a config is saved under its own field names. Read only:
+  ``model_type`` (``"interlayer"``, what an interlayer folder's ``config.json`` says for ``transformers``),
+  ``is_encoder_decoder``;
 * **settings a run or an import gives, not fields**: ``bos_token_id``, ``eos_token_id``, ``pad_token_id`` (by
   default ``pad_id`` for models with a padding token, None for a language model, which pads with a mask),
   ``id2label``/``label2id`` (default ``LABEL_0`` ...), ``use_cache`` (True), kept beside the fields (not saved in
@@ -25,6 +29,25 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 MODEL_TYPE = "interlayer"  # config.json's model_type for transformers (pretrained/hf_config.py)
+# Other libraries' name of a field -> (the field, what it is): transformers' generic names and GPT-2's (nanoGPT's)
+FIELD_NAMES: dict[str, tuple[str, str]] = {
+    "vocab_size": ("src_vocab_size", "the token table's rows"),
+    "hidden_size": ("d_model", "the model width"),
+    "num_hidden_layers": ("enc_layers", "the layers of the (encoder) stack"),
+    "num_attention_heads": ("n_heads", "attention heads per layer"),
+    "intermediate_size": ("d_ffn", "the feed-forward hidden width"),
+    "max_position_embeddings": ("max_positions", "the longest input the positions number"),
+    "hidden_act": ("activation", "the feed-forward activation"),
+    "num_labels": ("num_classes", "a classifier's classes"),
+    "tie_word_embeddings": ("tie_output", "whether the output projection is the token table"),
+    "n_layer": ("enc_layers", "GPT-2's (and nanoGPT's) name of num_hidden_layers"),
+    "n_head": ("n_heads", "GPT-2's (and nanoGPT's) name of num_attention_heads"),
+    "n_embd": ("d_model", "GPT-2's (and nanoGPT's) name of hidden_size"),
+    "n_inner": ("d_ffn", "GPT-2's name of intermediate_size"),
+    "n_positions": ("max_positions", "GPT-2's name of max_position_embeddings"),
+}
+# The input keys the coercer accepts for a field besides its own name (name -> field)
+FIELD_ALIASES: dict[str, str] = {name: field for name, (field, _) in FIELD_NAMES.items()}
 SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id", "use_cache")
 
 
@@ -53,20 +76,19 @@ def _labels(cfg: Any) -> Optional[dict[int, str]]:
     return {i: f"LABEL_{i}" for i in range(cfg.num_classes)} if cfg.num_classes else None
 
 
+def _with_views(cls: type) -> type:
+    """``cls`` with a property per :data:`FIELD_NAMES` entry, a view of its field."""
+    for name, (field, doc) in FIELD_NAMES.items():
+        setattr(cls, name, _view(field, doc))
+    return cls
+
+
+@_with_views
 class HFConfigNames:
     """The module docstring's names as properties of a config dataclass with the core's fields."""
 
+    FIELD_ALIASES = FIELD_ALIASES  # read by interlayer.config_io.dataclass_from_dict
     model_type = property(lambda self: MODEL_TYPE, doc="what transformers' AutoConfig knows interlayer models by")
-    vocab_size = _view("src_vocab_size", "the token table's rows")
-    hidden_size = _view("d_model", "the model width")
-    num_hidden_layers = _view("enc_layers", "the layers of the (encoder) stack")
-    num_attention_heads = _view("n_heads", "attention heads per layer")
-    intermediate_size = _view("d_ffn", "the feed-forward hidden width")
-    max_position_embeddings = _view("max_positions", "the longest input the positions number")
-    n_positions = _view("max_positions", "GPT-2's name of max_position_embeddings")
-    hidden_act = _view("activation", "the feed-forward activation")
-    num_labels = _view("num_classes", "a classifier's classes")
-    tie_word_embeddings = _view("tie_output", "whether the output projection is the token table")
     is_encoder_decoder = property(lambda self: self.arch == "encoder_decoder")
     bos_token_id = _setting("bos_token_id", lambda cfg: None, "the first token a language model generates from")
     eos_token_id = _setting("eos_token_id", lambda cfg: None, "the token that ends a generated sequence")

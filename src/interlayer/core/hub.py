@@ -232,7 +232,7 @@ class PretrainedMixin:
         mode, as ``transformers``' ``from_pretrained`` returns models.
 
         It must be an instance of this class (``EncoderClassifier.from_pretrained`` refuses an image model);
-        ``hf_options`` go to :func:`~interlayer.pretrained.from_hf` for Hugging Face folders; ``torch_dtype`` is
+        ``hf_options`` go to :func:`~interlayer.pretrained.hf.from_hf` for Hugging Face folders; ``torch_dtype`` is
         ``transformers``' older name of ``dtype``.
         """
         if torch_dtype is not None:

@@ -41,6 +41,9 @@ from .outputs import HFOutputMixin, attentions, hidden_states, one_of, padding_f
 
 @dataclass
 class CausalLMOutput(HFOutputMixin):
+    """What the language model returns: next-token logits (per exit too, for multi-exit training), the stack's output,
+    auxiliary losses, and the Hugging Face extras asked for by keyword (the loss with ``labels``)."""
+
     logits: Tensor  # (B, T, V): next-token logits at every position given
     encoder: EncoderOutput  # the stack's output (hidden states, per-layer attentions on request)
     exit_logits: Optional[list[Tensor]] = None  # one per stack exit when the stack has several (Multi-Pass)

@@ -40,6 +40,10 @@ class Seq2SeqOutput(HFOutputMixin):
 
 @dataclass
 class ClassifierOutput(HFOutputMixin):
+    """What a classifier returns: class logits, the encoder's output, the pooled vector, per-exit logits (multi-exit
+    training) and auxiliary losses, and the Hugging Face extras asked for by keyword (``loss`` with ``labels``, hidden
+    states, attentions)."""
+
     logits: Tensor  # (B, num_classes)
     encoder: EncoderOutput
     pooled: Tensor  # (B, d)
@@ -79,6 +83,12 @@ class _AuxLossMixin:
 
 
 class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
+    """The sequence-to-sequence Transformer (``arch="encoder_decoder"``, Vaswani et al. 2017): an
+    :class:`~interlayer.core.encoder.Encoder` (or the class a method installs) and a
+    :class:`~interlayer.core.decoder.Decoder`, their token tables shared with ``share_embeddings``. :meth:`encode` and
+    :meth:`decode` are the two halves translation's beam search drives; ``forward`` runs both with the methods'
+    auxiliary losses."""
+
     def __init__(self, cfg: TransformerConfig, components: Components) -> None:
         super().__init__()
         self.pad_id = cfg.pad_id
@@ -161,6 +171,8 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
         track_ties(self)  # each tied tensor once in state dicts
 
     def pool(self, hidden: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        """The sentence vector: the first token's state (``pooling="cls"``) or the mean over the real tokens, through
+        the pooler (a tanh layer) when the model has one."""
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         elif padding_mask is None:

@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from ..fileio import read_json, write_atomic
 from ..errors import DataError
+from ..fileio import read_json, write_atomic
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -34,6 +34,8 @@ class SubwordVocab:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> "SubwordVocab":
+        """A BPE vocabulary of ``vocab_size`` pieces (the fixed specials first) learned from ``texts`` (the training
+        split), keeping merges seen at least ``min_frequency`` times."""
         tokenizer = Tokenizer(models.BPE(unk_token=UNK))
         tokenizer.normalizer = normalizers.NFKC()
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()

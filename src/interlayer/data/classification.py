@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from ..errors import DataError
 from ..fileio import read_json, write_atomic
 from .text import PathLike, iter_lines
-from ..errors import DataError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID = 0, 1, 2, 3
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
@@ -45,6 +45,8 @@ _TOKEN = re.compile(r"\w+(?:['\-]\w+)*|'\w+|[^\w\s]")
 
 @dataclass(frozen=True)
 class Example:
+    """One text-classification example: a sentence (or a pair) and its label."""
+
     text_a: str
     label: int
     text_b: Optional[str] = None
@@ -177,6 +179,8 @@ class WordVocab:
 
     @classmethod
     def load(cls, directory: PathLike) -> "WordVocab":
+        """The vocabulary a text-classification run saved in ``directory`` (read inside it), checked: the fields it was
+        written with and the special tokens this code expects."""
         path = Path(directory) / VOCAB_FILE
         if not os.path.lexists(path):
             raise FileNotFoundError(f"{directory} has no {VOCAB_FILE}: pass a run directory or a model folder "
@@ -192,6 +196,8 @@ class WordVocab:
 
 @dataclass(frozen=True)
 class Encoded:
+    """An example's token ids, segment ids for a pair, and whether the length limit cut it."""
+
     ids: list[int]
     segments: list[int]
     truncated: bool

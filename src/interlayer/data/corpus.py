@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from ..errors import DataError
 from .parallel import resolve_path
 from .text import nul_refusal
-from ..errors import DataError
 
 PathLike = Union[str, Path]
 SPLITS = ("train", "valid", "test")
@@ -64,7 +64,7 @@ def strip_gutenberg(text: str) -> str:
     return text.strip("\n") + "\n" if (starts or end) else text
 
 
-def read_text(path: PathLike) -> str:
+def read_corpus_text(path: PathLike) -> str:
     """A whole UTF-8 file (``.gz`` allowed), ``\\r\\n`` as ``\\n``; undecodable bytes raise naming the offset."""
     path = Path(path)
     if not path.is_file():
@@ -87,6 +87,8 @@ def read_text(path: PathLike) -> str:
 
 @dataclass
 class Corpus:
+    """A language-modelling corpus: the text of each split, and where it came from (for messages and the record)."""
+
     train: str
     valid: str
     test: str
@@ -149,7 +151,7 @@ def corpus_files(path: str) -> CorpusFiles:
 def document_text(path: Path, gutenberg: bool) -> str:
     """One document of a folder as the corpus joins it: read strictly, Gutenberg's wrappers cut off (``gutenberg``),
     without leading and trailing blank lines."""
-    return (strip_gutenberg(read_text(path)) if gutenberg else read_text(path)).strip("\n")
+    return (strip_gutenberg(read_corpus_text(path)) if gutenberg else read_corpus_text(path)).strip("\n")
 
 
 def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float = 0.05,
@@ -158,7 +160,7 @@ def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float
     found = corpus_files(path)
     clean = strip_gutenberg if gutenberg else (lambda text: text)
     if found.splits is not None:
-        texts = {name: _nonempty(clean(read_text(file)), str(file)) if file is not None else ""
+        texts = {name: _nonempty(clean(read_corpus_text(file)), str(file)) if file is not None else ""
                  for name, file in found.splits.items()}
         return Corpus(**texts, description=f"{found.root} (split files: "
                                            f"{', '.join(f.name for f in found.splits.values() if f is not None)})")
@@ -166,7 +168,7 @@ def load_corpus(path: str, *, valid_fraction: float = 0.05, test_fraction: float
         text = DOCUMENT_SEPARATOR.join(document_text(p, gutenberg) for p in found.documents) + "\n"
         where = f"{found.root} ({len(found.documents)} documents)"
     else:
-        text, where = clean(read_text(found.root)), str(found.root)
+        text, where = clean(read_corpus_text(found.root)), str(found.root)
     return split_by_fraction(_nonempty(text, where), valid_fraction, test_fraction, where)
 
 
@@ -201,12 +203,12 @@ def build_shakespeare(source: PathLike, target: PathLike) -> dict[str, list[str]
     files carry no name or time stamp, so the output is byte-for-byte reproducible. Returns the titles per split.
     """
     source, target = Path(source), Path(target)
-    rows = [line.split("\t") for line in read_text(source / "metadata.tsv").splitlines()[1:] if line.strip()]
+    rows = [line.split("\t") for line in read_corpus_text(source / "metadata.tsv").splitlines()[1:] if line.strip()]
     held_out = {stem: split for split, stems in SHAKESPEARE_SPLITS.items() for stem in stems}
     works: dict[str, list[tuple[str, str]]] = {name: [] for name in SPLITS}
     for file, title, _ in rows:
         stem = file.removesuffix("_gut.txt")
-        works[held_out.get(stem, "train")].append((title, strip_gutenberg(read_text(source / file)).strip("\n")))
+        works[held_out.get(stem, "train")].append((title, strip_gutenberg(read_corpus_text(source / file)).strip("\n")))
     missing = [stem for stem in held_out if not any(stem + "_gut.txt" == row[0] for row in rows)]
     if missing:
         raise DataError(f"{source}: held-out works {missing} are not in metadata.tsv")

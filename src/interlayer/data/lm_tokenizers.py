@@ -35,11 +35,11 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch import Tensor
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import Tensor
 
-from ..fileio import read_json, write_atomic
 from ..errors import DataError
+from ..fileio import read_json, write_atomic
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -101,6 +101,9 @@ class LMTokenizerMixin:
 
 
 class CharTokenizer(LMTokenizerMixin):
+    """Every character of the training text is a token (nanoGPT's ``shakespeare_char``), in sorted order; saved with the
+    run, so a resumed or evaluated run reads the same ids."""
+
     kind = "char"
 
     def __init__(self, chars: Sequence[str]) -> None:
@@ -170,6 +173,9 @@ CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=\n)")
 
 
 class ByteBPETokenizer(LMTokenizerMixin):
+    """GPT-2's byte-level BPE trained with ``tokenizers`` on the training split (or a checkpoint's vocabulary and
+    merges): lossless, no normaliser, no special tokens; each token's UTF-8 bytes are known (bits per byte)."""
+
     kind = "bpe"
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -300,7 +306,7 @@ def lm_tokenizer_kind(directory: Path) -> Optional[Kind]:
     return wrapper.get("kind") if isinstance(wrapper, dict) and wrapper.get("kind") in ("char", "bpe") else None
 
 
-def load_tokenizer(directory: Path) -> LMTokenizer:
+def load_lm_tokenizer(directory: Path) -> LMTokenizer:
     """The language-model tokenizer saved in ``directory``, in the format of :func:`save_tokenizer` or the one
     before it (``{"kind": "char", "chars": ...}`` / ``{"kind": "bpe", "tokenizer": ...}``)."""
     path = Path(directory) / TOKENIZER_FILE

@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .text import PathLike, read_lines
 from ..errors import DataError
+from .text import PathLike, read_lines
 
 MAX_LINE_CHARS = 4096
 
 
 @dataclass
 class ParallelCorpus:
+    """Line-aligned source and target sentences of one split, and the files they were read from."""
+
     source: list[str]
     target: list[str]
     source_path: str
@@ -31,6 +33,9 @@ class ParallelCorpus:
 
 def read_parallel(source_path: PathLike, target_path: PathLike, *, drop_blank: bool = False,
                   max_chars: int = MAX_LINE_CHARS) -> ParallelCorpus:
+    """The sentence pairs of two line-aligned files (plain or .gz): files of different lengths are refused naming where
+    the shorter ends; a blank line is refused naming it, or with ``drop_blank`` (training data) the pair is dropped and
+    counted; lines longer than ``max_chars`` are refused."""
     src = read_lines(source_path, max_chars=max_chars)
     tgt = read_lines(target_path, max_chars=max_chars)
     if len(src) != len(tgt):

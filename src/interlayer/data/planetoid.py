@@ -52,9 +52,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import DataError
 from .parallel import resolve_path
 from .text import iter_lines
-from ..errors import DataError
 
 PathLike = Union[str, Path]
 RAW_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
@@ -156,6 +156,8 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def safe_unpickle(path: PathLike) -> Any:
+    """One of the publisher's Planetoid pickles (``ind.cora.x`` ...), read with :class:`SafeUnpickler`, which builds
+    only the array types these files hold (never runs code); anything else is a :class:`DataError` naming the file."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -355,6 +357,8 @@ def save_npz(graph: PlanetoidGraph, path: PathLike) -> Path:
 
 
 def load_npz(path: PathLike) -> PlanetoidGraph:
+    """A graph from interlayer's ``.npz`` form (:func:`save_npz`; the bundled Cora and Citeseer), read without pickles,
+    its arrays checked against one another (:func:`_check_graph`)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")

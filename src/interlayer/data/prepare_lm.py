@@ -39,10 +39,18 @@ from tqdm import tqdm
 
 from ..errors import ConfigError, DataError
 from ..fileio import write_atomic
-from .corpus import (DOCUMENT_SEPARATOR, SPLITS, CorpusFiles, corpus_files, document_text, fraction_bounds,
-                     read_text, split_description, strip_gutenberg)
-from .lm_tokenizers import (CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer,
-                            tokenizer_from_json)
+from .corpus import (
+    DOCUMENT_SEPARATOR,
+    SPLITS,
+    CorpusFiles,
+    corpus_files,
+    document_text,
+    fraction_bounds,
+    read_corpus_text,
+    split_description,
+    strip_gutenberg,
+)
+from .lm_tokenizers import CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer, tokenizer_from_json
 from .token_files import MAX_VOCAB, META_FILE, NANOGPT_FILES, Layout, TokenWriter
 
 SHARD_NAMES = {"train": "train", "valid": "val", "test": "test"}
@@ -118,7 +126,7 @@ class SplitText:
         file = self.found.splits[name]
         if file is None:
             return
-        text = read_text(file)
+        text = read_corpus_text(file)
         text = strip_gutenberg(text) if self.gutenberg else text
         if not text.strip():
             raise DataError(f"{file}: no text (empty, or only whitespace after removing Project Gutenberg's header "
@@ -128,7 +136,7 @@ class SplitText:
     def _joined(self) -> Iterator[str]:
         """The whole text, document by document, as ``load_corpus`` joins it."""
         if not self.found.folder:
-            text = read_text(self.found.root)
+            text = read_corpus_text(self.found.root)
             yield strip_gutenberg(text) if self.gutenberg else text
             return
         for index, path in enumerate(self.found.documents):

@@ -40,8 +40,8 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from ..fileio import read_json
 from ..errors import DataError
+from ..fileio import read_json
 
 # -- the official VQA answer normalisation (vqaEval.py of the VQA API, Antol et al. 2015) ------------------------
 PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?",

@@ -80,8 +80,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .precision import fp32_island
 from .dispatch import use_triton
+from .precision import fp32_island
 
 KERNEL = "hyper_connections"
 MAX_TILE = 8192  # elements of one (n, d) register tile, rounded up to powers of two; beyond, registers would spill
@@ -246,6 +246,9 @@ def hc_dynamic_backward(streams: Tensor, branch: Optional[Tensor], carry: Option
                         static_beta: Tensor, weight: Tensor, norm_weight: Tensor, norm_bias: Optional[Tensor],
                         alpha_scale: Tensor, beta_scale: Tensor, eps: float, dmixed: Optional[Tensor],
                         dh0: Optional[Tensor], dcoef: Optional[Tensor]) -> list[Tensor]:
+    """The Triton backward of the dynamic hyper-connection: gradients of the streams, the branch output, the carry and
+    every coefficient parameter (empty tensors for the inputs that were None, as the registered operator returns a
+    list)."""
     from . import hyper_connections_triton as triton_kernels
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)

@@ -32,7 +32,7 @@ def _allowed(rows, cols, pad_ptr, b, T_q, T_k, stride_pb, CAUSAL: tl.constexpr, 
 
 
 @triton.jit
-def _forward(L, V, O, LSE, PAD, H, T_q, T_k, D,
+def _forward(L, V, OUT, LSE, PAD, H, T_q, T_k, D,
              s_lb, s_lh, s_lq, s_vb, s_vh, s_vk, s_vd, s_ob, s_oh, s_oq, s_od, s_pb,
              CAUSAL: tl.constexpr, PADDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     qb = tl.program_id(0)
@@ -62,8 +62,8 @@ def _forward(L, V, O, LSE, PAD, H, T_q, T_k, D,
         m = m_new
     empty = s == 0.0
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, s)[:, None])
-    o_base = O + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
-    tl.store(o_base + rows[:, None] * s_oq + dims[None, :] * s_od, out.to(O.dtype.element_ty),
+    o_base = OUT + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
+    tl.store(o_base + rows[:, None] * s_oq + dims[None, :] * s_od, out.to(OUT.dtype.element_ty),
              mask=(rows[:, None] < T_q) & (dims[None, :] < D))
     # an empty row's log-sum-exp is +inf, so the backward's exp(x - lse) is 0 there
     lse = tl.where(empty, float("inf"), m + tl.log(tl.where(empty, 1.0, s)))

@@ -90,6 +90,9 @@ def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], bia
 def forward_op(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
                key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor],
                biases: list[Tensor]) -> list[Tensor]:
+    """The Triton forward of PA's Eq. 4 followed by the attention over its result: each convolution of the prediction
+    (the last one mixed with the layer's own logits), then softmax and the values; returns the output, the mixed logits,
+    the softmax's log-sum-exp and the intermediate maps the backward needs."""
     from . import logits_attention_triton as attention
     from . import predictive_maps_triton as maps
 

@@ -6,8 +6,20 @@ Order matters only where the methods say so: factories are customised in this or
 it (Multi-Pass wraps the encoder before Crossformer ties its layers; layer sharing ties whole layers last; CLA
 comes after the methods that replace the residual connections, so it sees whether the core's pre-norm is there).
 """
-from . import (cla, conv_branch, crossformer, denseformer, hyper_connections, layer_sharing, lightweight, mhc,
-               muddformer, multipass, predictive, value_residual)
+from . import (
+    cla,
+    conv_branch,
+    crossformer,
+    denseformer,
+    hyper_connections,
+    layer_sharing,
+    lightweight,
+    mhc,
+    muddformer,
+    multipass,
+    predictive,
+    value_residual,
+)
 from .base import Method
 
 METHODS: tuple[Method, ...] = (lightweight.METHOD, conv_branch.METHOD, predictive.METHOD, value_residual.METHOD,

@@ -1,43 +1,201 @@
-"""How a method plugs into the core: a config section, a validation, and two hooks around model building.
+"""How a method plugs into the core, and what it tells the rest of the package about itself.
 
-``customize`` runs before the model is built and may replace factories on :class:`Components` (a different
-attention module, a logit mixer, an encoder class). ``finalize`` runs on the built model and may tie parameters
-or register auxiliary losses. Methods never edit core code, so any subset of them composes, and every pair that
-cannot compose is rejected by ``validate`` with the reason.
+Plugging in: a config section, a validation, and two hooks around model building. ``customize`` runs before the
+model is built and may replace factories on :class:`Components` (a different attention module, a logit mixer, an
+encoder class). ``finalize`` runs on the built model and may tie parameters or register auxiliary losses. Methods
+never edit core code, so any subset of them composes, and every pair that cannot compose is rejected by
+``validate`` with the reason.
+
+What a method registers where it lives, so that adding one is a module here plus its docs page and test file
+(docs/architecture.md, "Adding a method"):
+
+* its config section (``name``, ``config_class``): :class:`~interlayer.config.ModelConfig` has one field per
+  method, made from :data:`~interlayer.methods.METHODS`;
+* its named ``compare`` variants (``variants``: :class:`NamedVariant` by name), which ``compare --variants``
+  offers beside the baseline;
+* its composition facts: ``examples`` (small sections that ``tests/test_composition.py`` builds beside every
+  other method's) and ``conflicts`` (the methods it refuses to compose with, and words of the reason).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
 from ..core.components import Components
-from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from ..core.config import TransformerConfig
+from ..errors import ConfigError, VariantError
 
 
-# The stacks a method with a ``sides`` option may apply to: the encoder (a causal LM's stack is its encoder) and the
-# decoder of an encoder-decoder.
-StackSide = Literal["encoder", "decoder"]
+class ComposedConfig(TransformerConfig):
+    """The configuration a method's hooks receive: :class:`interlayer.config.ModelConfig`, the core's fields plus
+    one section per method under the method's name (``None`` when off).
+
+    ModelConfig is composed from the methods, one layer above them, so a method never imports it, not even for type
+    checking (the package has no import circle at any level). ModelConfig derives from this class, and to a type
+    checker it says what a method may read: the core's fields, typed, and any other attribute (another method's
+    section) as ``Any``."""
+
+    if TYPE_CHECKING:  # for type checkers only: at run time an unknown attribute raises as on any object
+        def __getattr__(self, name: str) -> Any: ...
+
+
+# -- compare variants ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VariantContext:
+    """What a named variant may depend on: the task, the comparison's base preset and its resolved config (a dict)."""
+
+    task: str
+    preset: str
+    base: dict[str, Any]
+
+    @property
+    def is_mcan(self) -> bool:
+        """An MCAN config (``interlayer.models.mcan``): its method sections sit at the top, as a Transformer's do."""
+        return "image_input" in self.base and "layers" in self.base
+
+    @property
+    def is_gat(self) -> bool:
+        return self.base.get("model_type") == "gat"
+
+    def transformer_fields(self, method: str) -> dict[str, Any]:
+        """The Transformer fields of the base config: the config itself, or a vision model's ``encoder``; an MCAN
+        config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections take the same keys. Raises
+        :class:`VariantError` naming ``method`` for a model without them."""
+        if "enc_layers" in self.base or self.is_mcan:
+            return self.base
+        if isinstance(self.base.get("encoder"), dict) and "enc_layers" in self.base["encoder"]:
+            return self.base["encoder"]
+        kind = self.base.get("model_type", "non-Transformer")
+        raise VariantError(f"the {method} variants add a method section to a Transformer, but task {self.task!r} "
+                           f"trains a {kind} model (preset {self.preset!r}) that has none; compare that model's own "
+                           "presets instead")
+
+
+@dataclass(frozen=True)
+class NamedVariant:
+    """A ``compare --variants`` name: what it is (with the paper's section or table) and the model overrides it
+    gives the base preset, dotted keys (``{"crossformer.hard": ["kq"]}``) or whole sections."""
+
+    description: str
+    overrides: Callable[[VariantContext], dict[str, Any]]
+
+
+def section_variant(method: str, label: str, mcan_refusal: str, *, whole: bool = False, **section: Any
+                    ) -> Callable[[VariantContext], dict[str, Any]]:
+    """The overrides of a variant that turns on ``method``'s section on the Transformer's stacks: ``section`` whole
+    (``whole``), or its keys as dotted overrides (none: the section with its defaults). ``label`` names the method
+    in errors; MCAN has no form of the method: ``mcan_refusal`` says why (``{task}`` and ``{preset}`` are filled)."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        if ctx.is_mcan:
+            raise VariantError(mcan_refusal.format(task=repr(ctx.task), preset=repr(ctx.preset)))
+        ctx.transformer_fields(label)
+        if whole:
+            return {method: dict(section)}
+        return {f"{method}.{key}": value for key, value in section.items()} if section else {method: {}}
+
+    return overrides
+
+
+# What the methods that replace the residual path say of MCAN, whose stacks run their own loops
+STACK_MCAN = "{label} has no MCAN form here: MCAN's stacks run their own loops"
+# What the methods that feed keys/values across layers say of MCAN
+KV_MCAN = ("the {label} variants change the core Transformer's self-attention stacks; task {{task}} trains an MCAN "
+           "model (preset {{preset}}), whose config has no such section")
+
+
+# -- composition facts --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompositionExample:
+    """A small section of the method that ``tests/test_composition.py`` builds beside every other method's example,
+    in an encoder-decoder and in a classifier: one training step, finite gradients, MAdds equal to the FLOP counter.
+    ``name`` is the example's name in the test (the method's name, or the method's name and a suffix); ``core``
+    holds the core fields the section needs (``norm_first=True`` for the pre-LN-only hyper-connections)."""
+
+    name: str
+    section: dict[str, Any] = field(default_factory=dict)
+    core: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A combination the method refuses: with ``other`` (another method's :class:`CompositionExample`, by name) every
+    example of this method is rejected with a :class:`ConfigError` containing ``reason``."""
+
+    other: str
+    reason: str
 
 
 class Method(Protocol):
+    """What the package reads of a method (module docstring): its section (``name``, ``config_class``), its compare
+    variants, its composition facts, and the three hooks around model building."""
+
     name: str  # the section's key in ModelConfig
     config_class: type
     # True when the method only ties parameters (and may add training losses): the forward computation is the plain
     # model's, so a model using it can be written out in a format that stores every weight separately (to_hf).
     ties_only: bool
+    variants: Mapping[str, NamedVariant]
+    examples: tuple[CompositionExample, ...]
+    conflicts: tuple[Conflict, ...]
 
-    def validate(self, section: Any, cfg: "ModelConfig") -> None: ...
+    def validate(self, section: Any, cfg: ComposedConfig) -> None: ...
 
-    def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None: ...
+    def customize(self, section: Any, cfg: ComposedConfig, components: Components) -> None: ...
 
-    def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None: ...
+    def finalize(self, section: Any, cfg: ComposedConfig, model: nn.Module) -> None: ...
 
 
-def check_core_self_attention(cfg: "ModelConfig", key: str, sides: list[str]) -> None:
+class MethodBase:
+    """What most methods' hooks share: ``validate`` is the section's own ``validate(cfg)``, ``customize`` and
+    ``finalize`` change nothing. A method subclasses it, sets ``name``, ``config_class``, ``variants``, ``examples``
+    and ``conflicts`` and overrides the hooks it needs (any object with those attributes and the three hooks is a
+    :class:`Method` as well)."""
+
+    name: str
+    config_class: type
+    ties_only: bool = False
+    variants: Mapping[str, NamedVariant] = {}
+    examples: tuple[CompositionExample, ...] = ()
+    conflicts: tuple[Conflict, ...] = ()
+
+    def validate(self, section: Any, cfg: ComposedConfig) -> None:
+        section.validate(cfg)
+
+    def customize(self, section: Any, cfg: ComposedConfig, components: Components) -> None:
+        """Nothing to replace before the build."""
+
+    def finalize(self, section: Any, cfg: ComposedConfig, model: nn.Module) -> None:
+        """Nothing to tie or add after the build."""
+
+
+# -- helpers the methods share ------------------------------------------------------------------------------------
+def stack_sides(key: str, sides: Optional[Sequence[str]], cfg: ComposedConfig, *,
+                decoder_refused: Optional[str] = None) -> list[str]:
+    """The stacks a method's ``sides`` option names, checked (``key`` is the section, for the error): ``None`` is
+    every stack the model has, an explicit list names each of ``encoder`` / ``decoder`` at most once and only
+    those the architecture has. ``decoder_refused``: why the method cannot run in this model's decoder (checked
+    before the architecture, as the more useful message)."""
+    if sides is None:
+        chosen = ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
+    elif (not isinstance(sides, (list, tuple)) or not sides or len(set(sides)) != len(sides)
+            or not set(sides) <= {"encoder", "decoder"}):
+        raise ConfigError(f"{key}.sides={sides!r} must list 'encoder' and/or 'decoder' once each, or be null for "
+                          "every stack of the model")
+    else:
+        chosen = list(sides)
+    if decoder_refused is not None and "decoder" in chosen:
+        raise ConfigError(f"{key}.sides={sides!r}: 'decoder' is not supported: {decoder_refused}. Use "
+                          f"{key}.sides=['encoder']")
+    if cfg.arch != "encoder_decoder" and "decoder" in chosen:
+        raise ConfigError(f"{key}.sides={list(chosen)} includes 'decoder', but arch={cfg.arch!r} has no decoder (a "
+                          "causal LM's stack is 'encoder'); use sides=['encoder']")
+    return chosen
+
+
+def check_core_self_attention(cfg: ComposedConfig, key: str, sides: list[str]) -> None:
     """Refuse, naming ``key``, the methods that replace the core self-attention of ``sides``: a method that feeds
     keys/values through its ``kv_source`` slot (value_residual, cla) needs the core module."""
     if cfg.lightweight is not None and cfg.lightweight.replaces_attention:
@@ -49,39 +207,6 @@ def check_core_self_attention(cfg: "ModelConfig", key: str, sides: list[str]) ->
         raise ConfigError(f"{key} feeds earlier layers' keys/values into the core self-attention, but conv_branch "
                           f"replaces the self-attention of sides {list(cfg.conv_branch.sides)} with its attention + "
                           f"convolution block; remove one of the conv_branch and {key} sections")
-class MethodBase:
-    """What most methods' hooks share: ``validate`` is the section's own ``validate(cfg)``, ``customize`` and
-    ``finalize`` change nothing. A method subclasses it, sets ``name`` and ``config_class`` and overrides the hooks
-    it needs (any object with those attributes and the three hooks is a :class:`Method` as well)."""
-
-    name: str
-    config_class: type
-    ties_only: bool = False
-
-    def validate(self, section: Any, cfg: "ModelConfig") -> None:
-        section.validate(cfg)
-
-    def customize(self, section: Any, cfg: "ModelConfig", components: Components) -> None:
-        """Nothing to replace before the build."""
-
-    def finalize(self, section: Any, cfg: "ModelConfig", model: nn.Module) -> None:
-        """Nothing to tie or add after the build."""
-
-
-def stack_sides(key: str, sides: Optional[Sequence[str]], cfg: "ModelConfig") -> list[str]:
-    """The stacks a method's ``sides`` option names, checked (``key`` is the section, for the error): ``None`` is
-    every stack the model has, an explicit list names each of ``encoder`` / ``decoder`` at most once and only
-    those the architecture has."""
-    if sides is None:
-        return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
-    if (not isinstance(sides, (list, tuple)) or not sides or len(set(sides)) != len(sides)
-            or not set(sides) <= {"encoder", "decoder"}):
-        raise ConfigError(f"{key}.sides={sides!r} must list 'encoder' and/or 'decoder' once each, or be null for "
-                          "every stack of the model")
-    if cfg.arch != "encoder_decoder" and "decoder" in sides:
-        raise ConfigError(f"{key}.sides={list(sides)} includes 'decoder', but arch={cfg.arch!r} has no decoder (a "
-                          "causal LM's stack is 'encoder'); use sides=['encoder']")
-    return list(sides)
 
 
 def add_kv_sources(components: Components, sides: Sequence[str], source: Callable[[int], Optional[nn.Module]]

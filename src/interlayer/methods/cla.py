@@ -52,18 +52,27 @@ Readings chosen where the text leaves a choice (each with the reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import Residual
 from ..errors import ConfigError
-from .base import MethodBase, StackSide, add_kv_sources, check_core_self_attention, stack_sides
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import (
+    KV_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    add_kv_sources,
+    check_core_self_attention,
+    section_variant,
+    stack_sides,
+)
 
 KV_PAIRS = ("kq", "qk", "kk", "vf")  # Crossformer pairs that tie a key or value projection
 ShortGroup = Literal["first", "last"]
@@ -81,10 +90,10 @@ class CLAConfig:
     separate_kv_norm: Optional[bool] = None
     sides: Optional[list[StackSide]] = None
 
-    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+    def resolved_sides(self, cfg: ComposedConfig) -> list[str]:
         return stack_sides("cla", self.sides, cfg)
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if self.sharing_factor < 1:
             raise ConfigError(f"cla.sharing_factor={self.sharing_factor} must be at least 1 (1 is the plain model; "
                               "the paper uses 2 and 3)")
@@ -156,16 +165,32 @@ class SharedKV(nn.Module):
         return history[self.source]
 
 
+def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("cla", "CLA", KV_MCAN.format(label="CLA"), whole=True, **section)
+
+
 class _CLAMethod(MethodBase):
     name = "cla"
     config_class = CLAConfig
+    variants = {
+        "cla2": NamedVariant("Cross-Layer Attention, sharing factor 2: pairs of layers share one K/V, half the KV "
+                             "cache (Brandon et al. 2024, Sec. 2)", _variant(sharing_factor=2)),
+        "cla3": NamedVariant("Cross-Layer Attention, sharing factor 3; a first group of fewer layers where 3 does not "
+                             "divide the depth, as the paper's Fig. 2 (Brandon et al. 2024, Sec. 2.1)",
+                             _variant(sharing_factor=3)),
+    }
+    examples = (CompositionExample("cla", {"sharing_factor": 2}),)
+    # check_core_self_attention, and validate: a pair would tie the projections CLA leaves out
+    conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"),
+                 Conflict("crossformer", "shares the computed keys/values"),
+                 Conflict("crossformer_soft", "shares the computed keys/values"))
 
-    def customize(self, section: CLAConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: CLAConfig, cfg: ComposedConfig, components: Components) -> None:
         """Every layer that does not lead its group gets a :class:`SharedKV` source (none at factor 1); with
         separate K/V norms, every layer that leads one gets a :class:`SeparateKVNorm` attention residual."""
         sides = section.resolved_sides(cfg)
 
-        def leader(side: Side, index: int) -> int:
+        def leader(side: StackSide, index: int) -> int:
             depth = cfg.enc_layers if side == "encoder" else cfg.dec_layers
             return group_leader(index, section.sharing_factor, depth, section.short_group)
 
@@ -181,7 +206,7 @@ class _CLAMethod(MethodBase):
             return
         previous = components.residual
 
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             if kind == "attn" and side in sides and leader(side, index) == index:
                 return SeparateKVNorm(cfg.d_model, cfg.dropout, cfg.layer_norm_eps, cfg.bias)
             return previous(side, index, kind)

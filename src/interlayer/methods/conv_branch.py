@@ -39,19 +39,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import AttentionIntermediates, KVCache, MultiHeadAttention
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
 
 
 @dataclass
@@ -63,19 +60,19 @@ class ConvBranchConfig:
     kernel_size: int = 3  # Sec. 3.5: window 3 (1-D text), 3 x 3 (2-D grid)
     activation: Literal["relu", "gelu", "none"] = "relu"
     out_proj: Literal["none", "attention", "joint"] = "none"
-    sides: list[str] = field(default_factory=lambda: ["encoder"])
+    sides: list[StackSide] = field(default_factory=lambda: ["encoder"])  # encoder only (module doc)
 
-    def attention_width(self, cfg: "ModelConfig") -> int:
+    def attention_width(self, cfg: ComposedConfig) -> int:
         return self.attn_dim if self.attn_dim is not None else cfg.d_model // 2
 
-    def query_width(self, cfg: "ModelConfig") -> int:
+    def query_width(self, cfg: ComposedConfig) -> int:
         """Query/key width of the attention half: ``qk_dim`` scaled by the half's share of ``d_model``."""
         return cfg.qk_width * self.attention_width(cfg) // cfg.d_model
 
-    def validate(self, cfg: "ModelConfig") -> None:
-        check_sides("conv_branch", self.sides, "a centred convolution reads future target tokens and a causal "
-                     "one would need a convolution state in incremental decoding, which the decoder's KVCache "
-                     "does not carry (the PA paper uses the block in encoders only)")
+    def validate(self, cfg: ComposedConfig) -> None:
+        stack_sides("conv_branch", self.sides, cfg, decoder_refused="a centred convolution reads future target "
+                    "tokens and a causal one would need a convolution state in incremental decoding, which the "
+                    "decoder's KVCache does not carry (the PA paper uses the block in encoders only)")
         if cfg.arch == "causal_lm":
             raise ConfigError("conv_branch cannot be used in a causal language model (arch='causal_lm'): its "
                               "centred convolution reads the next token, so a position would see the future (the "
@@ -105,22 +102,13 @@ class ConvBranchConfig:
                               f"both to 0 for the 1-D text convolution)")
 
 
-def check_sides(section: str, sides: list[str], decoder_reason: str) -> None:
-    """Shared by ``predictive`` and ``conv_branch``: both are encoder-only, for the reason given."""
-    if "decoder" in sides:
-        raise ConfigError(f"{section}.sides={sides!r}: 'decoder' is not supported: {decoder_reason}. "
-                          f"Use {section}.sides=['encoder']")
-    if list(sides) != ["encoder"]:
-        raise ConfigError(f"{section}.sides={sides!r} is not valid; the only valid value is ['encoder']")
-
-
 def check_kernel(key: str, size: int) -> None:
     if size < 1 or size % 2 == 0:
         raise ConfigError(f"{key}={size} must be a positive odd number (3, 5, ...) so that 'same' padding keeps "
                           "every position centred")
 
 
-def attention_heads(cfg: "ModelConfig") -> int:
+def attention_heads(cfg: ComposedConfig) -> int:
     """Heads of the encoder self-attention: the attention half's when this method is on, else ``n_heads``."""
     return cfg.conv_branch.heads if cfg.conv_branch is not None else cfg.n_heads
 
@@ -243,7 +231,7 @@ class AttentionConvBlock(nn.Module):
         return self.attention.madds(t_q, t_k) + self.conv.madds(t_q) + proj
 
 
-def build_block(section: ConvBranchConfig, cfg: "ModelConfig", components: Components, side: str, index: int
+def build_block(section: ConvBranchConfig, cfg: ComposedConfig, components: Components, side: str, index: int
                 ) -> AttentionConvBlock:
     """One block for layer ``index``; relative positions and the logit mixer come from the (late-bound) factories."""
     width, qk_dim = section.attention_width(cfg), section.query_width(cfg)
@@ -270,13 +258,21 @@ def _relative(components: Components, side: str, index: int, head_dim: int) -> O
     return components.relative(side, index)
 
 
+def _conv_transformer(ctx: VariantContext) -> dict[str, Any]:
+    ctx.transformer_fields("Conv-Transformer")
+    return {"conv_branch": {}}
+
+
 class _ConvBranchMethod(MethodBase):
     """Nothing to tie or add after the build: the block is complete once built."""
 
     name = "conv_branch"
     config_class = ConvBranchConfig
+    variants = {"conv": NamedVariant("Conv-Transformer: half self-attention (4 heads), half convolution (PA Sec. "
+                                     "3.5, Table 1)", _conv_transformer)}
+    examples = (CompositionExample("conv_branch"),)
 
-    def customize(self, section: ConvBranchConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: ConvBranchConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.self_attention
         if previous != components.default_self_attention:
             raise ConfigError("conv_branch replaces the encoder self-attention with its attention + convolution "

@@ -1,74 +1,30 @@
-"""Crossformer: alternated cross-layer guidance (Crossformer paper, Sec. 2; Tables 1-3 and 6).
+"""Crossformer: alternated cross-layer guidance (Crossformer paper, Sec. 2; Tables 1-3 and 6). Every reading below is
+argued, with its tests, in docs/methods/crossformer.md.
 
-Paper map (section, equation and table numbers of the Crossformer paper):
+Paper map:
 
-* **Soft guidance, SG** (Sec. 2.1, Eq. 1-2): ``L = L_nll + alpha * L_reg`` with
-  ``L_reg = sum_{t<T} ||A(t) - sg(B(t+1))||`` pulling a matrix of layer t (or, ``soft_target="states"``, its output)
-  toward one of layer t+1 whose gradient is stopped ("guiding lower layers with higher layers"). ``soft`` lists the
-  pairs; the term is registered as
-  ``model.aux_loss_fns["crossformer_sg"]`` with alpha applied inside, so it is logged as its own loss.
-* **Hard guidance, HG** (Sec. 2.2): ``A(t) = B(t+1)`` made exact by weight tying; ``hard`` lists the pairs.
-* **Pairs**: ``kq`` (Eq. 3: layer t's key projection is layer t+1's query projection, the paper's default),
-  the other Table 6 orders ``qk``, ``qq``, ``kk``; ``vf`` (Eq. 6: fusion/output projections W_F tied at odd t,
-  value projections W_V at even t); ``ffn`` (Eq. 5: W_2 tied at odd t, W_1 at even t; ``ffn_order`` swaps them).
-  Naming a pair in ``hard`` gives the paper's Crossformer-Key-Query / -Value / -FFN; all three is
-  Crossformer-All (Table 2).
+* **Soft guidance, SG** (Sec. 2.1, Eq. 1-2): ``L = L_nll + alpha * L_reg``, ``L_reg = sum_{t<T} ||A(t) -
+  sg(B(t+1))||``: higher layers guide lower ones (the upper side's gradient stopped). ``soft`` lists the pairs; the
+  term is ``model.aux_loss_fns["crossformer_sg"]`` (:class:`SoftGuidance`, :class:`StateGuidance`), alpha inside.
+* **Hard guidance, HG** (Sec. 2.2): ``A(t) = B(t+1)`` made exact by weight tying (:func:`tie`); ``hard`` lists the
+  pairs.
+* **Pairs**: ``kq`` (Eq. 3, the default), Table 6's other orders ``qk``, ``qq``, ``kk``; ``vf`` (Eq. 6: W_F at odd
+  t, W_V at even t); ``ffn`` (Eq. 5: W_2 at odd t, W_1 at even t; ``ffn_order`` swaps them). Key-Query, Value,
+  FFN and All of Tables 1-3 name these.
 
-Readings chosen where the paper is ambiguous (each with the reason):
-
-* **"States": weights by default, activations on request** (``soft_target``). Eq. 1 regularises "states"
-  ``A(t)``, ``B(t+1)``. Sec. 1 says HG "unifies the two alignment state matrices into one shared matrix", which
-  "drives the regulariser to zero"; that holds only for weights (``K(t) = H(t) W`` and ``Q(t+1) = H(t+1) W`` still
-  differ after tying, since ``H(t) != H(t+1)``), so ``soft_target="weights"`` (default) compares weights, and Sec.
-  3.1 ("regularizing the key-query in self-attention block, weight matrix in FFN block") fits it. Eq. 1-2 read
-  literally ("Empirically, we denote the A and B as key (K) and query (Q)", Eq. 3's activations) is
-  ``soft_target="states"``: each guided matrix's *output* in the forward pass, i.e. ``K(t) = LN(H(t)) W_K(t) + b``
-  against ``sg(Q(t+1))`` position by position, and for ``vf``/``ffn`` the alternated matrices' outputs (``V``, the
-  fusion output ``A V W_F``, the FFN's ``H W_1 + b_1`` before the activation, the FFN output), over the real
-  (non-padding) positions only. See :class:`StateGuidance` for how the states are read and what it costs.
-* **Eq. 3 is weight tying.** Read literally, ``K(t) = Q(t+1) = H(t+1) W_Q(t+1)`` is circular: H(t+1) is the
-  output of layer t, which needs K(t). The implementable reading is ``K(t) = H(t) W_Q(t+1)``: layer t's key
-  projection *is* layer t+1's query projection (the same ``nn.Parameter``).
-* **Table 6 labels.** An attention label "X-Y" means W_X of layer t is W_Y of layer t+1, for every t < T, as
-  Eq. 3 does for the default "key-query". ``qq``/``kk`` therefore chain through the whole stack (one W_Q, or one
-  W_K, for all T layers): every order then saves the same (T-1) matrices, which keeps the ablation
-  parameter-matched. FFN label "X-Y" names the matrix tied at odd t first, then at even t: Eq. 5 (the paper's
-  default "w2-w1") ties W_2 at t = 1, 3, ... and W_1 at t = 2, 4, ...; "w1-w2" swaps them. (A "W_2(t) = W_1(t+1)"
-  reading, analogous to key-query, is impossible without a transpose: the shapes are d_f x d_m and d_m x d_f.)
-* **Odd depths.** Eq. 5/6 are written for even T. For any T every adjacent pair (t, t+1) is tied exactly once,
-  alternating by the parity of t, so a stack of T layers has T-1 ties. The per-block savings of Sec. 2.2
-  ("Model properties": 1 d_m^2 for key-query, 1 d_m^2 value-fusion, 4 d_m^2 FFN, 6 d_m^2 all) are therefore the
-  large-T limit; per stack of T layers (weights only, d_f = 4 d_m) they are exactly ``(T-1) d_m^2``,
-  ``(T-1) d_m^2``, ``4 (T-1) d_m^2`` and ``6 (T-1) d_m^2``. With biases, see :func:`hard_savings`.
-* **Biases follow their weights** (``include_bias=True``): Eq. 3 equates the projections themselves, and a
-  fairseq projection is affine, so the whole ``nn.Linear`` is shared; SG compares the augmented matrix
-  ``[W | b]`` so that HG stays SG's zero-regulariser limit. ``include_bias=False`` ties/regularises the weights
-  only; then the savings are exactly the paper's bias-free d_m^2 figures.
-* **The norm and its scale.** Sec. 1 describes SG as "an L1 or L2 regularization" (Sec. 3.1: "by L2 norm"), the
-  usual reading of which is lasso/ridge: ``sum |d|`` (p=1) and ``sum d^2`` (p=2, squared Frobenius), summed over
-  the entries (``reduction="sum"``, the default) and over all pairs and stacks (Eq. 1 sums over t): that is
-  ``sg_norm="power"``. ``sg_norm="root"`` takes the p-th root (the literal norm ``||d||_p``, Frobenius for p=2);
-  ``reduction="mean"`` divides by the number of entries compared (a matrix's entries; for states, real
-  positions x features x forward calls), so alpha no longer scales with the width or, for states, with the batch.
-  Either way the terms of the pairs are summed, as Eq. 1 sums over t. The paper gives alpha = 0.01 (Appendix
-  A.1.2) and no reduction; the magnitudes each choice gives at initialisation, and why the presets keep the sum
-  for weights, are in docs/methods/crossformer.md ("The scale of the regulariser").
-* **Where.** Eq. 7-8 describe encoder and decoder self-attention and FFN; ``sides`` picks the stacks (default:
-  all self-attention stacks of the model). ``"cross"`` adds the decoder's cross-attention stack, which the text
-  never mentions but which the paper's key-query/value parameter counts of Tables 1-3 only reach with it, so the
-  presets named after those rows guide it (:mod:`interlayer.papers.crossformer`).
-
-Composition: every pair needs the plain projections, so attention pairs are rejected when another method
-replaces a guided attention module (LW group-wise attention, the conv-branch block) and ``ffn`` when the FFN is
-replaced (LW group FFN). Multi-Pass keeps one stack (``encoder.layers``), so ties stay inside it; Predictive
-Attention only adds a logit mixer inside ``MultiHeadAttention``. ``qk_dim`` is fine: ``q_proj`` and ``k_proj``
-are both ``d_model -> qk_dim`` in self- and cross-attention.
+Readings where the paper is ambiguous: Eq. 3 is weight tying (``K(t) = H(t) W_Q(t+1)``; read literally it is
+circular); SG compares weights by default and the matrices' outputs with ``soft_target="states"``; an attention
+label "X-Y" of Table 6 holds for every t (so ``qq``/``kk`` chain through the stack), an FFN label names the matrix
+tied at odd t first; odd depths tie each adjacent pair once (T-1 ties, :func:`hard_savings`); biases follow their
+weights (``include_bias``); the L1/L2 regulariser is a sum of powers by default (``sg_norm``, ``reduction``);
+``sides`` picks the stacks, ``"cross"`` adds the decoder's cross-attention, which Tables 1-3's counts need.
+Every pair needs the plain projections, so the methods that replace a guided module are refused.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional, get_args
+from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
 import torch
 from torch import Tensor, nn
@@ -76,14 +32,12 @@ from torch import Tensor, nn
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.feedforward import FeedForward
-from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from ..errors import ConfigError, VariantError
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
 
 Pair = Literal["kq", "qk", "qq", "kk", "vf", "ffn"]
-Side = Literal["encoder", "decoder", "cross"]
+# the stacks guidance may reach: self-attention+FFN stacks, and the decoder's cross-attention
+GuidedStack = Literal["encoder", "decoder", "cross"]
 SoftTarget = Literal["weights", "states"]
 FFNOrder = Literal["w2_w1", "w1_w2"]
 SGNorm = Literal["power", "root"]
@@ -96,7 +50,7 @@ ATTENTION_ORDERS: dict[str, tuple[str, str]] = {"kq": ("k_proj", "q_proj"), "qk"
 ALTERNATIONS: dict[str, tuple[str, str]] = {"vf": ("out_proj", "v_proj"), "w2_w1": ("fc2", "fc1"),
                                             "w1_w2": ("fc1", "fc2")}
 PAIRS: tuple[str, ...] = get_args(Pair)
-SIDES: tuple[str, ...] = get_args(Side)
+SIDES: tuple[str, ...] = get_args(GuidedStack)
 # Projections a MultiHeadAttention applies to its input; fused self-attention computes them in one product, so
 # their states are read from the attention's input (StateGuidance), not from a call of the nn.Linear itself.
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -112,14 +66,14 @@ class CrossformerConfig:
     ``sides``: ``encoder``/``decoder`` self-attention+FFN stacks, ``cross`` (decoder cross-attention); ``None``
     means every self-attention stack of the model. ``p``, ``alpha``, ``sg_norm``, ``reduction`` shape SG's
     regulariser (alpha 0.01: Appendix A.1.2); ``soft_target`` says what it compares: the matrices (``weights``) or
-    their outputs in the forward pass (``states``, Eq. 1 read literally). See the module docstring for every
+    their outputs in the forward pass (``states``, Eq. 1 read literally). docs/methods/crossformer.md argues every
     reading and its reason.
     """
 
     hard: list[Pair] = field(default_factory=list)
     soft: list[Pair] = field(default_factory=list)
     ffn_order: FFNOrder = "w2_w1"
-    sides: Optional[list[Side]] = None
+    sides: Optional[list[GuidedStack]] = None
     include_bias: bool = True
     p: int = 2
     alpha: float = 0.01
@@ -127,13 +81,13 @@ class CrossformerConfig:
     reduction: Reduction = "sum"
     soft_target: SoftTarget = "weights"
 
-    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+    def resolved_sides(self, cfg: ComposedConfig) -> list[str]:
         """The guided stacks: ``sides``, or every self-attention stack the architecture has."""
         if self.sides is not None:
             return list(self.sides)
         return ["encoder", "decoder"] if cfg.arch == "encoder_decoder" else ["encoder"]
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         _check_unique("crossformer.hard", self.hard)
         _check_unique("crossformer.soft", self.soft)
         if not self.hard and not self.soft:
@@ -157,7 +111,7 @@ class CrossformerConfig:
         self._validate_states(cfg)
         _check_composition(self, cfg)
 
-    def _validate_states(self, cfg: "ModelConfig") -> None:
+    def _validate_states(self, cfg: ComposedConfig) -> None:
         """Refuse what ``soft_target="states"`` cannot compare, or what it would silently ignore."""
         if self.soft_target != "states":
             return
@@ -174,7 +128,7 @@ class CrossformerConfig:
                               f"queries, one per target position, via {crossed}; they have no common positions. "
                               "Use 'qq'/'kk'/'vf' on the cross side, or soft_target='weights'")
 
-    def _validate_sides(self, cfg: "ModelConfig") -> None:
+    def _validate_sides(self, cfg: ComposedConfig) -> None:
         if self.sides is not None:
             _check_unique("crossformer.sides", self.sides)
             if not self.sides:
@@ -232,7 +186,7 @@ def _attributes(pair: str, ffn_order: str, i: int) -> tuple[str, str]:
     return name, name
 
 
-def collect_links(section: CrossformerConfig, cfg: "ModelConfig", pairs: list[str], key: str,
+def collect_links(section: CrossformerConfig, cfg: ComposedConfig, pairs: list[str], key: str,
                   blocks_of: BlocksOf, owners: Optional[dict[str, str]] = None) -> list[Link]:
     """Every link of ``pairs`` on the guided sides, after checking the modules can be tied/regularised."""
     links: list[Link] = []
@@ -258,7 +212,7 @@ def model_blocks(model: nn.Module) -> BlocksOf:
     return blocks_of
 
 
-def _factory_blocks(components: Components, cfg: "ModelConfig") -> BlocksOf:
+def _factory_blocks(components: Components, cfg: ComposedConfig) -> BlocksOf:
     """``blocks_of`` calling the installed factories, as the model builder will."""
     def blocks_of(side: str, pair: str) -> tuple[list[nn.Module], str]:
         stack = "encoder" if side == "encoder" else "decoder"
@@ -271,7 +225,7 @@ def _factory_blocks(components: Components, cfg: "ModelConfig") -> BlocksOf:
     return blocks_of
 
 
-def _check_composition(section: CrossformerConfig, cfg: "ModelConfig") -> None:
+def _check_composition(section: CrossformerConfig, cfg: ComposedConfig) -> None:
     """Build the guided modules from the other methods' factories on the meta device and check them.
 
     Probing the factories (instead of reading other sections' fields) rejects exactly the combinations whose
@@ -365,7 +319,7 @@ class SoftGuidance:
     The links are re-read from the model on every call, so modules replaced after building are respected.
     """
 
-    def __init__(self, section: CrossformerConfig, cfg: "ModelConfig") -> None:
+    def __init__(self, section: CrossformerConfig, cfg: ComposedConfig) -> None:
         self.section = section
         self.cfg = cfg
 
@@ -527,7 +481,7 @@ class StateGuidance:
         self.recorder = StateRecorder()
 
     @classmethod
-    def attach(cls, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> "StateGuidance":
+    def attach(cls, section: CrossformerConfig, cfg: ComposedConfig, model: nn.Module) -> "StateGuidance":
         """Build the state terms of ``section.soft`` on ``model`` and register the hooks that record them."""
         links = collect_links(section, cfg, list(section.soft), "crossformer.soft", model_blocks(model))
         sites = [StateSite(link.lower_path, link.upper_path, _positions(link.side, link.lower_path))
@@ -628,14 +582,51 @@ def _check_unique(key: str, values: Any) -> None:
         raise ConfigError(f"{key}={list(values)} lists {repeated} more than once")
 
 
+def _variant(hard: list[str], soft: list[str], gat: Optional[str] = None) -> Callable[[VariantContext], dict]:
+    """Hard/soft pairs for a Transformer; on GAT (Crossformer Sec. 3.3, Table 5) its own ``crossformer`` field."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        if ctx.is_gat:
+            if gat is None:
+                raise VariantError(f"this Crossformer variant has no GAT form on task {ctx.task!r}: GAT takes one "
+                                   "hard pair (Crossformer Table 5: key-query or FFN); use crossformer_kq or "
+                                   "crossformer_ffn")
+            return {"crossformer": gat}
+        ctx.transformer_fields("Crossformer")
+        out: dict[str, Any] = {}
+        if hard:
+            out["crossformer.hard"] = list(hard)
+        if soft:
+            out["crossformer.soft"] = list(soft)
+        return out
+
+    return overrides
+
+
 class _CrossformerMethod(MethodBase):
     """Nothing to replace before the build: Crossformer reuses the plain modules and only ties or regularises them."""
 
     name = "crossformer"
     config_class = CrossformerConfig
     ties_only = True  # hard guidance ties weights, soft guidance adds a training loss: the forward pass is plain
+    variants = {
+        "crossformer_kq": NamedVariant("Crossformer-Key-Query hard guidance (Eq. 3; Tables 1-2, Table 5 on GAT)",
+                                       _variant(["kq"], [], gat="kq")),
+        "crossformer_vf": NamedVariant("Crossformer-Value hard guidance (Eq. 6; Tables 1-2)", _variant(["vf"], [])),
+        "crossformer_ffn": NamedVariant("Crossformer-FFN hard guidance (Eq. 5; Tables 1-2, Table 5 on GAT)",
+                                        _variant(["ffn"], [], gat="ffn")),
+        "crossformer_all": NamedVariant("Crossformer-All: key-query, value-fusion and FFN hard guidance (Sec. 2.2, "
+                                        "Table 2)", _variant(["kq", "vf", "ffn"], [])),
+        "crossformer_sg": NamedVariant("Crossformer-SG: soft guidance of key-query, value-fusion and FFN, L2, "
+                                       "alpha=0.01 (Eq. 1-2, Table 1 left, App. A.1.2)",
+                                       _variant([], ["kq", "vf", "ffn"])),
+    }
+    examples = (CompositionExample("crossformer", {"hard": ["kq", "vf", "ffn"]}),
+                CompositionExample("crossformer_soft", {"soft": ["kq", "vf", "ffn"], "alpha": 0.1}))
+    # Every pair ties or compares the plain projections and FFNs, which these replace (collect_links)
+    conflicts = (Conflict("lightweight", "lightweight"), Conflict("conv_branch", "conv_branch"))
 
-    def finalize(self, section: CrossformerConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+    def finalize(self, section: CrossformerConfig, cfg: ComposedConfig, model: nn.Module) -> None:
         """Tie the hard pairs top-down and register the soft-guidance loss (with its recording hooks for states).
 
         Top-down order makes the chained orders (``qq``, ``kk``) end on one tensor: layer T-2 first takes layer

@@ -39,18 +39,15 @@ Choices where the paper leaves room:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import STACK_MCAN, ComposedConfig, CompositionExample, MethodBase, NamedVariant, section_variant
 
 
 @dataclass
@@ -60,7 +57,7 @@ class DenseFormerConfig:
     dilation: int = 1
     period: int = 1
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key in ("dilation", "period"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -125,14 +122,26 @@ class DepthWeightedAverage(DepthConnection):
 class _DenseFormerMethod(MethodBase):
     name = "denseformer"
     config_class = DenseFormerConfig
+    variants = {
+        "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
+                                    "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
+                                    section_variant("denseformer", "DenseFormer",
+                                                    STACK_MCAN.format(label="DenseFormer"))),
+        "denseformer_2x2": NamedVariant("DenseFormer 2x2: dilation 2, a DWA after every second block (DenseFormer "
+                                        "Sec. 3.2; the paper's deep models prefer 4x5, which a 4-layer stack cannot "
+                                        "hold)", section_variant("denseformer", "DenseFormer",
+                                                                 STACK_MCAN.format(label="DenseFormer"), dilation=2,
+                                                                 period=2)),
+    }
+    examples = (CompositionExample("denseformer", {"dilation": 2, "period": 1}),)
 
-    def customize(self, section: DenseFormerConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: DenseFormerConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:
             raise ConfigError("denseformer installs the stack's depth connection (its DWA modules), but another "
                               "method (hyper_connections: n residual streams) already did; the two cannot be "
                               "combined")
 
-        def depth_connection(side: Side) -> DepthConnection:
+        def depth_connection(side: StackSide) -> DepthConnection:
             layers = cfg.enc_layers if side == "encoder" else cfg.dec_layers
             return DepthWeightedAverage(layers, section.dilation, section.period, cfg.d_model)
 

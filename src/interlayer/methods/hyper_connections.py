@@ -1,94 +1,53 @@
-"""Hyper-connections (Zhu, Huang, Huang, Zeng, Mao, Wu, Min & Zhou, "Hyper-Connections", ICLR 2025,
-arXiv 2409.19606): the residual stream widened to n streams, with learned (static, or input-dependent "dynamic")
-weights deciding what each sublayer reads and where its output goes.
+"""Hyper-connections (Zhu et al., "Hyper-Connections", ICLR 2025, arXiv 2409.19606): the residual stream widened to
+n streams, with learned static or input-dependent ("dynamic") weights deciding what each sublayer reads and where
+its output goes. Every reading below is argued in docs/methods/hyper_connections.md (and the kernels' cost model in
+:mod:`interlayer.kernels.hyper_connections`).
 
-Paper map (arXiv v3 section, equation and algorithm numbers):
+Paper map (arXiv v3 numbers):
 
-* **Streams** (Sec. 2.1; App. I, Algorithm 1): the hidden state is ``H = (h_1 .. h_n)^T`` (n x d), the *expansion
-  rate* n; the network's input is copied into all n rows, and after the last layer the rows are summed before the
-  final normalization and the unembedding.
-* **Static hyper-connections** (Sec. 2.1, Eq. 1-7): per layer ``T`` the matrix ``HC = [[0, B], [A_m, A_r]]``
-  with ``B`` (1 x n), ``A_m`` (n x 1), ``A_r`` (n x n)::
+* **Streams** (Sec. 2.1, Algorithm 1): ``H`` (n x d), the input copied into each row, the rows summed before the
+  final norm: :class:`Streams`, the stack's depth connection.
+* **Static HC** (Eq. 1-7): per sublayer ``T`` (each attention, cross-attention and FFN, its pre-norm included;
+  Algorithm 3), ``h_0 = A_m^T H`` (Eq. 3), ``H = B^T T(h_0)^T + A_r^T H`` (Eq. 4-5): :class:`HyperConnection`, the
+  sublayer's residual module (``split`` the width connection, ``combine`` the depth connection).
+* **Dynamic HC** (Eq. 8-13): ``H_bar = norm(H)``; ``B(H) = s_beta tanh(H_bar W_beta)^T + B``, ``A_m(H) = s_alpha
+  tanh(H_bar W_m) + A_m``, ``A_r(H) = s_alpha tanh(H_bar W_r) + A_r``: the dynamic part added to the static one.
+* **Initialisation** (Eq. 14): ``A_m = e_{k mod n}``, ``A_r = I``, ``B = 1``, dynamic weights 0, ``s = 0.01``
+  (Algorithm 2); n = 1 static is exactly the pre-norm residual (Eq. 15). No weight decay on the static matrices
+  (Sec. 4). Parameters: App. B, Eq. 21-25. Default: DHC, n = 4 (Sec. 4.1).
 
-      h_0^T = A_m^T H                     (Eq. 3, the layer's input)
-      H'    = A_r^T H                     (Eq. 4)
-      H^    = B^T T(h_0)^T + H'           (Eq. 5)
-
-  The layers ``T`` are the attention and the FFN sublayers, each with its own hyper-connection (App. J,
-  Algorithm 3: ``atten_hyper_connection``, ``ffn_hyper_connection``; App. B counts ``2 x L`` of them). ``T``
-  includes the sublayer's own pre-norm (Algorithm 3 normalises ``mix_h[..., 0, :]``) and dropout acts on ``T``'s
-  output before ``B`` scales it.
-* **Dynamic hyper-connections** (Sec. 2.2, Eq. 8-13)::
-
-      H_bar   = norm(H)                                  (Eq. 10; a LayerNorm over d, per stream, Algorithm 2)
-      B(H)    = s_beta  * tanh(H_bar W_beta)^T + B       (Eq. 11)
-      A_m(H)  = s_alpha * tanh(H_bar W_m)      + A_m     (Eq. 12)
-      A_r(H)  = s_alpha * tanh(H_bar W_r)      + A_r     (Eq. 13)
-
-  i.e. the dynamic part is *added* to the static matrices; the norm is applied to the streams, the tanh to the
-  projection, and one learnable scalar ``s_alpha`` scales both alpha parts, ``s_beta`` the beta part.
-* **Initialisation** (Sec. 2.3, Eq. 14): ``A_m = e_{k mod n}`` ("k is the index of the layer"), ``A_r = I_n``,
-  ``B = 1``; ``W_beta, W_m, W_r`` start at 0 (so the dynamic model starts as the static one);
-  ``s_alpha = s_beta = 0.01`` (Algorithm 2's ``dynamic_*_scale``).
-* **n = 1** (Sec. 3.1, Eq. 15): the pre-norm residual is the n=1 hyper-connection ``[[0, 1], [1, 1]]``, which is
-  exactly the static n=1 initialisation (tested bit for bit).
-* **Weight decay** (Sec. 4, "Implementation"): none on the static matrices, the usual on the dynamic weights
-  (``no_weight_decay``, read by the training engine's parameter groups).
-* **Parameters** (App. B, Eq. 21-25): ``|theta_SHC| = n (n + 2)`` per hyper-connection, ``2 L`` of them;
-  ``|theta_DHC| = |theta_norm| + d (n + 2) + n (n + 2) + 2`` (tested).
-* **The default** (Sec. 4.1): DHC with n = 4 and tanh ("-DHC"); ``dynamic=False`` is SHC.
-
-Choices where the paper leaves room:
-
-* **k** (the one-hot of ``A_m``): Eq. 14's "index of the layer", where the layers ``T^k`` that hyper-connections
-  wrap are the attention and FFN sublayers (Algorithm 2 takes a ``layer_id`` per hyper-connection), so k counts
-  sublayers (``2 i + {0, 1}`` in an encoder layer, ``3 i + {0, 1, 2}`` in a decoder
-  layer with cross-attention); ``input_index="layer"`` uses the layer index i for both instead.
-* **Post-LN** is refused: the paper's hyper-connections replace the pre-norm residual (its baselines are Pre-Norm,
-  Sec. 4); Sec. 3.1 writes post-norm only as an n=1 hyper-connection whose weights depend on the input's and
-  output's statistics (Eq. 16), not as a learned one.
-* **Every stack**: the paper has a decoder-only LM (and vision models); here every stack of the model gets its own
-  streams: the encoder, the causal LM's stack, and the decoder (self-, cross-attention and FFN) of an
-  encoder-decoder. Everything acts on each position alone, so the causal LM stays causal and incremental decoding
-  with the KV cache equals the full forward pass (tested).
-* **Records**: the stack's recorded ``states`` and ``mids`` are the sums of the streams (what the final norm
-  reads), so hidden-state outputs keep their ``(B, T, d)`` shape; each is computed when read.
-* **Output-layer initialisation** (Sec. 4, "Implementation": the std of the attention's output projection and
-  the FFN's second linear layer scaled "by a factor of sqrt(n)" at initialisation) is not applied: the text does
-  not say in which direction, and the initial model is then no longer the pre-norm one.
-* **Arithmetic**: ``W`` is a product (``n d (n + 2)`` multiply-adds per position and sublayer, counted in
-  MAdds). The streams are stacked first, ``(n, ..., d)``, so the static width connection ``[A_m | A_r]^T H`` is
-  one matrix product over the whole batch (``n (n + 1) d`` multiply-adds per position, counted; DHC's per-position
-  part is added element-wise), run with autocast off so bf16 autocast does not round the residual streams (on a GPU
-  with TF32 allowed, fp32 products may still round them to TF32's 10-bit mantissa, as the paper's own matmul
-  would). The depth connection ``B^T T(h_0) + H'`` is element-wise (``n d``, not counted, as residual additions
-  are not). The layouts tried and their step costs: docs/benchmarks.md. This is the reference path
-  (``interlayer.kernels.hyper_connections.reference_width``); on a GPU the connections run as fused Triton
-  kernels (the same module: a sublayer's depth connection stays pending and is written in one pass with the next
-  sublayer's width connection, the dynamic coefficients computed in that pass; its docstring has the cost model).
-* **Multi-Pass** is refused: it adds one pass's layer outputs (a d-vector) to the next pass's layer inputs, and
-  neither paper says which of the n streams would receive them.
+Readings where the paper leaves room: ``k`` counts sublayers (``input_index="layer"``: layers); post-LN and
+Multi-Pass are refused; every stack gets its own streams (the causal LM stays causal, cached decoding exact); the
+recorded states are the sums of the streams; Sec. 4's sqrt(n) output-layer initialisation is not applied. The
+PyTorch code here is the reference path; on a GPU the connections run as fused Triton kernels
+(:mod:`interlayer.kernels.hyper_connections`, one dispatch rule).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import (
+    STACK_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    section_variant,
+)
 
 InputIndex = Literal["sublayer", "layer"]
-SUBLAYERS: dict[Side, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
+SUBLAYERS: dict[StackSide, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
 
 
 @dataclass
@@ -107,7 +66,7 @@ class HyperConnectionsConfig:
     scale_init: float = 0.01
     input_index: InputIndex = "sublayer"
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if isinstance(self.rate, bool) or not isinstance(self.rate, int) or self.rate < 1:
             raise ConfigError(f"hyper_connections.rate={self.rate!r} must be an integer >= 1 (the expansion rate "
                               "n; the paper uses 2, 4, 8)")
@@ -203,11 +162,27 @@ class Streams(DepthConnection):
         return stream_sum(h)
 
 
+def _variant(dynamic: bool) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("hyper_connections", "Hyper-connections", STACK_MCAN.format(label="Hyper-connections"),
+                           rate=4, dynamic=dynamic)
+
+
 class _HyperConnectionsMethod(MethodBase):
     name = "hyper_connections"
     config_class = HyperConnectionsConfig
+    variants = {
+        "hyper_connections": NamedVariant("Dynamic hyper-connections, expansion rate 4 (DHCx4, the paper's default; "
+                                          "Hyper-Connections Sec. 2.2, Sec. 4.1); needs pre-LN", _variant(True)),
+        "hyper_connections_static": NamedVariant("Static hyper-connections, expansion rate 4 (SHCx4; "
+                                                 "Hyper-Connections Sec. 2.1); needs pre-LN", _variant(False)),
+    }
+    # the papers' pre-LN form
+    examples = (CompositionExample("hyper_connections", {"rate": 2}, core={"norm_first": True}),)
+    # validate: the streams leave no d-vector for a pass to add, nor a single output for a DWA to average
+    conflicts = (Conflict("multipass", "neither paper says which stream"),
+                 Conflict("denseformer", "cannot be combined"))
 
-    def validate(self, section: HyperConnectionsConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: HyperConnectionsConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         if cfg.multipass is not None:
@@ -219,8 +194,8 @@ class _HyperConnectionsMethod(MethodBase):
                               "streams vs depth-weighted averages of the block outputs); the two cannot be combined "
                               "(remove one section)")
 
-    def customize(self, section: HyperConnectionsConfig, cfg: "ModelConfig", components: Components) -> None:
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+    def customize(self, section: HyperConnectionsConfig, cfg: ComposedConfig, components: Components) -> None:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             k = index * len(kinds) + kinds.index(kind) if section.input_index == "sublayer" else index
             return HyperConnection(cfg.d_model, section.rate, k, dynamic=section.dynamic,

@@ -58,15 +58,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from torch import nn
 
-from ..errors import ConfigError
-from .base import MethodBase, StackSide, stack_sides
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from ..core.components import StackSide
+from ..errors import ConfigError, VariantError
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext, stack_sides
 
 Share = Literal["all", "attention", "ffn"]
 Order = Literal["immediate", "all_over", "reverse"]
@@ -98,10 +96,10 @@ class LayerSharingConfig:
     order: Order = "immediate"
     sides: Optional[list[StackSide]] = None
 
-    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+    def resolved_sides(self, cfg: ComposedConfig) -> list[str]:
         return stack_sides("layer_sharing", self.sides, cfg)
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if self.repeats is not None and (isinstance(self.repeats, bool) or not isinstance(self.repeats, int)
                                          or self.repeats < 1):
             raise ConfigError(f"layer_sharing.repeats={self.repeats!r} must be a positive integer (2 is "
@@ -130,11 +128,11 @@ def block_indices(n_layers: int, repeats: int, order: str) -> list[int]:
     return [i % blocks if (i // blocks) % 2 == 0 else blocks - 1 - i % blocks for i in range(n_layers)]
 
 
-def _depth(cfg: "ModelConfig", side: str) -> tuple[str, int]:
+def _depth(cfg: ComposedConfig, side: str) -> tuple[str, int]:
     return ("enc_layers", cfg.enc_layers) if side == "encoder" else ("dec_layers", cfg.dec_layers)
 
 
-def _check_crossformer(section: LayerSharingConfig, cfg: "ModelConfig") -> None:
+def _check_crossformer(section: LayerSharingConfig, cfg: ComposedConfig) -> None:
     """Refuse Crossformer pairs on the parts this section shares, on a stack both act on (module docstring)."""
     other = getattr(cfg, "crossformer", None)
     if other is None:
@@ -180,7 +178,7 @@ def share_stack(layers: nn.ModuleList, blocks: list[int], parts: tuple[str, ...]
                 setattr(layer.get_submodule(owner) if owner else layer, attr, first)
 
 
-def stacks(section: LayerSharingConfig, cfg: "ModelConfig", model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+def stacks(section: LayerSharingConfig, cfg: ComposedConfig, model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     """``(side, layers)`` of every stack the section shares: ``encoder.layers``, ``decoder.layers``."""
     return [(side, getattr(model, side).layers) for side in section.resolved_sides(cfg)]
 
@@ -196,12 +194,48 @@ def repeat_blocks(cfg: Any, repeats: int = 2, order: Order = "immediate", share:
     return dataclasses.replace(cfg, **depths, layer_sharing=section)
 
 
+def _variant(deep: bool = False, **section: Any) -> Callable[[VariantContext], dict]:
+    """Shared layers at the base's executed depth (fewer parameters, same compute), or with ``deep`` MobileLLM's
+    reading: the base's layers become unique blocks run ``repeats`` times (same parameters, more compute)."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        if ctx.is_mcan:
+            raise VariantError("layer sharing has no MCAN form here: ALBERT and MobileLLM share one Transformer "
+                               "stack; compare it on a Transformer task")
+        fields = ctx.transformer_fields("layer sharing")
+        out: dict[str, Any] = {"layer_sharing": dict(section)}
+        if deep:
+            out["enc_layers"] = fields["enc_layers"] * section["repeats"]
+            if fields.get("arch") == "encoder_decoder":
+                out["dec_layers"] = fields["dec_layers"] * section["repeats"]
+        return out
+
+    return overrides
+
+
 class _LayerSharingMethod(MethodBase):
     name = "layer_sharing"
     config_class = LayerSharingConfig
     ties_only = True  # each executed layer computes as a plain one; only its parameters are another layer's
+    variants = {
+        "albert": NamedVariant("ALBERT cross-layer sharing: every layer runs one block, all parameters shared, same "
+                               "depth and compute (ALBERT Sec. 3.1, Table 4 'all-shared')", _variant()),
+        "mobilellm": NamedVariant("MobileLLM immediate block-wise sharing A A B B: enc_layers/2 unique blocks each "
+                                  "run twice in a row, same depth and compute (MobileLLM Sec. 2.3, Fig. 6)",
+                                  _variant(repeats=2, order="immediate")),
+        "mobilellm_all_over": NamedVariant("MobileLLM repeat-all-over sharing A B A B: the stack of enc_layers/2 "
+                                           "blocks run twice (MobileLLM Fig. 6; MPT's 'tied weights' stack)",
+                                           _variant(repeats=2, order="all_over")),
+        "mobilellm_deep": NamedVariant("MobileLLM-LS as the paper counts depth: each base layer a unique block run "
+                                       "twice in a row, so the base's parameters at twice its layers and compute "
+                                       "(MobileLLM Sec. 2.3)", _variant(deep=True, repeats=2, order="immediate")),
+    }
+    examples = (CompositionExample("layer_sharing"),)  # ALBERT: every layer of each stack runs one block
+    # share='all' ties the very matrices a hard pair ties, or a soft pair compares (validate)
+    conflicts = (Conflict("crossformer", "layer_sharing.share='all' and crossformer.hard"),
+                 Conflict("crossformer_soft", "layer_sharing.share='all' and crossformer.soft"))
 
-    def finalize(self, section: LayerSharingConfig, cfg: "ModelConfig", model: nn.Module) -> None:
+    def finalize(self, section: LayerSharingConfig, cfg: ComposedConfig, model: nn.Module) -> None:
         """Tie each stack's layers onto its unique blocks (module docstring): one ``nn.Parameter`` per block."""
         for side, layers in stacks(section, cfg, model):
             share_stack(layers, section.block_indices(len(layers)), PARTS[section.share],

@@ -53,21 +53,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import MultiHeadAttention
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.config import TransformerConfig
 from ..core.feedforward import FeedForward
 from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
 
 QKV_GAIN = 1 / math.sqrt(2)  # the core's (fairseq's) Xavier gain for q/k/v; 1 for the merge and the FFN
 
@@ -283,7 +280,7 @@ def _attention(section: LightweightConfig, cfg: TransformerConfig, relative: Opt
         bias=cfg.bias, relative=relative, logit_mixer=logit_mixer, force_eager=cfg.attn_impl == "eager")
 
 
-def _relative(components: Components, section: LightweightConfig, side: Side, index: int) -> Optional[nn.Module]:
+def _relative(components: Components, section: LightweightConfig, side: StackSide, index: int) -> Optional[nn.Module]:
     """The relative-position module for this layer, sized to the per-head query width ``n d / h``.
 
     ``head_dim`` is passed only when n x changes the width, so a replacement factory taking ``(side, index)``
@@ -303,13 +300,35 @@ def _feed_forward(section: LightweightConfig, cfg: TransformerConfig) -> Grouped
                               activation=cfg.activation, act_dropout=cfg.act_dropout, bias=cfg.bias)
 
 
+def _variant(**section: Any) -> Callable[[VariantContext], dict]:
+    """k = 2 groups (LW Table II) and ``section``'s other keys, as dotted overrides."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        ctx.transformer_fields("LW-Transformer")
+        return {f"lightweight.{key}": value for key, value in {"groups": 2, **section}.items()}
+
+    return overrides
+
+
 class _LightweightMethod(MethodBase):
     """Nothing to tie after the build: a shared group weight is a single tensor inside its layer."""
 
     name = "lightweight"
     config_class = LightweightConfig
+    variants = {
+        "lw_1x": NamedVariant("LW-Transformer1x: G-MHA + G-FFN, k=2, shared group weights (LW Table II, dagger)",
+                              _variant()),
+        "lw_1x_nows": NamedVariant("LW-Transformer1x without weight sharing: G-MHA + G-FFN, k=2 (LW Table II; the "
+                                   "image setting of Sec. IV-A)", _variant(share_weights=False)),
+        "lw_3x": NamedVariant("LW-Transformer3x: queries and keys 3x wider, k=2, shared weights (LW Table II, "
+                              "dagger)", _variant(qk_expansion=3)),
+        "lw_mini": NamedVariant("LW-Transformer-mini1x: LW1x plus a group-wise intermediate layer, G-IL (LW Table "
+                                "III)", _variant(group_intermediate=True)),
+    }
+    examples = (CompositionExample("lightweight", {"groups": 2}),)
+    conflicts = (Conflict("conv_branch", "conv_branch"),)  # validate: both replace the encoder self-attention
 
-    def validate(self, section: LightweightConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: LightweightConfig, cfg: ComposedConfig) -> None:
         section.validate(cfg)
         if cfg.conv_branch is not None and section.replaces_attention:
             raise ConfigError("lightweight.attention / group_merge / qk_expansion replace the encoder "
@@ -317,7 +336,7 @@ class _LightweightMethod(MethodBase):
                               "one module cannot be both. Keep only G-FFN (lightweight.attention=false, "
                               "group_merge=false, qk_expansion=1) or remove the conv_branch section")
 
-    def customize(self, section: LightweightConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: LightweightConfig, cfg: ComposedConfig, components: Components) -> None:
         """Replace the attention factories (self and cross, Sec. IV-A: every Transformer layer) and the FFN
         factory. ``relative`` and ``logit_mixer`` are looked up when a layer is built, so methods that provide
         them (Predictive Attention) compose with G-MHA."""

@@ -1,85 +1,39 @@
-"""Manifold-constrained hyper-connections, mHC (Xie, Wei, Cao et al., DeepSeek-AI, "mHC: Manifold-Constrained
-Hyper-Connections", arXiv 2512.24880): hyper-connections (:mod:`~interlayer.methods.hyper_connections`) whose
-residual mixing is projected onto the doubly stochastic matrices, so the composite mapping over depth neither
-amplifies nor attenuates the streams.
+"""Manifold-constrained hyper-connections, mHC (Xie, Wei, Cao et al., DeepSeek-AI, arXiv 2512.24880): hyper-connections
+(:mod:`~interlayer.methods.hyper_connections`) whose residual mixing is projected onto the doubly stochastic
+matrices, so the composite mapping over depth neither amplifies nor attenuates the streams. Every reading below is
+argued, with its tests, in docs/methods/mhc.md.
 
-Paper map (arXiv v2 equation, section and table numbers):
+Paper map (arXiv v2 numbers):
 
-* **Layer update** (Sec. 1, Eq. 3): ``x_{l+1} = H_res x_l + H_post^T F(H_pre x_l)`` with ``x_l`` the n streams
-  (``n x C``), ``H_pre, H_post`` in ``R^{1 x n}``, ``H_res`` in ``R^{n x n}``; over depth (Eq. 4) the streams pass
-  through the composite ``prod H_res``. A layer l is a sublayer: Fig. 3 "unrolls each standard Transformer block
-  into two independent layers (Attention and FFN)", and ``F`` includes the sublayer's pre-norm (Table 3 stores
-  ``RMSNorm(H_pre x_l)``).
-* **Coefficients** (Sec. 4.2, Eq. 7): from the flattened streams ``vec(x_l)`` (``1 x nC``, "to preserve full context
-  information"), ``x' = RMSNorm(vec(x_l))``; ``H~_pre = alpha_pre (x' phi_pre) + b_pre``, ``H~_post = alpha_post
-  (x' phi_post) + b_post``, ``H~_res = alpha_res mat(x' phi_res) + b_res`` with ``phi_pre, phi_post`` in
-  ``R^{nC x n}``, ``phi_res`` in ``R^{nC x n^2}``, scalar gates ``alpha`` and static biases ``b``; no tanh (HC's
-  Eq. 5 had one).
-* **Constraints** (Eq. 8): ``H_pre = sigmoid(H~_pre)``, ``H_post = 2 sigmoid(H~_post)``, ``H_res =
-  Sinkhorn-Knopp(H~_res)``: ``M^(0) = exp(H~_res)``, then (Eq. 9) ``M^(t) = T_r(T_c(M^(t-1)))`` (columns, then rows,
-  normalised to sum 1) for ``t_max`` iterations (``sinkhorn_iters``, 20 in the paper). The last step normalises the
-  rows, so the forward gain (row sums) is 1 up to rounding and the column sums approach 1 (Sec. 5.4).
-* **Fused form** (Sec. 4.3.1, Eq. 14-16): the division by the norm moved after the product, ``[H~] = (1/r) [alpha
-  vec(x) phi] + b`` with ``r = ||vec(x)||_2 / sqrt(nC)``, and "the RMSNorm weight is also absorbed in phi": that is
-  the computation here, ``phi = [phi_pre | phi_post | phi_res]`` one ``nC x (n^2 + 2n)`` product over every position,
-  the norm a per-position scale of its ``n^2 + 2n`` outputs (tested against Eq. 7 written out, in float64).
-* **Table 5**: ``n = 4`` (``rate``), ``alpha`` initialised to 0.01 (``scale_init``), ``t_max = 20``, RMSNorm
-  ``eps = 1e-20`` (``norm_eps``; the coefficients are computed in float32, where it is representable).
-* **Stability measure** (Sec. 3.1 and 5.4, Fig. 3 and 7): the "Amax Gain Magnitude" of the composite mapping
-  ``prod H_res``, its largest absolute row sum (forward) and column sum (backward): about 3000 for HC, at most about
-  1.6 for mHC in the paper's 27B model (tested on a deep random model: bounded here, unbounded for HC).
+* **Layer update** (Eq. 3): ``x_{l+1} = H_res x_l + H_post^T F(H_pre x_l)``, ``x_l`` the n streams (n x C), a layer
+  being a sublayer (Fig. 3), ``F`` with its pre-norm: :class:`ManifoldHyperConnection`, the sublayer's residual.
+* **Coefficients** (Eq. 7) in the fused form of Eq. 14-16: ``[H~] = (1/r) [alpha vec(x) phi] + b``, ``r =
+  ||vec(x)|| / sqrt(nC)``, ``phi = [phi_pre | phi_post | phi_res]`` one product, no tanh.
+* **Constraints** (Eq. 8-9): ``H_pre = sigmoid``, ``H_post = 2 sigmoid``, ``H_res = Sinkhorn-Knopp(exp(H~_res))``
+  (columns, then rows, ``sinkhorn_iters`` times): :func:`sinkhorn_knopp`.
+* **Table 5**: n = 4, alpha 0.01, t_max = 20, RMSNorm eps 1e-20. **Stability** (Sec. 3.1, 5.4): the Amax gain of
+  ``prod H_res``, :func:`composite_gain`.
 
-Choices where the paper leaves room (each with the reason):
-
-* **Initialisation** (not stated; Table 5 gives only ``alpha = 0.01``). Chosen so that the model starts as the
-  plain pre-norm residual model: ``phi = 0`` (HC's Eq. 14 starts the dynamic weights at 0, and mHC "follows the
-  original HC formulation"), so the coefficients are the biases; ``b_post = 0``, so ``H_post = 2 sigmoid(0) = 1``
-  (HC's ``B = 1``); ``H_res`` starts at ``(1 - (n-1) eps) I + eps (J - I)`` and ``H_pre`` at ``(1 - (n-1) eps) e_k +
-  eps (1 - e_k)``, ``k`` the sublayer's index mod n (HC's ``A_r = I``, ``A_m = e_{k mod n}``, as close as the
-  constraint allows: ``exp`` and the sigmoid reach no 0 or 1; ``eps`` is ``init_epsilon``, 0.01). ``b_res`` is
-  ``log`` of that matrix, already doubly stochastic, so Sinkhorn-Knopp returns it. Then every stream starts as a
-  copy of the embedding and stays the plain model's state at every depth (``H_res`` is row-stochastic, ``H_post``
-  uniform, ``H_pre`` sums to 1), so the model *is* the plain pre-norm model at initialisation up to rounding
-  (tested). ``H_pre``'s preference for one stream is what breaks the symmetry between the streams (with ``phi = 0``
-  and a uniform ``H_pre``, Table 1's fixed ``1/n``, every gradient would be the same for every stream and the
-  streams would never differ); it does not change the start, since identical streams give the same input under any
-  ``H_pre`` that sums to 1.
-* **The exit**: the paper follows HC; the streams are summed before the final norm (HC Sec. 2.1, Algorithm 1),
-  so the summed state, which a doubly stochastic ``H_res`` conserves, is what the head reads.
-* **Weight decay**: none on the static biases ``b`` (HC Sec. 4, "the static component does not utilize weight
-  decay"; mHC follows HC's formulation and does not say otherwise), the usual on ``phi`` and ``alpha``.
-* **Static variant**: the paper names none; ``dynamic=False`` keeps Eq. 7's static part only (``H~ = b``), the
-  analogue of HC's SHC: one ``H_pre, H_post, H_res`` per sublayer for every position.
-* **Overflow guard**: ``exp`` is taken of ``H~_res`` minus its largest entry. Eq. 9's first step divides each column
-  by its sum, which cancels any common factor of the matrix, so the result is Eq. 9's exactly. A sum that
-  underflowed to 0 (logits hundreds apart) is divided by the smallest normal number instead: zeros, not NaN.
-* **Precision**: the coefficients (Eq. 14-19) are computed in float32 with autocast off, as the paper's kernels do;
-  the stream mixing ``[H_pre; H_res] x_l`` is one batched ``(n+1) x n`` by ``n x C`` product per position, run with
-  autocast off so that bf16 autocast does not round the residual streams (as HC's here; fp32 products on a GPU that
-  allows TF32 may still round them, as the paper's own kernels work in bf16). ``H_post^T F`` and the residual sum
-  are element-wise. The streams are laid out ``(..., n, C)`` so ``vec(x_l)`` is a free view.
-* **Every stack**, **pre-LN only**, **Multi-Pass refused**: as HC's here, for the same reasons: each stack gets its
-  own streams; the paper's mHC replaces the pre-norm residual (its baselines are pre-norm); Multi-Pass adds a
-  d-vector to the next pass's layer inputs and no paper says which stream would receive it. Everything acts on each
-  position alone, so the causal LM stays causal and decoding with the KV cache equals the full forward (tested).
+Readings where the paper leaves room: the initialisation makes the model the plain pre-norm model at step 0
+(``phi = 0``, ``H_post = 1``, ``H_res`` and ``H_pre`` within ``init_epsilon`` of HC's identity and one-hot); the
+streams are summed at the exit; no weight decay on the static biases; ``dynamic=False`` keeps the biases only; an
+overflow guard in Sinkhorn-Knopp; the coefficients in float32; every stack, pre-LN only, Multi-Pass refused (as
+hyper-connections).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..core.components import Components, Side, SublayerKind
+from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import DepthConnection
-from ..kernels.precision import fp32_island
 from ..errors import ConfigError
-from .base import MethodBase
+from ..kernels.precision import fp32_island
+from .base import STACK_MCAN, ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, section_variant
 from .hyper_connections import SUBLAYERS
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
 
 
 @dataclass
@@ -102,7 +56,7 @@ class MHCConfig:
     norm_eps: float = 1e-20
     init_epsilon: float = 0.01
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key, low in (("rate", 1), ("sinkhorn_iters", 1)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -242,8 +196,17 @@ def composite_gain(mappings: list[Tensor]) -> tuple[Tensor, Tensor]:
 class _MHCMethod(MethodBase):
     name = "mhc"
     config_class = MHCConfig
+    variants = {
+        "mhc": NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
+                            "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
+                            section_variant("mhc", "mHC", STACK_MCAN.format(label="mHC"))),
+    }
+    examples = (CompositionExample("mhc", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    conflicts = (Conflict("multipass", "neither paper says which stream"),
+                 Conflict("hyper_connections", "mhc and hyper_connections"),
+                 Conflict("denseformer", "mhc and denseformer"), Conflict("muddformer", "mhc and muddformer"))
 
-    def validate(self, section: MHCConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: MHCConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         if cfg.multipass is not None:
@@ -256,8 +219,8 @@ class _MHCMethod(MethodBase):
                 raise ConfigError(f"mhc and {other} both replace the stack's residual path (n constrained streams vs "
                                   f"{what}); the two cannot be combined (remove one section)")
 
-    def customize(self, section: MHCConfig, cfg: "ModelConfig", components: Components) -> None:
-        def residual(side: Side, index: int, kind: SublayerKind) -> nn.Module:
+    def customize(self, section: MHCConfig, cfg: ComposedConfig, components: Components) -> None:
+        def residual(side: StackSide, index: int, kind: SublayerKind) -> nn.Module:
             kinds = SUBLAYERS[side]
             return ManifoldHyperConnection(
                 cfg.d_model, section.rate, index * len(kinds) + kinds.index(kind), dynamic=section.dynamic,

@@ -1,85 +1,51 @@
-"""MUDDFormer (Xiao, Meng, Li & Yuan, "MUDDFormer: Breaking Residual Bottlenecks in Transformers via Multiway Dynamic
-Dense Connections", ICML 2025, arXiv 2502.12170): after every block, depth-wise aggregates (DA) of the embeddings
-and every earlier block's output, with weights computed per position from the block's output, and a separate
-aggregate for each input the next block reads (its query, key, value and residual).
+"""MUDDFormer (Xiao, Meng, Li & Yuan, ICML 2025, arXiv 2502.12170): after every block, depth-wise aggregates (DA) of the
+embeddings and every earlier block's output, weighted per position from the block's output, one aggregate for each
+input the next block reads (its query, key, value and residual). Every reading below is argued, with its tests, in
+docs/methods/muddformer.md.
 
-Paper map (arXiv v2 equation and section numbers; App. B is the paper's PyTorch-style pseudo-code):
+Paper map (arXiv v2 numbers; App. B is the paper's pseudo-code):
 
-* **Dense connections** (Sec. 2, Eq. 3): ``X_0 = Embedding(X)``, ``X_i = B_i(X_bar_{i-1})``,
-  ``X_bar_i = DA_i(X_0..X_i)``; the DA's inputs are the raw block outputs ``X_j`` (as DenseFormer's), never
-  earlier aggregates.
-* **Static** (Sec. 2.1, Eq. 4): ``DA_i = sum_j a_ij X_j`` with learned scalars: DenseFormer (Pagliardini et al.
-  2024) exactly (tested against :mod:`~interlayer.methods.denseformer` with the same weights).
-* **Dynamic** (Sec. 2.2, Eq. 5-6): ``X_bar_i[t] = sum_j A_ij[t] X_j[t]`` with ``A_i(X_i) = GELU(RMSNorm(X_i) W1) W2 +
-  a_i``, computed at every position t from the block's own output ``X_i[t]``.
-* **Multiway** (Sec. 2.3, Eq. 7-8): four DA modules per block, one per input of the next block: ``X_A' = MHA(LN(X^Q),
-  LN(X^K), LN(X^V)) + X^R``, ``B'(..) = FFN(LN(X_A')) + X_A'``; the model's output is the residual way of the last
-  aggregate, ``X^R_L`` (so the last DA computes that way only; App. B: ``C = 1`` there).
-* **Shapes** (App. B): ``W1`` is ``D x K``, ``W2`` is ``K x (C (i+1))`` with the hidden width ``K = C (i+1)`` and C
-  the ways (4, or 1 for the last DA and for ``multiway=False``); ``a_i`` is ``C x (i+1)``. Parameters per dynamic DA:
-  ``D K + K C (i+1) + C (i+1)`` (tested); a static DA has ``a_i`` only.
-* **Initialisation** (Sec. 3, "Implementation details"): ``W1 ~ N(0, 1/D)``, ``W2 = 0``, ``a_ii = 1`` and the rest
-  0, "This reduces MUDDFormer to Transformer at the beginning of training": every way of every DA is ``X_i``, so
-  at initialisation the model is the plain Transformer exactly (tested bit for bit).
-* **Parameter re-allocation** (Sec. 2.4, Eq. 9): ``ffn_reallocation=True`` grows the FFN width linearly with depth,
-  ``D_f'(i) = (0.5 (L - i) + 1.5 (i - 1)) / (L - 1) D_f``, rounded to an integer (the total is ``L D_f`` exactly:
-  the widths of layers i and L+1-i sum to ``2 D_f``, and round-half-even rounds such a pair's halves apart).
-* **PrePostDANorm** (Sec. 2.5, Eq. 10): ``prepost_norm=True`` normalises the DA's inputs (``Norm(X_j)``, a learnable
-  RMSNorm per block output, scale initialised to 1) and adds a normalised aggregate to the block output:
-  ``X_bar_i = Norm(DA_i(Norm(X_0), .., Norm(X_i))) + X_i`` (scale initialised to 1e-3, ``a_i = 0``, Sec. 3), one
-  post-norm per way. At initialisation ``DA = 0`` and every way is ``X_i``: the plain model again (tested).
-* **Sparse connectivity** (Sec. 3.6, Fig. 9, "MUDDFormer-kxp"): ``dilation`` k and ``period`` p as DenseFormer's
-  kxp: ``DA_i`` aggregates ``{X_j : j <= i, j = i (mod k)}`` and exists after the blocks with ``p | i``; after the
-  others every input of the next block is ``X_i`` (the plain residual). 2x2 is the paper's cheaper trade-off
-  (89.8% -> 97.8% relative training speed, +0.18 perplexity).
+* **Dense connections** (Eq. 3): ``X_bar_i = DA_i(X_0..X_i)`` over the raw block outputs; **static** (Eq. 4,
+  learned scalars) is DenseFormer exactly; **dynamic** (Eq. 5-6): ``A_i(X_i) = GELU(RMSNorm(X_i) W1) W2 + a_i`` per
+  position: :class:`DenseAggregate`.
+* **Multiway** (Eq. 7-8): four DAs per block, ``MHA(LN(X^Q), LN(X^K), LN(X^V)) + X^R``, the output ``X^R_L``:
+  :class:`MultiwayDenseConnections`, the stack's depth connection; the query/key/value ways reach the
+  self-attention through the core's ``attention_inputs`` hook.
+* **Shapes** (App. B): hidden width ``K = C (i+1)``; **initialisation** (Sec. 3): ``W1 ~ N(0, 1/D)``, ``W2 = 0``,
+  ``a_ii = 1``, so the model starts as the plain Transformer exactly.
+* **Options**: parameter re-allocation (Eq. 9, ``ffn_reallocation``), PrePostDANorm (Eq. 10, ``prepost_norm``),
+  MUDDFormer-kxp (Sec. 3.6, ``dilation``, ``period``).
 
-Choices where the paper leaves room (each with the reason):
-
-* **The weight generator's RMSNorm has no scale**: App. B writes ``RMSNorm(x) @ w1`` and the released PyTorch port
-  (``RMSnormNoscale``) has none; a scale would be absorbed in ``W1`` anyway. Its epsilon is the model's
-  ``layer_norm_eps``.
-* **``N(0, 1/D)``** is read as variance ``1/D`` (standard deviation ``D^-1/2``, the usual fan-in scale; the paper
-  writes ``N(mean, variance)``). Only the start of training depends on it (``W2 = 0``).
-* **One pre-norm for the three attention inputs**: Eq. 7 writes the same ``LN`` for ``X^Q``, ``X^K``, ``X^V`` (the
-  released port applies its ``attention_norm`` to each); the block's own pre-norm is reused, so the plain block's
-  parameters are unchanged.
-* **How the query, key and value ways reach the attention**: through the core's generic hook: the depth connection
-  gives each layer its self-attention's inputs (:meth:`~interlayer.core.layers.DepthConnection.attention_inputs`),
-  the layer's input is the residual way. Any attention with the core's projections composes (value residuals and
-  CLA project the key/value ways, predictive attention mixes the logits); the attention modules of LW-Transformer
-  and the conv branch are refused, since they read a single input.
-* **Arithmetic**: the weights ``GELU(RMSNorm(X_i) W1) W2`` are two matrix products (``D K + K C (i+1)`` multiply-adds
-  per position, counted). The aggregation ``sum_j A_ij X_j`` is element-wise, in the stream's dtype, one term per
-  source: not a batched product, because the sources are separate tensors and a product would first copy them
-  into one (``(i+1) D`` numbers per position at every DA, kept for the backward pass: memory quadratic in depth),
-  and because a TF32 or bf16 product would round the residual stream at every block (the identity at
-  initialisation would then not be exact on a GPU). Like residual additions and DenseFormer's DWA it is not
-  counted in MAdds (nor by torch's FLOP counter). Compiled, the terms fuse into one pass.
-* **Every stack** and **post-LN**: as DenseFormer here, each stack (encoder, causal LM, decoder) has its own DA
-  modules and ``X_0``; a post-LN block is aggregated the same way (Eq. 7 with the LN after the residual sum).
-  Everything acts on each position alone, so the causal LM stays causal and decoding with the KV cache equals the
-  full forward pass (tested). **Multi-Pass** composes: each pass runs the stack with its own ``X_0``, and the
-  injected tensor is added to the layer's input in every role (query, key, value and residual), as it is added to
-  the single input of a plain layer.
+Readings where the paper leaves room: the weight generator's RMSNorm has no scale; ``N(0, 1/D)`` is a variance;
+one pre-norm serves the query, key and value ways; each way has its own post-norm; the aggregation is element-wise
+in the stream's dtype (not a product, which would round the residual and copy the sources), uncounted in MAdds;
+every stack has its own DAs, post-LN blocks are aggregated alike, Multi-Pass composes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.components import Components, Side
+from ..core.components import Components, StackSide
 from ..core.feedforward import FeedForward
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
-from .base import MethodBase, check_core_self_attention
+from .base import (
+    STACK_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_core_self_attention,
+    section_variant,
+)
 from .denseformer import dwa_inputs
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
 
 WAYS = ("q", "k", "v", "r")  # Eq. 8's order: query, key, value, residual
 
@@ -102,12 +68,12 @@ class MUDDFormerConfig:
     prepost_norm: bool = False
     ffn_reallocation: bool = False
 
-    def depths(self, cfg: "ModelConfig") -> dict[str, int]:
+    def depths(self, cfg: ComposedConfig) -> dict[str, int]:
         """Each stack's depth by its config key."""
         return {"enc_layers": cfg.enc_layers, **({"dec_layers": cfg.dec_layers} if cfg.arch == "encoder_decoder"
                                                   else {})}
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key in ("dilation", "period"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,7 +92,7 @@ class MUDDFormerConfig:
         if self.ffn_reallocation:
             self._check_ffn_widths(cfg)
 
-    def _check_ffn_widths(self, cfg: "ModelConfig") -> None:
+    def _check_ffn_widths(self, cfg: ComposedConfig) -> None:
         """Refuse what ties or replaces FFNs, whose widths re-allocation makes differ from layer to layer."""
         if cfg.lightweight is not None:
             raise ConfigError("muddformer.ffn_reallocation gives each layer its own FFN width, but lightweight "
@@ -259,11 +225,32 @@ def ffn_width(d_ffn: int, index: int, n_layers: int) -> int:
     return round(d_ffn * (0.5 * (n_layers - i) + 1.5 * (i - 1)) / (n_layers - 1))
 
 
+def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("muddformer", "MUDDFormer", STACK_MCAN.format(label="MUDDFormer"), **section)
+
+
 class _MUDDFormerMethod(MethodBase):
     name = "muddformer"
     config_class = MUDDFormerConfig
+    variants = {
+        "muddformer": NamedVariant("MUDDFormer: per-position dense aggregates of every earlier block's output, one "
+                                   "each for the query, key, value and residual inputs of the next block, started as "
+                                   "the plain model (MUDDFormer Sec. 2, Eq. 3-8, Sec. 3)", _variant()),
+        "muddformer_static": NamedVariant("MUDDFormer's multiway static dense connections: one learned weight per "
+                                          "(way, earlier block), no per-position part (Table 5's '+Multiway Static "
+                                          "Dense'; single-way it is DenseFormer)", _variant(dynamic=False)),
+        "muddformer_2x2": NamedVariant("MUDDFormer-2x2: dilation 2, a DA after every second block, the paper's "
+                                       "cheaper trade-off (MUDDFormer Sec. 3.6, Fig. 9)",
+                                       _variant(dilation=2, period=2)),
+    }
+    examples = (CompositionExample("muddformer", {"dilation": 1, "period": 1}),)
+    # validate, and check_core_self_attention: multiway MUDDFormer hands the core self-attention its own
+    # query/key/value inputs
+    conflicts = (Conflict("hyper_connections", "muddformer and hyper_connections"),
+                 Conflict("denseformer", "muddformer and denseformer"),
+                 Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"))
 
-    def validate(self, section: MUDDFormerConfig, cfg: "ModelConfig") -> None:
+    def validate(self, section: MUDDFormerConfig, cfg: ComposedConfig) -> None:
         """Checked on the config, so the refusal does not depend on the order the methods customise in."""
         section.validate(cfg)
         for other, what in (("denseformer", "its depth-weighted averages"),
@@ -272,18 +259,18 @@ class _MUDDFormerMethod(MethodBase):
                 raise ConfigError(f"muddformer and {other} both replace the stack's depth connection (dense "
                                   f"aggregates vs {what}); the two cannot be combined (remove one section)")
 
-    def customize(self, section: MUDDFormerConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: MUDDFormerConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:
             raise ConfigError("muddformer installs the stack's depth connection (its DA modules), but another "
                               "method already did; the two cannot be combined (remove one section)")
 
-        def layers(side: Side) -> int:
+        def layers(side: StackSide) -> int:
             return cfg.enc_layers if side == "encoder" else cfg.dec_layers
 
         components.depth_connection = lambda side: MultiwayDenseConnections(layers(side), cfg.d_model, section,
                                                                             cfg.layer_norm_eps)
         if section.ffn_reallocation:
-            def ffn(side: Side, index: int) -> nn.Module:
+            def ffn(side: StackSide, index: int) -> nn.Module:
                 return FeedForward(cfg.d_model, ffn_width(cfg.d_ffn, index, layers(side)),
                                    activation=cfg.activation, act_dropout=cfg.act_dropout, bias=cfg.bias)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -38,11 +38,8 @@ from torch import Tensor, nn
 from ..core.components import Components
 from ..core.config import TransformerConfig
 from ..core.encoder import Encoder, EncoderOutput, Injector
-from ..errors import ConfigError
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from ..errors import ConfigError, VariantError
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext
 
 Connection = Literal["default", "soft", "hard", "tied_stack"]
 Routing = Literal["a", "b", "c", "d"]
@@ -162,7 +159,7 @@ class MultiPassEncoder(Encoder):
     kind of input and ``passes=1`` stays the plain encoder.
     """
 
-    def __init__(self, cfg: "ModelConfig", components: Components, tokens: Optional[nn.Embedding]) -> None:
+    def __init__(self, cfg: ComposedConfig, components: Components, tokens: Optional[nn.Embedding]) -> None:
         super().__init__(cfg, components, tokens)
         section: MultiPassConfig = cfg.multipass
         self.passes = section.passes
@@ -267,13 +264,60 @@ class MultiPassEncoder(Encoder):
         return self._exit_pass * super().madds(t)
 
 
+def hard_permutation(n_layers: int) -> list[int]:
+    """MPT's best searched hard pattern (Fig. 3: ``[0,4,1,5,2,3]`` for N=6) written as a rule for any depth N.
+
+    Even outer layers ``0, 2, 4, ...`` take the shallow inner layers ``0, 1, 2, ...`` in order (short paths:
+    "features from shallow layers in the first network are directly linked to deeper layers in the outer
+    network", Sec. 4.2); odd outer layers take the deep inner half ``ceil(N/2) .. N-1`` rotated left by one
+    (long paths: "features from deeper layer in the inner network should be added to shallow features in the
+    outer network"), so outer layer 0 keeps inner layer 0 and never receives the last inner layer, which
+    "results in significantly deteriorated performance". The rule gives exactly ``[0,4,1,5,2,3]`` at N=6 and
+    ``[0,2,1]`` at N=3 (the project's ``mpt_hard_small_021`` preset); at N=4 ``[0,3,1,2]``, at N=5 ``[0,4,1,3,2]``.
+    """
+    shallow = list(range((n_layers + 1) // 2))
+    deep = list(range((n_layers + 1) // 2, n_layers))
+    deep = deep[1:] + deep[:1]
+    return [shallow[k // 2] if k % 2 == 0 else deep[k // 2] for k in range(n_layers)]
+
+
+def _variant(connection: str) -> Callable[[VariantContext], dict]:
+    """Two passes, routing (a), with the given connections; ``hard``: :func:`hard_permutation` at the base's depth."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        if ctx.is_mcan:
+            raise VariantError("MPT has no MCAN form: the papers put MCAN only under LW, Crossformer and PA")
+        fields = ctx.transformer_fields("MPT")
+        out: dict[str, Any] = {"multipass.passes": 2, "multipass.connection": connection}
+        if connection == "hard":
+            n = fields["enc_layers"]
+            permutation = hard_permutation(n)
+            if permutation == list(range(n)):
+                raise VariantError(f"mpt_hard at enc_layers={n} would be the default connection {permutation}: "
+                                   "the only other permutation feeds the last inner layer to the first outer layer,"
+                                   " which MPT Sec. 4.2 found to deteriorate results; use mpt, or more layers")
+            out["multipass.permutation"] = permutation
+        return out
+
+    return overrides
+
+
 class _MultiPassMethod(MethodBase):
     """Nothing to tie after the build: every pass calls the same layer modules."""
 
     name = "multipass"
     config_class = MultiPassConfig
+    variants = {
+        "mpt": NamedVariant("MPT default connections [0,1,...,N-1], 2 passes, routing (a) (MPT Table 1)",
+                            _variant("default")),
+        "mpt_soft": NamedVariant("MPT soft connections (Eq. 6), 2 passes, routing (a) (MPT Tables 1-2, Fig. 5)",
+                                 _variant("soft")),
+        "mpt_hard": NamedVariant("MPT hard connections, the best pattern [0,4,1,5,2,3] (Fig. 3) as a rule for the "
+                                 "preset's depth (methods.multipass.hard_permutation), 2 passes", _variant("hard")),
+    }
+    examples = (CompositionExample("multipass", {"connection": "soft", "loss": "all"}),)
 
-    def customize(self, section: MultiPassConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: MultiPassConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.encoder_class is not None:
             raise ConfigError(f"multipass replaces the encoder class, but another method already installed "
                               f"{components.encoder_class.__name__}; these two cannot be combined")

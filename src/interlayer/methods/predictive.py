@@ -1,112 +1,40 @@
-"""Predictive Attention Transformer (PA-Transformer): a CNN predicts each layer's attention logits from the last's.
+"""Predictive Attention Transformer (PA-Transformer): a CNN predicts each layer's attention logits from the previous
+layer's. Every choice below is argued, with the tests that hold it, in docs/methods/predictive.md.
 
-PA Sec. 3.3: the K attention maps of the previous block form an ``N x N`` image with K channels; "several
-2D-convolutional layers with 3 x 3 kernels" with K output channels and "a ReLU activation after each
-2D-convolutional layer" predict the next block's maps, which are mixed with the block's own logits (Eq. 4)::
+Paper map:
 
-    A = softmax(alpha * CNN(A_prev_logits) + (1 - alpha) * Attention(X)_logits)
+* **Eq. 4**, ``A = softmax(alpha * CNN(A_prev_logits) + (1 - alpha) * Attention(X)_logits)``: :class:`PredictiveMixer`,
+  a logit mixer in encoder layers 1..N-1 (Sec. 3.3: "we do not apply convolution-based attention prediction to the
+  first transformer block"). The mixed logits are what the next layer receives: the chain of Fig. 1(b).
+* **The CNN** (Sec. 3.3): ``conv_layers`` K -> K convolutions of ``kernel_size`` x ``kernel_size``, heads as
+  channels, a ReLU after each; 1 layer (Sec. 4.1.1), 0 is Table 5's Res-Transformer. ``alpha`` = 0.1 (Sec. 4.1.1),
+  random initialisation (Sec. 4.1.2). The logits include the relative-position bias (Eq. 2/3).
 
-"We do not apply convolution-based attention prediction to the first transformer block", so the mixer sits in
-encoder layers 1..N-1. The mixed logits are what the next block receives (Fig. 1(b): a *chain* of prediction
-modules), which the core does by handing each layer the logits its attention returns.
-
-Choices where the paper leaves room (each documented on its config field):
-
-* ``conv_layers`` (n): 1 by default (Sec. 4.1.1 "We use one convolutional layer in each prediction module";
-  Table 5). n = 0 is Table 5's Res-Transformer: the CNN is the identity, ``A = softmax(a A_prev + (1-a) A)``.
-* ``alpha``: 0.1, the value of Sec. 4.1.1 for SST, Yelp and IWSLT'14 (0.5 for SNLI, 0.2 for GLUE in App. B.2.2,
-  0.01 on CIFAR, 0.5 on ImageNet). ``alpha = 0`` is exactly the plain Transformer (Sec. 5), ``alpha = 1`` uses the
-  prediction alone.
-* Convolution weights are per layer ("one prediction module per block", Fig. 1(b)); ``share_conv=True`` ties one
-  module across all layers instead (a cheap ablation, not from the paper).
-* Initialisation: "the additional parameters are initialized randomly" (Sec. 4.1.2), i.e. PyTorch's default conv
-  init (``init="random"``). ``init="dirac"`` starts every conv as the identity per head with zero bias, so at
-  step 0 the prediction is ``ReLU(A_prev)`` -- useful when adding PA to a trained checkpoint (an option, not the
-  paper's). It does not start *at* the checkpoint: Eq. 4 then gives ``alpha ReLU(A_prev) + (1 - alpha) A``, which
-  differs from ``A`` whenever ``alpha > 0`` (and no initialisation of the CNN helps: ``CNN = 0`` still scales the
-  logits by ``1 - alpha``, a softmax temperature).
-* Warm-up (``alpha_warmup_steps`` N, not in the paper): ``alpha_t = alpha * min(1, t / N)`` after ``t`` optimiser
-  steps, so the model before the first update is exactly the model without prediction (an imported checkpoint
-  computes what it computed, tested at 1e-6), PA grows in as the CNN trains, and from step N on Eq. 4 holds with
-  the configured alpha. Chosen over a learned gate started at 0 (ReZero-like) because it leaves Eq. 4 and its alpha
-  as the paper states them once the ramp is over, and over a fixed small alpha because the start is exact. ``t``
-  is a buffer of every mixer (``steps_done``, a float on the model's device), advanced by the training engine
-  after each optimiser step (:meth:`PredictiveMixer.optimizer_step_done`: an in-place add, no host sync in
-  training or in ``forward``), saved with the weights, so a resumed run, a checkpoint and ``best/`` carry on from
-  where they were. With ``beta`` set both weights ramp (``beta_t = beta * min(1, t / N)``), so EA starts exactly
-  too. Outside the engine (a bare model, evaluation) ``t`` stays where it is: 0 for a freshly built model.
-* Relative positions: the logits handed around include the relative-position bias (PA Eq. 2/3 put ``R`` inside
-  the logits), so the CNN sees and predicts biased logits. ``qk_dim`` changes nothing here: the mixer only sees
-  ``(B, heads, T, T)`` maps.
-* Padding: the core's logits are unmasked, so padded rows and columns of ``A_prev`` (and any non-finite value)
-  are zeroed before the first convolution, and the padded rows and columns again after every convolution
-  (``PredictiveMixer.hidden_cells``); otherwise a 3 x 3 kernel would carry padded keys' logits, or with two or
-  more layers the ReLU(bias) the previous convolution left in padded cells, into real positions. A sentence
-  then gets the same prediction alone as padded in any batch. The core masks after the mixing. The mixer runs in
-  fp32 (autocast off) and casts back, because the convolution sums 9K logits and bf16 keeps only about 3
-  significant digits of each.
-* ``beta``: None by default, which is Eq. 4 above, exactly. A number in [0, 1] switches to the published
-  successor of this paper, Evolving Attention (Wang et al., "Evolving Attention with Residual Convolutions",
-  ICML 2021; its code's ``EAAugmentedConv1d``, where the two weights are called ``beta`` and ``alpha`` as here).
-  It moves the previous layer's map from the CNN's input alone into a residual connection *before* the CNN,
-  and the CNN and the final mix both read that residual map::
-
-      A_in = (1 - beta) * Attention(X)_logits + beta * A_prev_logits
-      A    = softmax(alpha * CNN(A_in) + (1 - alpha) * A_in)
-
-  Read against Eq. 4: the CNN's argument ``A_pre_logits`` becomes ``A_in``, and so does the second term
-  ``Attention(X)_logits``. No value of ``beta`` gives Eq. 4 back (``beta = 0`` is Evolving Attention without
-  its residual, ``alpha * CNN(A_self) + (1 - alpha) * A_self``; ``beta = 1`` ignores the layer's own logits),
-  which is why "off" is None and not 0. ``A_prev`` is the previous layer's output logits, as in Eq. 4's chain
-  and in ``EAAugmentedConv1d``, which returns the mixed logits to the next block. Padding and non-finite
-  values are zeroed in the CNN's input exactly as for ``A_prev`` in Eq. 4; the residual term keeps ``A_in``
-  as it is, as Eq. 4 keeps ``Attention(X)_logits``.
-* ``activation``: ``"relu"`` after every convolution (PA Sec. 3.3, "a ReLU activation after each
-  2D-convolutional layer"), the default also with ``beta``. ``"leaky_relu"`` is what Evolving Attention's code
-  puts after its map convolution (``att_conv``: ``nn.LeakyReLU()``, slope 0.01), so negative predicted logits
-  pass scaled by 0.01 instead of being zeroed; with ``beta`` set and ``activation="leaky_relu"`` the CNN is that
-  code's. Hidden cells are zeroed after the activation either way.
-* Decoder of an encoder-decoder: rejected (``sides`` may only be ``["encoder"]``). A centred 3 x 3 kernel over a
-  causal map mixes in logits of future keys at ``(i, i+1)`` into the visible ``(i, i)``, and of future queries
-  into earlier rows; the paper applies PA to encoders only (Sec. 4.1.1 "We only apply PA-Transformer
-  architecture to the encoder"). A decoder built with ``causal_decoder=False`` attends both ways like an
-  encoder, so there ``sides`` may include ``"decoder"`` (its self-attention; cross-attention maps are ``Tq x Tk``
-  between two different sequences and never predicted): MCAN's image stack.
-* Causal language model (``arch="causal_lm"``; not in the paper): ``kernel="causal"``, the default there. Along
-  the query axis the kernel sees only the current and the ``k - 1`` earlier rows (padding ``k - 1`` rows above,
-  none below); along the key axis it stays centred. Before every convolution the masked upper triangle (key
-  after query) is zeroed, with the padding, so neither a later key nor a later query reaches a position: row
-  ``i`` of every convolution's output depends on rows ``<= i`` of its input, whose non-zero cells are logits of
-  tokens ``<= i``. The zeroed triangle is also what makes incremental decoding exact: a convolution at the new
-  row reads the ``k - 1`` rows before it, which the layer's cache keeps (``KVCache.state["predictive_rows{n}"]``,
-  one ``(B, K, k-1, T)`` block per convolution, its columns growing with the keys), and the columns that do not
-  exist yet are the zeros the full forward pass has there. The centred kernel (``kernel="symmetric"``) is refused
-  in a causal model. A causal kernel in an encoder is allowed (the prediction then reads earlier rows only; there
-  is no triangle to zero, since the encoder attends both ways).
-
-The prediction and the layer's own logits are kept in ``AttentionIntermediates.extras`` under ``predicted`` and
-``self`` (the combined map is ``logits``), the three columns of PA Fig. 8.
+Readings where the paper leaves room: padded rows and columns and non-finite values are zeroed before *every*
+convolution (:meth:`PredictiveMixer.hidden_cells`), the mixer runs in fp32; the causal kernel of a language model
+(``kernel``: current and earlier query rows only, the masked triangle zeroed, the rows kept in the decoding cache);
+``beta``: Evolving Attention (Wang et al., ICML 2021), with ``activation="leaky_relu"`` its code's activation;
+``alpha_warmup_steps``: alpha (and beta) ramp from 0 with the optimiser steps; ``init="dirac"``; ``share_conv``; a
+decoder only when it attends both ways (``causal_decoder=False``). The prediction and the layer's own logits are
+kept in ``AttentionIntermediates.extras`` (``predicted``, ``self``): the columns of PA Fig. 8.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, MixerContext
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .conv_branch import attention_heads, check_kernel, check_sides
-from .base import MethodBase
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
+from .conv_branch import attention_heads, check_kernel
 
 
 @dataclass
@@ -119,22 +47,23 @@ class PredictiveConfig:
     kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels
     share_conv: bool = False  # False: one prediction module per block (Fig. 1(b)); True: one for all layers
     init: Literal["random", "dirac"] = "random"  # Sec. 4.1.2: "initialized randomly"
-    beta: Optional[float] = None  # None: Eq. 4; a number: Evolving Attention's residual weight (module doc)
+    beta: Optional[float] = None  # None: Eq. 4; a number: Evolving Attention's residual weight (docs page)
     # > 0: alpha (and beta) ramp linearly from 0 over this many optimiser steps, so step 0 is the model without
-    # prediction (an imported checkpoint exactly; module doc "Warm-up"); 0: the paper's constant alpha
+    # prediction (an imported checkpoint exactly; docs page, "Warm-up"); 0: the paper's constant alpha
     alpha_warmup_steps: int = 0
-    # None: "causal" in a causal language model, "symmetric" (the paper's centred kernel) elsewhere (module doc)
+    # None: "causal" in a causal language model, "symmetric" (the paper's centred kernel) elsewhere (docs page)
     kernel: Optional[Literal["symmetric", "causal"]] = None
-    # after every convolution: "relu", PA Sec. 3.3; "leaky_relu" (slope 0.01), Evolving Attention's code (module doc)
+    # after every convolution: "relu", PA Sec. 3.3; "leaky_relu" (slope 0.01), Evolving Attention's code (docs page)
     activation: Literal["relu", "leaky_relu"] = "relu"
-    sides: list[str] = field(default_factory=lambda: ["encoder"])
+    # the encoder (Sec. 4.1.1); a decoder that attends both ways (causal_decoder=False) may take it too (docs page)
+    sides: list[StackSide] = field(default_factory=lambda: ["encoder"])
 
-    def resolved_kernel(self, cfg: "ModelConfig") -> str:
+    def resolved_kernel(self, cfg: ComposedConfig) -> str:
         if self.kernel is not None:
             return self.kernel
         return "causal" if cfg.arch == "causal_lm" else "symmetric"
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"predictive.alpha={self.alpha} must lie in [0, 1] (PA Eq. 4; 0 is the plain "
                               "Transformer, 1 uses the CNN prediction alone)")
@@ -153,13 +82,10 @@ class PredictiveConfig:
                               f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "
                               "attention map, so a position would see the future; use predictive.kernel='causal' "
                               "(the default in a causal model)")
-        if cfg.causal_decoder:
-            check_sides("predictive", self.sides, "a 3x3 kernel over a causal attention map mixes future keys' "
-                         "and future queries' logits into visible positions (the PA paper uses the encoder only); "
-                         "a decoder built with causal_decoder=False may take 'decoder'")
-        elif list(self.sides) not in (["encoder"], ["decoder"], ["encoder", "decoder"]):
-            raise ConfigError(f"predictive.sides={self.sides!r} must be ['encoder'], ['decoder'] or ['encoder', "
-                              "'decoder'] (the decoder attends both ways: causal_decoder=False)")
+        causal = ("a 3x3 kernel over a causal attention map mixes future keys' and future queries' logits into "
+                  "visible positions (the PA paper uses the encoder only); a decoder built with causal_decoder=False "
+                  "may take 'decoder'")
+        stack_sides("predictive", self.sides, cfg, decoder_refused=causal if cfg.causal_decoder else None)
         if "decoder" in self.sides and cfg.dec_layers < 2:
             raise ConfigError(f"predictive.sides includes 'decoder', which needs dec_layers >= 2, got "
                               f"{cfg.dec_layers}: the first layer never predicts (PA Sec. 3.3)")
@@ -172,9 +98,9 @@ class PredictiveMixer(nn.Module):
     """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels.
 
     With ``beta`` set, Evolving Attention's form instead: ``alpha * CNN(A_in) + (1 - alpha) * A_in`` with
-    ``A_in = (1 - beta) * A_cur + beta * A_prev`` (module doc). ``causal_kernel``: the kernel reads the current
-    and earlier query rows only (module doc, "Causal language model"). ``warmup_steps`` > 0: both weights ramp
-    from 0 with the optimiser steps counted in the ``steps_done`` buffer (module doc, "Warm-up").
+    ``A_in = (1 - beta) * A_cur + beta * A_prev`` (docs page). ``causal_kernel``: the kernel reads the current
+    and earlier query rows only (docs page, "Causal prediction"). ``warmup_steps`` > 0: both weights ramp
+    from 0 with the optimiser steps counted in the ``steps_done`` buffer (docs page, "Warm-up").
     """
 
     def __init__(self, heads: int, *, alpha: float, conv_layers: int, kernel_size: int, init: str,
@@ -251,7 +177,7 @@ class PredictiveMixer(nn.Module):
 
     def predict_reference(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
                           context: MixerContext = MixerContext()) -> Tensor:
-        """The CNN as the module doc states it, op by op with the library convolution (and the decoding cache):
+        """The CNN as the docs page states it, op by op with the library convolution (and the decoding cache):
         the definition the fast path of :meth:`predict` is tested against."""
         x = prev_logits.float()
         x = x.masked_fill(~torch.isfinite(x), 0.0)
@@ -263,7 +189,7 @@ class PredictiveMixer(nn.Module):
 
     def _padding(self, conv: nn.Conv2d) -> list[int]:
         """``(left, right, top, bottom)`` zeros around the map: centred, or the causal kernel's ``k - 1`` rows
-        above and none below (module doc, "Causal language model")."""
+        above and none below (docs page, "Causal prediction")."""
         k_rows, k_cols = conv.kernel_size
         if self.causal_kernel:
             return [k_cols // 2, k_cols // 2, k_rows - 1, 0]
@@ -354,11 +280,11 @@ def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
     return maps if cells is None else maps.masked_fill(cells, 0.0)
 
 
-# nn.LeakyReLU's default, which Evolving Attention's ``att_conv`` uses (module doc)
+# nn.LeakyReLU's default, which Evolving Attention's ``att_conv`` uses (docs page)
 LEAKY_SLOPE = 0.01
 
 
-def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> PredictiveMixer:
+def make_mixer(section: PredictiveConfig, heads: int, cfg: ComposedConfig) -> PredictiveMixer:
     return PredictiveMixer(heads, alpha=section.alpha, conv_layers=section.conv_layers,
                            kernel_size=section.kernel_size, init=section.init, beta=section.beta,
                            causal_kernel=section.resolved_kernel(cfg) == "causal",
@@ -366,13 +292,43 @@ def make_mixer(section: PredictiveConfig, heads: int, cfg: "ModelConfig") -> Pre
                            negative_slope=LEAKY_SLOPE if section.activation == "leaky_relu" else 0.0)
 
 
+# PA's alpha by task (Eq. 4): 0.1 for SST/Yelp/IWSLT (Sec. 4.1.1, the section's default), 0.5 for SNLI (Sec. 4.1.1;
+# SICK is our stand-in), 0.2 for GLUE (App. B.2.2; MRPC), 0.01 for images (CIFAR, Sec. 4.2.1).
+PA_ALPHA = {"sick": 0.5, "mrpc": 0.2, "fashion_mnist": 0.01}
+
+
+def _variant(conv_layers: int, conv_branch: bool) -> Callable[[VariantContext], dict[str, Any]]:
+    """``conv_layers`` convolutions per prediction module, alpha by task (:data:`PA_ALPHA`), on the plain block or
+    on the Conv-Transformer's (``conv_branch``)."""
+
+    def overrides(ctx: VariantContext) -> dict[str, Any]:
+        ctx.transformer_fields("PA")
+        out: dict[str, Any] = {"predictive.conv_layers": conv_layers}
+        if ctx.task in PA_ALPHA:
+            out["predictive.alpha"] = PA_ALPHA[ctx.task]
+        if conv_branch:
+            out["conv_branch"] = {}
+        return out
+
+    return overrides
+
+
 class _PredictiveMethod(MethodBase):
     """Nothing to tie or add after the build: the mixers are installed in the attention modules at build time."""
 
     name = "predictive"
     config_class = PredictiveConfig
+    variants = {
+        "pa": NamedVariant("PA-Transformer: one 3x3 conv per prediction module, alpha by task (PA Eq. 4, Sec. 4.1.1; "
+                           "0.1 SST/IWSLT, 0.5 SICK, 0.2 MRPC, 0.01 images)", _variant(1, conv_branch=False)),
+        "pa_res": NamedVariant("Res-Transformer: attention maps added without the CNN (PA Table 5, conv_layers=0)",
+                               _variant(0, conv_branch=False)),
+        "pa_conv": NamedVariant("PA-Conv-Transformer: the Conv-Transformer plus attention prediction (PA Sec. 3.5, "
+                                "Table 1)", _variant(1, conv_branch=True)),
+    }
+    examples = (CompositionExample("predictive", {"alpha": 0.5}),)
 
-    def customize(self, section: PredictiveConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: PredictiveConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.logit_mixer
         heads = attention_heads(cfg)
         shared = make_mixer(section, heads, cfg) if section.share_conv else None

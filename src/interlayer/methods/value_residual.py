@@ -60,18 +60,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ..core.attention import KVCache, KVHistory, newest
-from ..core.components import Components
+from ..core.components import Components, StackSide
 from ..errors import ConfigError
-from .base import MethodBase, StackSide, add_kv_sources, check_core_self_attention, stack_sides
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from .base import (
+    KV_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    add_kv_sources,
+    check_core_self_attention,
+    section_variant,
+    stack_sides,
+)
 
 Mode = Literal["resformer", "svformer"]
 DEFAULT_LAMBDA = 0.5  # the paper's Identity-ResFormer and the official code
@@ -96,10 +105,10 @@ class ValueResidualConfig:
     sides: Optional[list[StackSide]] = None
     lambda_warmup_steps: int = 0
 
-    def resolved_sides(self, cfg: "ModelConfig") -> list[str]:
+    def resolved_sides(self, cfg: ComposedConfig) -> list[str]:
         return stack_sides("value_residual", self.sides, cfg)
 
-    def validate(self, cfg: "ModelConfig") -> None:
+    def validate(self, cfg: ComposedConfig) -> None:
         for key in ("lambda_1", "lambda_2"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -185,11 +194,27 @@ class SharedFirstValue(nn.Module):
         return (cache.append_keys(k) if cache is not None else k), history[0][1]
 
 
+def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
+    return section_variant("value_residual", "ResFormer", KV_MCAN.format(label="ResFormer"), whole=True, **section)
+
+
 class _ValueResidualMethod(MethodBase):
     name = "value_residual"
     config_class = ValueResidualConfig
+    variants = {
+        "resformer": NamedVariant("ResFormer: V_n' = 0.5 V_1 + 0.5 V_n in every layer n > 1 (Value Residual "
+                                  "Learning, Zhou et al. 2025, Sec. 3; the official code's fixed mix)", _variant()),
+        "resformer_learnable": NamedVariant("ResFormer with learnable lambda_1, lambda_2 per layer from 0.5, 0.5 "
+                                            "(Value Residual Learning's learnable variant)", _variant(learnable=True)),
+        "svformer": NamedVariant("SVFormer: every layer attends with the first layer's values, no value projection "
+                                 "after layer 1, about half the KV cache (Value Residual Learning, Sec. 3)",
+                                 _variant(mode="svformer")),
+    }
+    examples = (CompositionExample("value_residual", {"learnable": True}),)
+    # check_core_self_attention: the values are fed through the core self-attention's kv_source
+    conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"))
 
-    def customize(self, section: ValueResidualConfig, cfg: "ModelConfig", components: Components) -> None:
+    def customize(self, section: ValueResidualConfig, cfg: ComposedConfig, components: Components) -> None:
         """Give every self-attention layer n > 1 of the chosen stacks its value source; layer 1 stays plain."""
         heads = cfg.n_heads if section.granularity == "head" else None
 

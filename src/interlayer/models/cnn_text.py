@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, checked_config
+from ..config_io import ConfigFile, checked_config
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
@@ -125,6 +125,10 @@ class ConvBlock(nn.Module):
 
 
 class CNNTextClassifier(nn.Module, PretrainedMixin):
+    """PA Table 1's CNN baseline for text (module docstring): the Transformer text classifier with each self-attention
+    replaced by a same-padded 1-D convolution (``enc_layers`` blocks of convolution and FFN), then pooling over the
+    real tokens and a linear classifier."""
+
     model_type = MODEL_TYPE
 
     def __init__(self, cfg: CNNTextConfig) -> None:

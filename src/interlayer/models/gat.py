@@ -70,8 +70,8 @@ copied: GAT has no query/key/FFN matrices, and its two layers have no weight of 
   half, which :meth:`GAT.madds` counts.
 
 The presets of Crossformer Table 5's rows for Cora and Citeseer are in :mod:`interlayer.papers.crossformer`;
-``interlayer.create_model("gat_cora", crossformer="kq")`` builds them with overrides. The data decides ``in_features`` and ``num_classes`` (the task
-sets them).
+``interlayer.create_model("gat_cora", crossformer="kq")`` builds them with overrides. The data decides ``in_features``
+and ``num_classes`` (the task sets them).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, checked_config
+from ..config_io import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin, track_ties
 from ..data.planetoid import load_planetoid
 from ..errors import ConfigError

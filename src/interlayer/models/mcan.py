@@ -54,7 +54,7 @@ Readings where the papers leave room:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
@@ -62,10 +62,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config import ConfigFile, ModelConfig, checked_config, set_dotted
+from ..config import ModelConfig
+from ..config_io import ConfigFile, check_choices, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
-from ..core.config import check_choices
 from ..core.decoder import decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
 from ..core.encoder import Encoder, EncoderOutput
@@ -173,9 +173,6 @@ class MCANConfig(ConfigFile):
 
 def _as_dict(section: Any) -> Optional[dict[str, Any]]:
     return None if section is None else dataclasses.asdict(section)
-
-
-MCAN_FIELDS = tuple(f.name for f in fields(MCANConfig))
 
 
 # The method sections MCAN takes: its config's fields that are method sections (the names are written once, in
@@ -454,7 +451,7 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _override(cfg: MCANConfig, overrides: dict[str, Any]) -> MCANConfig:
-    return mcan_config_from_dict(set_dotted(cfg.to_dict(), overrides, lambda key: key in SECTIONS),
+    return mcan_config_from_dict(set_dotted(cfg.to_dict(), overrides, is_section=lambda key: key in SECTIONS),
                                  source="overrides")
 
 

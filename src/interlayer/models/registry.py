@@ -31,7 +31,7 @@ from torch import nn
 
 from ..accounting import count_parameters
 from ..checkpoint import SavedModel, load_saved_weights, read_saved, size_checked_config
-from ..config import ConfigFile, checked_config, flatten_overrides, parse_value, read_config_file
+from ..config_io import ConfigFile, checked_config, flatten_overrides, read_config_file, set_dotted
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..plugins import import_modules
@@ -71,6 +71,9 @@ class Family:
 
 @dataclass(frozen=True)
 class Preset:
+    """A named model: its family, what it is (with the paper's table or section), and the fields it sets over the
+    family's defaults."""
+
     name: str
     description: str
     fields: dict[str, Any]
@@ -83,6 +86,8 @@ _MODEL_TYPES: dict[str, Family] = {}  # a saved model's ``model_type`` -> the fa
 
 
 def register_family(family: Family) -> Family:
+    """Add a model family to the registry (each family module calls it when imported); a name, a default family
+    (``claims=None``) or a saved model type registered twice is an error."""
     if family.name in _FAMILIES:
         raise RuntimeError(f"model family {family.name!r} is registered twice")
     if family.claims is None and any(f.claims is None for f in _FAMILIES.values()):
@@ -234,10 +239,9 @@ def _claimant(data: dict[str, Any]) -> Family:
 
 
 def override_flat(cfg: ConfigFile, overrides: dict[str, Any]) -> Any:
-    """A flat config dataclass (no nested sections: GAT, the text CNN) with ``overrides`` applied and validated;
-    string values are parsed as ``--set`` values, a dotted key is refused as an unknown key."""
-    values = {key: parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw for key, raw in overrides.items()}
-    return checked_config(type(cfg), {**dataclasses.asdict(cfg), **values}, "overrides")
+    """A flat config dataclass (no nested sections: GAT, the text CNN) with ``overrides`` applied
+    (:func:`~interlayer.config_io.set_dotted`) and validated."""
+    return checked_config(type(cfg), set_dotted(dataclasses.asdict(cfg), overrides), "overrides")
 
 
 def model_catalog(length: int = 64, names: Optional[Sequence[str]] = None) -> str:

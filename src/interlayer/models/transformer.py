@@ -10,7 +10,7 @@ from ..build import build_model
 from ..config import ModelConfig, apply_overrides, config_from_dict
 from .registry import Family, register_family
 
-FAMILY = register_family(Family(
+register_family(Family(
     name="transformer", title="Transformer presets", tasks="lm, translation, sst5, sst2, sick, mrpc",
     config_class=ModelConfig, from_dict=config_from_dict, override=apply_overrides, build=build_model,
     madds=lambda name, model, length: count_madds(model, length), madds_unit="MAdds @ {length} tokens", rank=0,

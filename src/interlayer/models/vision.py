@@ -49,7 +49,6 @@ model's own (its pretraining statistics).
 from __future__ import annotations
 
 import copy
-import difflib
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
@@ -60,7 +59,8 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..build import build_model
-from ..config import (ConfigFile, ModelConfig, apply_overrides, checked_config, dataclass_from_dict, parse_value)
+from ..config import ModelConfig, is_section
+from ..config_io import ConfigFile, dataclass_from_dict, set_dotted
 from ..core.components import Components
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
@@ -201,11 +201,6 @@ class VisionConfig(ConfigFile):
 VISION_FIELDS = tuple(f.name for f in fields(VisionConfig) if f.name != "encoder")
 
 
-def vision_config_from_dict(data: dict[str, Any], source: str = "config") -> VisionConfig:
-    """Build and validate a :class:`VisionConfig`; errors name ``source`` and the dotted key."""
-    return checked_config(VisionConfig, data, source)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Presets and overrides
 # The ViT baseline, sized for the bar "at least 88% on the full Fashion-MNIST test set within 20 minutes on 2 CPU
@@ -229,31 +224,19 @@ VISION_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "vit_fashion_mnist": (
         "ViT baseline for 28x28 grey images: 4x4 patches, d=64, 4 heads, 4 pre-LN layers, FFN 128, CLS token", VIT),
 }
-ENCODER_FIELDS = tuple(f.name for f in fields(ModelConfig))
 
 
 def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
-    """Route each override to the vision fields or the encoder, derive the geometry, validate."""
-    data = copy.deepcopy(data)
-    encoder_sets: dict[str, Any] = {}
-    for key, raw in overrides.items():
+    """``data`` with ``overrides`` set (a key the vision config lacks reaches the encoder: ``d_model``,
+    ``predictive.alpha``; or name it: ``encoder.d_model``), the geometry derived, validated."""
+    for key in overrides:
         name = key[len("encoder."):] if key.startswith("encoder.") else key
-        head = name.partition(".")[0]
-        if head in DERIVED_ENCODER_FIELDS:
+        if name.partition(".")[0] in DERIVED_ENCODER_FIELDS:
             raise ConfigError(f"{key} is derived from the image size and the down-sampling (patch_size or "
                               "stage_widths) and cannot be set")
-        if name in VISION_FIELDS:
-            data[name] = parse_value(raw, f"--set {key}") if isinstance(raw, str) else raw
-        elif head in ENCODER_FIELDS:
-            encoder_sets[name] = raw
-        else:
-            valid = sorted(set(VISION_FIELDS) | set(ENCODER_FIELDS))
-            close = difflib.get_close_matches(head, valid, n=1)
-            raise ConfigError(f"unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
-                              + f"; valid keys: {', '.join(valid)}")
+    data = set_dotted(copy.deepcopy(data), overrides, is_section=is_section, nested=("encoder",),
+                      aliases=ModelConfig.FIELD_ALIASES)
     cfg = dataclass_from_dict(VisionConfig, data)
-    cfg.derive_geometry()
-    cfg.encoder = apply_overrides(cfg.encoder, encoder_sets)
     cfg.derive_geometry()  # the encoder's pooling decides whether a CLS token adds a position
     cfg.validate()
     return cfg

@@ -11,7 +11,6 @@ from ..accounting import count_parameters
 from ..models.registry import create_model, register_presets
 from .transformer import BASE, SMALL
 
-
 # [0,2,1] is [0,4,1,5,2,3]'s rule at N=3 (Sec. 4.2's reading of the best pattern): outer layer 0 keeps inner
 # layer 0 (feeding the last inner layer to the first outer layer "significantly deteriorated" results), the
 # deepest inner layer feeds a shallow outer layer (long path: inner 2 -> outer 1, as inner 4 -> outer 1), and the

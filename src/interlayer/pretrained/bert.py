@@ -13,10 +13,10 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, PretrainedError
 from .export import to_hf
 from .families import BertFamily
-from .hf import PretrainedError, from_checkpoint, read_checkpoint
+from .hf import from_checkpoint, read_checkpoint
 from .tokenization import PretrainedTokenizer
 
 __all__ = ["PA_BERT_ALPHA", "bert_config", "encoder_parameter_map", "export_bert", "import_bert", "pa_bert_section"]
@@ -46,7 +46,7 @@ def import_bert(directory: Union[str, Path], *, num_classes: Optional[int] = Non
                 pooler: Optional[bool] = None, extra_sections: Optional[dict[str, Any]] = None,
                 overrides: Optional[dict[str, Any]] = None, reinitialise: bool = False
                 ) -> tuple[nn.Module, PretrainedTokenizer]:
-    """``(model, tokenizer)`` of a text checkpoint folder: :func:`~interlayer.pretrained.from_hf` with its options,
+    """``(model, tokenizer)`` of a text checkpoint folder: :func:`~interlayer.pretrained.hf.from_hf` with its options,
     refusing a folder without a tokenizer (fine-tuning needs one)."""
     checkpoint = read_checkpoint(directory)
     if checkpoint.family.modality != "text":
@@ -72,5 +72,5 @@ def pa_bert_section(task: Optional[str] = None, **fields: Any) -> dict[str, Any]
 
 def export_bert(model: nn.Module, tokenizer: PretrainedTokenizer, directory: Union[str, Path]) -> Path:
     """Write ``model`` as a Hugging Face BERT (``BertForSequenceClassification`` for ``pooling="cls"`` with the
-    pooler, else ``BertModel``); :func:`~interlayer.pretrained.to_hf` with ``family="bert"``."""
+    pooler, else ``BertModel``); :func:`~interlayer.pretrained.export.to_hf` with ``family="bert"``."""
     return to_hf(model, directory, tokenizer=tokenizer, family="bert")

@@ -7,14 +7,14 @@ change it at once (PA without the warm-up, ResFormer's ``[0.5, 0.5]`` mix, dynam
 projections, re-initialised layers). The import report says which, with the size, instead of leaving it to be
 found in the first validation score.
 
-How (:func:`step_zero_notes`): on a small fixed probe input (2 rows of up to 8 tokens, or 2 random images) the
-logits of the plain import (no method section, the checkpoint's tensors; what the checkpoint lacks, a new head,
-copied from the imported model) are compared with those of the model with each section alone, whose parameters
-are copied from the imported model (so a method's fresh initialisation is the one the model really has). Every model here runs eager attention, so a difference is the method's, not
-fused-versus-eager rounding; a section is named when its logits move by more than :data:`TOLERANCE`. One plain
-and one single-section model per section are built and freed (for a large checkpoint this is the import's cost
-again per section); the random number generators are left as they were, so a seeded run draws what it drew
-before.
+How (:func:`step_zero_notes`): on a small fixed probe input (2 rows of up to 8 tokens, or 2 random images) the logits of
+the plain import (no method section, the checkpoint's tensors; what the checkpoint lacks, a new head, copied from the
+imported model) are compared with those of the model with each section alone, whose parameters are copied from the
+imported model (so a method's fresh initialisation is the one the model really has). Every model here runs eager
+attention, so a difference is the method's, not fused-versus-eager rounding; a section is named when its logits move by
+more than :data:`TOLERANCE`. One plain and one single-section model per section are built and freed (for a large
+checkpoint this is the import's cost again per section); the random number generators are left as they were, so a seeded
+run draws what it drew before.
 """
 from __future__ import annotations
 

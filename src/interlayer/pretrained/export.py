@@ -49,10 +49,11 @@ from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
 from ..data.lm_tokenizers import ByteBPETokenizer, CharTokenizer
 from ..data.lm_tokenizers import save_tokenizer as save_lm_tokenizer
+from ..errors import PretrainedError
 from ..models.vision import ImageClassifier
-from .families import FAMILIES, Family, HeadLayout, ViTFamily, family_named
+from .families import FAMILIES, HeadLayout, HFFamily, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
-from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, PretrainedError, encoder_config
+from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, encoder_config
 from .remote_code import write_remote_code
 from .run_assets import RunAssets, auto_class_of, copy_run_files, model_card, read_run_assets
 
@@ -108,7 +109,7 @@ def export(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[An
     (:mod:`~interlayer.pretrained.remote_code`) so that it loads with ``trust_remote_code=True`` where interlayer
     is not installed; a folder of a ``transformers`` family needs no code."""
     directory = Path(directory)
-    chosen: Optional[Family] = None
+    chosen: Optional[HFFamily] = None
     problems: list[str]
     try:
         chosen = _family_for(model, family)
@@ -173,7 +174,7 @@ class _Plan:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-def _plan(model: nn.Module, family: Family, assets: RunAssets, tokenizer: Union[AnyTokenizer, None, bool],
+def _plan(model: nn.Module, family: HFFamily, assets: RunAssets, tokenizer: Union[AnyTokenizer, None, bool],
           labels: Optional[Sequence[str]]) -> _Plan:
     """What a transformers export would write, and what stops it."""
     cfg = encoder_config(model.config)
@@ -197,7 +198,7 @@ def _plan(model: nn.Module, family: Family, assets: RunAssets, tokenizer: Union[
     return _Plan(problems, chosen_tokenizer, names, config)
 
 
-def _lost_head(model: nn.Module, family: Family) -> list[str]:
+def _lost_head(model: nn.Module, family: HFFamily) -> list[str]:
     """A classifier whose trained head ``to_hf`` would leave out (it only warns): :func:`export` keeps it by
     writing interlayer's own format instead."""
     cfg = encoder_config(model.config)
@@ -207,7 +208,7 @@ def _lost_head(model: nn.Module, family: Family) -> list[str]:
             f"classifier for {family.title} (to_hf would export the encoder and leave the trained head out)"]
 
 
-def _write_hf(model: nn.Module, directory: Path, chosen: Family, assets: RunAssets, plan: _Plan) -> Path:
+def _write_hf(model: nn.Module, directory: Path, chosen: HFFamily, assets: RunAssets, plan: _Plan) -> Path:
     cfg = encoder_config(model.config)
     tokenizer = plan.tokenizer
     directory.mkdir(parents=True, exist_ok=True)
@@ -262,7 +263,7 @@ def _save_tokenizer(tokenizer: AnyTokenizer, directory: Path, cfg: ModelConfig, 
         tokenizer.save_pretrained(directory)
 
 
-def _family_for(model: nn.Module, name: Optional[str]) -> Family:
+def _family_for(model: nn.Module, name: Optional[str]) -> HFFamily:
     """The named family, or the one family that expresses the model (see :func:`to_hf`)."""
     if name is not None:
         try:
@@ -290,7 +291,7 @@ def _family_for(model: nn.Module, name: Optional[str]) -> Family:
     raise PretrainedError(f"no Hugging Face family computes this model ({reasons}); {OWN_FORMAT}")
 
 
-def _field_problems(family: Family, cfg: ModelConfig) -> list[str]:
+def _field_problems(family: HFFamily, cfg: ModelConfig) -> list[str]:
     """Core fields the family's ``config.json`` cannot carry: it must translate back to exactly ``cfg``'s."""
     hf = family.hf_config(cfg)
     expected = family.core_fields(hf)
@@ -299,7 +300,7 @@ def _field_problems(family: Family, cfg: ModelConfig) -> list[str]:
                                   if key not in family.unused_fields and getattr(cfg, key) != value]
 
 
-def _problems(family: Family, model: nn.Module, cfg: ModelConfig) -> list[str]:
+def _problems(family: HFFamily, model: nn.Module, cfg: ModelConfig) -> list[str]:
     problems = _field_problems(family, cfg)
     if family.modality == "image" and not isinstance(model, ImageClassifier):
         problems.append("a text model (ViT reads images)")
@@ -327,7 +328,7 @@ def _problems(family: Family, model: nn.Module, cfg: ModelConfig) -> list[str]:
     return problems
 
 
-def _tokenizer_problems(tokenizer: Optional[AnyTokenizer], family: Family, cfg: ModelConfig) -> list[str]:
+def _tokenizer_problems(tokenizer: Optional[AnyTokenizer], family: HFFamily, cfg: ModelConfig) -> list[str]:
     if tokenizer is None:
         return []
     if family.modality == "image":
@@ -344,14 +345,14 @@ def _tokenizer_problems(tokenizer: Optional[AnyTokenizer], family: Family, cfg: 
     return []
 
 
-def _head_layout(family: Family, cfg: ModelConfig) -> Optional[HeadLayout]:
+def _head_layout(family: HFFamily, cfg: ModelConfig) -> Optional[HeadLayout]:
     """The classification head the model's pooling and pooler match, or None (the encoder alone is exported)."""
     if cfg.pooling != "cls":
         return None
     return next((layout for layout in family.heads if layout.needs_pooler == bool(cfg.classifier_hidden)), None)
 
 
-def _hf_config(family: Family, model: nn.Module, cfg: ModelConfig, layout: Optional[HeadLayout],
+def _hf_config(family: HFFamily, model: nn.Module, cfg: ModelConfig, layout: Optional[HeadLayout],
                labels: Optional[list[str]]) -> dict[str, Any]:
     config = family.hf_config(cfg)
     architecture = layout.architectures[0] if layout is not None else family.export_model

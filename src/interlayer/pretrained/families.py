@@ -1,11 +1,11 @@
 """The Hugging Face model families interlayer imports and exports, each one mapping onto the core.
 
-A :class:`Family` says which ``config.json`` ``model_type``s it covers, which core fields its config gives (and
+A :class:`HFFamily` says which ``config.json`` ``model_type``s it covers, which core fields its config gives (and
 which settings it refuses, naming the field), how its tensor names map onto core parameters, which task heads
 load, and how ``config.json`` is written back. Import, export and fine-tuning
 (:mod:`interlayer.pretrained.hf`) only go through these mappings, so a further family is one more entry in
 :data:`FAMILIES`. A checkpoint tensor that holds several core parameters (GPT-2's fused query/key/value) is split
-on reading (:meth:`Family.split`) into named parts and joined again on export (:meth:`Family.join`).
+on reading (:meth:`HFFamily.split`) into named parts and joined again on export (:meth:`HFFamily.join`).
 
 The families (each mapping's reasons are on its class):
 
@@ -51,7 +51,7 @@ class HeadLayout:
     needs_pooler: bool = True  # False: the head reads the [CLS] state directly (ViTForImageClassification)
 
 
-class Family(ABC):
+class HFFamily(ABC):
     """One ``transformers`` architecture family on the core (see the module docstring)."""
 
     name: str = ""
@@ -154,7 +154,7 @@ _BERT_EMBEDDINGS = {"embeddings.word_embeddings.weight": "encoder.embed.tokens.w
 _POOLER = {"pooler.dense.weight": "pooler.0.weight", "pooler.dense.bias": "pooler.0.bias"}
 
 
-class BertFamily(Family):
+class BertFamily(HFFamily):
     """BERT (Devlin et al. 2019) and ELECTRA's discriminator (BERT's encoder under ``electra.``).
 
     Post-LN layers, exact-erf GELU, learned absolute positions from 0, token types as ``n_segments``, a LayerNorm
@@ -270,7 +270,7 @@ _DISTIL_LAYER = {"attention.q_lin": "self_attn.q_proj", "attention.k_lin": "self
 DISTILBERT_LAYER_NORM_EPS = 1e-12  # hard-coded in transformers' DistilBERT, not a config field
 
 
-class DistilBertFamily(Family):
+class DistilBertFamily(HFFamily):
     """DistilBERT (Sanh et al. 2019): BERT's post-LN layer under other names, without token types or pooler.
 
     ``sinusoidal_pos_embds=True`` checkpoints store the fixed table in ``position_embeddings``: it loads as a
@@ -324,7 +324,7 @@ _VIT_POSITIONS = "embeddings.position_embeddings"
 VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE = 0.5, 0.5, 1 / 255
 
 
-class ViTFamily(Family):
+class ViTFamily(HFFamily):
     """ViT (Dosovitskiy et al. 2021) as ``ViTModel`` / ``ViTForImageClassification`` on the core's ViT.
 
     The patch embedding is the same stride-``p`` convolution (``embed.proj``), patches in raster order after the
@@ -435,7 +435,7 @@ _FUSED = re.compile(r"(h\.\d+\.attn\.c_attn)\.(weight|bias)")
 _GPT2_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # older transformers' causal-mask buffers
 
 
-class GPT2Family(Family):
+class GPT2Family(HFFamily):
     """GPT-2 (Radford et al. 2019) as ``GPT2Model`` / ``GPT2LMHeadModel`` on the core's ``causal_lm``.
 
     * **Layers**: pre-LN (``ln_1`` before attention, ``ln_2`` before the MLP, ``ln_f`` after the stack: the core's
@@ -548,16 +548,16 @@ class GPT2Family(Family):
         return hf["n_positions"]
 
 
-FAMILIES: tuple[Family, ...] = (BertFamily(), RobertaFamily(), DistilBertFamily(), ViTFamily(), GPT2Family())
-SUPPORTED_MODEL_TYPES: dict[str, Family] = {t: family for family in FAMILIES for t in family.model_types}
+FAMILIES: tuple[HFFamily, ...] = (BertFamily(), RobertaFamily(), DistilBertFamily(), ViTFamily(), GPT2Family())
+SUPPORTED_MODEL_TYPES: dict[str, HFFamily] = {t: family for family in FAMILIES for t in family.model_types}
 
 
-def family_of(model_type: Optional[str]) -> Optional[Family]:
+def family_of(model_type: Optional[str]) -> Optional[HFFamily]:
     """The family of a ``config.json`` ``model_type``, or None."""
     return SUPPORTED_MODEL_TYPES.get(model_type or "")
 
 
-def family_named(name: str) -> Family:
+def family_named(name: str) -> HFFamily:
     """A family by its name (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"vit"``, ``"gpt2"``)."""
     for family in FAMILIES:
         if family.name == name:

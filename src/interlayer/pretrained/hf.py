@@ -51,19 +51,18 @@ from ..build import build_model
 from ..checkpoint import build_on_meta, check_buffers, check_config_sizes
 from ..config import ModelConfig, config_from_dict
 from ..core.hub import PretrainedMixin
-from ..errors import ConfigError
-from ..fileio import read_json
 from ..data.lm_tokenizers import LMTokenizer
+from ..errors import ConfigError, PretrainedError, TokenizerError
+from ..fileio import confined, read_json
 from ..methods import METHODS
 from ..models.registry import get_config
 from ..models.vision import VisionConfig, build_vision_model
-from .bpe import BPETokenizer
-from .families import (SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, Family, HeadLayout,
-                       family_of)
+from .byte_level_bpe import BPETokenizer
 from .exact_start import step_zero_notes
+from .families import SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, HeadLayout, HFFamily, family_of
 from .gpt2 import load_gpt2_tokenizer
-from .hf_files import PretrainedError, confined, read_weights, resolve_source
-from .tokenization import PretrainedTokenizer, TokenizerError, tokenizer_kind
+from .hf_files import read_weights, resolve_source
+from .tokenization import PretrainedTokenizer, tokenizer_kind
 from .wordpiece import WordPieceTokenizer
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class HFCheckpoint:
 
     directory: Path
     hf: dict[str, Any]
-    family: Family
+    family: HFFamily
     state: dict[str, Tensor]
     tokenizer: Optional[AnyTokenizer] = None
     notes: list[str] = field(default_factory=list)
@@ -122,7 +121,7 @@ class HFCheckpoint:
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], Family]:
+def read_hf_config(directory: Union[str, Path]) -> tuple[dict[str, Any], HFFamily]:
     """``config.json`` of a supported checkpoint and its family, checked for everything the core cannot compute."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -168,7 +167,7 @@ def read_checkpoint(directory: Union[str, Path]) -> HFCheckpoint:
     return checkpoint
 
 
-def read_tokenizer(directory: Path, hf: dict[str, Any], family: Family, notes: list[str]
+def read_tokenizer(directory: Path, hf: dict[str, Any], family: HFFamily, notes: list[str]
                    ) -> Optional[AnyTokenizer]:
     """The folder's tokenizer, truncating to what the position table numbers; None (with a note) without one."""
     if family.arch == "causal_lm" and tokenizer_kind(directory) == "bpe":
@@ -233,8 +232,8 @@ def _sentence_transformers_pooling(directory: Path) -> Optional[str]:
     for module in read_json(modules_path, PretrainedError, expect=list, within=directory):
         if isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling"):
             config_path = directory / str(module.get("path", "")) / "config.json"
-            modes = (read_json(confined(directory, config_path, modules_path), PretrainedError)
-                     if os.path.lexists(config_path) else {})
+            modes = (read_json(confined(config_path, directory, PretrainedError, named_by=modules_path),
+                               PretrainedError) if os.path.lexists(config_path) else {})
             chosen = [mode for mode, on in modes.items() if mode.startswith("pooling_mode_") and on]
             if chosen == ["pooling_mode_mean_tokens"]:
                 return "mean"
@@ -332,7 +331,7 @@ def _pooling_plan(checkpoint: HFCheckpoint, pooling: Optional[str], pooler: Opti
     return pooling, pooler
 
 
-def _pooler_width(family: Family, hf: dict[str, Any]) -> int:
+def _pooler_width(family: HFFamily, hf: dict[str, Any]) -> int:
     width = hf.get("hidden_size", hf.get("dim"))
     return int(hf.get("pooler_output_size", width)) if family.modality == "image" else int(width)
 
@@ -351,7 +350,7 @@ def _pad_id(checkpoint: HFCheckpoint) -> int:
 
 
 def _checked_sections(extra_sections: Optional[dict[str, Any]], overrides: Optional[dict[str, Any]],
-                      family: Family) -> dict[str, Any]:
+                      family: HFFamily) -> dict[str, Any]:
     """Method sections and the few core fields that do not change what the weights compute."""
     sections = dict(extra_sections or {})
     method_names = [m.name for m in METHODS]
@@ -470,7 +469,7 @@ def _special_settings(checkpoint: HFCheckpoint, cfg: ModelConfig, report: Import
         cfg.id2label = {int(k): str(v) for k, v in names.items()}
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
 
-def layers_in_weights(family: Family, state: dict[str, Tensor]) -> int:
+def layers_in_weights(family: HFFamily, state: dict[str, Tensor]) -> int:
     """How many encoder layers the checkpoint's tensors hold: layer ``k`` counts when any of its names is there."""
     count, known = 0, set(family.layer_map(0))
     while True:
@@ -614,7 +613,7 @@ def checkpoint_tokenizer(directory: Union[str, Path]) -> PretrainedTokenizer:
     return checkpoint.tokenizer
 
 
-def _copy_state(model: nn.Module, family: Family, mapping: dict[str, str], state: dict[str, Tensor],
+def _copy_state(model: nn.Module, family: HFFamily, mapping: dict[str, str], state: dict[str, Tensor],
                 report: ImportReport, source: str, reinitialise: bool) -> set[int]:
     """Copy ``mapping``'s tensors; returns the ids of the parameters that received one."""
     cfg = encoder_config(model.config)
@@ -655,7 +654,7 @@ def _copy_state(model: nn.Module, family: Family, mapping: dict[str, str], state
     return filled
 
 
-def _init_fresh_heads(model: nn.Module, family: Family, report: ImportReport, std: float) -> None:
+def _init_fresh_heads(model: nn.Module, family: HFFamily, report: ImportReport, std: float) -> None:
     """A pooler/head the checkpoint did not provide: ``transformers``' init (normal(0, std), zero bias)."""
     for name in ("pooler.0", "head"):
         module_name = family.core_prefix + name

@@ -15,15 +15,11 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from .. import fileio
-from ..errors import CheckpointError
+from ..errors import PretrainedError
 from ..fileio import read_json
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-
-
-class PretrainedError(CheckpointError):
-    """A checkpoint that is not a supported Hugging Face model, or a model that cannot become one."""
 
 
 def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
@@ -37,7 +33,7 @@ def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
         path = directory / name
         if not os.path.lexists(path):
             continue
-        confined(directory, path, path)
+        fileio.confined(path, directory, PretrainedError)
         if name.endswith(".index.json"):
             return {k: v for shard in _shards(directory, path) for k, v in _read_one(shard).items()}
         return _read_one(path)
@@ -46,15 +42,8 @@ def read_weights(directory: Union[str, Path]) -> dict[str, Tensor]:
                           f"{present} (convert TensorFlow/Flax checkpoints with transformers first)")
 
 
-def confined(directory: Path, path: Path, named_by: Path) -> Path:
-    """``path`` if it is a regular file inside ``directory`` (after following links); else PretrainedError
-    (:func:`interlayer.fileio.confined`, which allows the Hugging Face cache's own layout: ``REPO/snapshots/REV/``
-    links into ``REPO/blobs/``)."""
-    return fileio.confined(path, directory, PretrainedError, named_by=named_by)
-
-
 def _shards(directory: Path, index: Path) -> list[Path]:
-    """The shard files of an index, each confined to ``directory`` (:func:`_confined`)."""
+    """The shard files of an index, each confined to ``directory`` (:func:`interlayer.fileio.confined`)."""
     data = read_json(index, PretrainedError)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -65,7 +54,7 @@ def _shards(directory: Path, index: Path) -> list[Path]:
         if not name or Path(name).is_absolute() or ".." in Path(name).parts:
             raise PretrainedError(f"{index}: weight_map names the shard {name!r}; a shard must be a file inside "
                                   f"{directory} (no absolute path, no '..'): refused")
-        shards.append(confined(directory, directory / name, index))
+        shards.append(fileio.confined(directory / name, directory, PretrainedError, named_by=index))
     return shards
 
 

@@ -40,20 +40,26 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
-from transformers.modeling_outputs import (BaseModelOutputWithPooling, CausalLMOutputWithPast, ImageClassifierOutput,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    CausalLMOutputWithPast,
+    ImageClassifierOutput,
+    SequenceClassifierOutput,
+)
 
 from ..build import build_model
 from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import config_from_dict
-from ..core.hf_generation import GenerateOutput, UnsupportedGenerationOption, generate_like_hf
+from ..core.hf_generation import GenerateOutput, generate_like_hf
+from ..errors import UnsupportedGenerationOption
 from .hf_config import InterlayerConfig
 
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
 Builder = Callable[[dict[str, Any]], nn.Module]
 # interlayer model type -> (config dict -> model); the Transformer family here, the others through the registry
-BUILDERS: dict[str, Builder] = {"transformer": lambda data: build_model(config_from_dict(data, "config.json interlayer"))}
+BUILDERS: dict[str, Builder] = {
+    "transformer": lambda data: build_model(config_from_dict(data, "config.json interlayer"))}
 FALLBACK_BUILDER: Optional[Callable[[str, dict[str, Any]], nn.Module]] = None  # (model type, config) -> model
 # transformers' from_pretrained options that need nothing here (hub bookkeeping, loading strategies of its own)
 QUIET_OPTIONS = ("trust_remote_code", "_from_auto", "_from_pipeline", "adapter_kwargs", "code_revision",

@@ -6,7 +6,7 @@ model class) resolves its source here:
 * a local folder written by interlayer (``model.safetensors`` whose metadata says ``format: interlayer``, or a
   folder written for ``transformers`` whose ``config.json`` says ``model_type: interlayer``) is rebuilt by
   :func:`interlayer.load_pretrained`, ties and all;
-* a local ``transformers`` folder of a supported family is imported by :func:`~interlayer.pretrained.from_hf`;
+* a local ``transformers`` folder of a supported family is imported by :func:`~interlayer.pretrained.hf.from_hf`;
 * anything else is taken for a Hub repository id and fetched with ``huggingface_hub.snapshot_download`` (its
   cache first; the network only when the files are not cached and ``local_files_only`` is False), then loaded as
   above. ``huggingface_hub`` is optional: interlayer does not depend on it, and without it only local folders load.

@@ -5,15 +5,15 @@ What "self-contained" takes. ``transformers`` loads remote code by copying Pytho
 into its module cache as one flat package (``transformers_modules.<folder>``): the module ``config.json``'s
 ``auto_map`` names, and, recursively, every file it imports relatively (it looks for ``from .name import``
 lines); any other import must be an installed package. The modeling classes
-(:mod:`~interlayer.pretrained.hf_modeling`) need interlayer's model-building code: the config and its method
-sections, ``build``, the core and the methods (about 6,000 lines). So that code is copied too, each module to one
-flat file (``interlayer/core/attention.py`` -> ``il_core_attention.py``), with its relative imports rewritten
-to the flat names (``transformers``' walk follows ``from .name import`` lines only, so a module bound by name,
-``from . import name``, gets such a line beside it: tested with ``transformers``' own walk);
-``modeling_interlayer.py`` and ``configuration_interlayer.py`` are ``hf_modeling`` and ``hf_config``. Only what they import is copied (the closure of their imports, imports inside functions and
-``TYPE_CHECKING`` blocks included): no registry, task, CLI or package ``__init__`` (whose import-time work is
-the installed package's). The third-party imports left are ``torch``, ``numpy``, ``yaml`` and ``safetensors``,
-which ``transformers`` itself requires.
+(:mod:`~interlayer.pretrained.hf_modeling`) need interlayer's model-building code: the config and its method sections,
+``build``, the core and the methods (about 6,000 lines). So that code is copied too, each module to one flat file
+(``interlayer/core/attention.py`` -> ``il_core_attention.py``), with its relative imports rewritten to the flat names
+(``transformers``' walk follows ``from .name import`` lines only, so a module bound by name, ``from . import name``,
+gets such a line beside it: tested with ``transformers``' own walk); ``modeling_interlayer.py`` and
+``configuration_interlayer.py`` are ``hf_modeling`` and ``hf_config``. Only what they import is copied (the closure of
+their imports, imports inside functions and ``TYPE_CHECKING`` blocks included): no registry, task, CLI or package
+``__init__`` (whose import-time work is the installed package's). The third-party imports left are ``torch``, ``numpy``,
+``yaml`` and ``safetensors``, which ``transformers`` itself requires.
 
 Scope: the Transformer family (language models and text classifiers); the image models are built through
 interlayer's registry, so their folders need interlayer installed (refused here, with that reason). The copy is
@@ -142,5 +142,5 @@ def write_remote_code(directory: Path, model_type: str, kind: str) -> dict[str, 
         header = f"# Copied from {module} of interlayer {version} by `interlayer export --with-code`; do not edit.\n"
         write_atomic(directory / f"{flat_name(module)}.py", header + text)
     auto, model_class = AUTO_CLASSES[kind]
-    return {"AutoConfig": "configuration_interlayer.InterlayerConfig", "AutoModel": "modeling_interlayer.InterlayerModel",
-            auto: f"modeling_interlayer.{model_class}"}
+    return {"AutoConfig": "configuration_interlayer.InterlayerConfig",
+            "AutoModel": "modeling_interlayer.InterlayerModel", auto: f"modeling_interlayer.{model_class}"}

@@ -25,13 +25,18 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
+from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind, load_lm_tokenizer
 from ..errors import CheckpointError
 from ..fileio import confined
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind
-from ..data.lm_tokenizers import load_tokenizer as load_lm_tokenizer
 from .hf import AnyTokenizer, load_tokenizer
-from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
-                           WORDPIECE_VOCAB_FILE, tokenizer_kind)
+from .tokenization import (
+    BPE_MERGES_FILE,
+    BPE_VOCAB_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    WORDPIECE_VOCAB_FILE,
+    tokenizer_kind,
+)
 
 # Files a run folder's tokenizer may consist of (HF's and interlayer's), copied by an own-format export.
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE, WORDPIECE_VOCAB_FILE, BPE_VOCAB_FILE,

@@ -2,10 +2,10 @@
 
 Two pipelines exist, both on Hugging Face ``tokenizers`` and both giving exactly ``transformers``' ids:
 :class:`~interlayer.pretrained.wordpiece.WordPieceTokenizer` (BERT, ELECTRA, DistilBERT: ``vocab.txt``) and
-:class:`~interlayer.pretrained.bpe.BPETokenizer` (RoBERTa's byte-level BPE from ``vocab.json`` + ``merges.txt``,
-or any pipeline a ``tokenizer.json`` holds, e.g. XLM-R's SentencePiece). The text task only needs what
-:class:`PretrainedTokenizer` declares: encode single texts or pairs (ids, token types, whether truncation cut),
-pad a batch, the pad id and length limit, the tokens by id, and writing the files back.
+:class:`~interlayer.pretrained.byte_level_bpe.BPETokenizer` (RoBERTa's byte-level BPE from ``vocab.json`` +
+``merges.txt``, or any pipeline a ``tokenizer.json`` holds, e.g. XLM-R's SentencePiece). The text task only needs what
+:class:`PretrainedTokenizer` declares: encode single texts or pairs (ids, token types, whether truncation cut), pad a
+batch, the pad id and length limit, the tokens by id, and writing the files back.
 
 Which one a folder needs (:func:`tokenizer_kind`): ``tokenizer_config.json``'s ``tokenizer_class`` when it names
 a known class, else the files present (``vocab.txt`` or a WordPiece ``tokenizer.json`` is WordPiece;
@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
 from ..data.lm_tokenizers import KIND_KEY as LM_KIND_KEY
-from ..errors import DataError
+from ..errors import TokenizerError
 from ..fileio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -42,11 +42,6 @@ WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer"
                      "ElectraTokenizer", "ElectraTokenizerFast")
 BPE_CLASSES = ("RobertaTokenizer", "RobertaTokenizerFast")
 TokenizerKind = Literal["wordpiece", "bpe"]
-
-
-class TokenizerError(DataError):
-    """A vocabulary or tokenizer configuration that cannot give the checkpoint's tokenisation; the message says
-    why (a :class:`~interlayer.errors.DataError`, a ``ValueError``: a bad input wherever it is met)."""
 
 
 class EncodedBatch(dict):

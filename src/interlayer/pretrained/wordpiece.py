@@ -16,7 +16,7 @@ Choices, each matching what ``transformers`` does so that ids are identical:
 * **Special tokens are never split** (``[MASK]`` in raw text is the mask token), as in ``transformers``.
 * **Truncation** is "longest first" over the pair, to ``max_length`` tokens including the special tokens. The
   default length is the checkpoint's ``model_max_length`` (capped at the model's position table by
-  :func:`interlayer.pretrained.import_bert`); ``transformers`` truncates to the same length with
+  :func:`interlayer.pretrained.bert.import_bert`); ``transformers`` truncates to the same length with
   ``truncation=True``.
 """
 from __future__ import annotations
@@ -28,11 +28,21 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from ..errors import TokenizerError
 from ..fileio import read_json, read_text
-
-from .tokenization import (SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, AddedTokenSpec, EncodedBatch,
-                           PretrainedTokenizer, TokenizerError, add_tokens, checked_special_tokens, model_max_length,
-                           read_added_tokens, read_special_tokens)
+from .tokenization import (
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    AddedTokenSpec,
+    EncodedBatch,
+    PretrainedTokenizer,
+    add_tokens,
+    checked_special_tokens,
+    model_max_length,
+    read_added_tokens,
+    read_special_tokens,
+)
 from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]

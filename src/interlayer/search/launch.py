@@ -27,13 +27,33 @@ import optuna
 from optuna.trial import TrialState
 
 from ..fileio import write_json
-from ..training.cluster import (POLL_SECONDS, LauncherSettings, attach, job_body, job_result, job_state,
-                                make_executor, refresh)
+from ..training.cluster import (
+    POLL_SECONDS,
+    LauncherSettings,
+    attach,
+    job_body,
+    job_result,
+    job_state,
+    make_executor,
+    refresh,
+)
 from ..training.concurrency import ForwardedInterrupts
-from .mpt import (Objective, SearchOutcome, SearchSettings, TrialRequest, TrialResult, _earlier_holder,
-                  _first_heartbeat, completed_count, open_study, start_study, train_trial, write_report)
+from .mpt import (
+    Objective,
+    SearchOutcome,
+    SearchSettings,
+    TrialRequest,
+    TrialResult,
+    _earlier_holder,
+    _first_heartbeat,
+    completed_count,
+    open_study,
+    start_study,
+    train_trial,
+    write_report,
+)
 from .policy import decode
-from .sampler import PHASE_ATTR, PARAM, Definition
+from .sampler import PARAM, PHASE_ATTR, Definition
 
 JOBS_FILE = "jobs.json"
 SUBMITIT_FOLDER = "slurm"

@@ -48,18 +48,28 @@ from typing import Any, Callable, Iterator, Optional
 
 import optuna
 import sqlalchemy
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.samplers import BaseSampler
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from ..config_io import dataclass_from_dict
 from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
+from ..training.config import TrainConfig
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
-from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PARAM, PHASE_ATTR, STRATEGY_ATTR, Definition, MPTSearchSampler,
-                      trial_pattern)
+from .sampler import (
+    CONDITIONS_ATTR,
+    DEFINITION_ATTR,
+    PARAM,
+    PHASE_ATTR,
+    STRATEGY_ATTR,
+    Definition,
+    MPTSearchSampler,
+    trial_pattern,
+)
 
 DEFAULT_STUDY = "mpt-search"
 DEFAULT_OUTPUT = "runs/search/mpt-{task}"
@@ -69,13 +79,14 @@ HEARTBEAT_SECONDS = 60
 # -- settings and the study ----------------------------------------------------------------------------------------
 @dataclass
 class SearchSettings:
-    """One ``interlayer search mpt`` command (``sets`` as ``--set`` strings: model fields, train.KEY, data.KEY)."""
+    """One ``interlayer search mpt`` command (``sets``: model fields, train.KEY, data.KEY, as ``--set`` text or typed
+    values: ``--compile`` gives ``train.compile=True``)."""
 
     task: str
     trials: int
     output: Path
     preset: Optional[str] = None
-    sets: dict[str, str] = field(default_factory=dict)
+    sets: dict[str, Any] = field(default_factory=dict)
     coarse: Optional[int] = None  # default (trials - 1) // 2: half the trials, the identity included
     top_k: int = 3
     poor_fraction: float = 0.5
@@ -112,7 +123,8 @@ class SearchSettings:
 
     def conditions(self) -> dict[str, Any]:
         """What every trial of one study shares (a worker with other conditions is refused)."""
-        return {"task": self.task, "preset": self.preset, "sets": {k: str(v) for k, v in sorted(self.sets.items())},
+        sets = {k: v if isinstance(v, str) else json.dumps(v) for k, v in sorted(self.sets.items())}  # as --set text
+        return {"task": self.task, "preset": self.preset, "sets": sets,
                 "seed": self.seed, "budget_minutes": self.budget_minutes}
 
 
@@ -134,9 +146,7 @@ def with_preset(settings: SearchSettings) -> SearchSettings:
 def resolve_definition(settings: SearchSettings) -> Definition:
     """Build the task (reads the data, e.g. trains the BPE) and resolve the model with the identity pattern, so
     that a bad ``--set`` or data path fails before any worker starts."""
-    from ..config import dataclass_from_dict
     from ..experiment import split_overrides
-    from ..training import TrainConfig
 
     spec = task_spec(settings.task)
     model_sets, train_sets, data_sets = split_overrides(settings.sets)

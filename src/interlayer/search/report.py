@@ -18,8 +18,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..tables import format_table
 from .policy import Record, encode, rank_completed
-from .sampler import (CONDITIONS_ATTR, DEFINITION_ATTR, PHASE_ATTR, STRATEGY_ATTR, Definition, study_records,
-                      trial_pattern)
+from .sampler import (
+    CONDITIONS_ATTR,
+    DEFINITION_ATTR,
+    PHASE_ATTR,
+    STRATEGY_ATTR,
+    Definition,
+    study_records,
+    trial_pattern,
+)
 
 DPI = 100
 

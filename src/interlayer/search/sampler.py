@@ -42,6 +42,8 @@ def trial_pattern(trial: FrozenTrial) -> Optional[str]:
 
 
 def study_records(trials: Sequence[FrozenTrial], *, exclude: Optional[int] = None) -> list[Record]:
+    """The study's trials that have a pattern, as the strategy reads them (number, pattern, phase, state, value: the
+    last only for completed trials), but for trial ``exclude`` (the one being sampled)."""
     records = []
     for t in trials:
         pattern = trial_pattern(t)

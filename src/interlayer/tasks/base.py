@@ -21,10 +21,10 @@ is, methods are hooks with defaults that a task overrides where it differs::
             return {"test_accuracy": ...}
 
 Every other hook is optional: ``add_arguments``/``options_from_args`` (flags of ``interlayer train mytask``),
-``evaluate`` (``interlayer evaluate``), ``sample_input`` (attention-map pictures in ``compare``), ``resolve_model``
-(a model other than the interlayer Transformer; the registry rebuilds it from its saved config), ``defaults_for`` (defaults that depend on
-the user's ``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old record
-``SPEC = TaskSpec(name=..., make_task=f, ...)``: each keyword becomes a class attribute or a method of the same
+``evaluate`` (``interlayer evaluate``), ``sample_input`` (attention-map pictures in ``compare``), ``resolve_model`` (a
+model other than the interlayer Transformer; the registry rebuilds it from its saved config), ``defaults_for`` (defaults
+that depend on the user's ``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old
+record ``SPEC = TaskSpec(name=..., make_task=f, ...)``: each keyword becomes a class attribute or a method of the same
 name taking ``self`` first.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from torch import nn
 
-from ..core.config import dataclass_from_dict
+from ..config_io import dataclass_from_dict
 from ..errors import ConfigError, DataError
 from ..fileio import read_json
 from ..models.registry import create_model, get_config

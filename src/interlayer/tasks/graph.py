@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
+from ..core.losses import label_smoothed_nll, total_loss
+from ..data.planetoid import PlanetoidGraph, load_planetoid
+from ..errors import ConfigError
 from ..fileio import write_atomic
 from ..models.gat import MODEL_TYPE, GATConfig, with_self_loops
 from ..models.registry import get_config, load_pretrained
-from ..data.planetoid import PlanetoidGraph, load_planetoid
-from ..errors import ConfigError
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import TaskSpec
 from .metrics import accuracy, confusion_matrix, format_report, percent_correct
 
@@ -75,6 +75,9 @@ class GraphBatch:
 
 
 class NodeClassificationTask:
+    """Transductive node classification (module docstring): the whole graph is every batch's input, the loss is the
+    cross-entropy of the training nodes, and validation is the accuracy on the validation nodes."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True

@@ -34,17 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import get_config, load_pretrained
-from ..core.config import check_choices
+from ..config_io import check_choices
+from ..core.losses import label_smoothed_nll, total_loss
 from ..data.idx import read_labelled_images, write_idx
 from ..data.parallel import resolve_path
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
-from ..pretrained.hf import load_checkpoint
-from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
-from ..training.config import TrainConfig
-from ..core.losses import label_smoothed_nll, total_loss
+from ..models.registry import get_config, load_pretrained
 from ..models.vision import VisionConfig
+from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
+from ..pretrained.hf import load_checkpoint
+from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec
 from .metrics import confusion_matrix, format_report, percent_correct, percent_correct_tensor, summary

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Optional, Union, get_args, overload
 
 import torch
@@ -55,22 +55,31 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import load_pretrained
 from ..config import ModelConfig
-from ..core.config import check_choices
+from ..config_io import check_choices
 from ..core.generation import SamplingOptions
-from ..data.corpus import load_corpus, read_text, resolve
-from ..data.lm_tokenizers import (TOKENIZER_FILE, IdTokenizer, Kind, LMTokenizer, chars_tokenizer, load_tokenizer,
-                                  save_tokenizer, tokenizer_from_json, train_tokenizer)
+from ..core.losses import label_smoothed_nll, total_loss
+from ..data.corpus import load_corpus, read_corpus_text, resolve
+from ..data.lm_tokenizers import (
+    TOKENIZER_FILE,
+    IdTokenizer,
+    Kind,
+    LMTokenizer,
+    chars_tokenizer,
+    load_lm_tokenizer,
+    save_tokenizer,
+    tokenizer_from_json,
+    train_tokenizer,
+)
 from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
-from ..pretrained.hf import load_checkpoint
+from ..models.registry import load_pretrained
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
+from ..pretrained.hf import load_checkpoint
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 
 SPLITS = ("train", "valid", "test")
@@ -176,6 +185,11 @@ def _token_corpus(root: Path, data: LMData, tokenizer: Optional[LMTokenizer]
 
 
 class LanguageModelingTask:
+    """Next-token prediction on a corpus (module docstring): the text tokenized once (characters, a trained byte-level
+    BPE, a checkpoint's tokenizer, or token files), blocks of ``block_size + 1`` tokens at seeded random offsets, and
+    validation as the loss (nats per token), perplexity and bits per character or byte on blocks spread over the
+    validation text."""
+
     metric = "loss"
     higher_is_better = False
     metric_decimals = 3  # a comparison's table: differences between models are a few thousandths of a nat
@@ -296,7 +310,7 @@ def load_language_model(directory: Path, device: Union[str, torch.device, None] 
                         ) -> tuple[nn.Module, LMTokenizer]:
     """A saved language model (``RUN_DIR/best``) with its tokenizer, on ``device`` (default the CPU)."""
     directory = Path(directory)
-    tokenizer = load_tokenizer(directory)
+    tokenizer = load_lm_tokenizer(directory)
     model = load_pretrained(directory, device).eval()
     if getattr(model.config, "arch", None) != "causal_lm":
         raise ConfigError(f"{directory} holds a {getattr(model.config, 'arch', type(model).__name__)!r} model, not "
@@ -372,7 +386,7 @@ class LanguageModelingSpec(TaskSpec):
         stored = run_dir / "task.json"
         imported = (read_json(stored, DataError, within=run_dir).get("pretrained") if os.path.lexists(stored)
                     else None)
-        return LanguageModelingTask(data, train, tokenizer=load_tokenizer(run_dir), imported=imported)
+        return LanguageModelingTask(data, train, tokenizer=load_lm_tokenizer(run_dir), imported=imported)
 
     def finish(self, task: LanguageModelingTask, run_dir: Path, state: Any, options: dict[str, Any]
                ) -> dict[str, Any]:
@@ -422,7 +436,7 @@ class LanguageModelingSpec(TaskSpec):
         data = self.saved_data(directory)
         task = LanguageModelingTask(data, TrainConfig(max_tokens=16 * data.block_size), tokenizer=tokenizer)
         if args.data:
-            texts = {args.data: tokenizer.encode_tensor(read_text(args.data))}
+            texts = {args.data: tokenizer.encode_tensor(read_corpus_text(args.data))}
         else:
             texts = {split: task.ids[split] for split in ("valid", "test")}
         lines = [f"{name}: " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"

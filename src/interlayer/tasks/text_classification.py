@@ -47,21 +47,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
+from ..core.losses import label_smoothed_nll, total_loss
+from ..data.classification import (
+    MRPC,
+    PAD_ID,
+    SICK,
+    SST2,
+    SST5,
+    DataFormat,
+    Encoded,
+    Example,
+    WordVocab,
+    encode_example,
+)
+from ..data.parallel import resolve_path
+from ..errors import ConfigError, DataError
+from ..fileio import read_json, read_yaml_or_json, write_atomic
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
-from ..errors import ConfigError, DataError
-from ..fileio import read_json, read_yaml_or_json, write_atomic
-from ..data.classification import (MRPC, PAD_ID, SICK, SST2, SST5, DataFormat, Encoded, Example, WordVocab,
-                                   encode_example)
-from ..data.parallel import resolve_path
-from ..pretrained import PretrainedTokenizer, load_tokenizer
-from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
-from ..pretrained.tokenization import tokenizer_kind
+from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint, load_tokenizer
+from ..pretrained.tokenization import PretrainedTokenizer, tokenizer_kind
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .metrics import accuracy, confusion_matrix, format_report, per_class_scores
 
@@ -134,6 +143,8 @@ class MRPCData(TextClassificationData):
 
 @dataclass
 class Batch:
+    """Encoded sentences (or pairs, with their segment ids) and their labels."""
+
     tokens: Tensor  # (B, T) ids, PAD_ID-padded
     segments: Optional[Tensor]  # (B, T) 0/1 for sentence pairs, None for single sentences
     labels: Tensor  # (B,)
@@ -141,6 +152,9 @@ class Batch:
 
 @dataclass
 class EncodedSet:
+    """A split encoded once: each example's ids and its label; ``truncated`` counts the examples the length limit cut.
+    """
+
     inputs: list[Encoded]
     labels: list[int]
 
@@ -241,6 +255,10 @@ def metrics(gold: Sequence[int], predicted: Sequence[int], num_classes: int, f1_
 
 # -- the task --------------------------------------------------------------------------------------------------
 class TextClassificationTask:
+    """Training and scoring a text classifier (module docstring): the sentences or pairs encoded once with the run's
+    vocabulary (trained on the training split) or a checkpoint's tokenizer, seeded batches of similar lengths,
+    cross-entropy, and validation by accuracy (and F1 where the task has it)."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "accuracy"
     higher_is_better = True

@@ -20,16 +20,16 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..accounting import count_madds, count_parameters
+from ..core.losses import label_smoothed_nll, total_loss
 from ..data.batching import epoch_order, length_buckets
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID, VocabPair
 from ..data.parallel import read_parallel, resolve_path
-from ..accounting import count_madds, count_parameters
 from ..errors import CheckpointError, ConfigError, DataError
-from ..models.registry import load_pretrained
 from ..fileio import read_json, write_atomic
+from ..models.registry import load_pretrained
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
-from ..core.losses import label_smoothed_nll, total_loss
 from .base import SampleInput, TaskSpec
 from .translation_decoding import DecodeOptions, decode
 
@@ -63,6 +63,9 @@ def pad_batch(rows: Sequence[Sequence[int]]) -> Tensor:
 
 @dataclass
 class TranslationBatch:
+    """A batch of sentence pairs as padded id tensors: the source, the decoder's input (``<s> y``) and its targets (``y
+    </s>``)."""
+
     src: Tensor  # (B, S) ids + EOS, padded
     tgt_in: Tensor  # (B, T) BOS + ids
     tgt_out: Tensor  # (B, T) ids + EOS, PAD where absent
@@ -70,6 +73,11 @@ class TranslationBatch:
 
 
 class TranslationTask:
+    """Training and scoring a translation model on parallel text (module docstring): BPE vocabularies trained on the
+    training split (or a run's own, on resume), token-budget batches by length, label-smoothed cross-entropy, validation
+    by the teacher-forced loss and sacreBLEU of greedy decoding, and the test set scored with beam search (sacreBLEU and
+    chrF on detokenized output)."""
+
     device = torch.device("cpu")  # the engine sets the training device (Task.device)
     metric = "bleu"
     higher_is_better = True

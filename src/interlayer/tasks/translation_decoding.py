@@ -20,8 +20,11 @@ from torch import Tensor, nn
 from ..data.bpe import BOS_ID, EOS_ID, PAD_ID
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeOptions:
+    """How the translation task decodes: beam width, fairseq's length penalty and length limit (``max_len_a *
+    source length + max_len_b``), and whether the decoder keeps a KV cache."""
+
     beam: int = 5
     lenpen: float = 1.0
     max_len_a: float = 1.2

@@ -22,18 +22,18 @@ four-layer MCAN on VQA-v2, clean and noisy, with PAvPU); the model is :mod:`inte
   (Sort-of-CLEVR: also relational / non-relational), and PAvPU from 20 passes with attention dropout on
   (:mod:`.vqa_metrics`; ``model.mc_attention``: Monte-Carlo dropout of the attention weights is the sampling of
   attention weights a deterministic-attention model offers, Fan et al.'s stochastic attention being a different
-  model). ``noise_std`` adds Gaussian noise (mean 0, variance ``noise_std^2``, Crossformer Sec. 3.2: variance 1)
-  to the region features where MCAN projects them to ``d_model``: the input features, or for pixels the CNN
-  stem's output cells (the "image features" MCAN's attention reads), never the pixels; drawn once per question, the
-  same in all 21 passes (handed to ``MCAN.forward`` as ``feature_noise``). ``finish`` scores the test split clean and with noise 1.0 and draws ``attention.png``: a
-  test image, its question and answers, and MCAN's attention over the image regions.
+  model). ``noise_std`` adds Gaussian noise (mean 0, variance ``noise_std^2``, Crossformer Sec. 3.2: variance 1) to the
+  region features where MCAN projects them to ``d_model``: the input features, or for pixels the CNN stem's output cells
+  (the "image features" MCAN's attention reads), never the pixels; drawn once per question, the same in all 21 passes
+  (handed to ``MCAN.forward`` as ``feature_noise``). ``finish`` scores the test split clean and with noise 1.0 and draws
+  ``attention.png``: a test image, its question and answers, and MCAN's attention over the image regions.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,19 +46,30 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
-from ..models.registry import get_config, load_pretrained
-from ..core.config import check_choices
+from ..config_io import check_choices
 from ..data import sort_of_clevr as soc
+from ..data.vqa_formats import (
+    FeatureStore,
+    VQAItem,
+    answer_vocabulary,
+    check_images,
+    normalize_answer,
+    open_features,
+    read_clevr,
+    read_gqa,
+    read_vqa2,
+    tokenize_question,
+    word_vocabulary,
+)
 from ..errors import ConfigError, DataError
-from ..data.vqa_formats import (FeatureStore, VQAItem, answer_vocabulary, check_images, normalize_answer,
-                                open_features, read_clevr, read_gqa, read_vqa2, tokenize_question, word_vocabulary)
 from ..fileio import read_json, write_atomic
 from ..models.mcan import MODEL_TYPE, MCANConfig
+from ..models.registry import get_config, load_pretrained
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import TaskSpec
-from .vqa_metrics import PAvPU, SAMPLES, by_type, certainty, soft_scores, vqa_accuracy
+from .vqa_metrics import SAMPLES, PAvPU, by_type, certainty, soft_scores, vqa_accuracy
 
 TASK_NAME = "vqa"
 Dataset = Literal["sort_of_clevr", "vqa2", "clevr", "gqa"]
@@ -143,6 +154,9 @@ class VQAData:
 # -- splits ---------------------------------------------------------------------------------------------------
 @dataclass
 class Vocab:
+    """The question words and the answers of a VQA data set (built on the training split, saved with the run), and
+    their indices."""
+
     words: list[str]
     answers: list[str]
     word_index: dict[str, int] = field(init=False)
@@ -189,6 +203,8 @@ class RegionImages:
         self.store, self.max_regions = store, max_regions
 
     def batch(self, keys: Sequence[str]) -> tuple[Tensor, Optional[Tensor]]:
+        """The regions of the images ``keys`` as one zero-padded ``(B, R, feature_dim)`` tensor and its padding mask
+        (True at padding)."""
         arrays = [self.store[k][:self.max_regions] for k in keys]
         regions = max(len(a) for a in arrays)
         features = torch.zeros(len(arrays), regions, arrays[0].shape[1])
@@ -204,6 +220,9 @@ class RegionImages:
 
 @dataclass
 class Split:
+    """One split of a VQA data set, encoded: its items, the questions as padded word ids, each question's soft answer
+    scores (VQA accuracy's min(#humans / 3, 1)) and the images (pixels or region features)."""
+
     items: list[VQAItem]
     questions: Tensor  # (N, max_question_len) word ids, PAD after the question
     targets: list[dict[int, float]]  # soft scores by answer index
@@ -407,6 +426,10 @@ def attention_picture(split: Split, index: int, metrics: dict[str, Any], path: P
 
 # -- the task -------------------------------------------------------------------------------------------------
 class VQATask:
+    """Training and scoring MCAN on question answering (module docstring): questions and answers encoded with the run's
+    vocabularies, images as features or pixels, the answer cross-entropy, and validation by accuracy; at the end the
+    test split is scored clean and noisy, with PAvPU."""
+
     device = torch.device("cpu")
     metric = "accuracy"
     higher_is_better = True

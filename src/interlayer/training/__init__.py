@@ -1,5 +1,6 @@
-"""The training engine shared by every task: optimisation, logging, checkpoints, resumption."""
-from .config import TrainConfig
-from .engine import Trainer
+"""The training engine shared by every task: optimisation, logging, checkpoints, resumption.
 
-__all__ = ["TrainConfig", "Trainer"]
+:mod:`.config` the settings (``TrainConfig``, ``train.*``), :mod:`.engine` the loop (``Trainer``), :mod:`.device`
+devices and precision, :mod:`.state_file` the checkpoint, :mod:`.step_logs` and :mod:`.metric_logs` what is logged,
+:mod:`.distributed` DDP, :mod:`.concurrency` locks and threads, :mod:`.cluster` SLURM jobs.
+"""

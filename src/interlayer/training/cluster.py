@@ -23,6 +23,7 @@ use) or inside this process (``debug``, submitit's ``DebugExecutor``).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -72,6 +73,7 @@ class LauncherSettings:
                 raise ConfigError(message)
 
     def describe(self) -> str:
+        """One line for the report's environment: where the jobs ran and what each asked for."""
         where = {"slurm": "SLURM jobs", "local": "submitit local jobs (processes on this machine)",
                  "debug": "submitit debug jobs (in this process)"}[self.cluster]
         parts = [f"partition {self.partition}"] if self.partition else []
@@ -119,6 +121,55 @@ def parse_slurm_sets(pairs: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--slurm-set expects KEY=VALUE (e.g. --slurm-set mem_gb=64), got {pair!r}")
         out[key.strip()] = load_yaml(value, f"--slurm-set {key.strip()}", inline=True) if value else ""
     return out
+
+
+# -- the command line's options (compare and search) -----------------------------------------------------------
+def _slurm_time(text: str) -> int:
+    """An argparse type: ``--slurm-time`` in minutes (:func:`parse_time`)."""
+    try:
+        return parse_time(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--slurm-time ")) from None
+
+
+def add_launcher_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--launcher`` and the ``--slurm-*`` options of ``compare`` and ``search`` (``unit``: what one job trains:
+    a run, a trial)."""
+    group = parser.add_argument_group("launcher", f"where each {unit} trains (docs/compare.md, 'On a SLURM cluster')")
+    group.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                       help=f"local: processes on this machine (default); submitit: each {unit} one SLURM job, "
+                            "submitted as a job array and followed until it ends (pip install interlayer[slurm])")
+    group.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
+    group.add_argument("--slurm-gpus-per-run", type=int, default=1, metavar="N",
+                       help=f"GPUs per {unit} (default 1; N > 1: N data-parallel ranks on one node; 0: CPU only)")
+    group.add_argument("--slurm-time", type=_slurm_time, metavar="TIME",
+                       help=f"the time limit of each {unit}'s job, as sbatch takes it (90, 4:00:00, 1-00:00:00; "
+                            "required on SLURM); a run that reaches it saves and is submitted again, resuming")
+    group.add_argument("--slurm-array-parallelism", type=int, metavar="K",
+                       help="jobs of one array running at once (default: submitit's, 256)")
+    group.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option submitit knows, '-' written '_' (mem_gb=64, cpus_per_task=8, "
+                            "constraint=a100, account=NAME, qos=NAME; repeatable)")
+    group.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
+                       help="slurm (default); local: the same jobs as processes on this machine (submitit's local "
+                            "executor, a dry run of the cluster path); debug: in this process")
+
+
+def launcher_from_args(args: argparse.Namespace) -> Optional[LauncherSettings]:
+    """The launcher settings of ``--launcher submitit``, or None for the local launcher (whose ``--slurm-*``
+    options would do nothing, so they are refused)."""
+    given = [f"--{name.replace('_', '-')}" for name in ("slurm_partition", "slurm_time", "slurm_array_parallelism")
+             if getattr(args, name) is not None] + (["--slurm-set"] if args.slurm_set else [])
+    if args.launcher == "local":
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to --launcher submitit only")
+        return None
+    launcher = LauncherSettings(cluster=args.slurm_cluster, partition=args.slurm_partition,
+                                gpus_per_run=args.slurm_gpus_per_run, time_minutes=args.slurm_time,
+                                array_parallelism=args.slurm_array_parallelism,
+                                extra=parse_slurm_sets(args.slurm_set))
+    launcher.validate()
+    return launcher
 
 
 def require_submitit() -> Any:

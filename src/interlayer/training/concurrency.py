@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..errors import DirectoryBusy
+
 LOCK_FILE = "writer.lock"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -73,10 +75,6 @@ class ForwardedInterrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-class DirectoryBusy(RuntimeError):
-    """Another live process holds the directory's lock; the message names it (pid, host, start) and what to do."""
 
 
 def _to_stderr(line: str) -> None:

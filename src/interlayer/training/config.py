@@ -5,13 +5,12 @@ square-root schedule with warm-up, label smoothing 0.1.
 """
 from __future__ import annotations
 
-import os
-
-from dataclasses import dataclass, field
 import importlib.util
+import os
+from dataclasses import dataclass, field
 from typing import Literal
 
-from ..core.config import check_choices, check_finite
+from ..config_io import check_choices, check_finite
 from ..devices import resolve_device
 from ..errors import ConfigError
 
@@ -48,6 +47,12 @@ CHANGEABLE_ON_RESUME: frozenset[str] = frozenset({
 
 @dataclass
 class TrainConfig:
+    """The ``train.*`` settings of a run: optimiser and learning-rate schedule (fairseq's defaults: Adam, inverse square
+    root with warm-up), batches and accumulation, limits (epochs, steps, minutes, patience), checkpoints and averaging,
+    logging, and where and how the steps run (device, precision, compile, TF32). A task gives its own defaults
+    (``TaskSpec.train_defaults``); each field's comment says what it is, :meth:`validate` what it may be. Fields in
+    :data:`CHANGEABLE_ON_RESUME` may change when a run is resumed."""
+
     optimizer: Optimizer = "adam"
     lr: float = 5e-4
     schedule: Schedule = "inverse_sqrt"

@@ -23,7 +23,7 @@ from typing import Any, ContextManager, Iterator, Literal, Optional
 import torch
 from torch import nn
 
-from ..core.config import coerce
+from ..config_io import coerce
 from ..errors import ConfigError
 from .config import PrecisionSetting
 

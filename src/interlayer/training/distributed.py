@@ -22,9 +22,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointError, ConfigError, DataError
-from ..fileio import WriteError, shorten
-from .concurrency import DirectoryBusy
+from ..errors import CheckpointError, ConfigError, DataError, DirectoryBusy, WriteError
+from ..fileio import shorten
 
 # The errors a rank reports as a refusal (a bad input or situation, exit code 2 on every rank); any other error is a
 # failure, ending every rank with exit code 1. The families the command line reports as bad input.
@@ -34,6 +33,9 @@ REFUSALS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointE
 
 @dataclass(frozen=True)
 class DistEnv:
+    """This process's place in a distributed run (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); one process is
+    rank 0 of 1."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0

@@ -36,15 +36,12 @@ What it guarantees:
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import json
 import math
-import os
 import signal
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -54,12 +51,13 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
-from ..errors import CheckpointError
-from . import distributed, state_file
-from ..fileio import atomic_path, write_atomic
-from .config import TrainConfig
 from ..devices import resolve_device
+from ..errors import CheckpointError, DivergenceError
+from ..fileio import atomic_path, write_atomic
+from . import distributed, state_file
+from .config import TrainConfig
 from .device import autocast, configure_tf32, inputs_to, make_scaler, move, resolve_precision
+from .metric_logs import MetricLogs
 from .step_logs import StepLogs
 
 LAST = "checkpoint_last.safetensors"
@@ -68,10 +66,6 @@ BEST_DIR = "best"
 # fp16: the scaler halves its scale at every overflow; this many overflows in a row (a scale 2^-25 of where it
 # was) means the gradients are not finite at any scale: the model itself has diverged.
 MAX_SKIPPED_STEPS = 25
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss or gradients; the message names the step and what was kept."""
 
 
 class Task(Protocol):
@@ -106,6 +100,10 @@ class Task(Protocol):
 
 @dataclasses.dataclass
 class TrainState:
+    """Where a run stands, saved in every checkpoint and restored on resume: the epoch and the batch inside it, the
+    optimiser step, the training seconds spent (the time budget), the best validation metric and its epoch (early
+    stopping's reference), and why the run stopped."""
+
     epoch: int = 1
     batch_in_epoch: int = 0
     step: int = 0
@@ -177,68 +175,6 @@ def _epoch_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("checkpoint[0-9]*.safetensors"), key=lambda p: int(p.stem[len("checkpoint"):]))
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A training checkpoint as a dict (``model``, ``optimizer``, ``state``, ``rng``, ``assets``, configs)."""
-    return state_file.read(path)
-
-
-class _Logs:
-    """CSV files (one per split) plus the scalars in TensorBoard (``tb/``) or Weights & Biases
-    (``train.logger``); W&B also receives the run's configuration, and a resumed run continues the same W&B run
-    (its id is kept in ``RUN_DIR/wandb_id``)."""
-
-    def __init__(self, run_dir: Path, enabled: bool, logger: str = "tensorboard",
-                 config: Optional[dict[str, Any]] = None) -> None:
-        self.run_dir = run_dir
-        self.enabled = enabled  # only rank 0 writes
-        self.logger, self.config = logger, config or {}
-        self._writer: Any = None
-        self._wandb: Any = None
-
-    def write(self, split: str, step: int, values: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        path = self.run_dir / f"{split}.csv"
-        row = {"step": step, **values}
-        fresh = not path.exists()
-        fields = list(row) if fresh else next(csv.reader(path.open()))
-        with path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-            if fresh:
-                writer.writeheader()
-            writer.writerow(row)
-        scalars = {f"{split}/{key}": value for key, value in values.items() if isinstance(value, (int, float))}
-        if self.logger == "wandb":
-            self._wandb_run().log(scalars, step=step)
-            return
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.run_dir / "tb"))
-        for key, value in scalars.items():
-            self._writer.add_scalar(key, value, step)
-        self._writer.flush()
-
-    def _wandb_run(self) -> Any:
-        if self._wandb is None:
-            import wandb
-
-            id_file = self.run_dir / "wandb_id"
-            run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-            write_atomic(id_file, run_id)
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "interlayer"), id=run_id,
-                                     name=self.run_dir.name, dir=str(self.run_dir), config=self.config,
-                                     resume="allow", reinit="create_new")
-        return self._wandb
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
-
-
 def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
                  step_budget: int) -> int:
     """The optimiser step at which training will stop: the step budget, or sooner when the time budget
@@ -252,6 +188,14 @@ def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_min
 
 
 class Trainer:
+    """The training loop every task shares (the module docstring lists what it guarantees): ``fit`` trains ``model`` on
+    ``task`` with the settings ``cfg`` until a limit (epochs, steps, minutes, patience) or a signal, writing the run
+    directory ``run_dir`` (checkpoints, ``best/``, ``averaged/``, the logs).
+
+    A task needs only the :class:`Task` protocol (batches, a loss, a validation); the model is any ``nn.Module``.
+    ``resume=True`` continues from ``checkpoint_last.safetensors`` to the bit. Under ``torchrun`` every rank runs one,
+    and only the main rank writes."""
+
     stop_signal: Optional[int] = None  # the signal (SIGINT, SIGTERM) that stopped fit(): the CLI's exit code
 
     def __init__(self, task: Task, model: nn.Module, cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
@@ -295,7 +239,7 @@ class Trainer:
                                    eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused)
         self.state = TrainState()
         model_config = getattr(model, "config", None)
-        self.logs = _Logs(self.run_dir, self.dist.is_main, cfg.logger,
+        self.logs = MetricLogs(self.run_dir, self.dist.is_main, cfg.logger,
                           {"train": dataclasses.asdict(cfg),
                            "model": model_config.to_dict() if hasattr(model_config, "to_dict") else None})
         self._stop_requested = False
@@ -346,7 +290,7 @@ class Trainer:
                                       "because unpickling a file can run any code it names. Delete it to start "
                                       "the run again, or re-create it with the interlayer that wrote it")
             raise FileNotFoundError(f"cannot resume: {path} does not exist (start without --resume)")
-        ckpt = read_checkpoint(path)
+        ckpt = state_file.read(path)
         current = self.model.config.to_dict()
         if ckpt["model_config"] != current:
             diff = {k: (v, current.get(k)) for k, v in ckpt["model_config"].items() if current.get(k) != v}
@@ -397,6 +341,10 @@ class Trainer:
         return None
 
     def fit(self) -> TrainState:
+        """Train until a limit or a signal (SIGINT and SIGTERM only set a flag: the current step ends and a checkpoint
+        is written), then finish (validate a partial epoch so that ``best/`` holds the best model so far, average the
+        last checkpoints with ``average_last``); returns the final :class:`TrainState`. A finished run returns at
+        once."""
         if self.state.finished:
             return self.state
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

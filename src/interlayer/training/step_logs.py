@@ -92,7 +92,7 @@ def _to_floats(values: list[Value]) -> list[float]:
             by_device.setdefault(v.device, []).append(i)
         else:
             out[i] = float(v)
-    for device, index in by_device.items():
+    for index in by_device.values():
         stacked = torch.stack([values[i].detach().reshape(()).double() for i in index]).tolist()  # type: ignore
         for i, v in zip(index, stacked):
             out[i] = v

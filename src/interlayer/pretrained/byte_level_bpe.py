@@ -29,11 +29,22 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from ..errors import TokenizerError
 from ..fileio import read_json, read_text
-
-from .tokenization import (BPE_MERGES_FILE, BPE_VOCAB_FILE, SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE,
-                           TOKENIZER_FILE, AddedTokenSpec, PretrainedTokenizer, TokenizerError, add_tokens,
-                           checked_special_tokens, model_max_length, read_added_tokens, read_special_tokens)
+from .tokenization import (
+    BPE_MERGES_FILE,
+    BPE_VOCAB_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    AddedTokenSpec,
+    PretrainedTokenizer,
+    add_tokens,
+    checked_special_tokens,
+    model_max_length,
+    read_added_tokens,
+    read_special_tokens,
+)
 
 SPECIAL_DEFAULTS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                     "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
