@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
