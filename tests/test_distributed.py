@@ -15,7 +15,7 @@ from helpers import TEXT, set_args
 from helpers.translation import write_corpus
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
-from interlayer.training import state_file
+from interlayer.training import distributed, state_file
 from interlayer.training.engine import LAST
 
 
@@ -40,8 +40,11 @@ def _run(rank: int, world: int, port: int, corpus, run_dir, update_freq: int, ex
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    train(task_specs()["translation"], sets=_sets(corpus, update_freq, extra), seed=3, run_dir=run_dir,
-          progress=False, options={"beam": 1, "lenpen": 1.0, "use_cache": True})
+    try:
+        train(task_specs()["translation"], sets=_sets(corpus, update_freq, extra), seed=3, run_dir=run_dir,
+              progress=False, options={"beam": 1, "lenpen": 1.0, "use_cache": True})
+    finally:  # as the CLI does: left to the interpreter's exit, gloo's teardown can abort a rank (SIGABRT)
+        distributed.leave()
 
 
 @pytest.fixture(scope="module")

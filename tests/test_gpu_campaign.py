@@ -108,6 +108,9 @@ def test_throughput_measures_the_peers_eager_and_compiled(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     gpu = record["bench_gpu"]
     assert gpu["peers"]["interlayer task loss compiled"]["bound_ms"] > 0 and gpu["methods"]["causal PA compiled"]
+    kernels = record["bench_kernels"]["cases"]
+    assert {"cross-entropy", "logits-attention", "pa-maps", "hc-dynamic"} <= set(kernels)
+    assert all(row["error"] < 1e-4 for row in kernels.values())
 
 
 def test_paper_trains_baseline_and_causal_pa_and_times_generation(tmp_path):

@@ -92,6 +92,24 @@ def test_nonfinite_previous_logits_read_as_zero() -> None:
     torch.testing.assert_close(out, ref_out, **FP32)
 
 
+@pytest.mark.parametrize("convs", [0, 1])
+def test_a_causal_mixed_map_is_zero_above_the_diagonal_never_uninitialised_memory(convs, monkeypatch) -> None:
+    """Nothing reads M above a causal diagonal, but it is the next layer's input and what a user may inspect: the
+    kernel writes zeros there (whole tiles it skips included), whatever memory it was given, and S's gradient there
+    is zero to match."""
+    s, prev, v, weights, biases = _case(convs=convs, t=37)
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real(t, **kw).fill_(float("nan")))
+    with kernel_mode("triton"):
+        out, mixed = pm.predictive_attention(s, prev, v, weights, biases, torch.tensor(0.3), None, 0.0, True, None)
+    upper = torch.ones(37, 37, dtype=torch.bool).triu(1)
+    assert torch.equal(mixed.detach()[..., upper], torch.zeros_like(mixed.detach()[..., upper]))
+    assert torch.isfinite(mixed).all()
+    grad_s, = torch.autograd.grad(mixed, s, torch.ones_like(mixed))
+    assert torch.equal(grad_s[..., upper], torch.zeros_like(grad_s[..., upper]))
+    assert (grad_s[..., ~upper] != 0).all()
+
+
 # -- whole models: the method's fast path against its reference path ------------------------------------------
 def _model_grads(model, run, mode):
     model.zero_grad(set_to_none=True)

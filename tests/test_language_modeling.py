@@ -15,6 +15,7 @@ from interlayer.cli import main
 from interlayer.data.corpus import SHAKESPEARE_SPLITS, build_shakespeare, load_corpus, strip_gutenberg
 from interlayer.data.lm_tokenizers import ByteBPETokenizer, CharTokenizer, train_tokenizer
 from interlayer.data.text import DataError
+from interlayer.errors import ConfigError
 from interlayer.tasks.language_modeling import LanguageModelingTask, LMData, blocks
 from interlayer.training.config import TrainConfig
 
@@ -160,6 +161,19 @@ def test_update_freq_gives_each_step_its_micro_batches(text_file):
     task = LanguageModelingTask(LMData(path=str(text_file), block_size=16, eval_interval=3),
                                 TrainConfig(max_tokens=64, update_freq=2))
     assert len(task.train_batches(1, 1)) == 6
+
+
+def test_an_epoch_too_large_to_draw_is_refused_before_any_allocation(text_file, tmp_path, capsys):
+    task = LanguageModelingTask(LMData(path=str(text_file), block_size=16, eval_interval=250),
+                                TrainConfig(max_tokens=64, update_freq=1_000_000))
+    with pytest.raises(ConfigError, match=r"train.update_freq=1000000 .* lower train.update_freq or "
+                                          r"data.eval_interval"):
+        task.train_batches(1, 1)
+    run_dir = tmp_path / "run"
+    code = main(["train", "lm", "--data", str(text_file), "--set", "train.update_freq=1000000", "--set",
+                 "data.block_size=16", "--run-dir", str(run_dir), "--no-progress"])
+    assert code == 2 and not run_dir.exists()
+    assert "draws" in capsys.readouterr().err
 
 
 def test_blocks_predict_every_token_but_the_first_once():

@@ -204,6 +204,7 @@ def _free_port() -> int:
 def _rank(rank: int, world: int, port: int, folder: str, run_dir: str, update_freq: int) -> None:
     from interlayer.experiment import train
     from interlayer.tasks import task_specs
+    from interlayer.training import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -212,7 +213,10 @@ def _rank(rank: int, world: int, port: int, folder: str, run_dir: str, update_fr
             "data.block_size": "16", "data.eval_interval": "2", "train.max_steps": "2", "train.max_tokens": "64",
             "train.update_freq": str(update_freq), "train.device": "cpu", "train.precision": "fp32",
             "data.vocab_size": "50"}
-    train(task_specs()["lm"], sets=sets, seed=2, run_dir=Path(run_dir), progress=False)
+    try:
+        train(task_specs()["lm"], sets=sets, seed=2, run_dir=Path(run_dir), progress=False)
+    finally:  # as the CLI does: left to the interpreter's exit, gloo's teardown can abort a rank (SIGABRT)
+        distributed.leave()
 
 
 def test_two_ranks_on_token_shards_equal_one_process_with_the_same_global_batch(tmp_path):

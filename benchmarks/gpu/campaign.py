@@ -290,8 +290,16 @@ def gpu_checks(tests: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def throughput(campaign: Campaign) -> None:
-    """bench_gpu.py (GPT-2 small against its peers, every method against the plain model, each beside the cost
-    model's bound), then bench_compare.py eager and compiled at the encoder-decoder sizes."""
+    """bench_kernels.py (each Triton kernel against its reference path, alone), bench_gpu.py (GPT-2 small against
+    its peers, every method against the plain model, each beside the cost model's bound), then bench_compare.py
+    eager and compiled at the encoder-decoder sizes."""
+    path = campaign.scratch / "bench_kernels.json"
+    on_cpu = not campaign.device.startswith("cuda")  # the kernels then run under Triton's interpreter
+    campaign.step("bench_kernels", campaign.python(
+        "benchmarks/bench_kernels.py", "--device", campaign.device, *(["--tiny"] if campaign.tiny else []),
+        "--json", str(path)), limit=120, env={"TRITON_INTERPRET": "1"} if on_cpu else None)
+    if path.is_file():
+        campaign.record["bench_kernels"] = json.loads(path.read_text())
     path = campaign.scratch / "bench_gpu.json"
     campaign.step("bench_gpu", campaign.python(
         "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "peers,methods",

@@ -6,7 +6,10 @@ layer's own logits, and attention from the mixed logits.
 
 (``S``: the layer's logits ``q k^T / sqrt(d)`` (+ any relative-position bias); the CNN: 3 x 3 convolutions over
 the heads as channels, each followed by a (leaky) ReLU, with the hidden cells (padding, a causal upper triangle)
-zeroed before every convolution; see :mod:`interlayer.methods.predictive` for the paper's readings).
+zeroed before every convolution; see :mod:`interlayer.methods.predictive` for the paper's readings). Above a causal
+diagonal ``M`` is not defined by the method: neither the attention nor the next layer's CNN reads those cells. The
+kernels write 0 there (and give ``S`` no gradient there), the reference keeps Eq. 4's ``(1 - alpha) S``; the paths
+agree on every cell a model reads, and the tests compare those.
 
 Why one op: on one H100 at GPT-2 small (batch 8 x 1,024, bf16, eager) causal PA took 8.9x the plain model's step
 (docs/benchmarks.md): the library convolution with 12 channels over 1,024 x 1,024 maps (fp32, TF32) and its weight
@@ -16,7 +19,8 @@ them once per pass.
 Cost model, per layer and per map of N cells (``B x H x T x T``; a causal map's blocks above the diagonal are
 skipped, so about ``N / 2`` cells are touched), 16-bit maps, one 3 x 3 convolution:
 * forward: read ``A_prev`` (2 bytes/cell; the 3 x 3 halo comes from cache) and ``S`` (2), write ``M`` (2); the
-  attention reads ``M`` (2): 8 bytes a cell (``S`` itself is written once more by the matrix product ``q k^T``).
+  attention reads ``M`` (2): 8 bytes a cell (``S`` itself is written once more by the matrix product ``q k^T``),
+  and 2 a cell above the diagonal (``M``'s zeros).
   The reference moves about 60 (fp32 copies of the input, padded input, output, mix, mask, softmax).
 * backward: the attention reads ``M`` and the next layer's gradient of ``M`` and writes ``dM`` (6); the CNN's
   backward reads ``dM`` and ``A_prev`` and writes ``dS`` (2+2+2) and an fp32 ``dZ`` (4), then reads ``dZ`` and

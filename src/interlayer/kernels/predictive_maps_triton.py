@@ -9,7 +9,8 @@ above the diagonal is skipped (or, for a gradient something downstream reads, fi
 
 Kernels:
 * ``_conv_forward``: ``Y = act(conv(X) + b) * keep``; with ``FINAL`` the mix ``M = R + alpha (Y - R)`` is its
-  epilogue and only ``M`` is written (``R`` is the layer's own logits, or Evolving Attention's source); with
+  epilogue and only ``M`` is written (``R`` is the layer's own logits, or Evolving Attention's source; above a
+  causal diagonal ``M`` is 0, cells that neither the attention nor the next layer's CNN reads); with
   ``NCONV`` there is no convolution (Res-Transformer: ``Y = X`` visible). ``FIRST`` marks the CNN's input (the
   previous layer's logits, non-finite values read as zero; with ``BETA`` the source ``(1-beta) S + beta M_prev``).
 * ``_conv_backward_z``: one program per tile, as the forward: the gradient of the pre-activation
@@ -91,13 +92,17 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
     b = tl.program_id(0)
     rb = tl.program_id(1)
     cb = tl.program_id(2)
-    if CAUSAL and cb > rb:
-        return
     cell = tl.arange(0, 256)
     r = rb * 16 + cell // 16
     c = cb * 16 + cell % 16
     ch = tl.arange(0, HP)
     base = b.to(tl.int64) * H * T * T
+    if CAUSAL and cb > rb:
+        if FINAL:  # M above the diagonal: zeros, never uninitialised memory (nothing reads them)
+            inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+            offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+            tl.store(Out + offs, tl.zeros([HP, 256], Out.dtype.element_ty), mask=inside)
+        return
     beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
     keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
     if NCONV:
@@ -112,7 +117,10 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
         res = tl.load(S + offs, mask=inside, other=0.0).to(tl.float32)
         if BETA_RES:  # Evolving Attention: the residual is the source, (1 - beta) S + beta M_prev
             res = (1.0 - beta) * res + beta * tl.load(Prev + offs, mask=inside, other=0.0).to(tl.float32)
-        tl.store(Out + offs, (res + alpha * (y - res)).to(Out.dtype.element_ty), mask=inside)
+        mixed = res + alpha * (y - res)
+        if CAUSAL:
+            mixed = tl.where((c <= r)[None, :], mixed, 0.0)
+        tl.store(Out + offs, mixed.to(Out.dtype.element_ty), mask=inside)
     else:
         tl.store(Out + offs, y.to(Out.dtype.element_ty), mask=inside)
 
@@ -147,7 +155,10 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
     g = tl.load(G + offs, mask=inside, other=0.0).to(tl.float32)
     if FINAL:
         alpha = tl.load(ALPHA)
-        tl.store(DR + offs, ((1.0 - alpha) * g).to(DR.dtype.element_ty), mask=inside)
+        dr = (1.0 - alpha) * g
+        if CAUSAL:  # M is 0 above the diagonal, whatever S holds there
+            dr = tl.where((c <= r)[None, :], dr, 0.0)
+        tl.store(DR + offs, dr.to(DR.dtype.element_ty), mask=inside)
         z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         active = z > 0
         g = alpha * g
@@ -274,7 +285,7 @@ def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], 
     dz = torch.empty(B, H, T, T, device=s.device, dtype=torch.float32)
     dw = db = None
     if weight is None:  # no convolution: the prediction is the input itself
-        _identity_backward(grad, dz, dr, alpha, B, H, T)
+        _identity_backward(grad, dz, dr, alpha, causal)
     else:
         tiles = B * n_cb * n_cb
         # each tile's share of the weight and bias gradients (zero for the tiles a causal map skips), then summed
@@ -294,11 +305,11 @@ def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], 
     return dx, dw, db, dr
 
 
-def _identity_backward(grad: Tensor, dz: Tensor, dr: Optional[Tensor], alpha: Tensor, B: int, H: int, T: int
-                       ) -> None:
+def _identity_backward(grad: Tensor, dz: Tensor, dr: Optional[Tensor], alpha: Tensor, causal: bool) -> None:
     """Without a convolution: ``dZ = alpha dM`` (the input's keep is applied by ``_conv_backward_x``) and
-    ``dR = (1 - alpha) dM``."""
+    ``dR = (1 - alpha) dM`` (0 above a causal diagonal, where the forward wrote ``M = 0``)."""
     g = grad.float()
     torch.mul(g, alpha, out=dz)
     if dr is not None:
-        dr.copy_(g * (1.0 - alpha))
+        residual = g * (1.0 - alpha)
+        dr.copy_(residual.tril_() if causal else residual)

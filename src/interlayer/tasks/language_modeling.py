@@ -133,6 +133,12 @@ def blocks(ids: Ids, block_size: int) -> list[tuple[int, int]]:
     return [(start, min(block_size, predicted - start)) for start in range(0, predicted, block_size)]
 
 
+# An epoch's block offsets are drawn at once (one seeded draw, so the order does not depend on how the engine splits
+# the epoch). 2^27 int64 offsets are 1 GiB, far beyond any real epoch (nanoGPT's GPT-2 run: 1,000 steps x 40
+# micro-batches x 12 rows = 480,000), so a larger one is a mistyped setting, refused before it exhausts the memory.
+MAX_EPOCH_STARTS = 2**27
+
+
 class Batches(Sequence):
     """An epoch's batches, read lazily: batch ``i`` is the rows of ``length`` tokens of ``ids`` at ``starts[i]``.
     A slice is again lazy, so the engine's split of an epoch into steps and ranks reads nothing; a process reads a
@@ -240,6 +246,13 @@ class LanguageModelingTask:
         from a generator seeded by ``(seed, epoch)`` alone (as many micro-batches per step as the engine takes:
         ``update_freq`` per process), each read when the engine takes it."""
         per_step = self.train_cfg.update_freq * distributed.environment().world_size
+        drawn = self.data.eval_interval * per_step * self.rows
+        if drawn > MAX_EPOCH_STARTS:
+            raise ConfigError(
+                f"an epoch of data.eval_interval={self.data.eval_interval} steps x train.update_freq="
+                f"{self.train_cfg.update_freq} x {per_step // self.train_cfg.update_freq} process(es) x {self.rows} "
+                f"rows draws {drawn:,} block offsets up front ({drawn * 8 / 2**30:.1f} GiB), over the limit of "
+                f"{MAX_EPOCH_STARTS:,}; lower train.update_freq or data.eval_interval")
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         train, block = self.ids["train"], self.data.block_size
         starts = torch.randint(0, len(train) - block, (self.data.eval_interval * per_step, self.rows),
