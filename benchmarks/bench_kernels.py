@@ -276,6 +276,8 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime import jit
 
+    if interpreting():  # the kernels were then made interpreted functions, which compile nothing
+        raise SystemExit("bench_kernels.py --resources compiles the kernels: run it without TRITON_INTERPRET=1")
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -2,6 +2,9 @@
 against its reference path, and the error column catches a kernel that is wrong (the figures themselves come from
 a GPU)."""
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,3 +48,33 @@ def test_the_cpu_without_the_interpreter_is_refused(monkeypatch, capsys) -> None
     with pytest.raises(SystemExit) as exit_info:
         _bench().main(["--tiny", "--device", "cpu"])
     assert exit_info.value.code == 2 and "TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+def test_the_kernels_compiled_for_hopper_spill_no_registers(tmp_path: Path) -> None:
+    """Compiled offline for sm_90 (the H100/H200) by Triton's own ptxas at GPT-2 small's sizes (in a process
+    without the interpreter, which the suite's other kernel tests use): a memory-bound kernel that spills registers
+    to local memory, or keeps too few warps in flight, is slow however few bytes it means to move (the PA kernels
+    spilled 1.6 KB a thread before their loops were rolled up)."""
+    triton_bin = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin"
+    if not (triton_bin / "cuobjdump").is_file():
+        pytest.skip("this Triton build has no NVIDIA tools (cuobjdump)")
+    out = tmp_path / "resources.json"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--resources", "--cases",
+                    "cross-entropy", "logits-attention", "pa-maps", "res-maps", "--json", str(out)], env=env,
+                   check=True, capture_output=True, timeout=600)
+    kernels = json.loads(out.read_text())["kernels"]
+    assert {k["kernel"] for k in kernels} >= {"_conv_forward", "_conv_backward_z", "_conv_backward_x", "_forward",
+                                              "_backward"}
+    for k in kernels:
+        assert k["spilled_bytes"] == 0, k
+        assert k["resident_warps"] >= 8, k
+    assert min(k["resident_warps"] for k in kernels if k["kernel"].startswith("_conv")) >= 16
+
+
+def test_occupancy_follows_the_register_file() -> None:
+    occupancy = _bench().occupancy
+    assert occupancy(registers=32, shared=0, warps=4) == 16  # 32 resident blocks' limit would allow more: 64 warps
+    assert occupancy(registers=255, shared=0, warps=4) == 2  # 255 -> 256 a thread: 2 blocks of 128 threads
+    assert occupancy(registers=128, shared=0, warps=8) == 2
+    assert occupancy(registers=64, shared=100 * 1024, warps=4) == 2  # shared memory binds

@@ -116,6 +116,12 @@ def _backward(L, V, DO, DELTA, LSE, DL, DV, GL, PAD, H, T_q, T_k, D,
              mask=(cols[:, None] < T_k) & (dims[None, :] < D))
 
 
+# 8 warps: at head size 64 the forward takes 76 registers a thread and the backward 122 (sm_90, Triton 3.9; 124
+# and 235 with 4 warps), so a multiprocessor holds 24 and 16 warps instead of 16 and 8 (bench_kernels.py
+# --resources); a kernel that reads its logits from memory needs the warps in flight
+WARPS = 8
+
+
 def _blocks(d: int) -> tuple[int, int, int]:
     return 64, 64, max(16, triton.next_power_of_2(d))
 
@@ -137,7 +143,7 @@ def forward(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causa
     BM, BN, BD = _blocks(D)
     _forward[(triton.cdiv(T_q, BM), B * H)](
         logits, v, out, lse, pad, H, T_q, T_k, D, logits.stride(0), logits.stride(1), logits.stride(2),
-        *v.stride(), *out.stride(), s_pb, CAUSAL=causal, PADDED=padded, BM=BM, BN=BN, BD=BD)
+        *v.stride(), *out.stride(), s_pb, CAUSAL=causal, PADDED=padded, BM=BM, BN=BN, BD=BD, num_warps=WARPS)
     return out, lse
 
 
@@ -158,5 +164,5 @@ def backward(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Opti
     _backward[(triton.cdiv(T_k, BN), B * H)](
         logits, v, grad_out, delta, lse, grad_logits, grad_v, extra, pad, H, T_q, T_k, D,
         logits.stride(0), logits.stride(1), logits.stride(2), *v.stride(), *grad_out.stride(), s_pb,
-        CAUSAL=causal, PADDED=padded, EXTRA=logits_grad is not None, BM=BM, BN=BN, BD=BD)
+        CAUSAL=causal, PADDED=padded, EXTRA=logits_grad is not None, BM=BM, BN=BN, BD=BD, num_warps=WARPS)
     return grad_logits, grad_v

@@ -183,8 +183,10 @@ forward_op.register_autograd(_grad, setup_context=_setup)
 
 
 def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:
-    """What the kernels handle: contiguous square 4-D maps of at most 64 heads, 3 x 3 convolutions."""
+    """What the kernels handle: contiguous square 4-D maps of at most 64 heads (and under 2^31 cells a batch element),
+    3 x 3 convolutions."""
     return (s.dim() == 4 and s.is_contiguous() and s.shape[-1] == s.shape[-2] and s.shape[1] <= 64
+            and s.shape[1] * s.shape[-1] ** 2 < 2**31  # one batch element's maps: the kernels' 32-bit offsets
             and all(tuple(w.shape[-2:]) == (3, 3) for w in weights))
 
 

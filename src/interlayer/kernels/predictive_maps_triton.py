@@ -18,8 +18,9 @@ Kernels:
   the tile's share of the weight and bias gradients (nine taps: the kernel covers 3 x 3, the paper's size), each
   tap's product stored as soon as it is made, and for the last convolution ``dR = (1 - alpha) dM``. (A first
   version walked each column of tiles in one program holding nine accumulators: 512 programs at GPT-2 small, each
-  serial over up to 64 tiles. The one GPU run of that version measured the whole PA step at 44x the plain model's;
-  this loop is the likeliest cause, and the figure for this version is still to be measured.)
+  serial over up to 64 tiles. The one GPU run of that version measured the whole PA step at 44x the plain model's.
+  Compiled offline for sm_90, the one-tile version still spilled 1.6 KB of registers a thread to local memory, and
+  the forward's 201 registers left a multiprocessor 8 warps; see ``WARPS``. Neither version is timed on a GPU yet.)
 * ``_conv_backward_x``: the input gradient, ``dX = sum_tap W_tap^T dZ(shifted back)``, times the input's keep;
   for the CNN's input it becomes the gradient of the previous layer's logits (and with ``BETA`` of the layer's own).
 """
@@ -33,6 +34,11 @@ import triton.language as tl
 from torch import Tensor
 
 BR, BC = 16, 16  # the tile: 256 cells x HP channels
+# Register budget (sm_90, Triton 3.9, GPT-2 small's maps; benchmarks/bench_kernels.py --resources): a (16, 256)
+# tile over 8 warps, the taps as a loop rather than unrolled (unrolled, the compiler hoisted the nine shifted loads
+# and the weight-gradient kernel spilled 1.6 KB a thread) and 32-bit offsets within a batch element's maps take
+# 67 / 122 / 63 registers in the forward / dZ / dX kernels, no spill, against 201 / 255 + spills / 168 before.
+WARPS = 8
 
 
 @triton.jit
@@ -50,8 +56,8 @@ def _visible(b, rr, cc, T, pad_ptr, s_pb, CAUSAL: tl.constexpr, PADDED: tl.const
 @triton.jit
 def _load(ptr, base, ch, rr, cc, H, T, ok):
     """A ``(HP, cells)`` block of a map at rows ``rr``, columns ``cc``; zero where not ``ok``; fp32."""
-    offs = base + ch[:, None].to(tl.int64) * T * T + (rr * T + cc)[None, :]
-    return tl.load(ptr + offs, mask=(ch[:, None] < H) & ok[None, :], other=0.0).to(tl.float32)
+    offs = ch[:, None] * T * T + (rr * T + cc)[None, :]  # int32: the host keeps H T^2 < 2^31
+    return tl.load(ptr + base + offs, mask=(ch[:, None] < H) & ok[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -73,7 +79,7 @@ def _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL: tl.co
     ch = tl.arange(0, HP)
     ci = tl.arange(0, HP)
     acc = tl.zeros([HP, 256], tl.float32)
-    for tap in tl.static_range(9):
+    for tap in range(9):
         rr = r + tap // 3 - TOP
         cc = c + tap % 3 - 1
         ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
@@ -100,8 +106,8 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
     if CAUSAL and cb > rb:
         if FINAL:  # M above the diagonal: zeros, never uninitialised memory (nothing reads them)
             inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-            offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
-            tl.store(Out + offs, tl.zeros([HP, 256], Out.dtype.element_ty), mask=inside)
+            offs = ch[:, None] * T * T + (r * T + c)[None, :]
+            tl.store(Out + base + offs, tl.zeros([HP, 256], Out.dtype.element_ty), mask=inside)
         return
     beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
     keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
@@ -111,18 +117,18 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
         z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         y = tl.where(z > 0, z, z * slope) * keep[None, :].to(tl.float32)
     inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    offs = ch[:, None] * T * T + (r * T + c)[None, :]
     if FINAL:
         alpha = tl.load(ALPHA)
-        res = tl.load(S + offs, mask=inside, other=0.0).to(tl.float32)
+        res = tl.load(S + base + offs, mask=inside, other=0.0).to(tl.float32)
         if BETA_RES:  # Evolving Attention: the residual is the source, (1 - beta) S + beta M_prev
-            res = (1.0 - beta) * res + beta * tl.load(Prev + offs, mask=inside, other=0.0).to(tl.float32)
+            res = (1.0 - beta) * res + beta * tl.load(Prev + base + offs, mask=inside, other=0.0).to(tl.float32)
         mixed = res + alpha * (y - res)
         if CAUSAL:
             mixed = tl.where((c <= r)[None, :], mixed, 0.0)
-        tl.store(Out + offs, mixed.to(Out.dtype.element_ty), mask=inside)
+        tl.store(Out + base + offs, mixed.to(Out.dtype.element_ty), mask=inside)
     else:
-        tl.store(Out + offs, y.to(Out.dtype.element_ty), mask=inside)
+        tl.store(Out + base + offs, y.to(Out.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -143,34 +149,34 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
     ci = tl.arange(0, HP)
     base = b.to(tl.int64) * H * T * T
     inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    offs = ch[:, None] * T * T + (r * T + c)[None, :]
     if CAUSAL and cb > rb:  # read by nobody downstream, but must not be garbage
         zero = tl.zeros([HP, 256], tl.float32)
-        tl.store(DZ + offs, zero, mask=inside)
+        tl.store(DZ + base + offs, zero, mask=inside)
         if FINAL:
-            tl.store(DR + offs, zero.to(DR.dtype.element_ty), mask=inside)
+            tl.store(DR + base + offs, zero.to(DR.dtype.element_ty), mask=inside)
         return
     beta = tl.load(BETA_W) if BETA else 0.0
     keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
-    g = tl.load(G + offs, mask=inside, other=0.0).to(tl.float32)
+    g = tl.load(G + base + offs, mask=inside, other=0.0).to(tl.float32)
     if FINAL:
         alpha = tl.load(ALPHA)
         dr = (1.0 - alpha) * g
         if CAUSAL:  # M is 0 above the diagonal, whatever S holds there
             dr = tl.where((c <= r)[None, :], dr, 0.0)
-        tl.store(DR + offs, dr.to(DR.dtype.element_ty), mask=inside)
+        tl.store(DR + base + offs, dr.to(DR.dtype.element_ty), mask=inside)
         z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         active = z > 0
         g = alpha * g
     else:
-        active = tl.load(Y + offs, mask=inside, other=0.0) > 0
+        active = tl.load(Y + base + offs, mask=inside, other=0.0) > 0
     dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
-    tl.store(DZ + offs, dz, mask=inside)
+    tl.store(DZ + base + offs, dz, mask=inside)
     tile = ((b * n_rb + rb) * n_cb + cb).to(tl.int64)
     tl.store(DB + tile * H + ch, tl.sum(dz, 1), mask=ch < H)
     wmask = (ch[:, None] < H) & (ci[None, :] < H)
     woffs = tile * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
-    for tap in tl.static_range(9):
+    for tap in range(9):
         rr = r + tap // 3 - TOP
         cc = c + tap % 3 - 1
         ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
@@ -194,20 +200,20 @@ def _conv_backward_x(DZ, W, DR, DX, DS, PAD, ALPHA, BETA_W, H, T, s_pb,
     ch = tl.arange(0, HP)
     base = b.to(tl.int64) * H * T * T
     inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = base + ch[:, None].to(tl.int64) * T * T + (r * T + c)[None, :]
+    offs = ch[:, None] * T * T + (r * T + c)[None, :]
     if CAUSAL and cb > rb:
         zero = tl.zeros([HP, 256], tl.float32)
-        tl.store(DX + offs, zero.to(DX.dtype.element_ty), mask=inside)
+        tl.store(DX + base + offs, zero.to(DX.dtype.element_ty), mask=inside)
         if BETA:
-            tl.store(DS + offs, zero.to(DS.dtype.element_ty), mask=inside)
+            tl.store(DS + base + offs, zero.to(DS.dtype.element_ty), mask=inside)
         return
     keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
     if NCONV:
-        dx = tl.load(DZ + offs, mask=inside, other=0.0).to(tl.float32)
+        dx = tl.load(DZ + base + offs, mask=inside, other=0.0).to(tl.float32)
     else:
         dx = tl.zeros([HP, 256], tl.float32)
         co = tl.arange(0, HP)
-        for tap in tl.static_range(9):
+        for tap in range(9):
             # the output cell that read input (r, c) through this tap
             rr = r - tap // 3 + TOP
             cc = c - tap % 3 + 1
@@ -220,10 +226,10 @@ def _conv_backward_x(DZ, W, DR, DX, DS, PAD, ALPHA, BETA_W, H, T, s_pb,
     dx = dx * keep[None, :].to(tl.float32)
     if BETA:
         beta = tl.load(BETA_W)
-        source = dx + tl.load(DR + offs, mask=inside, other=0.0)
-        tl.store(DS + offs, ((1.0 - beta) * source).to(DS.dtype.element_ty), mask=inside)
+        source = dx + tl.load(DR + base + offs, mask=inside, other=0.0)
+        tl.store(DS + base + offs, ((1.0 - beta) * source).to(DS.dtype.element_ty), mask=inside)
         dx = beta * source
-    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inside)
+    tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=inside)
 
 
 def _grid_cells(B: int, T: int) -> tuple[int, int, int]:
@@ -256,7 +262,7 @@ def conv_forward(x: Tensor, s: Tensor, prev: Tensor, weight: Optional[Tensor], b
         x, s, prev, weight if weight is not None else dummy, bias if bias is not None else dummy, out, pad, alpha,
         beta if beta is not None else dummy, H, T, s_pb, slope, CAUSAL=causal, PADDED=padded, FIRST=first,
         BETA=beta is not None and first, BETA_RES=beta is not None and final, FINAL=final, NCONV=weight is None,
-        TOP=2 if causal else 1, HP=_hp(H))
+        TOP=2 if causal else 1, HP=_hp(H), num_warps=WARPS)
     return out
 
 
@@ -294,14 +300,14 @@ def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], 
         _conv_backward_z[_grid_cells(B, T)](
             grad, x, s, weight, bias, y if y is not None else dummy, dz, dr if dr is not None else dummy,
             dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb, n_cb,
-            CAUSAL=causal, PADDED=padded, FIRST=first, BETA=has_beta, FINAL=final, TOP=top, HP=hp)
+            CAUSAL=causal, PADDED=padded, FIRST=first, BETA=has_beta, FINAL=final, TOP=top, HP=hp, num_warps=WARPS)
         dw = dw_parts.sum(0).view_as(weight)
         db = db_parts.sum(0)
     dx = torch.empty(B, H, T, T, device=s.device, dtype=x.dtype if first else torch.float32)
     _conv_backward_x[_grid_cells(B, T)](
         dz, weight if weight is not None else dummy, source_grad if has_beta else dummy, dx, ds if has_beta else dummy,
         pad, alpha, beta if beta is not None else dummy, H, T, s_pb, CAUSAL=causal, PADDED=padded, FIRST=first,
-        BETA=has_beta, NCONV=weight is None, TOP=top, HP=hp)
+        BETA=has_beta, NCONV=weight is None, TOP=top, HP=hp, num_warps=WARPS)
     return dx, dw, db, dr
 
 
