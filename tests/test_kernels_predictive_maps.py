@@ -179,3 +179,9 @@ def test_the_fast_path_compiles_without_graph_breaks() -> None:
     with kernel_mode("triton"):
         explained = torch._dynamo.explain(lambda x: model(input_ids=x, labels=x).loss)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_maps_too_large_for_32_bit_offsets_take_the_reference() -> None:
+    weight = [torch.empty(64, 64, 3, 3, device="meta")]
+    assert pm.covers(torch.empty(2, 64, 4096, 4096, device="meta"), weight)  # 2^30 cells a batch element
+    assert not pm.covers(torch.empty(1, 64, 8192, 8192, device="meta"), weight)  # 2^32: past 32-bit offsets
