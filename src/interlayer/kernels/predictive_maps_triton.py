@@ -137,8 +137,9 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
                      FINAL: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
     """One tile: ``dZ = dY keep act'(Z)`` (and ``dR = (1 - alpha) dM`` for the last convolution), and the tile's
     share of the weight and bias gradients, each tap's ``dZ X_tap^T`` stored as soon as it is made (no accumulator
-    lives across taps) into this tile's row of ``DW`` (``[tiles, H, H, 9]``, zeroed by the host, which sums the
-    rows). A causal tile above the diagonal only writes its zeros."""
+    lives across taps) into this tile's row of ``DW`` (``[tiles, H, H, 9]``; a causal map's skipped tiles have no
+    row, so every row is written and the host sums them without zeroing first). A causal tile above the diagonal
+    only writes its zeros of ``dZ`` (and ``dR``)."""
     b = tl.program_id(0)
     rb = tl.program_id(1)
     cb = tl.program_id(2)
@@ -172,7 +173,10 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
         active = tl.load(Y + base + offs, mask=inside, other=0.0) > 0
     dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
     tl.store(DZ + base + offs, dz, mask=inside)
-    tile = ((b * n_rb + rb) * n_cb + cb).to(tl.int64)
+    if CAUSAL:  # the tiles on and below the diagonal, row by row: a causal map's rows of DW are all written
+        tile = (b * (n_rb * (n_rb + 1) // 2) + rb * (rb + 1) // 2 + cb).to(tl.int64)
+    else:
+        tile = ((b * n_rb + rb) * n_cb + cb).to(tl.int64)
     tl.store(DB + tile * H + ch, tl.sum(dz, 1), mask=ch < H)
     wmask = (ch[:, None] < H) & (ci[None, :] < H)
     woffs = tile * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
@@ -293,10 +297,11 @@ def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], 
     if weight is None:  # no convolution: the prediction is the input itself
         _identity_backward(grad, dz, dr, alpha, causal)
     else:
-        tiles = B * n_cb * n_cb
-        # each tile's share of the weight and bias gradients (zero for the tiles a causal map skips), then summed
-        dw_parts = torch.zeros(tiles, H, H, 9, device=s.device, dtype=torch.float32)
-        db_parts = torch.zeros(tiles, H, device=s.device, dtype=torch.float32)
+        # each computed tile's share of the weight and bias gradients (a causal map's upper tiles compute none),
+        # written by its program, then summed
+        tiles = B * (n_cb * (n_cb + 1) // 2 if causal else n_cb * n_cb)
+        dw_parts = torch.empty(tiles, H, H, 9, device=s.device, dtype=torch.float32)
+        db_parts = torch.empty(tiles, H, device=s.device, dtype=torch.float32)
         _conv_backward_z[_grid_cells(B, T)](
             grad, x, s, weight, bias, y if y is not None else dummy, dz, dr if dr is not None else dummy,
             dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb, n_cb,
