@@ -4,10 +4,11 @@ each method's preset against the same model without the method.
 Part 1 builds the three peers at a paper size (``transformer_iwslt_de_en``: 6+6 post-LN layers, d=512, 4 heads,
 FFN 1024; ``transformer_base``: 8 heads, FFN 2048) with the same shared, tied 10k vocabulary, sinusoidal/absolute
 positions and dropout 0.1, and trains them in this one process on the same unpadded batches (B x T source and
-target tokens), interleaved round by round so that load on the machine falls on all alike; the median round is
-reported. Model FLOP utilisation is the model's training FLOPs (6 x MAdds of interlayer's analytic count per
-token pair, the same architecture for all three) per second over the device's peak for the precision: the
-datasheet peak of a known GPU, else a measured matrix-product peak (the CPU's fp32 ``torch.mm`` rate, measured here).
+target tokens; no peer builds a padding mask, interlayer by ``source_padded=False``), interleaved round by round
+so that load on the machine falls on all alike; the median round is reported. Model FLOP utilisation is the
+model's training FLOPs (6 x MAdds of interlayer's analytic count per token pair, the same architecture for all
+three) per second over the device's peak for the precision: the datasheet peak of a known GPU, else a measured
+matrix-product peak (the CPU's fp32 ``torch.mm`` rate, measured here).
 Peak memory is the CUDA allocator's high-water mark per peer (not measurable per peer on the CPU).
 
 Part 2 times each method's preset and the preset with that method's section removed, interleaved likewise, and
@@ -87,7 +88,8 @@ def peers(preset: str) -> dict[str, tuple[nn.Module, Callable]]:
     def ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
 
-    return {"interlayer": (ours, lambda m, s, ti, to: ce(m(s, ti).logits, to)),
+    # the batches are unpadded and the peers get no mask; interlayer is told so as the translation task tells it
+    return {"interlayer": (ours, lambda m, s, ti, to: ce(m(s, ti, source_padded=False).logits, to)),
             "torch.nn.Transformer": (theirs, lambda m, s, ti, to: ce(m(s, ti), to)),
             # x-transformers shifts the target itself: it reads tgt[:, :-1] and predicts tgt[:, 1:]
             "x-transformers": (xt, lambda m, s, ti, to: m(s, torch.cat([ti[:, :1], to], dim=1)))}

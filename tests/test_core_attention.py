@@ -126,3 +126,29 @@ def test_each_configuration_makes_the_cheapest_sdpa_call(monkeypatch: pytest.Mon
     assert _sdpa_calls(monkeypatch, lambda: encoder(inputs_embeds=torch.randn(2, 9, 32))) == [(None, False)] * 2
     tokens[0, 6:] = encoder.config.pad_id
     assert _sdpa_calls(monkeypatch, lambda: encoder(tokens)) == [((torch.bool, (2, 1, 1, 9)), False)] * 2
+
+
+def test_an_unpadded_translation_batch_takes_the_flash_path_and_the_same_numbers(monkeypatch) -> None:
+    """The translation task knows on the host whether a batch's sources are padded: without padding the encoder
+    and the cross-attention make no mask (what ``torch.nn.Transformer`` does with no mask), and the loss is the
+    masked path's (an all-False mask means the same)."""
+    from interlayer import create_model
+    from interlayer.tasks.translation import TranslationTask
+    from interlayer.training.config import TrainConfig
+
+    torch.manual_seed(0)
+    model = create_model("transformer_iwslt_de_en", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, dec_layers=2,
+                         src_vocab_size=40, dropout=0.0, attn_dropout=0.0).eval()
+    task = TranslationTask.__new__(TranslationTask)  # make_batch needs nothing of a corpus
+    even = task.make_batch([[5, 6, 7, 2], [8, 9, 10, 2]], [[11, 12], [13, 14, 15]])
+    ragged = task.make_batch([[5, 6, 7, 2], [8, 2]], [[11, 12], [13, 14, 15]])
+    assert (even.src_padded, ragged.src_padded) == (False, True)
+    flash = [(None, False)] * 2 + [(None, True), (None, False)] * 2  # encoder; decoder self, cross: no mask
+    assert _sdpa_calls(monkeypatch, lambda: model(even.src, even.tgt_in, source_padded=even.src_padded)) == flash
+    masked = _sdpa_calls(monkeypatch, lambda: model(ragged.src, ragged.tgt_in, source_padded=ragged.src_padded))
+    assert [mask is not None for mask, _ in masked] == [True, True, False, True, False, True]
+    with torch.no_grad():
+        torch.testing.assert_close(model(even.src, even.tgt_in, source_padded=False).logits,
+                                   model(even.src, even.tgt_in).logits)
+    task.train_cfg = TrainConfig()
+    assert _sdpa_calls(monkeypatch, lambda: task.loss(model, even)) == flash  # the task's loss passes it on

@@ -103,8 +103,11 @@ class Encoder(nn.Module):
 
     def forward(self, tokens: Optional[Tensor] = None, *, key_padding_mask: Optional[Tensor] = None,
                 inputs_embeds: Optional[Tensor] = None, segments: Optional[Tensor] = None,
-                need_intermediates: bool = False) -> EncoderOutput:
-        if key_padding_mask is None and tokens is not None:
+                need_intermediates: bool = False, padded: bool = True) -> EncoderOutput:
+        """``padded=False``: the caller knows ``tokens`` hold no padding (a batch it built on the host), so no mask
+        is made from the pad id and attention may take the flash kernel, which takes no mask (a mask of all False
+        means the same but forces a slower kernel, and finding that it is all False would wait for the device)."""
+        if key_padding_mask is None and tokens is not None and padded:
             key_padding_mask = tokens.eq(self.pad_id)
         x = self.embed(tokens, inputs_embeds=inputs_embeds, segments=segments)
         return self.process(x, key_padding_mask, need_intermediates=need_intermediates)

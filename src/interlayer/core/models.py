@@ -101,8 +101,10 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         track_ties(self)  # each tied tensor once in state dicts
 
     def encode(self, src_tokens: Tensor, *, need_intermediates: bool = False,
-               key_padding_mask: Optional[Tensor] = None) -> EncoderOutput:
-        return self.encoder(src_tokens, key_padding_mask=key_padding_mask, need_intermediates=need_intermediates)
+               key_padding_mask: Optional[Tensor] = None, padded: bool = True) -> EncoderOutput:
+        """``padded=False``: the source has no padding, so no mask is built (:meth:`Encoder.forward`)."""
+        return self.encoder(src_tokens, key_padding_mask=key_padding_mask, need_intermediates=need_intermediates,
+                            padded=padded)
 
     def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOutput, *, cache: Optional[DecoderCache] = None,
                memory: Optional[Tensor] = None, need_intermediates: bool = False) -> DecoderOutput:
@@ -115,10 +117,13 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
                 decoder_input_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 need_intermediates: bool = False, output_hidden_states: bool = False,
                 output_attentions: bool = False, use_cache: Optional[bool] = None,
-                return_dict: Optional[bool] = None) -> Union[Seq2SeqOutput, tuple[Tensor, ...]]:
+                return_dict: Optional[bool] = None, source_padded: bool = True
+                ) -> Union[Seq2SeqOutput, tuple[Tensor, ...]]:
         """Teacher-forced forward: ``tgt_tokens`` (HF: ``decoder_input_ids``) is the target shifted right
         (starting with BOS); ``src_tokens`` is HF's ``input_ids``, ``attention_mask`` (1 where a token is read)
-        replaces the source padding found from the pad id. ``labels`` (the target, -100 where no loss is wanted)
+        replaces the source padding found from the pad id; ``source_padded=False`` says there is none (no mask:
+        the encoder and cross-attention may take the flash kernel; the translation task passes it for each batch
+        it built without padding). ``labels`` (the target, -100 where no loss is wanted)
         give ``output.loss``; unlike transformers, the decoder input is not derived from them (the model does not
         know the translation task's BOS id), so ``decoder_input_ids`` must come too. ``return_dict=False`` returns
         the output's tuple; ``use_cache`` changes nothing (the decoder's cache is the ``DecoderCache`` that decoding
@@ -130,7 +135,7 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
         tgt_tokens = one_of(tgt_tokens, decoder_input_ids, "tgt_tokens", "decoder_input_ids")
         need_intermediates = need_intermediates or output_attentions
         enc = self.encode(src_tokens, need_intermediates=need_intermediates,
-                          key_padding_mask=padding_from(attention_mask, None))
+                          key_padding_mask=padding_from(attention_mask, None), padded=source_padded)
         dec = self.decode(tgt_tokens, enc, need_intermediates=need_intermediates)
         exit_logits = None
         if enc.exits is not None:

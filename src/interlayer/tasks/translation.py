@@ -70,6 +70,7 @@ class TranslationBatch:
     tgt_in: Tensor  # (B, T) BOS + ids
     tgt_out: Tensor  # (B, T) ids + EOS, PAD where absent
     tokens: int  # target tokens (what tokens/s counts)
+    src_padded: bool = True  # whether any source is shorter than the longest (known here, on the host)
 
 
 class TranslationTask:
@@ -141,7 +142,8 @@ class TranslationTask:
     def make_batch(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> TranslationBatch:
         return TranslationBatch(src=pad_batch(src), tgt_in=pad_batch([[BOS_ID] + list(t) for t in tgt]),
                                 tgt_out=pad_batch([list(t) + [EOS_ID] for t in tgt]),
-                                tokens=sum(len(t) + 1 for t in tgt))
+                                tokens=sum(len(t) + 1 for t in tgt),
+                                src_padded=len({len(s) for s in src}) > 1)
 
     def train_batches(self, epoch: int, seed: int) -> list[TranslationBatch]:
         order = epoch_order(self.buckets, seed, epoch)
@@ -150,7 +152,7 @@ class TranslationTask:
     # -- training --------------------------------------------------------------------------------------------
     def loss(self, model: nn.Module, batch: TranslationBatch) -> tuple[Tensor, dict[str, Tensor], int]:
         batch = move(batch, module_device(model))
-        output = model(batch.src, batch.tgt_in)
+        output = model(batch.src, batch.tgt_in, source_padded=batch.src_padded)
         smoothing = self.train_cfg.label_smoothing
         loss, logs = total_loss(output, lambda logits: label_smoothed_nll(logits, batch.tgt_out, smoothing,
                                                                           ignore_index=PAD_ID))
