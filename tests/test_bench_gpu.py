@@ -1,20 +1,16 @@
 """benchmarks/bench_gpu.py's dry run (``--tiny``): every part runs at toy sizes on the CPU and records what the GPU
 run reports (a dry run, not a measurement: the figures themselves come from a GPU)."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_gpu")
 
 
 def test_the_dry_run_records_methods_with_their_bars_bounds_and_kernel_modes(tmp_path: Path) -> None:

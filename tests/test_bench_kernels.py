@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.benchmarks import load_benchmark
+
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 # where the kernels run: a GPU, else the CPU under the interpreter (tests/conftest.py)
@@ -18,11 +20,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "bench_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_kernels")
 
 
 def test_every_kernel_is_measured_against_its_reference_with_bytes_and_error(tmp_path: Path) -> None:

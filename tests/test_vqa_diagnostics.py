@@ -1,21 +1,17 @@
 """benchmarks/vqa_diagnostics.py, whose figures docs/vqa.md reads: the reference rules' accuracies on the release,
 the image-shuffle count and the spread of the image stack's states."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from helpers.benchmarks import load_benchmark
 from interlayer import create_model
 from interlayer.data import sort_of_clevr as soc
 from interlayer.tasks.vqa import VQAData, VQATask
 from interlayer.training.config import TrainConfig
 
-_spec = importlib.util.spec_from_file_location("vqa_diagnostics",
-                                               Path(__file__).parents[1] / "benchmarks" / "vqa_diagnostics.py")
-D = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(D)
+D = load_benchmark("vqa_diagnostics")
 
 
 def test_reference_rules_on_the_release():
