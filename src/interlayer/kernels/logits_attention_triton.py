@@ -116,10 +116,12 @@ def _backward(L, V, DO, DELTA, LSE, DL, DV, GL, PAD, H, T_q, T_k, D,
              mask=(cols[:, None] < T_k) & (dims[None, :] < D))
 
 
-# 8 warps: at head size 64 the forward takes 76 registers a thread and the backward 122 (sm_90, Triton 3.9; 124
-# and 235 with 4 warps), so a multiprocessor holds 24 and 16 warps instead of 16 and 8 (bench_kernels.py
-# --resources); a kernel that reads its logits from memory needs the warps in flight
+# 8 warps, and the backward walks the queries 32 rows at a time: at head size 64 the forward takes 76 registers a
+# thread and the backward 98, or 102 when it adds the next layer's gradient of the logits (sm_90, Triton 3.9; with
+# 4 warps and 64 rows 124, 235 and 247), so a multiprocessor holds 24 and 16 warps instead of 16 and 8
+# (bench_kernels.py --resources); a kernel that reads its logits from memory needs the warps in flight
 WARPS = 8
+BACKWARD_ROWS = 32
 
 
 def _blocks(d: int) -> tuple[int, int, int]:
@@ -158,11 +160,12 @@ def backward(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Opti
     grad_v = torch.empty(v.shape, device=v.device, dtype=v.dtype)  # contiguous, unlike v's view
     extra = logits_grad.contiguous() if logits_grad is not None else grad_logits
     pad, s_pb, padded = _padding(key_padding_mask, v.device)
-    BM, BN, BD = _blocks(D)
+    _, BN, BD = _blocks(D)
     if grad_v.stride() != v.stride():
         v = v.contiguous()
     _backward[(triton.cdiv(T_k, BN), B * H)](
         logits, v, grad_out, delta, lse, grad_logits, grad_v, extra, pad, H, T_q, T_k, D,
         logits.stride(0), logits.stride(1), logits.stride(2), *v.stride(), *grad_out.stride(), s_pb,
-        CAUSAL=causal, PADDED=padded, EXTRA=logits_grad is not None, BM=BM, BN=BN, BD=BD, num_warps=WARPS)
+        CAUSAL=causal, PADDED=padded, EXTRA=logits_grad is not None, BM=BACKWARD_ROWS, BN=BN, BD=BD,
+        num_warps=WARPS)
     return grad_logits, grad_v
