@@ -278,6 +278,9 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
 
     if interpreting():  # the kernels were then made interpreted functions, which compile nothing
         raise SystemExit("bench_kernels.py --resources compiles the kernels: run it without TRITON_INTERPRET=1")
+    if not (hasattr(jit, "create_function_from_signature") and hasattr(jit.JITFunction, "_pack_args")):
+        raise SystemExit(f"bench_kernels.py --resources reads Triton 3.9's launch internals, which Triton "
+                         f"{triton.__version__} does not have")
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -63,9 +63,12 @@ def test_the_kernels_compiled_for_hopper_spill_no_registers(tmp_path: Path) -> N
         pytest.skip("this Triton build has no NVIDIA tools (cuobjdump)")
     out = tmp_path / "resources.json"
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--resources", "--cases",
-                    "cross-entropy", "logits-attention", "pa-maps", "res-maps", "--json", str(out)], env=env,
-                   check=True, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--resources", "--cases",
+                           "cross-entropy", "logits-attention", "pa-maps", "res-maps", "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if "launch internals" in done.stderr:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr
     kernels = json.loads(out.read_text())["kernels"]
     assert {k["kernel"] for k in kernels} >= {"_conv_forward", "_conv_backward_z", "_conv_backward_x", "_forward",
                                               "_backward"}
