@@ -15,12 +15,13 @@ def _bench():
 
 def test_the_dry_run_records_methods_with_their_bars_bounds_and_kernel_modes(tmp_path: Path) -> None:
     result = _bench().main(["--tiny", "--device", "cpu", "--parts", "methods,decode", "--methods", "causal PA",
-                            "--modes", "compiled,eager", "--kernel-modes", "auto,reference", "--json",
+                            "DenseFormer", "--modes", "compiled,eager", "--kernel-modes", "auto,reference", "--json",
                             str(tmp_path / "gpu.json")])
     assert result["problems"] == []
     methods = result["methods"]
     assert set(methods) == {"causal PA compiled", "causal PA compiled (reference)", "causal PA eager",
-                            "causal PA eager (reference)"}
+                            "causal PA eager (reference)",  # no kernel serves DenseFormer: one mode
+                            "DenseFormer 1x1 compiled", "DenseFormer 1x1 eager"}
     row = methods["causal PA compiled"]
     assert row["bar"] == 1.6 and row["madds_ratio"] > 1 and row["bound_ratio"] > 1
     assert row["bytes"]["attention maps"] > 0 and row["kernels"] == "auto"

@@ -303,6 +303,7 @@ def throughput(campaign: Campaign) -> None:
     path = campaign.scratch / "bench_gpu.json"
     campaign.step("bench_gpu", campaign.python(
         "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "peers,methods",
+        *([] if on_cpu else ["--kernel-modes", "auto,triton"]),  # on a GPU, each kernel beside what users get
         *(["--tiny"] if campaign.tiny else []), "--budget", "330", "--json", str(path)), limit=400)
     if path.is_file():
         campaign.record["bench_gpu"] = json.loads(path.read_text())
