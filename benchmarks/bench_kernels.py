@@ -222,6 +222,8 @@ def measure(name: str, sizes: dict[str, int], dtype: torch.dtype, device: torch.
     for _ in range(rounds if device.type == "cuda" else 1):
         for mode in ("triton", "reference"):
             if device.type == "cuda":
+                for t in case.inputs:  # the last pass's gradients are not this pass's memory
+                    t.grad = None
                 _sync(device)
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
