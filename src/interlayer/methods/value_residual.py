@@ -1,60 +1,30 @@
-"""Value residual learning (Zhou, Wu, Jiang, Obeid & Lan, "Value Residual Learning", arXiv:2410.17897, ACL 2025;
-first titled "Value Residual Learning For Alleviating Attention Concentration In Transformers"): ResFormer and
-SVFormer.
+"""Value residual learning (Zhou, Wu, Jiang, Obeid & Lan, "Value Residual Learning", arXiv:2410.17897, ACL 2025; first
+titled "... For Alleviating Attention Concentration In Transformers"): every self-attention layer n > 1 also attends
+with the first layer's values (ResFormer) or with them alone (SVFormer). The rest (options, parameter formulas,
+composition, what the paper has that interlayer does not) is in docs/methods/value_residual.md.
 
-Paper map (section / equation numbers of the paper; the official code is github.com/Zcchill/Value-Residual-Learning,
-``src/modeling/modeling_llama_resformer.py`` and ``modeling_llama_svformer.py``):
+Paper map:
 
-* **ResFormer** (Sec. 3, Fig. 2): every self-attention layer n > 1 attends with the values
-  ``V_n' = lambda_{n,1} V_1 + lambda_{n,2} V_n`` (the paper's notation: ``lambda_{n,1}`` weighs the first layer's
-  values ``V_1``, computed from the first layer's own input, ``lambda_{n,2}`` the layer's own ``V_n = H_{n-1}
-  W_n^V``); the attention weights ``A_n`` are untouched, so ``U_n = A_n V_n'``. The options are named as the paper
-  writes them, ``lambda_1`` on ``V_1`` and ``lambda_2`` on ``V_n``, so its settings port as written (Sparse-ResFormer's
-  ``lambda_{n,1} = 5``, for instance, is ``lambda_1=5``). The paper's main setting, and the official code, is
-  ``lambda_1 = lambda_2 = 0.5`` (``value_states = 0.5 * formal_layer_values[0] + 0.5 * value_states``):
-  ``mode="resformer"`` with the defaults. Layer 1 is unchanged. (Until this naming was settled the section had one
-  key, ``lambdas = [weight on V_n, weight on V_1]``: the reverse of the paper's order. A config that still has it
-  is read as ``lambda_2, lambda_1`` = those two numbers, with a DeprecationWarning: :mod:`interlayer.config`.)
-* **Learnable mixing** (the paper's learnable-lambda variants): ``learnable=True`` makes ``lambda_1, lambda_2``
-  trainable parameters of each layer n > 1, initialised at the configured values; ``granularity="head"`` gives each
-  head its own pair (``2 H`` numbers per layer instead of 2). Named compare variant ``resformer_learnable``. The
-  parameters are named after what they weigh (``lambda_first`` = ``lambda_{n,1}``, ``lambda_own`` =
-  ``lambda_{n,2}``), as saved checkpoints have them.
-* **Exact start on a pretrained model** (``lambda_warmup_steps`` N, not in the paper): the mixing weights ramp
-  from the plain model's ``lambda_1 = 0, lambda_2 = 1`` (``V_n' = V_n``): ``lambda_{n,1}(t) = min(1, t / N)
-  lambda_1`` and ``lambda_{n,2}(t) = 1 + min(1, t / N) (lambda_2 - 1)`` after ``t`` optimiser steps, so an imported
-  checkpoint computes exactly what it computed before the first update (``0 * V_1 + 1 * V_n`` is ``V_n`` bit for
-  bit), the first layer's values grow in, and from step N on the configured (or learned) lambdas hold. As
-  Predictive Attention's ``alpha_warmup_steps``: ``t`` is a buffer of each value source (``steps_done``), advanced
-  in place by the training engine after each optimiser step (``optimizer_step_done``: no host sync, no graph break)
-  and saved with the weights. With ``learnable`` the ramp scales the learned pair (its gradient is scaled by the
-  ramp, so the first step leaves it where it is). SVFormer has no value projection in layers n > 1, so it cannot
-  start as the plain model: refused.
-* **SVFormer** (Sec. 3, Fig. 2): every layer n > 1 attends with ``V_1`` itself and has no value projection (the
-  official SVFormer builds ``v_proj`` in layer 0 only). Its KV cache keeps keys for every layer and values for
-  layer 1 only: per token ``L qk + d`` numbers instead of ``L (qk + d)``, "nearly half" (Abstract), measured by
-  :func:`interlayer.core.generation.kv_cache_bytes_per_token`.
+* **ResFormer** (Sec. 3, Fig. 2): ``V_n' = lambda_{n,1} V_1 + lambda_{n,2} V_n``, ``U_n = A_n V_n'`` in layers n > 1:
+  :class:`ValueResidual`. ``lambda_1``/``lambda_2`` are ``lambda_{n,1}`` (on ``V_1``)/``lambda_{n,2}``, 0.5/0.5 as
+  the paper and its code (the old ``lambdas`` key, reversed, is read with a DeprecationWarning). ``learnable`` (the
+  paper's learnable variants): a trained pair per layer, or per head (``granularity="head"``).
+* **SVFormer** (Sec. 3, Fig. 2; "nearly half" the KV cache, Abstract): layers n > 1 attend with ``V_1`` and have no
+  value projection, ``L qk + d`` cached numbers per token instead of ``L (qk + d)``: :class:`SharedFirstValue`.
+* **Exact start** (not in the paper): ``lambda_warmup_steps`` N ramps the pair from the plain model's 0 and 1 over N
+  optimiser steps (buffer ``steps_done``), so an imported checkpoint starts exactly; ResFormer only.
 
-Readings chosen where the text leaves a choice (each with the reason):
+Readings where the paper leaves room (each with its reason):
 
-* **Before or after the head split**: the mix is elementwise with one scalar per layer, so it is the same either
-  way (the code mixes ``(B, T, d)`` tensors before ``view``/``transpose``). Here it runs on the split
-  ``(B, H, T, d_head)`` tensors, so ``granularity="head"`` is a broadcast of an ``(H, 1, 1)`` weight.
-* **With a KV cache**: the code mixes the new positions and appends the *mixed* values to the layer's cache
-  (``past_key_value.update`` after the mix); here likewise (``V_1``'s new positions are the last rows of layer 1's
-  full-length values), so ResFormer's cache has the plain size and decoding costs no extra products. SVFormer's
-  code still writes ``V_1`` into every layer's cache slot; here a layer n > 1 stores only its keys and reads
-  ``V_1`` from layer 1, which is what makes the cache shrink as the paper counts it.
-* **Stacks**: the papers are decoder-only. ``sides`` (default: every self-attention stack of the model) applies
-  the method to the encoder (classifier, encoder-decoder's encoder) and the decoder's self-attention; each stack
-  has its own ``V_1``. Cross-attention is unchanged. Multi-Pass: ``V_1`` is the first layer's in the *same pass*
-  (each run of the stack keeps its own history), since every pass recomputes layer 1's values from its own input.
-* **Arithmetic**: the mix costs 3 element operations per value number and no matrix product, so it adds nothing to
-  the MAdds count (which, like torch's FLOP counter, counts products only); SVFormer removes the value
-  projections' ``T d^2`` per layer n > 1.
-
-Parameters: ResFormer adds ``2 (L - 1)`` (``2 H (L - 1)`` per head) with ``learnable``, none otherwise; SVFormer
-removes ``(L - 1)(d^2 + d)`` (``d^2`` without bias) per stack.
+* Mixed after the head split: the per-layer mix is elementwise, the same either way (the code mixes before), and
+  there ``granularity="head"`` is a broadcast.
+* KV cache: the *mixed* values are cached, as the code does, so ResFormer's cache and decoding are the plain
+  model's; SVFormer's layers n > 1 cache keys only and read ``V_1`` from layer 1 (the code writes ``V_1`` into
+  every slot): that is what shrinks the cache as the paper counts it.
+* Stacks: the papers are decoder-only; ``sides`` (default: every self-attention stack), each with its own ``V_1``,
+  cross-attention unchanged. Multi-Pass: ``V_1`` of the same pass, as every pass recomputes layer 1 from its input.
+* MAdds: the mix is 3 element operations per value number and no product, so the count (products only, like
+  torch's FLOP counter) is unchanged; SVFormer removes the value projections' ``T d^2`` per layer n > 1.
 """
 from __future__ import annotations
 
