@@ -1,58 +1,30 @@
-"""Depth recurrence by weight sharing: ALBERT's cross-layer sharing and MobileLLM's block-wise repetition.
+"""Depth recurrence by weight sharing: ALBERT's cross-layer sharing (Lan et al., "ALBERT: A Lite BERT for
+Self-supervised Learning of Language Representations", ICLR 2020, arXiv:1909.11942) and MobileLLM's block-wise
+repetition (Liu et al., "MobileLLM: Optimizing Sub-billion Parameter Language Models for On-Device Use Cases", ICML
+2024, arXiv:2402.14905): ``L`` executed layers run ``B = L / repeats`` unique blocks in an ``order``. The rest
+(options, parameter count, Multi-Pass's tied stack, composition, what is not here): docs/methods/layer_sharing.md.
 
-Two papers, one mechanism: a stack of ``L`` executed layers whose parameters come from ``B = L / repeats``
-unique blocks, assigned to the layers by an ``order``.
+Paper map:
 
-* **ALBERT** (Lan et al., ICLR 2020, arXiv:1909.11942), Sec. 3.1 "Cross-layer parameter sharing": "share all
-  parameters across layers", the default here (``repeats=None``: one block for every layer of a stack). Table 4's
-  ablations share only the attention parameters ("shared-attention") or only the FFN ("shared-FFN"):
-  ``share="attention"`` / ``share="ffn"``.
-* **MobileLLM** (Liu et al., ICML 2024, arXiv:2402.14905), Sec. 2.3 "Layer sharing", Fig. 6: ``B`` unique blocks
-  run with repetition. ``order="immediate"`` repeats each block at once (A A B B C C; the paper's choice: the
-  repeated block's weights are still in the cache, so the second run moves no weights), ``"all_over"`` runs the
-  whole stack again (A B C A B C), ``"reverse"`` runs it again backwards (A B C C B A). ``repeats=2`` as in the
-  paper's MobileLLM-LS.
+* **ALBERT** (Sec. 3.1, "share all parameters across layers"): the default, ``repeats=None`` (one block per stack),
+  ``share="all"``; Table 4's "shared-attention" / "shared-FFN": ``share="attention"`` / ``share="ffn"``.
+* **MobileLLM** (Sec. 2.3, Fig. 6): ``repeats=2`` (MobileLLM-LS), ``order`` ``"immediate"`` A A B B (the paper's
+  choice: the block's weights are still in the cache), ``"all_over"`` A B A B, ``"reverse"`` A B B A:
+  :func:`block_indices`, tied by :func:`share_stack`. Parameters: ``B * block + (outside the stack)``, as both count.
 
-The parameter count is ``B * (block parameters) + (everything outside the stack)`` (embeddings, the final norm, a
-head), as both papers count it (tested); the arithmetic is that of the ``L`` executed layers.
+Readings where the papers leave room (each with its reason):
 
-Readings chosen where the papers leave room (each with the reason):
-
-* **``enc_layers`` counts executed layers** (ALBERT's reading: ALBERT-base has 12 layers and one layer's
-  parameters). So switching ``layer_sharing`` on changes only the parameter count, never the compute, and a
-  comparison against the baseline at the same ``enc_layers`` is at equal MAdds with fewer parameters: the honest
-  comparison of what sharing costs. MobileLLM reads it the other way (its 30-block 125M model runs 60 layers with
-  ``repeats=2``: same parameters, double compute); that reading is :func:`repeat_blocks`, which multiplies
-  ``enc_layers``/``dec_layers`` by ``repeats`` and switches the section on (the ``mobilellm_deep`` compare
-  variant).
-* **What a sublayer's "parameters" are.** A sublayer's LayerNorm belongs to it (BERT's ``attention/output/
-  LayerNorm`` sits in the attention block, ``output/LayerNorm`` in the FFN block), so ``share="attention"`` ties
-  the self-attention, its norm and, in a decoder layer, the cross-attention and its norm; ``share="ffn"`` the FFN
-  and its norm; ``share="all"`` every parameter the layer holds, whatever module a method put there.
-* **Modules only some layers of a group have.** Predictive Attention puts a logit mixer in layers 1..L-1, not
-  layer 0 (PA Sec. 3.3). Sharing ties each parameter *name* across the layers of a group that hold it, so the
-  mixer is shared by the layers of a group that have one (with ``share="all"``/``"attention"``): under ALBERT
-  that is PA's own ``share_conv=True``; under A A B B, block A's mixer exists only in its second run (layer 1),
-  block B's is one module for layers 2 and 3. Buffers (PA's warm-up step counter) stay per layer.
-* **Several repeats of ``reverse``** (the paper shows 2): odd-numbered runs go backwards (A B C C B A A B C).
-* **Initialisation**: a block keeps the initial values of its first executed layer; the copies of later layers
-  are dropped. The layer modules stay distinct (only their parameters are one tensor), so each executed layer has
-  its own KV cache in the language model (a repeated block's keys differ at each run), its own dropout and
-  intermediates, and checkpoints store each shared tensor once with its aliases (``checkpoint.tie_map``).
-* **Sides**: every stack of the model by default (the encoder; the decoder of an encoder-decoder too, each with
-  its own blocks); ``sides`` narrows it. Neither paper has a decoder of an encoder-decoder (ALBERT is an
-  encoder, MobileLLM a decoder-only LM, which is interlayer's ``encoder`` stack run causally).
-
-Relation to Multi-Pass: ``order="all_over", repeats=2, share="all"`` over ``2N`` layers computes exactly what
-``multipass={"passes": 2, "connection": "tied_stack"}`` computes over ``N`` (MPT Table 2's "6+6-layer (tied
-weights)" baseline), with the same parameters (tested). ``layer_sharing`` also keeps the KV cache (MPT's
-encoder does not) and lets Predictive Attention's logits flow from layer N-1 into layer N (MPT restarts them at
-each pass); ``multipass`` is the one to use for per-pass exits and losses.
-
-Composition: Crossformer's hard and soft guidance tie or pull together sub-weights of *adjacent* layers; where
-they touch what this section shares, a guided pair may be one block (pulling W_K toward W_Q of one layer, a
-different model) and ties chain across blocks, so that pair is refused naming both sections; disjoint parts
-(``share="ffn"`` with ``kq``/``vf``, ``share="attention"`` with ``ffn``) compose.
+* ``enc_layers`` counts executed layers (ALBERT's), so sharing changes the parameters, never the compute: the honest
+  comparison, at equal MAdds. MobileLLM's count (blocks, each run ``repeats`` times) is :func:`repeat_blocks`.
+* A sublayer's LayerNorm belongs to it (as in BERT's checkpoints): ``"attention"`` ties the self- and
+  cross-attention with their norms, ``"ffn"`` the FFN and its norm, ``"all"`` every parameter a layer holds.
+* Tied by parameter name, so a module only some layers have (PA's mixer, none in layer 0) is shared by the layers of
+  a block that have it; buffers (PA's warm-up counter) stay per layer.
+* ``reverse`` with more than two repeats (the paper shows 2): odd-numbered runs go backwards (A B C C B A A B C).
+* A block keeps its first executed layer's initial values; layer modules stay distinct (own KV cache, as a repeated
+  block's keys differ at each run). Every stack by default, each with its own blocks (neither paper has a decoder
+  of an encoder-decoder). Crossformer pairs on a shared part are refused (a pair may fall in one block; ties would
+  chain across blocks); disjoint parts compose.
 """
 from __future__ import annotations
 
