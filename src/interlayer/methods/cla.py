@@ -1,53 +1,31 @@
 """Cross-Layer Attention (Brandon, Mishra, Nrusimha, Panda & Ragan-Kelley, "Reducing Transformer Key-Value Cache
 Size with Cross-Layer Attention", arXiv:2405.12981, NeurIPS 2024): adjacent layers share one set of keys and values.
+The rest (options, parameter formulas, composition, what the paper has that interlayer does not): docs/methods/cla.md.
 
-Paper map (section numbers of the paper):
+Paper map:
 
-* **CLA** (Sec. 2, Fig. 1-2): some layers compute fresh key/value projections; the others have *no* key/value
-  projections and attend with the keys and values of the nearest earlier layer that computed them. The attention
-  itself, the queries and the output projection are per layer as usual.
-* **Sharing factor** (Sec. 2.1, "CLA2", "CLA3"): groups of ``sharing_factor`` adjacent layers share one K/V; the
-  first layer of a group computes them. The KV cache (and the K/V activations of training) shrink by the factor,
-  "or slightly less if the sharing factor does not evenly divide the number of layers" (Sec. 2.1). Where the
-  factor does not divide the depth, Fig. 2 (CLA3 on a 10-layer model) puts the short group *first*: layer 0 alone,
-  then ``{1, 2, 3}``, ``{4, 5, 6}``, ``{7, 8, 9}``. ``short_group="first"`` (the default) is that; ``"last"`` puts it
-  at the end (``{0, 1, 2}``, ..., ``{9}``), what interlayer did before. ``sharing_factor=3`` on 4 layers makes
-  ``{0}``, ``{1, 2, 3}``, 2 KV layers instead of 4 either way (``cla3`` of ``compare`` on the 4-layer LM). ``1`` is
-  the plain model (no layer has a source). A factor larger than every stack's depth is refused naming the depth,
-  the largest useful value (any larger one gives the same single group per stack).
-* **Separate layer-norm parameters** (Sec. 3.1: "separately-learnable affine layer-norm parameters for the KV
-  projection blocks and Q projection blocks"): in a pre-LN block one LayerNorm feeds the query, key and value
-  projections; with ``separate_kv_norm`` every layer that computes K/V normalises its input once more with a
-  LayerNorm of its own for the key and value projections (the statistics are the same, the affine ``gamma, beta``
-  differ), and the block's pre-norm feeds the query projection only. Reading: a LayerNorm's affine map could be
-  absorbed in the projection that follows, so this adds no function the plain block lacks; what it changes is the
-  parametrisation: a group leader's K/V, which every layer of its group reads, no longer share their normalisation
-  gain with the leader's own queries, so training (and weight decay) move them apart. Reusing layers have no KV
-  projection block, so only their Q-side norm remains. Default ``None``: as the paper wherever the core pre-LN
-  residual is there (pre-LN, and no method replacing the residual connection); in a post-LN block there is no input
-  norm to separate. Parameters: ``+2 d`` per K/V layer (``+d`` without biases; tested).
-* **Parameters** (Sec. 2.1: CLA "reduces the number of parameters" of the K/V projections): each layer that reuses
-  K/V has no ``k_proj``/``v_proj``: ``d qk + d^2`` weights (``+ qk + d`` biases) fewer per such layer; the separate
-  K/V layer norms add ``2 d`` (``d``) per K/V layer.
-* **KV cache** (Sec. 2.1): a reusing layer stores nothing; its cache entry stays empty
-  (:func:`interlayer.core.generation.kv_cache_bytes_per_token` measures the shrinkage).
+* **CLA** (Sec. 2, Fig. 1-2): a reusing layer has no key/value projections, caches nothing, and attends with the
+  K/V of its group's first layer; its queries, attention and output projection are its own: :class:`SharedKV`.
+* **Sharing factor** (Sec. 2.1, "CLA2", "CLA3"): ``sharing_factor`` adjacent layers per group (1: the plain model),
+  :func:`group_leader`; the KV cache shrinks by the factor, "or slightly less" where it does not divide the depth.
+* **Short group** (Fig. 2, CLA3 on 10 layers: ``{0}``, ``{1, 2, 3}``, ...): ``short_group="first"``; ``"last"`` is
+  interlayer's earlier grouping. A factor above every stack's depth is refused (all make one group).
+* **Separate layer norms** (Sec. 3.1, "separately-learnable affine layer-norm parameters for the KV projection blocks
+  and Q projection blocks"): ``separate_kv_norm``, a K/V layer's own LayerNorm: :class:`SeparateKVNorm`.
 
-Readings chosen where the text leaves a choice (each with the reason):
+Readings where the paper leaves room (each with its reason):
 
-* **Rotary / relative positions**: the shared keys are stored rotated to their positions (as the core caches them),
-  and every layer of a group reads them at the same positions, so the sharing is exact under rotary positions too;
-  relative-position biases (Shaw) are per layer and computed from each layer's queries.
-* **Stacks**: the paper trains decoder-only models. ``sides`` (default: every self-attention stack of the model)
-  applies CLA to the encoder (classifier, encoder-decoder's encoder) and the decoder's self-attention; groups never
-  cross stacks. Cross-attention keys/values are left per layer (not the paper's subject).
-* **Multi-Pass**: sharing stays inside one pass: each run of the stack keeps its own history, since a later pass's
-  group leader computes new K/V from its own input (sharing across passes would feed pass 1's K/V to pass 2).
-* **Crossformer** hard/soft guidance ties *weights* of adjacent layers (``kq``: layer t's key projection is layer
-  t+1's query projection), while CLA shares *computed* keys/values and deletes the reusing layers' projections:
-  pairs that touch a key or value projection (``kq``, ``qk``, ``kk``, ``vf``) are refused, ``qq`` and ``ffn``
-  compose.
-* **MQA / GQA**: the paper pairs CLA with MQA; the core has one K/V head per query head (MHA), which the paper also
-  reports (MHA-CLA2, Sec. 3). See docs/methods/cla.md.
+* Separate norms change the parametrisation, not the function (an affine map folds into the next projection): a
+  leader's K/V no longer share their gain with its queries, so training and weight decay move them apart. Default
+  on wherever the core pre-LN residual is; a post-LN block has no input norm to separate.
+* Positions: shared keys are cached rotated and read at the same positions, so rotary sharing is exact; Shaw
+  relative-position biases stay per layer, from each layer's queries.
+* Stacks: the paper is decoder-only; ``sides`` (default: every self-attention stack); groups never cross stacks, nor
+  Multi-Pass passes (a later pass's leader computes new K/V from its own input). Cross-attention: per layer (not the
+  paper's subject).
+* Crossformer pairs on a key or value projection (``kq``, ``qk``, ``kk``, ``vf``) are refused: they tie weights CLA
+  deletes (it shares *computed* K/V); ``qq`` and ``ffn`` compose.
+* MQA/GQA: the core is MHA (one K/V head per query head), which the paper also reports (MHA-CLA2, Sec. 3).
 """
 from __future__ import annotations
 
