@@ -17,8 +17,8 @@ Transformer (ours 3 x 66,048 = 0.198M; ``"attention"``, Bello's W^O on the atten
 a ``d x d`` projection after the concatenation, no saving). ``activation="relu"`` after the convolution: the paper's
 conv layers are followed by a ReLU throughout (Sec. 3.3, Sec. 4.1.1). Prefix tokens (CLS) have no grid cell, so
 their convolution output is zero, as 2-D relative positions treat them. Padded positions are zeroed before the
-convolution. Encoder only (no ``"decoder"``, no causal LM): a centred kernel reads future tokens, a causal one is
-not the paper's block, which it applies to encoders and classifiers only. ``wants_prev_logits`` and the
+convolution. Encoder only (no ``"decoder"``, no causal LM): a centred kernel reads future tokens, and a causal one
+is not the paper's block (the paper uses it in encoders and classifiers only). ``wants_prev_logits`` and the
 intermediates are the attention half's, so the ``predictive`` logit mixer predicts its 4 heads' maps.
 
 Options, parameter counts and presets (:mod:`interlayer.papers.predictive`): docs/methods/predictive.md, section
