@@ -1,39 +1,28 @@
-"""Conv-Transformer / PA-Conv-Transformer's attention + convolution block (PA paper Sec. 3.5, Fig. 4, App. B.1).
+"""Conv-Transformer block ("Predictive Attention Transformer: Improving Transformer with Attention Map Prediction",
+anonymous, under double-blind review; Sec. 3.5, Fig. 4, App. B.1): the encoder self-attention replaced by half
+self-attention, half convolution. Alone it is Table 1's Conv-Transformer; with ``predictive`` the PA-Conv-Transformer.
 
-The PA paper (Predictive Attention Transformer) evaluates its method on top of a multi-branch block that
-"concatenates self-attention and convolutional layers jointly" (Sec. 3.5): "we use one half of dimension for the
-convolutional layer and the other half for the self-attention layer. The head number of self-attention is set as
-4" (App. B.1); "for text-related tasks, we adopt 1D-convolution with sliding window 3, while 2D-convolution with
-kernel size 3 x 3 is applied for the image data" (Sec. 3.5). With the ``predictive`` section on as well the model
-is the PA-Conv-Transformer; alone it is the Conv-Transformer baseline of Table 1.
+Paper map:
 
-Wiring (Fig. 4 is an image; the text fixes only the split, the head count and the kernels):
+* **The split** (App. B.1): "one half of dimension for the convolutional layer and the other half for the
+  self-attention layer", 4 heads: :class:`AttentionConvBlock` (``attn_dim`` = ``d_model / 2``, ``heads=4``), its
+  attention half :class:`BranchAttention`, the halves' outputs concatenated back to ``d_model``.
+* **The convolution** (Sec. 3.5): 1-D, window 3 for text; 3 x 3 over the token grid for images: :class:`TokenConv`
+  (``kernel_size``; 2-D with ``grid_height`` x ``grid_width``, raster order).
 
-* Both branches read the full ``d_model``-wide sublayer input, as in the attention-augmented convolution the
-  paper builds on (Bello et al. 2019, ``AAConv(X) = Concat[Conv(X), MHA(X)]``). The attention half projects
-  queries, keys and values to ``attn_dim = d_model / 2`` (``heads=4``); the convolution maps ``d_model`` channels
-  to the other ``d_model - attn_dim``. Their outputs are concatenated back to ``d_model`` and enter the usual
-  residual + LayerNorm, then the feed-forward block.
-* ``out_proj="none"`` (default): no output projection on either branch. This is the reading that matches
-  Table 1: Conv-Transformer has 0.21M fewer parameters than the Transformer (2.79M -> 2.58M) over M=3 blocks;
-  dropping W^O gives 3 x 66,048 = 0.198M fewer (2.59M), while keeping the attention half's W^O (Bello et al.'s
-  form, ``out_proj="attention"``) gives 3 x 49,536 = 0.149M fewer (2.64M). ``out_proj="joint"`` adds one
-  ``d_model x d_model`` projection after the concatenation instead (Lite-Transformer style, no saving).
-* ``activation="relu"`` (default) follows the convolution: the paper's convolutional layers are followed by a
-  ReLU throughout (Sec. 3.3 "We apply a ReLU activation after each 2D-convolutional layer"; the CNN baseline of
-  Sec. 4.1.1). ``"none"`` keeps the branch linear like the attention half, ``"gelu"`` is offered too.
-* 2-D: with a token grid (``grid_height`` x ``grid_width``, as for ``positions='relative_2d'``) the convolution
-  runs over the grid in raster order; leading prefix tokens (CLS) have no grid cell, so their convolution output
-  is zero (they get context from the attention half only, matching how 2-D relative positions treat them).
-* Padding: padded positions are zeroed before the convolution, so no padded token reaches a real one.
-* Decoder: not supported (``sides`` may only be ``["encoder"]``, and the causal language model, whose stack is
-  the encoder's, is refused). A centred kernel reads future tokens, and a causal one is not the paper's block;
-  the paper applies the block to encoders and classifiers only.
+Readings (Fig. 4 is an image; the text fixes only the split, the head count and the kernels): both halves read the
+full ``d_model`` input, as in the attention-augmented convolution the paper builds on (Bello et al. 2019,
+``Concat[Conv(X), MHA(X)]``). ``out_proj="none"``: no W^O, the reading that matches Table 1's 0.21M drop from the
+Transformer (ours 3 x 66,048 = 0.198M; ``"attention"``, Bello's W^O on the attention half, gives 0.149M; ``"joint"``
+a ``d x d`` projection after the concatenation, no saving). ``activation="relu"`` after the convolution: the paper's
+conv layers are followed by a ReLU throughout (Sec. 3.3, Sec. 4.1.1). Prefix tokens (CLS) have no grid cell, so
+their convolution output is zero, as 2-D relative positions treat them. Padded positions are zeroed before the
+convolution. Encoder only (no ``"decoder"``, no causal LM): a centred kernel reads future tokens, and a causal one
+is not the paper's block (the paper uses it in encoders and classifiers only). ``wants_prev_logits`` and the
+intermediates are the attention half's, so the ``predictive`` logit mixer predicts its 4 heads' maps.
 
-The block implements the core attention protocol and delegates ``wants_prev_logits`` and the intermediates to its
-attention half, so the ``predictive`` method's logit mixer (installed through ``components.logit_mixer``) sits in
-the attention half and predicts its 4 heads' maps. The PA paper's presets, including ``conv_transformer_text``
-and ``pa_conv_transformer_text``, live in :mod:`interlayer.papers.predictive`.
+Options, parameter counts and presets (:mod:`interlayer.papers.predictive`): docs/methods/predictive.md, section
+``conv_branch``.
 """
 from __future__ import annotations
 

@@ -4,37 +4,25 @@ embeddings and every earlier block's output is what block i+1 reads.
 
 Paper map (arXiv v2 section numbers):
 
-* **DWA** (Sec. 3.1, Fig. 1): with ``X_0`` the embedded input and ``X_i = B_i(Y_{i-1})`` the output of block i,
-  ``Y_i = DWA_i(X_0, ..., X_i) = sum_{j=0..i} alpha_{i,j} X_j`` and the model's output (before the final LayerNorm
-  and the head) is ``Y_d``. The DWA's inputs are the *raw block outputs* ``X_j``, never earlier averages ``Y_j``:
-  the paper writes ``X_i = B_i(Y_{i-1})`` and averages the ``X``; the official code (github epfml/DenseFormer,
-  ``DWAModules.forward``) stores the block's output in its accumulator before averaging, and the average is only
-  the next block's input. The weights are scalars, one per (DWA, input) pair.
-* **Initialisation** (Sec. 3.1): ``alpha_{i,i} = 1``, every other weight 0, so at initialisation the model *is*
-  the plain Transformer (tested bit for bit).
-* **Dilation k and period p** (Sec. 3.2, "kxp-DenseFormer"): ``DWA_i`` averages only ``{X_j : j <= i,
-  j = i (mod k)}`` (``floor(i/k) + 1`` weights) and exists only after blocks with ``i = 0 (mod p)``; elsewhere
-  ``Y_i = X_i``. 1x1 is the plain DenseFormer. The paper's recommended trade-off for deep models is 4x5; at the
-  compare task's 4 layers the named variant is 2x2. With ``p`` not dividing the depth the last
-  blocks have no DWA and the output is their ``X`` (as the paper's definition and the official code give).
-* **Parameters** (Sec. 3.1): ``sum over DWA modules of (its number of inputs)``; 1x1 on d blocks:
-  ``d (d + 3) / 2`` (tested).
+* **DWA** (Sec. 3.1, Fig. 1): ``X_0`` the embedded input, ``X_i = B_i(Y_{i-1})``, ``Y_i = DWA_i(X_0, ..., X_i) =
+  sum_j alpha_{i,j} X_j``, the output ``Y_d`` (then the final LayerNorm and the head): :class:`DepthWeightedAverage`,
+  the stack's depth connection; scalar weights, one per (DWA, input) pair. The inputs are the raw ``X_j``, never
+  earlier ``Y_j`` (Sec. 3.1's definition; the official code's ``DWAModules.forward`` stores ``X_i`` before averaging).
+* **Initialisation** (Sec. 3.1): ``alpha_{i,i} = 1``, the rest 0: the plain Transformer, bit for bit (tested).
+* **kxp-DenseFormer** (Sec. 3.2): ``dilation`` k, ``period`` p; ``DWA_i`` averages ``{X_j : j <= i, j = i mod k}``
+  and exists where ``p`` divides ``i`` (:func:`dwa_inputs`); 1x1 is the plain DenseFormer.
+* **Parameters** (Sec. 3.1): the DWAs' input counts summed, ``d (d + 3) / 2`` for 1x1 on d blocks (tested).
 
-Choices where the paper leaves room:
+Choices where the paper leaves room: **every stack** (the paper's model is a decoder-only LM) gets its own DWA, its
+own ``X_0``: a position is averaged only with itself at other depths, so the causal LM stays causal and cached
+decoding exact, with nothing cached. **Post-LN** is averaged the same way (the definition needs only blocks ``B_i``),
+with no final LayerNorm. With ``p`` not dividing the depth, the last blocks have no DWA and the output is their ``X``
+(the definition and the official code). **Multi-Pass** composes: each pass from its own ``X_0`` with the same (tied)
+DWA weights, the injector adding after the DWA, ``states`` the ``Y_i``. **Arithmetic**: an element-wise weighted sum
+in the stream's dtype, not a matmul (a TF32/bf16 product would round the residual stream at every block and break
+the exact identity on a GPU), left out of the MAdds as residual additions are.
 
-* **Every stack**: the paper has a decoder-only LM. Here the DWA runs in every stack the model has (the encoder,
-  the causal LM's stack, and the decoder of an encoder-decoder, each with its own weights and its own ``X_0``: its
-  embedded input). Each position is averaged with itself at earlier depths only, so the causal LM stays causal and
-  incremental decoding with the KV cache equals the full forward pass (tested): nothing is cached.
-* **Post-LN**: the paper's blocks are pre-LN, but its definition only needs blocks ``B_i``, so a post-LN stack
-  (whose block outputs are already normalised) is averaged the same way; there is then no final LayerNorm.
-* **Multi-Pass** (composes): each pass runs the stack once, with its own ``X_0`` (its input) and the same DWA
-  weights (the layers are tied across passes, so are their averages). The injector's additions go to the next
-  layer's input after the DWA, and the recorded ``states`` are the ``Y_i`` (what the next layer reads).
-* **Arithmetic**: a DWA is an element-wise weighted sum (``(floor(i/k)+1) d`` multiply-adds per position), kept
-  out of the MAdds as residual additions are (and as torch's FlopCounterMode counts it), about ``(L+3)/(24 d)``
-  of a layer for 1x1. It runs in the stream's dtype, not as a matmul: a TF32 or bf16 product would round the
-  whole residual stream at every block, so the identity at initialisation would not be exact on a GPU.
+Options (the recommended 4x5, the 2x2 variant), costs and what the paper has beyond this: docs/methods/denseformer.md.
 """
 from __future__ import annotations
 

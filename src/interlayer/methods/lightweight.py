@@ -1,53 +1,28 @@
-"""LW-Transformer (Luo, Zhou, Sun, Wang, Cao, Wu, Huang & Ji, 2022, "Towards Lightweight Transformer via
-Group-wise Transformation for Vision-and-Language Tasks", arXiv:2204.07780): group-wise attention and FFN.
+"""LW-Transformer (Luo, Zhou, Sun, Wang, Cao, Wu, Huang & Ji, "Towards Lightweight Transformer via Group-wise
+Transformation for Vision-and-Language Tasks", arXiv:2204.07780, 2022): group-wise attention and feed-forward.
 
-Paper map (section, equation and table numbers of the LW-Transformer paper):
+Paper map:
 
-* **Group-wise transformation** (Sec. III-B, Eq. 5): split the features into ``k`` contiguous groups, transform
-  each, concatenate. With a linear transform this is :class:`GroupedLinear` (a block-diagonal linear layer).
-* **G-MHA** (Eq. 6, Fig. 1a): the *input* is split into ``k`` groups before the q/k/v projections and each group
-  runs multi-head attention with ``h/k`` heads; the outputs are concatenated and merged by the dense ``W_O``
-  (Eq. 3), which "we do not replace". Per-head widths stay those of the baseline (Sec. IV-A: ``d_h = 64``, "each
-  group has 4 attention heads, so the total number of attentions is kept as 8").
-* **G-FFN** (Eq. 7-8, Fig. 1b): the expanding layer ``W1`` (Eq. 7) stays dense; the hidden ``H`` is split into
-  ``k`` groups and the reducing layer is group-wise, ``W2 in R^{d_f/k x d/k}`` (Eq. 8).
-* **Weight sharing, WS** (Sec. III-B, Table II): the ``k`` groups use one set of weights, ``(k^2-1)/k^2`` fewer
-  parameters. It applies to every group-wise layer (q/k/v, G-FFN's ``W2``, G-LML, G-IL): Table II's 24.0M and
-  Table III's 20.4M / 14.5M / 11.0M are only reached that way (:mod:`interlayer.papers.lightweight`).
-* **n x** (Table I, Sec. IV-A): queries and keys ``n`` times wider per head (``d_h`` 64 -> 192 for 3x); values
-  and the output keep their width.
-* **G-LML / G-IL** (Table III, Sec. IV-D2): the linear-merge layer ``W_O`` / the intermediate layer ``W1`` made
-  group-wise too. "mini" is G-IL alone (Table III, Table IV).
+* **Group-wise transformation** (Sec. III-B, Eq. 5): ``k`` contiguous groups, each transformed: :class:`GroupedLinear`.
+* **G-MHA** (Eq. 6, Fig. 1a): the input split before q/k/v, ``h/k`` heads of the baseline width per group, the dense
+  ``W_O`` (Eq. 3) kept: :class:`GroupedMultiHeadAttention` (``attention``). **G-FFN** (Eq. 7-8, Fig. 1b): ``W1``
+  dense, ``W2 in R^{d_f/k x d/k}`` group-wise: :class:`GroupedFeedForward` (``ffn``).
+* **WS** (Sec. III-B, Table II): one weight set for the ``k`` groups: ``share_weights``. **n x** (Table I, Sec. IV-A):
+  queries and keys ``n`` times wider per head: ``qk_expansion``. **G-LML / G-IL** (Table III, Sec. IV-D2): ``W_O`` /
+  ``W1`` group-wise: ``group_merge`` / ``group_intermediate``; "mini" is G-IL alone (Tables III-IV).
 
-Readings where the paper is vague. Together they reproduce eleven of the twelve MAdds of Tables II/III to the
-paper's two decimals (2.58G for the baseline down to 1.33G, at 14 question tokens / 100 regions); the twelfth,
-"mini", gives 1.495G against 1.50G, while the paper's own G-LML + G-IL row (1.33G) implies 1.49G for it:
+Readings where the paper is vague (together they give eleven of Tables II/III's twelve MAdds to two decimals):
+G-MHA replaces every attention, cross-attention included (Table II's 37.0M for G-MHA alone needs all 18 of MCAN's),
+query group ``i`` attending to memory group ``i`` (Eq. 6 on both inputs; the released code splits q, k, v alike).
+Heads are group-major (group ``i`` owns heads ``i*h/k ..``), so the groups' outputs concatenated are the standard head
+layout and relative positions, logit mixers, SDPA, the KV cache and masking stay the core's. WS covers every
+group-wise layer (q/k/v, ``W2``, G-LML, G-IL): Table II's 24.0M and Table III's 20.4M/14.5M/11.0M need it; it is an
+option, on by default, since Eq. 8 calls ``W2`` "sharable" but Table II's G-FFN row without WS (37.7M) has ``k``
+blocks, while the main model (dagger rows, the released code) shares. Logits are scaled by ``1/sqrt(n*d/h)``: Eq. 1's
+``sqrt(d)`` with ``d`` the per-head q/k width. Initialisation (not the paper's): Xavier-uniform per group with its own
+fans, as ``k`` separate layers would, so at ``k=1`` every weight is the core's (outputs identical, tested).
 
-* G-MHA replaces every attention, decoder cross-attention included (the baseline is MCAN's encoder-decoder with
-  18 attention modules; Table II's 37.0M for G-MHA alone needs all 18). In cross-attention, query group ``i``
-  attends to memory group ``i``, as Eq. 6 applied to both inputs (the released code splits q, k and v inputs alike).
-* Heads are group-major: group ``i`` owns heads ``i*h/k .. (i+1)*h/k - 1``. The projections' outputs
-  concatenated over groups are then exactly the standard head layout, so all ``h`` heads' logits form one
-  ``(B, H, Tq, Tk)`` tensor: relative positions, a logit mixer (Predictive Attention), the fused SDPA path, the
-  KV cache and masking are the core's, unchanged (:class:`GroupedMultiHeadAttention` subclasses it).
-* Eq. 8 calls ``W2`` "sharable", but Table II's G-FFN row without WS (37.7M) has ``k`` separate blocks; sharing
-  is the ``share_weights`` option for every group-wise layer, on by default as in the paper's main model (dagger
-  rows of Table II and the released code, which folds the groups into the batch of one attention module).
-* Logits are scaled by ``1/sqrt(n*d/h)``, the per-head query width (Eq. 1's ``sqrt(d)`` with ``d`` the q/k width).
-* Initialisation: each group's matrix gets the core's Xavier-uniform with its own fan-in/fan-out (as ``k``
-  separate layers would), so at ``k=1`` every weight has the core's initial distribution, and with the plain
-  model's weights loaded the outputs are identical (tested).
-
-Parameter formulas (``d = d_model``, ``d_f = d_ffn``, ``k`` groups, ``n`` = qk_expansion, ``s = 1`` with WS and
-``k`` without; biases included; a dense layer is the ``k = s = 1`` case):
-
-* G-MHA q and k: ``2 s (n d/k * d/k + n d/k)``; v: ``s ((d/k)^2 + d/k)``; merge ``W_O``: ``d^2 + d``, with G-LML
-  ``s ((d/k)^2 + d/k)``. Weights: ``(2n+1) d^2 / k + d^2`` without WS (``2.5 d^2`` at k=2, the paper's "about
-  2d^2", Sec. III-B), ``(2n+1) d^2 / k^2 + d^2`` with WS, against ``(2n+2) d^2`` for MHA.
-* G-FFN: ``W1`` ``d d_f + d_f`` (Eq. 7), with G-IL ``s (d_f/k * d/k + d_f/k)``; ``W2`` ``s (d_f/k * d/k + d/k)``
-  (Eq. 8).
-* MAdds per token: each group-wise layer ``in * out / k`` (WS does not change compute); attention adds
-  ``Tk (n d + d)`` per query for logits and the weighted sum.
+Parameter/MAdds formulas, options, Tables II-III and what the paper has beyond this: docs/methods/lightweight.md.
 """
 from __future__ import annotations
 

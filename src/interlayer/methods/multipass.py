@@ -1,29 +1,27 @@
-"""Multi-Pass Transformer (MPT; Gao, Hori, Geng, Hori & Le Roux, 2020): the encoder stack run P times with tied
-weights, each pass's layers feeding the next pass's layers.
+"""Multi-Pass Transformer (MPT; Gao, Hori, Geng, Hori & Le Roux, "Multi-Pass Transformer for Machine Translation",
+2020, arXiv:2009.11382): the encoder stack run P times with tied weights, each pass's layers feeding the next pass's.
 
-Paper map (section, equation and table numbers of the MPT paper):
+Paper map:
 
-* **Passes** (Sec. 3.2, Fig. 2): the first-pass ("inner") stack is cloned into a second-pass ("outer") stack
-  that shares every weight, so the parameter count is unchanged (Table 2: 61.2M for Base and for both MPTs).
-  ``passes=1`` is exactly the plain encoder.
-* **Outer stack input**: the embedded source enters outer layer 0, i.e. ``S~_{-1}^out`` in Eq. 6 is the
-  embedding. The paper never writes ``S~_{-1}`` out, but Table 2's caption defines the "6+6-layer (tied weights)"
-  baseline as MPT *without feeding the original input to the 7th layer*, so MPT does feed it. The same embedded
-  tensor (same dropout mask) is reused: nothing is re-embedded. That baseline itself is ``connection="tied_stack"``.
-* **Connections** (Sec. 3.2): ``default`` adds inner layer k's output to outer layer k's input (``[0,1,...,N-1]``,
-  Table 1 row "MP Transformer [0,1,2,3,4,5]"); ``soft`` adds ``sum_j alpha_kj S_j^out`` with
-  ``alpha_kj = softmax_j(w_kj)`` (Eq. 6); ``hard`` adds inner layer ``tau_k`` to outer layer k for a permutation
-  ``tau`` (Sec. 3.2 "Hard Connections", best ``[0,4,1,5,2,3]``, Fig. 3, Table 1).
-* **Routing** (Sec. 3.3, Fig. 4, Table 1): (a) inner FFN output ``S^out`` added to the outer layer input, before
-  the residual split; (b) the same added after the split, to the self-attention branch only; (c)/(d) as (a)/(b)
-  with the inner self-attention output ``S^mid`` (Eq. 2) instead of ``S^out`` (Eq. 3).
-* **Training objective** (Sec. 3.2 "Training procedure"): the loss on the last pass ``L(S~_{N-1}, T)``; or on
-  every pass (the sum of ``L(S_{N-1}, T)`` and ``L(S~_{N-1}, T)``); or on one pass drawn at random per step. The
-  two latter let one model serve several compute budgets, read with ``exit_pass``.
-* **Three passes** (Sec. 5, "3-pass ... comparable with 2-pass, 28.4 BLEU"): the paper gives no wiring. Here pass
-  p+1 receives from pass p exactly as pass 2 from pass 1, with the same permutation, and (soft) its *own* N x N
-  weights by default: every transition is a distinct inner/outer pair, and its N^2 weights are as negligible as the
-  paper's. ``share_soft_weights=True`` uses one matrix for every transition instead.
+* **Passes** (Sec. 3.2, Fig. 2): the inner stack cloned into an outer one sharing every weight (Table 2: 61.2M for
+  Base and both MPTs): :class:`MultiPassEncoder`, ``passes`` (1 is exactly the plain encoder).
+* **Connections** (Sec. 3.2): ``default``, inner layer k -> outer layer k (Table 1, ``[0,1,...,N-1]``); ``soft``,
+  ``sum_j alpha_kj S_j^out`` with ``alpha_kj = softmax_j(w_kj)`` (Eq. 6); ``hard``, inner ``tau_k`` -> outer k for a
+  ``permutation`` (best ``[0,4,1,5,2,3]``, Fig. 3, Table 1; :func:`hard_permutation`): ``connection``.
+* **Routing** (Sec. 3.3, Fig. 4, Table 1): (a)/(b) the inner FFN output ``S^out`` (Eq. 3) added before / after the
+  residual split (after: the self-attention branch only); (c)/(d) the same with ``S^mid`` (Eq. 2): ``routing``.
+* **Training objective** (Sec. 3.2): the last pass, every pass summed, or one random pass per step: ``loss``; the
+  early exit of the "low and high computation costs" regimes: ``exit_pass``.
+
+Readings where the paper leaves room: the embedded source enters outer layer 0 (Eq. 6's unnamed ``S~_{-1}^out``),
+since Table 2's caption defines the "6+6-layer (tied weights)" baseline as MPT *without* feeding the original input
+to the 7th layer (that baseline is ``connection="tied_stack"``); the same embedded tensor (one dropout mask) is
+reused, never re-embedded. Three passes (Sec. 5: "comparable", 28.4 BLEU; no wiring given): pass p+1 receives from
+pass p exactly as pass 2 from pass 1, same permutation, and (soft) its *own* N x N weights, each transition being a
+distinct inner/outer pair whose N^2 weights are as negligible as the paper's (``share_soft_weights=True``: one
+matrix). ``soft_init`` 0.9: Eq. 6 with ``alpha = delta`` is the default MPT, but an exact delta saturates the softmax.
+
+Options, outputs, composition, costs, presets and what the paper has beyond this: docs/methods/multipass.md.
 """
 from __future__ import annotations
 
