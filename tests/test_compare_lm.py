@@ -48,15 +48,20 @@ def test_lm_report_under_a_step_budget(plan, tmp_path):
     assert curves.caption.startswith("Validation loss (nats per token) against optimiser steps")  # axis with unit
 
 
-def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_model(tmp_path):
-    """The four named variants build on the lm task with DEFAULT's model (4 layers, d=64), each with its section."""
+def _plan_on_the_main_jobs_model(tmp_path, names):
+    """The plan of ``compare --default``'s model (its ``sets``) on a small text, the baseline and ``names``."""
     from interlayer.compare import DEFAULT
     path = tmp_path / "book.txt"
     path.write_text(TEXT)
     sets = dict(s.split("=", 1) for s in DEFAULT["sets"])
     sets.update({"data.path": str(path), "data.block_size": "16"})
+    return build_plan(make_settings("lm", [",".join(["baseline", *names])], budget_steps=4, sets=sets))
+
+
+def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_model(tmp_path):
+    """The four named variants build on the lm task with DEFAULT's model (4 layers, d=64), each with its section."""
     names = ["denseformer", "denseformer_2x2", "hyper_connections", "hyper_connections_static"]
-    plan = build_plan(make_settings("lm", [",".join(["baseline", *names])], budget_steps=4, sets=sets))
+    plan = _plan_on_the_main_jobs_model(tmp_path, names)
     base = plan.variant("baseline")
     for name in names:
         planned = plan.variant(name)
@@ -68,13 +73,8 @@ def test_denseformer_and_hyper_connections_variants_resolve_on_the_main_jobs_mod
 def test_mhc_and_muddformer_variants_resolve_on_the_main_jobs_model(tmp_path):
     """mhc, muddformer, muddformer_static and muddformer_2x2 build on the lm task with DEFAULT's model, each with its
     section and the options its description names."""
-    from interlayer.compare import DEFAULT
-    path = tmp_path / "book.txt"
-    path.write_text(TEXT)
-    sets = dict(s.split("=", 1) for s in DEFAULT["sets"])
-    sets.update({"data.path": str(path), "data.block_size": "16"})
     names = ["mhc", "muddformer", "muddformer_static", "muddformer_2x2"]
-    plan = build_plan(make_settings("lm", [",".join(["baseline", *names])], budget_steps=4, sets=sets))
+    plan = _plan_on_the_main_jobs_model(tmp_path, names)
     base = plan.variant("baseline")
     for name in names:
         assert plan.variant(name).parameters > base.parameters

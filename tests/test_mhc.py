@@ -7,7 +7,7 @@ import torch
 import torch._dynamo
 
 from helpers.lm import TINY as LM_FIELDS
-from helpers.lm import assert_cache_matches, assert_causal
+from helpers.lm import assert_cache_matches, assert_causal, assert_seq2seq_cache_matches
 from helpers.lm import lm as tiny_lm
 from interlayer import ConfigError, count_madds, create_model
 from interlayer.methods.mhc import composite_gain, sinkhorn_knopp
@@ -196,13 +196,7 @@ def test_encoder_decoder_incremental_decoding_gives_the_full_forward():
     torch.manual_seed(0)
     model = create_model("transformer_small", arch="encoder_decoder", **SMALL, mhc={}).eval()
     randomise(model, scale=0.5)
-    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
-    with torch.no_grad():
-        full = model(src, tgt).logits
-        enc = model.encode(src)
-        cache = model.decoder.new_cache()
-        steps = [model.decode(tgt[:, i:i + 1], enc, cache=cache).logits for i in range(tgt.shape[1])]
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert_seq2seq_cache_matches(model)
     assert model.decoder.layers[0].cross_block.dynamic
 
 

@@ -8,7 +8,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from helpers.lm import TINY as LM_FIELDS
-from helpers.lm import assert_cache_matches, assert_causal
+from helpers.lm import assert_cache_matches, assert_causal, assert_seq2seq_cache_matches
 from helpers.lm import lm as tiny_lm
 from interlayer import ConfigError, count_madds, create_model
 from interlayer.methods.muddformer import ffn_width
@@ -152,13 +152,7 @@ def test_encoder_decoder_matches_with_the_cache():
     model = create_model("transformer_small", arch="encoder_decoder", norm_first=True, **SMALL,
                          muddformer={}).eval()
     randomise(model)
-    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
-    with torch.no_grad():
-        full = model(src, tgt).logits
-        enc = model.encode(src)
-        cache = model.decoder.new_cache()
-        steps = [model.decode(tgt[:, i:i + 1], enc, cache=cache).logits for i in range(tgt.shape[1])]
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert_seq2seq_cache_matches(model)
 
 
 @pytest.mark.parametrize("section", [{}, {"dynamic": False}, {"multiway": False}, {"dilation": 2, "period": 2},

@@ -51,3 +51,15 @@ def assert_padded_generation_matches(model) -> None:
     mask = torch.tensor([[False] * len(p) + [True] * (5 - len(p)) for p in prompts])
     batched = generate(model, rows, greedy, padding_mask=mask).tokens
     assert all(torch.equal(row, a) for row, a in zip(batched, alone))
+
+
+def assert_seq2seq_cache_matches(model) -> None:
+    """An encoder-decoder decoding its target token by token with the decoder's cache gives the teacher-forced
+    forward pass's logits."""
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
+    with torch.no_grad():
+        full = model(src, tgt).logits
+        enc = model.encode(src)
+        cache = model.decoder.new_cache()
+        steps = [model.decode(tgt[:, i:i + 1], enc, cache=cache).logits for i in range(tgt.shape[1])]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)

@@ -13,13 +13,20 @@ from torch import Tensor
 
 
 @triton.jit
-def _forward(x_ptr, t_ptr, lse_ptr, loss_ptr, nll_ptr, rows_per_batch, V, sxb, sxt, stb, stt, smoothing,
-             ignore_index, BLOCK: tl.constexpr):
+def _row(x_ptr, t_ptr, rows_per_batch, sxb, sxt, stb, stt):
+    """This program's row (batch b, position t, of strided ``(B, T, V)`` logits): its index, its logits' address and
+    its target class."""
     row = tl.program_id(0)
     b = row // rows_per_batch
     t = row % rows_per_batch
     base = x_ptr + b.to(tl.int64) * sxb + t.to(tl.int64) * sxt
-    target = tl.load(t_ptr + b * stb + t * stt).to(tl.int32)
+    return row, base, tl.load(t_ptr + b * stb + t * stt).to(tl.int32)
+
+
+@triton.jit
+def _forward(x_ptr, t_ptr, lse_ptr, loss_ptr, nll_ptr, rows_per_batch, V, sxb, sxt, stb, stt, smoothing,
+             ignore_index, BLOCK: tl.constexpr):
+    row, base, target = _row(x_ptr, t_ptr, rows_per_batch, sxb, sxt, stb, stt)
     # the running maximum starts at a finite floor, so a lane that has seen only masked (-inf) classes keeps s = 0
     # without ever computing exp(-inf - -inf)
     m = tl.full([BLOCK], -1e30, tl.float32)
@@ -48,12 +55,8 @@ def _forward(x_ptr, t_ptr, lse_ptr, loss_ptr, nll_ptr, rows_per_batch, V, sxb, s
 @triton.jit
 def _backward(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, rows_per_batch, V, sxb, sxt, stb, stt, smoothing,
               ignore_index, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    b = row // rows_per_batch
-    t = row % rows_per_batch
-    base = x_ptr + b.to(tl.int64) * sxb + t.to(tl.int64) * sxt
+    row, base, target = _row(x_ptr, t_ptr, rows_per_batch, sxb, sxt, stb, stt)
     out = dx_ptr + row.to(tl.int64) * V
-    target = tl.load(t_ptr + b * stb + t * stt).to(tl.int32)
     keep = target != ignore_index
     g = tl.where(keep, tl.load(g_ptr + row), 0.0)
     lse = tl.load(lse_ptr + row)

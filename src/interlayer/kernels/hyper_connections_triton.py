@@ -63,6 +63,34 @@ def _tanh(x):
 
 
 @triton.jit
+def _layout(D, N: tl.constexpr, NP: tl.constexpr, NC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A position's register tiles: stream ``rows`` (``NP``), coefficient ``cols`` (``NC``), channels ``ds``
+    (``BLOCK_D``), their masks and the ``(NP, BLOCK_D)`` mask of the streams."""
+    rows = tl.arange(0, NP)
+    cols = tl.arange(0, NC)
+    ds = tl.arange(0, BLOCK_D)
+    rmask = rows < N
+    dmask = ds < D
+    return rows, cols, ds, rmask, dmask, rmask[:, None] & dmask[None, :]
+
+
+@triton.jit
+def _dynamic_constants(norm_weight, norm_bias, static_alpha, s_a0, s_a1, static_beta, s_b0, alpha_scale, beta_scale,
+                       rows, cols, ds, rmask, dmask, N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       HAS_NORM_BIAS: tl.constexpr):
+    """What DHC's coefficients (Eq. 10-13) use at every position, loaded once a program: the stream norm's affine
+    ``(g, b)``, the static coefficients and each coefficient column's scale (``s_alpha`` or ``s_beta``)."""
+    g = tl.load(norm_weight + ds, mask=dmask, other=0.0).to(tl.float32)
+    if HAS_NORM_BIAS:
+        bln = tl.load(norm_bias + ds, mask=dmask, other=0.0).to(tl.float32)
+    else:
+        bln = tl.zeros([BLOCK_D], dtype=tl.float32)
+    static = _static_tile(static_alpha, s_a0, s_a1, static_beta, s_b0, rows, cols, rmask, N)
+    scale = tl.where(cols <= N, tl.load(alpha_scale).to(tl.float32), tl.load(beta_scale).to(tl.float32))
+    return g, bln, static, scale
+
+
+@triton.jit
 def _mixed_streams(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp, s_cj, s_cc, p, rows, ds, rmask,
                    dmask, N: tl.constexpr, NP: tl.constexpr, BLOCK_D: tl.constexpr):
     """``(Z, y, b)`` at position ``p``: ``Z_i = b_i y + sum_j A[j, i] H_j`` (``(NP, BLOCK_D)``, zero where masked),
@@ -117,20 +145,11 @@ def _forward_kernel(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp, 
                     DYNAMIC: tl.constexpr, HAS_NORM_BIAS: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    rows = tl.arange(0, NP)
-    cols = tl.arange(0, NC)
-    ds = tl.arange(0, BLOCK_D)
-    rmask = rows < N
-    dmask = ds < D
-    tile = rmask[:, None] & dmask[None, :]
+    rows, cols, ds, rmask, dmask, tile = _layout(D, N, NP, NC, BLOCK_D)
     if DYNAMIC:
-        g = tl.load(norm_weight + ds, mask=dmask, other=0.0).to(tl.float32)
-        if HAS_NORM_BIAS:
-            bln = tl.load(norm_bias + ds, mask=dmask, other=0.0).to(tl.float32)
-        else:
-            bln = tl.zeros([BLOCK_D], dtype=tl.float32)
-        static = _static_tile(static_alpha, s_a0, s_a1, static_beta, s_b0, rows, cols, rmask, N)
-        scale = tl.where(cols <= N, tl.load(alpha_scale).to(tl.float32), tl.load(beta_scale).to(tl.float32))
+        g, bln, static, scale = _dynamic_constants(norm_weight, norm_bias, static_alpha, s_a0, s_a1, static_beta,
+                                                   s_b0, alpha_scale, beta_scale, rows, cols, ds, rmask, dmask, N,
+                                                   BLOCK_D, HAS_NORM_BIAS)
     for p in range(pid, P, programs):
         if HAS_DEPTH:
             z, y, b = _mixed_streams(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp, s_cj, s_cc, p,
@@ -165,21 +184,12 @@ def _backward_kernel(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp,
                      HAS_NORM_BIAS: tl.constexpr, HAS_DMIXED: tl.constexpr, HAS_DCOEF_OUT: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    rows = tl.arange(0, NP)
-    cols = tl.arange(0, NC)
-    ds = tl.arange(0, BLOCK_D)
-    rmask = rows < N
-    dmask = ds < D
-    tile = rmask[:, None] & dmask[None, :]
+    rows, cols, ds, rmask, dmask, tile = _layout(D, N, NP, NC, BLOCK_D)
     ctile = rmask[:, None] & (cols[None, :] < N + 2)
     if DYNAMIC:
-        g = tl.load(norm_weight + ds, mask=dmask, other=0.0).to(tl.float32)
-        if HAS_NORM_BIAS:
-            bln = tl.load(norm_bias + ds, mask=dmask, other=0.0).to(tl.float32)
-        else:
-            bln = tl.zeros([BLOCK_D], dtype=tl.float32)
-        static = _static_tile(static_alpha, s_a0, s_a1, static_beta, s_b0, rows, cols, rmask, N)
-        scale = tl.where(cols <= N, tl.load(alpha_scale).to(tl.float32), tl.load(beta_scale).to(tl.float32))
+        g, bln, static, scale = _dynamic_constants(norm_weight, norm_bias, static_alpha, s_a0, s_a1, static_beta,
+                                                   s_b0, alpha_scale, beta_scale, rows, cols, ds, rmask, dmask, N,
+                                                   BLOCK_D, HAS_NORM_BIAS)
         acc_static = tl.zeros([NP, NC], dtype=tl.float32)  # sum over positions of dL/d(coefficients)
         acc_m = tl.zeros([NC, BLOCK_D], dtype=tl.float32)  # M[c] = sum_{p, j} dproj[j, c] xhat_j
         acc_t = tl.zeros([NC], dtype=tl.float32)  # sum_{p, j} dL/dcoef[j, c] tanh[j, c] (the scales' gradient)

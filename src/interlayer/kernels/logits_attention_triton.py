@@ -32,17 +32,24 @@ def _allowed(rows, cols, pad_ptr, b, T_q, T_k, stride_pb, CAUSAL: tl.constexpr, 
 
 
 @triton.jit
+def _head(H, s_lb, s_lh, s_vb, s_vh, s_ob, s_oh):
+    """This program's (batch x head) ``bh`` (grid axis 1), its batch ``b`` and the offsets of its logits, of its
+    values (and their gradient) and of its output (and the output's gradient)."""
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    return bh, b, b * s_lb + h * s_lh, b * s_vb + h * s_vh, b * s_ob + h * s_oh
+
+
+@triton.jit
 def _forward(L, V, OUT, LSE, PAD, H, T_q, T_k, D,
              s_lb, s_lh, s_lq, s_vb, s_vh, s_vk, s_vd, s_ob, s_oh, s_oq, s_od, s_pb,
              CAUSAL: tl.constexpr, PADDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     qb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh, b, l_off, v_off, o_off = _head(H, s_lb, s_lh, s_vb, s_vh, s_ob, s_oh)
+    l_base, v_base = L + l_off, V + v_off
     rows = qb * BM + tl.arange(0, BM)
     dims = tl.arange(0, BD)
-    l_base = L + b.to(tl.int64) * s_lb + h.to(tl.int64) * s_lh
-    v_base = V + b.to(tl.int64) * s_vb + h.to(tl.int64) * s_vh
     m = tl.full([BM], _FLOOR, tl.float32)
     s = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
@@ -62,7 +69,7 @@ def _forward(L, V, OUT, LSE, PAD, H, T_q, T_k, D,
         m = m_new
     empty = s == 0.0
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, s)[:, None])
-    o_base = OUT + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
+    o_base = OUT + o_off
     tl.store(o_base + rows[:, None] * s_oq + dims[None, :] * s_od, out.to(OUT.dtype.element_ty),
              mask=(rows[:, None] < T_q) & (dims[None, :] < D))
     # an empty row's log-sum-exp is +inf, so the backward's exp(x - lse) is 0 there
@@ -76,14 +83,10 @@ def _backward(L, V, DO, DELTA, LSE, DL, DV, GL, PAD, H, T_q, T_k, D,
               CAUSAL: tl.constexpr, PADDED: tl.constexpr, EXTRA: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     kb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh, b, l_off, v_off, o_off = _head(H, s_lb, s_lh, s_vb, s_vh, s_ob, s_oh)
+    v_base, do_base = V + v_off, DO + o_off
     cols = kb * BN + tl.arange(0, BN)
     dims = tl.arange(0, BD)
-    l_off = b.to(tl.int64) * s_lb + h.to(tl.int64) * s_lh
-    v_base = V + b.to(tl.int64) * s_vb + h.to(tl.int64) * s_vh
-    do_base = DO + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh
     vt = tl.load(v_base + cols[:, None] * s_vk + dims[None, :] * s_vd,
                  mask=(cols[:, None] < T_k) & (dims[None, :] < D), other=0.0)
     dv = tl.zeros([BN, BD], tl.float32)
@@ -111,7 +114,7 @@ def _backward(L, V, DO, DELTA, LSE, DL, DV, GL, PAD, H, T_q, T_k, D,
             dl += tl.load(GL + offs, mask=inside, other=0.0).to(tl.float32)
         tl.store(DL + offs, dl.to(DL.dtype.element_ty), mask=inside)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-    dv_base = DV + b.to(tl.int64) * s_vb + h.to(tl.int64) * s_vh
+    dv_base = DV + v_off
     tl.store(dv_base + cols[:, None] * s_vk + dims[None, :] * s_vd, dv.to(DV.dtype.element_ty),
              mask=(cols[:, None] < T_k) & (dims[None, :] < D))
 

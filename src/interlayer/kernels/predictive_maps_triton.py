@@ -37,8 +37,26 @@ BR, BC = 16, 16  # the tile: 256 cells x HP channels
 # Register budget (sm_90, Triton 3.9, GPT-2 small's maps; benchmarks/bench_kernels.py --resources): a (16, 256)
 # tile over 8 warps, the taps as a loop rather than unrolled (unrolled, the compiler hoisted the nine shifted loads
 # and the weight-gradient kernel spilled 1.6 KB a thread) and 32-bit offsets within a batch element's maps take
-# 67 / 122 / 63 registers in the forward / dZ / dX kernels, no spill, against 201 / 255 + spills / 168 before.
+# 75 / 122 / 63 registers in the forward / dZ / dX kernels, no spill, against 201 / 255 + spills / 168 before.
 WARPS = 8
+
+
+@triton.jit
+def _tile(H, T, HP: tl.constexpr):
+    """This program's tile of cells and what every kernel addresses it by: batch ``b``, tile row and column
+    ``rb, cb``, the cells' rows ``r`` and columns ``c`` (256), the channels ``ch`` (``HP``), the batch element's
+    offset ``base`` and, for the ``(HP, 256)`` block, which entries lie inside the map and their 32-bit offsets."""
+    b = tl.program_id(0)
+    rb = tl.program_id(1)
+    cb = tl.program_id(2)
+    cell = tl.arange(0, 256)
+    r = rb * 16 + cell // 16
+    c = cb * 16 + cell % 16
+    ch = tl.arange(0, HP)
+    base = b.to(tl.int64) * H * T * T
+    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
+    offs = ch[:, None] * T * T + (r * T + c)[None, :]
+    return b, rb, cb, r, c, ch, base, inside, offs
 
 
 @triton.jit
@@ -95,18 +113,9 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
                   CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
                   BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
                   HP: tl.constexpr):
-    b = tl.program_id(0)
-    rb = tl.program_id(1)
-    cb = tl.program_id(2)
-    cell = tl.arange(0, 256)
-    r = rb * 16 + cell // 16
-    c = cb * 16 + cell % 16
-    ch = tl.arange(0, HP)
-    base = b.to(tl.int64) * H * T * T
+    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
     if CAUSAL and cb > rb:
         if FINAL:  # M above the diagonal: zeros, never uninitialised memory (nothing reads them)
-            inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-            offs = ch[:, None] * T * T + (r * T + c)[None, :]
             tl.store(Out + base + offs, tl.zeros([HP, 256], Out.dtype.element_ty), mask=inside)
         return
     beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
@@ -116,8 +125,6 @@ def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slop
     else:
         z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
         y = tl.where(z > 0, z, z * slope) * keep[None, :].to(tl.float32)
-    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = ch[:, None] * T * T + (r * T + c)[None, :]
     if FINAL:
         alpha = tl.load(ALPHA)
         res = tl.load(S + base + offs, mask=inside, other=0.0).to(tl.float32)
@@ -140,17 +147,8 @@ def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H,
     lives across taps) into this tile's row of ``DW`` (``[tiles, H, H, 9]``; a causal map's skipped tiles have no
     row, so every row is written and the host sums them without zeroing first). A causal tile above the diagonal
     only writes its zeros of ``dZ`` (and ``dR``)."""
-    b = tl.program_id(0)
-    rb = tl.program_id(1)
-    cb = tl.program_id(2)
-    cell = tl.arange(0, 256)
-    r = rb * 16 + cell // 16
-    c = cb * 16 + cell % 16
-    ch = tl.arange(0, HP)
+    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
     ci = tl.arange(0, HP)
-    base = b.to(tl.int64) * H * T * T
-    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = ch[:, None] * T * T + (r * T + c)[None, :]
     if CAUSAL and cb > rb:  # read by nobody downstream, but must not be garbage
         zero = tl.zeros([HP, 256], tl.float32)
         tl.store(DZ + base + offs, zero, mask=inside)
@@ -195,16 +193,7 @@ def _conv_backward_x(DZ, W, DR, DX, DS, PAD, ALPHA, BETA_W, H, T, s_pb,
     """``dX = sum_tap W_tap^T dZ[cells - tap]`` times the input's keep. ``FIRST``: ``dX`` is the gradient of the
     previous layer's logits (``BETA``: of the source, split into it and the layer's own ``DS``, with ``DR`` added).
     ``NCONV``: no convolution, ``dX = DZ`` (which holds ``alpha dM``)."""
-    b = tl.program_id(0)
-    rb = tl.program_id(1)
-    cb = tl.program_id(2)
-    cell = tl.arange(0, 256)
-    r = rb * 16 + cell // 16
-    c = cb * 16 + cell % 16
-    ch = tl.arange(0, HP)
-    base = b.to(tl.int64) * H * T * T
-    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = ch[:, None] * T * T + (r * T + c)[None, :]
+    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
     if CAUSAL and cb > rb:
         zero = tl.zeros([HP, 256], tl.float32)
         tl.store(DX + base + offs, zero.to(DX.dtype.element_ty), mask=inside)

@@ -50,6 +50,14 @@ InputIndex = Literal["sublayer", "layer"]
 SUBLAYERS: dict[StackSide, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
 
 
+def stream_traffic(rate: int, d: int, tokens: int, width: int) -> dict[str, float]:
+    """Bytes a training step must move around one sublayer of an n-stream residual (hyper-connections, mHC;
+    :func:`interlayer.accounting.step_cost`): the n fp32 streams read and written forward and their gradients read
+    and written backward (16 n bytes a channel, the floor of any implementation that keeps the streams in fp32), and
+    the sublayer norm's output (as the plain residual), ``width`` bytes an element."""
+    return {"residual stream": 16.0 * rate * tokens * d, "activations": (2.0 * width + 4.0) * tokens * d}
+
+
 @dataclass
 class HyperConnectionsConfig:
     """Options (see the module docstring for the paper references).
@@ -131,11 +139,7 @@ class HyperConnection(nn.Module):
         return depth_connection(carry, self.dropout(branch_out))
 
     def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
-        """Bytes a training step must move here (:func:`interlayer.accounting.step_cost`): the n fp32 streams read
-        and written forward and their gradients read and written backward (16 n bytes a channel, the floor of any
-        implementation that keeps the streams in fp32), and the sublayer norm's output (as the plain residual)."""
-        d, tokens = self.norm.normalized_shape[0], batch * length
-        return {"residual stream": 16.0 * self.rate * tokens * d, "activations": (2.0 * width + 4.0) * tokens * d}
+        return stream_traffic(self.rate, self.norm.normalized_shape[0], batch * length, width)
 
     def madds(self, t: int) -> int:
         """The width connection ``[A_m | A_r]^T H`` and, when dynamic, the projection ``norm(H) W`` (the depth

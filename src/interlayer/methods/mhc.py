@@ -33,7 +33,7 @@ from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.precision import fp32_island
 from .base import STACK_MCAN, ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, section_variant
-from .hyper_connections import SUBLAYERS
+from .hyper_connections import SUBLAYERS, stream_traffic
 
 
 @dataclass
@@ -153,11 +153,7 @@ class ManifoldHyperConnection(nn.Module):
         return kept + post.unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2)
 
     def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
-        """Bytes a training step must move here (:func:`interlayer.accounting.step_cost`): the n fp32 streams read
-        and written forward and their gradients read and written backward (16 n bytes a channel, the floor of any
-        implementation that keeps the streams in fp32), and the sublayer norm's output (as the plain residual)."""
-        d, tokens = self.norm.normalized_shape[0], batch * length
-        return {"residual stream": 16.0 * self.rate * tokens * d, "activations": (2.0 * width + 4.0) * tokens * d}
+        return stream_traffic(self.rate, self.norm.normalized_shape[0], batch * length, width)
 
     def madds(self, t: int) -> int:
         """The product ``vec(x) phi`` (dynamic) and the mixing ``[H_pre; H_res] x`` (the scaling by ``H_post`` and
