@@ -31,14 +31,23 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-Part = Literal["setup", "suite", "throughput", "paper"]
-PARTS: tuple[Part, ...] = ("setup", "suite", "throughput", "paper")
+Part = Literal["setup", "suite", "throughput", "paper", "kernels"]
+PARTS: tuple[Part, ...] = ("setup", "suite", "throughput", "paper", "kernels")
 
 # import name -> what provides it; the campaign's steps need every one (x_transformers: bench_compare's third peer)
 NEEDED = {"torch": "torch", "numpy": "numpy", "yaml": "PyYAML", "safetensors": "safetensors",
           "tokenizers": "tokenizers", "sacrebleu": "sacrebleu", "tqdm": "tqdm", "tensorboard": "tensorboard",
           "matplotlib": "matplotlib", "optuna": "optuna (carried wheel)", "transformers": "transformers",
           "pytest": "pytest", "x_transformers": "x-transformers (carried wheel)", "interlayer": "src/ (PYTHONPATH)"}
+
+# The short slot's part (issue 48): the Triton kernels' tests, each kernel alone against its reference, then the
+# methods that run on them, compiled, with the kernels forced on. It needs none of the carried wheels.
+KERNEL_TESTS = ["tests/test_kernels_logits_attention.py", "tests/test_kernels_predictive_maps.py",
+                "tests/test_kernels_hyper_connections.py", "tests/test_kernels_cross_entropy.py",
+                "tests/test_kernels_dispatch.py"]
+TINY_KERNEL_TESTS = ["tests/test_kernels_dispatch.py"]
+KERNEL_METHODS = ["causal PA", "Res-Transformer", "hyper-connections dynamic", "hyper-connections static"]
+CARRIED = {"optuna", "x_transformers"}  # what only the carried wheels provide
 
 # The suite's tests that carry the issue's GPU checks, by a fragment of their JUnit id: on the GPU machine the
 # engine's tests default to train.device=auto, i.e. CUDA, so the precision tests train there.
@@ -156,7 +165,8 @@ def check_imports(modules: dict[str, str]) -> dict[str, str]:
 
 def environment(campaign: Campaign) -> None:
     """Imports, torch/CUDA versions and the device; a needed module that does not import fails the part."""
-    imports = check_imports(NEEDED)
+    needed = {k: v for k, v in NEEDED.items() if campaign.part != "kernels" or k not in CARRIED}
+    imports = check_imports(needed)
     campaign.record["imports"] = imports
     missing = [f"{module}: {result}" for module, result in imports.items() if result.startswith("FAILED")]
     if missing:
@@ -329,6 +339,39 @@ def throughput(campaign: Campaign) -> None:
     campaign.save()
 
 
+def kernels(campaign: Campaign) -> None:
+    """The short slot (at most 7 minutes of one GPU): the kernels' tests compiled on the device, each kernel alone
+    against its reference (bench_kernels.py), then causal PA, Res and both hyper-connections compiled at GPT-2 small
+    with their kernels forced on (``triton``), profiled, against the plain model in the same rounds."""
+    options, env = pytest_options(campaign.tiny, os.cpu_count())
+    junit = campaign.scratch / "junit-kernels.xml"
+    campaign.step("pytest kernels", campaign.python(
+        "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--maxfail=10", "--durations=10",
+        f"--junitxml={junit}", *options, *(TINY_KERNEL_TESTS if campaign.tiny else KERNEL_TESTS)),
+        limit=120, env=env)
+    if junit.is_file():
+        campaign.record["tests"] = read_junit(junit)
+    else:
+        campaign.fail("pytest kernels: pytest wrote no JUnit report")
+    on_cpu = not campaign.device.startswith("cuda")
+    path = campaign.scratch / "bench_kernels.json"
+    campaign.step("bench_kernels", campaign.python(
+        "benchmarks/bench_kernels.py", "--device", campaign.device, *(["--tiny"] if campaign.tiny else []),
+        "--json", str(path)), limit=60, env={"TRITON_INTERPRET": "1"} if on_cpu else None)
+    if path.is_file():
+        campaign.record["bench_kernels"] = json.loads(path.read_text())
+    campaign.save()
+    path = campaign.scratch / "bench_gpu.json"
+    left = campaign.deadline - time.monotonic()
+    campaign.step("bench_gpu methods", campaign.python(
+        "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "methods", "--methods", *KERNEL_METHODS,
+        *([] if on_cpu else ["--kernel-modes", "triton", "--profile"]), *(["--tiny"] if campaign.tiny else []),
+        "--budget", str(max(10, round(left - 60))), "--json", str(path)), limit=left)
+    if path.is_file():
+        campaign.record["bench_gpu"] = json.loads(path.read_text())
+    campaign.save()
+
+
 def targets(compiled: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets beside what the compiled bench_compare run measured (targets at transformer_base)."""
     sizes = compiled["peers"]["sizes"]
@@ -393,7 +436,7 @@ def main() -> None:
     campaign = Campaign(args.part, args.device, args.tiny, args.out, args.budget)
     started = time.monotonic()
     environment(campaign)
-    {"setup": setup, "suite": suite, "throughput": throughput, "paper": paper}[args.part](campaign)
+    {"setup": setup, "suite": suite, "throughput": throughput, "paper": paper, "kernels": kernels}[args.part](campaign)
     campaign.record["seconds"] = round(time.monotonic() - started, 1)
     campaign.save()
     summary = {key: campaign.record.get(key) for key in ("part", "ok", "seconds", "problems", "targets")}
