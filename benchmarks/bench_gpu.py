@@ -44,6 +44,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -151,6 +152,10 @@ class Method:
     bound_plus_madds: Optional[float] = None  # or: MAdds ratio + this
     bound_per_madds: Optional[float] = None  # or: MAdds ratio x this
     kernels: bool = False  # whether a Triton kernel of interlayer.kernels can run it (else one kernel mode is timed)
+    memory_bar: Optional[float] = None  # the issue's peak-memory ratio bar
+    # the bench_kernels.py case of one of its layers (or sublayers) and how many of those the GPT-2 shape has: the
+    # additive estimate's extra bytes and instructions (benchmarks/kernel_costs.json, the offline audit)
+    audit: Optional[tuple[str, int]] = None
 
     def bar(self, madds_ratio: float) -> float:
         if self.bound is not None:
@@ -161,10 +166,12 @@ class Method:
 
 
 METHODS = [
-    Method("causal PA", {"predictive": {}}, bound=1.6, kernels=True),
-    Method("Res-Transformer", {"predictive": {"conv_layers": 0}}, bound=1.35, kernels=True),
-    Method("hyper-connections dynamic x4", {"hyper_connections": {}}, bound=1.15, kernels=True),
-    Method("hyper-connections static x4", {"hyper_connections": {"dynamic": False}}, bound=1.10, kernels=True),
+    Method("causal PA", {"predictive": {}}, bound=1.6, kernels=True, memory_bar=1.5, audit=("pa-maps", 11)),
+    Method("Res-Transformer", {"predictive": {"conv_layers": 0}}, bound=1.35, kernels=True, audit=("res-maps", 11)),
+    Method("hyper-connections dynamic x4", {"hyper_connections": {}}, bound=1.15, kernels=True,
+           audit=("hc-dynamic", 24)),
+    Method("hyper-connections static x4", {"hyper_connections": {"dynamic": False}}, bound=1.10, kernels=True,
+           audit=("hc-static", 24)),
     Method("DenseFormer 1x1", {"denseformer": {}}, bound=1.05),
     Method("mHC x4", {"mhc": {}}, bound=1.10),  # mHC Sec. 4.3: 6.7% with fused kernels
     Method("MUDDFormer", {"muddformer": {}}, bound=1 / 0.90),  # MUDDFormer Table 4: 0.90x-0.96x throughput
@@ -176,6 +183,26 @@ METHODS = [
     Method("Crossformer HG kq", {"crossformer": {"hard": ["kq"]}}, bound_per_madds=1.05),
     Method("ALBERT sharing", {"layer_sharing": {}}, bound_per_madds=1.05),
 ]
+
+
+COSTS = Path(__file__).with_name("kernel_costs.json")  # bench_kernels.py --resources at GPT-2 small, offline
+
+
+def additive_estimate(method: Method, base_ms: float, extra_bytes: float, peak: Peak) -> Optional[dict[str, Any]]:
+    """The time the method's step should take if it costs the plain step plus its own work, done alone: the
+    measured base step + the extra bytes over the bandwidth + the extra warp-instructions over the issue rate
+    (what its kernels execute, from the offline machine-code audit; without one, the cost model's byte difference
+    alone). Additive, so an estimate, not a bound: it assumes nothing of the extra overlaps the plain step."""
+    instructions = 0.0
+    if method.audit is not None and COSTS.is_file():
+        case, count = method.audit
+        audit = json.loads(COSTS.read_text())["audit"].get(case)
+        if audit is not None:
+            extra_bytes = audit["totals"]["bytes"] * count
+            instructions = audit["totals"]["instructions"] * count
+    seconds = extra_bytes / peak.bandwidth + (instructions / peak.issue if peak.issue else 0.0)
+    return {"ms": base_ms + 1e3 * seconds, "extra_bytes": extra_bytes, "extra_warp_instructions": instructions,
+            "source": "audit" if instructions else "cost model"}
 
 
 # ------------------------------------------------------------------------------------------------------- measuring
@@ -304,9 +331,20 @@ class Bench:
                            "serial_bound_ms": None if serial is None else 1e3 * serial,
                            "bound_by": None if cost is None else cost.bound_by(self.peak, self.precision),
                            "bytes": None if cost is None else cost.bytes}
+            out[r.name]["ops"] = self.interlayer_ops(r, batch)
             if self.args.profile and r.compiled:
                 out[r.name]["profile"] = self.profile(r, batch)
         return out
+
+    def interlayer_ops(self, runner: Runner, batch: tuple[Tensor, Tensor]) -> dict[str, int]:
+        """The ``interlayer::`` operators one step calls (the kernels' ops; none: every map ran on the reference
+        path), so a run in ``auto`` mode cannot pass for a kernel measurement."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            self.train_step(runner, batch)
+            self.sync()
+        return {e.key: e.count for e in prof.key_averages() if e.key.startswith("interlayer::")}
 
     def profile(self, runner: Runner, batch: tuple[Tensor, Tensor], top: int = 25) -> list[dict[str, Any]]:
         """The step's CUDA kernels by total time (two steps after warm-up)."""
@@ -402,17 +440,26 @@ class Bench:
                 for runner in runners[1:]:
                     m = measured[runner.name]
                     bar = method.bar(madds_ratio)
+                    extra = sum(m["bytes"].values()) - sum(b["bytes"].values()) if m["bytes"] and b["bytes"] else 0.0
+                    estimate = additive_estimate(method, b["ms"], extra, self.peak)
+                    memory = (m["peak_gib"] / b["peak_gib"]) if m["peak_gib"] and b["peak_gib"] else None
                     record = {"shape": self.args.shape, "mode": tag, "kernels": runner.kernels, "base_ms": b["ms"],
                               "method_ms": m["ms"], "time_ratio": m["ms"] / b["ms"], "madds_ratio": madds_ratio,
                               "base_peak_gib": b["peak_gib"], "method_peak_gib": m["peak_gib"],
+                              "memory_ratio": memory, "memory_bar": method.memory_bar,
+                              "memory_met": None if memory is None or method.memory_bar is None
+                              else memory <= method.memory_bar,
+                              "estimate": estimate, "over_estimate": estimate is not None
+                              and m["ms"] > 1.25 * estimate["ms"], "ops": m.get("ops"),
                               "bound_ratio": m["bound_ms"] / b["bound_ms"], "bound_ms": m["bound_ms"],
                               "serial_bound_ratio": m["serial_bound_ms"] / b["serial_bound_ms"],
                               "bytes": m["bytes"], "bar": bar, "met": m["ms"] / b["ms"] <= bar,
                               "warmup_s": m["warmup_s"], "profile": m.get("profile")}
                     records[runner.name] = record
-                    print(f"  {runner.name}: {record['time_ratio']:.2f}x (bar {bar:.2f}; cost model "
-                          f"{record['bound_ratio']:.2f}x, serial {record['serial_bound_ratio']:.2f}x), MAdds "
-                          f"{madds_ratio:.2f}x, {m['ms']:.1f} vs {b['ms']:.1f} ms", flush=True)
+                    flag = " OVER ITS ESTIMATE" if record["over_estimate"] else ""
+                    print(f"  {runner.name}: {record['time_ratio']:.2f}x (bar {bar:.2f}; additive estimate "
+                          f"{estimate['ms'] / b['ms']:.2f}x{flag}), MAdds {madds_ratio:.2f}x, {m['ms']:.1f} vs "
+                          f"{b['ms']:.1f} ms, memory {memory or float('nan'):.2f}x, ops {record['ops']}", flush=True)
                 del runners
                 self.empty()
                 self.result.setdefault("methods", {}).update(records)
@@ -420,13 +467,15 @@ class Bench:
             del base
             self.empty()
         rows = [[k, f"{v['time_ratio']:.2f}x", f"{v['bar']:.2f}", "met" if v["met"] else "MISSED",
-                 f"{v['bound_ratio']:.2f}x / {v['serial_bound_ratio']:.2f}x", f"{v['madds_ratio']:.2f}x",
-                 f"{v['method_ms']:.1f} / {v['base_ms']:.1f}",
-                 "n/a" if v["base_peak_gib"] is None else f"{v['method_peak_gib']:.1f} / {v['base_peak_gib']:.1f}"]
+                 f"{v['estimate']['ms'] / v['base_ms']:.2f}x" + (" (over)" if v["over_estimate"] else ""),
+                 f"{v['madds_ratio']:.2f}x", f"{v['method_ms']:.1f} / {v['base_ms']:.1f}",
+                 "n/a" if v["memory_ratio"] is None else f"{v['memory_ratio']:.2f}x"
+                 + ("" if v["memory_bar"] is None else f" (bar {v['memory_bar']:.2f})"),
+                 ", ".join(f"{op} x{n}" for op, n in (v["ops"] or {}).items()) or "none"]
                 for k, v in records.items()]
         print(f"\n## Methods, {self.args.shape} shape, batch {batch_size} x {length}, {self.precision}\n")
-        print(format_table(["method", "time ratio", "bar", "", "cost-model ratio (overlap / serial)", "MAdds ratio",
-                            "ms (method / base)", "peak GiB (method / base)"], rows))
+        print(format_table(["method", "time ratio", "bar", "", "additive estimate", "MAdds ratio",
+                            "ms (method / base)", "peak memory", "interlayer ops a step (the path that ran)"], rows))
 
     def decode(self) -> None:
         """Greedy decoding three ways, each warmed up first: recomputing the prefix, the static KV cache, and the

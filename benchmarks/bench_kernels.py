@@ -45,6 +45,9 @@ from interlayer.tables import format_table
 SIZES = {  # batch, heads, length, head size, width, streams, classes
     "gpt2": dict(B=8, H=12, T=1024, D=64, d=768, n=4, V=50304),
     "tiny": dict(B=2, H=3, T=21, D=8, d=24, n=4, V=97),
+    # the suite's machine-code audit: GPT-2 small's heads and widths on one sequence of 512 (the per-position figures
+    # of a shorter map are the larger: its blocks on the diagonal and at the edges are more of it)
+    "audit": dict(B=1, H=12, T=512, D=64, d=768, n=4, V=50304),
 }
 Outputs = tuple[Tensor, ...]
 
@@ -59,32 +62,38 @@ class Case:
     forward_bytes: float
     backward_bytes: float
     visible: Optional[list[Optional[Tensor]]] = None  # per output: the cells a model reads (its gradient's support)
+    positions: float = 1.0  # what the machine-code audit counts per: map cells of all heads, or tokens
 
 
 def _maps(s: dict[str, int], dtype: torch.dtype, device: torch.device, convolutions: int) -> Case:
+    """One PA layer's maps from its queries and keys on (the logits ``S = q k^T`` and their backward are the layer's
+    too: the kernels make them on and below the diagonal, the reference path by the library's product)."""
     B, H, T, D = s["B"], s["H"], s["T"], s["D"]
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def rand(*shape: int, scale: float = 1.0, kind: torch.dtype = dtype) -> Tensor:
         return (torch.randn(*shape, generator=g) * scale).to(device, kind).requires_grad_()
 
-    logits, prev, v = rand(B, H, T, T), rand(B, H, T, T), rand(B, H, T, D)
+    q, k, prev, v = rand(B, H, T, D), rand(B, H, T, D, scale=D ** -0.5), rand(B, H, T, T), rand(B, H, T, D)
     weights = [rand(H, H, 3, 3, scale=0.1, kind=torch.float32) for _ in range(convolutions)]
     biases = [rand(H, scale=0.1, kind=torch.float32) for _ in range(convolutions)]
     alpha = torch.tensor(0.5, device=device)
 
-    def run(logits: Tensor, prev: Tensor, v: Tensor, *params: Tensor) -> Outputs:
-        return predictive_maps.predictive_attention(logits, prev, v, params[:convolutions], params[convolutions:],
-                                                    alpha, None, 0.0, True, None)
+    def run(q: Tensor, k: Tensor, prev: Tensor, v: Tensor, *params: Tensor) -> Outputs:
+        return predictive_maps.predictive_attention_qk(q, k, 1.0, prev, v, params[:convolutions],
+                                                       params[convolutions:], alpha, None, 0.0, True, None)
 
     e, cells, touched = dtype.itemsize, B * H * T * T, B * H * T * (T + 1) / 2
     values = 3 * B * H * T * D * e  # v read, the output written (forward); dO, v read and dv written (backward)
-    # forward: the previous logits and S read, M written, M read by the attention (module doc: 8 bytes a cell), M's
-    # zeros above the diagonal; backward: 7 16-bit and 2 fp32 passes over the touched cells (22 bytes a cell), the
-    # upper halves of dS and dA_prev written as zeros
+    # the design (predictive_maps_triton.py, causal_logits_triton.py): forward S written, the previous logits and S
+    # read, M written, M read by the attention, a sign bit a cell; backward: M, the next layer's dM and the signs
+    # read, dZ and dS written, dZ read twice and the input once, dA_prev written (with its zeros above the diagonal),
+    # dS read twice for dq and dk
+    convolve = 1 if convolutions else 0
+    forward = 5 * e * touched + touched / 8 * convolve + values * 2 / 3
+    backward = (4 * e + convolve * (e + 3 * e) + e + 2 * e) * touched + e * (cells - touched) + values
     lower = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    return Case([logits, prev, v, *weights, *biases], run, 4 * e * touched + e * (cells - touched) + values * 2 / 3,
-                (7 * e + 8) * touched + 2 * e * (cells - touched) + values, [None, lower])
+    return Case([q, k, prev, v, *weights, *biases], run, forward, backward, [None, lower], touched / H)
 
 
 def _attention(s: dict[str, int], dtype: torch.dtype, device: torch.device) -> Case:
@@ -100,7 +109,8 @@ def _attention(s: dict[str, int], dtype: torch.dtype, device: torch.device) -> C
     values = B * H * T * D * e
     # forward: the touched logits read, v read, the output written; backward: the touched logits read, the whole
     # gradient written (zeros above the diagonal), dO and v read, dv written
-    return Case([logits, v], run, e * touched + 2 * values, e * touched + e * cells + 3 * values)
+    return Case([logits, v], run, e * touched + 2 * values, e * touched + e * cells + 3 * values,
+                positions=touched / H)
 
 
 def _cross_entropy(s: dict[str, int], dtype: torch.dtype, device: torch.device) -> Case:
@@ -115,7 +125,8 @@ def _cross_entropy(s: dict[str, int], dtype: torch.dtype, device: torch.device) 
         return (cross_entropy.smoothed_cross_entropy(logits, target, 0.1)[0],)
 
     size = rows * classes * dtype.itemsize
-    return Case([logits], run, size, 2 * size)  # forward reads the logits; backward reads them, writes their grad
+    # forward reads the logits; backward reads them, writes their grad
+    return Case([logits], run, size, 2 * size, positions=rows)
 
 
 def _hyper(s: dict[str, int], dtype: torch.dtype, device: torch.device, dynamic: bool) -> Case:
@@ -143,7 +154,7 @@ def _hyper(s: dict[str, int], dtype: torch.dtype, device: torch.device, dynamic:
     # and the sum of the pending state (H', y read, the sum written; backward: its gradient read, dH', dy written)
     forward = c * (4 * n + y + 4 * n + 4) + c * (4 * n + y + 4)
     backward = c * (4 * n + 4 + 4 * n + y + 4 * n + y) + c * (4 + 4 * n + y)
-    return Case([streams, branch, alpha, beta, *extra], run, forward, backward)
+    return Case([streams, branch, alpha, beta, *extra], run, forward, backward, positions=positions)
 
 
 CASES: dict[str, Callable[[dict[str, int], torch.dtype, torch.device], Case]] = {
@@ -259,10 +270,14 @@ def occupancy(registers: int, shared: int, warps: int, sm: dict[str, int] = SM90
     return min(by_registers, sm["warps"] // warps, by_shared, sm["blocks"])
 
 
-def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch: int) -> dict[str, Any]:
+def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch: int, samples: int = 256
+              ) -> dict[str, Any]:
     """Every kernel launch each case's forward and backward makes, compiled for ``arch`` by Triton's own ``ptxas``
     (no GPU needed, nothing runs: the launch is caught, the kernels' outputs are left unwritten): registers a thread,
-    bytes spilled to the stack, shared memory, the blocks a multiprocessor holds and the waves the grid needs.
+    bytes spilled to the stack, shared memory, the blocks a multiprocessor holds and the waves the grid needs; and
+    what the launch executes (:mod:`sass_audit`: warp-instructions, MMA instructions against the fewest its products
+    need, 16-bit scalar loads in loops, barriers, the bytes its code loads and stores), per case and per position,
+    with the bytes of the PyTorch operations the case runs besides (counted from their tensors).
 
     Spilled registers and low occupancy are what a memory-bound kernel cannot afford; a GPU run's timing then says
     how much they cost. This reads Triton's launch internals (3.x: ``create_function_from_signature``,
@@ -273,6 +288,7 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
     from pathlib import Path
     from unittest import mock
 
+    import sass_audit
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -287,7 +303,8 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
     backend = make_backend(target)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     found: dict[tuple, dict[str, Any]] = {}
-    current = {"case": ""}
+    compiled: dict[tuple, Any] = {}
+    current: dict[str, Any] = {"case": "", "launches": []}
 
     def compile_launch(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         binder = jit.create_function_from_signature(fn.signature, fn.params, backend)
@@ -295,12 +312,15 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
         options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
         key = (current["case"], fn.__name__, str(specialization), str(options))
         grid = grid(bound) if callable(grid) else grid
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        current["launches"].append((key, fn, args, kwargs, grid, int(options.num_warps)))
         programs = int(torch.tensor(list(grid)).prod())
         if key in found:
             found[key]["launches"] += 1
             return
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                 options=options.__dict__)
+        compiled[key] = kernel
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(kernel.asm["cubin"])
             cubin.flush()
@@ -328,18 +348,92 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
     def programs(positions: int, device: torch.device, per_sm: int) -> int:  # the persistent grid of sm_90's SMs
         return max(1, min(positions, per_sm * SM90["sms"]))
 
+    audits: dict[str, Any] = {}
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(jit.JITFunction, "run", caught))
         stack.enter_context(mock.patch.object(hc_triton, "_programs", programs))
         for module in (ce, hc, la, pm):  # every launcher takes its kernel, whatever the device
             stack.enter_context(mock.patch.object(module, "use_triton", lambda *a, **k: True))
         for name in cases:
-            current["case"] = name
+            current["case"], current["launches"] = name, []
             case = CASES[name](sizes, dtype, torch.device("cpu"))
-            outputs = case.run(*case.inputs)
-            torch.autograd.backward(list(outputs), [torch.zeros_like(o) for o in outputs])
-            del case, outputs
-    return {"triton": triton.__version__, "arch": f"sm_{arch}", "kernels": list(found.values())}
+            with TorchBytes() as torch_bytes:
+                outputs = case.run(*case.inputs)
+            grads = [torch.zeros_like(o) for o in outputs]
+            with torch_bytes:  # gradients returned, not accumulated into .grad (a layer's inputs are no leaves)
+                torch.autograd.grad(outputs, [t for t in case.inputs if t.requires_grad], grads, allow_unused=True)
+            audits[name] = _audit(current["launches"], compiled, case.positions, samples, torch_bytes.bytes)
+            audits[name]["torch_bytes_by_op"] = dict(torch_bytes.by_op)
+            del case, outputs, grads
+    return {"triton": triton.__version__, "arch": f"sm_{arch}", "kernels": list(found.values()), "audit": audits}
+
+
+def _audit(launches: list, compiled: dict, positions: float, samples: int, torch_bytes: float) -> dict[str, Any]:
+    """Each launch's executed costs (sass_audit.py), summed by kernel and over the case."""
+    import sass_audit
+
+    kernels: dict[str, dict[str, Any]] = {}
+    code: dict[tuple, tuple] = {}
+    for key, fn, args, kwargs, grid, warps in launches:
+        if key not in code:
+            code[key] = sass_audit.disassemble(compiled[key].asm["cubin"])
+        instrs, labels = code[key]
+        shadow = sass_audit.Shadower(fn)
+        shadow_args = sass_audit.shadow_args(fn, args, kwargs)
+        picked, whole = sass_audit.plan_programs(shadow, shadow_args, grid, samples)
+        traces = [shadow.run(shadow_args, pid, grid) for pid in picked]
+        cost = sass_audit.executed(instrs, labels, traces, grid[0] * grid[1] * grid[2], warps, positions, whole)
+        row = kernels.setdefault(f"{fn.fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", {"launches": 0})
+        row["launches"] += 1
+        for field, value in cost.items():
+            if isinstance(value, (int, float)) and field not in ("positions", "sampled_programs", "mma_replication"):
+                row[field] = row.get(field, 0) + value
+    totals = {field: sum(row.get(field, 0) for row in kernels.values()) for field in (
+        "instructions", "mma", "mma_work", "mma_work_needed", "barriers", "scalar_16bit_loads_in_loops",
+        "bytes_loaded", "bytes_stored")}
+    totals["torch_bytes"] = torch_bytes
+    totals["bytes"] = totals["bytes_loaded"] + totals["bytes_stored"] + torch_bytes
+    for row in kernels.values():
+        row["per_position"] = {f: row[f] / positions for f in ("instructions", "mma", "barriers")}
+        row["mma_replication"] = row["mma_work"] / row["mma_work_needed"] if row["mma_work_needed"] else 0.0
+    return {"positions": positions, "kernels": kernels, "totals": totals,
+            "per_position": {f: totals[f] / positions for f in ("instructions", "mma", "barriers")}}
+
+
+class TorchBytes:
+    """Counts the bytes the PyTorch operations it sees read and write (every tensor argument and result, once per
+    operation; views and allocations move nothing), the interlayer operators' insides included (their kernels'
+    launches are counted from the machine code instead)."""
+
+    FREE = {"view", "_unsafe_view", "t", "transpose", "expand", "permute", "as_strided", "slice", "select",
+            "unsqueeze", "squeeze", "detach", "alias", "empty", "empty_like", "empty_strided", "new_empty",
+            "new_empty_strided", "lift_fresh", "_reshape_alias", "reshape", "unbind", "split", "clone_free"}
+
+    def __new__(cls) -> "TorchBytes":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Mode(TorchDispatchMode):
+            bytes = 0.0
+            by_op: dict = {}
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
+                                   ) -> Any:
+                kwargs = kwargs or {}
+                if func.namespace == "interlayer":  # what the operator runs inside it besides its kernels
+                    from torch._library.custom_ops import OPDEFS
+
+                    with self:
+                        return OPDEFS[func._schema.name]._init_fn(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if func.__name__.split(".")[0] not in cls.FREE:
+                    tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out))
+                               if isinstance(t, Tensor)]
+                    moved = sum(t.numel() * t.element_size() for t in tensors)
+                    self.bytes += moved
+                    self.by_op[func.__name__] = self.by_op.get(func.__name__, 0) + moved
+                return out
+
+        return Mode()  # type: ignore[return-value]
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -350,15 +444,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                         help="the maps' and logits' dtype (default bf16 on CUDA; fp32 on the CPU)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds on a GPU (the first is warm-up)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (the suite's dry run)")
+    parser.add_argument("--sizes", choices=sorted(SIZES), help="the sizes (default gpt2; --tiny: tiny)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--samples", type=int, default=256,
+                        help="--resources: at most this many programs of a launch are shadowed (sass_audit.py)")
     parser.add_argument("--resources", type=int, metavar="ARCH", nargs="?", const=90,
                         help="instead of timing: compile every launch for sm_ARCH (default 90: H100/H200) and report "
                              "registers, spills, shared memory and occupancy (no GPU needed)")
     args = parser.parse_args(argv)
     if args.resources:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype or "bf16"]
-        sizes = SIZES["tiny" if args.tiny else "gpt2"]
-        audit = resources(args.cases, sizes, dtype, args.resources)
+        sizes = SIZES[args.sizes or ("tiny" if args.tiny else "gpt2")]
+        audit = resources(args.cases, sizes, dtype, args.resources, args.samples)
         rows = [[k["case"], k["kernel"], k["launches"], k["programs"], k["warps"], k["registers"],
                  k["spilled_bytes"], k["shared"], k["resident_warps"], f"{k['waves']:.1f}"] for k in audit["kernels"]]
         print(f"# bench_kernels --resources: {audit['arch']}, Triton {audit['triton']}, {dtype}, sizes {sizes}")

@@ -101,6 +101,8 @@ def _causal_pa_lm(conv_layers: int, **section) -> torch.nn.Module:
 
 @pytest.mark.parametrize("conv_layers", [1, 2])
 def test_causal_pa_language_model_is_the_same_on_both_paths(conv_layers):
+    """Three layers' gradients reorder float32 sums enough to pass 1e-5 now and then (CI: 1 of 8,192 elements at
+    1.3e-5, values near 1): 1e-4 leaves room for that rounding and none for a wrong term (0.01 and more)."""
     torch.manual_seed(0)
     model = _causal_pa_lm(conv_layers, alpha=0.5)
     tokens = torch.randint(1, 65, (3, 12))
@@ -110,7 +112,9 @@ def test_causal_pa_language_model_is_the_same_on_both_paths(conv_layers):
     for mixer in mixers:
         mixer.fast = False
     reference = _grads(lambda: model(tokens).logits, [], params)
-    _assert_all_close(fast, reference)
+    assert len(fast) == len(reference)
+    for g, w in zip(fast, reference):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 # -- the explicit attention path --------------------------------------------------------------------------------

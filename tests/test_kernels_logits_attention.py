@@ -58,7 +58,8 @@ def test_an_incoming_logits_gradient_is_added_in_the_same_pass() -> None:
         grad_out, extra = torch.randn_like(out), torch.randn_like(logits)
         plain, _ = kernels.backward(grad_out, logits, v, None, out, lse, True, None)
         both, _ = kernels.backward(grad_out, logits, v, None, out, lse, True, extra)
-    torch.testing.assert_close(both, plain + extra)
+    # above a causal diagonal the map is not part of the function, so an incoming gradient there is not either
+    torch.testing.assert_close(both, plain + extra.tril())
 
 
 def test_rows_without_keys_give_zero_not_nan() -> None:

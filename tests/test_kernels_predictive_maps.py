@@ -1,5 +1,12 @@
 """Predictive Attention's map pipeline (src/interlayer/kernels/predictive_maps.py): the Triton kernels against the
-reference, the attention output, the mixed logits and every gradient, under Triton's interpreter on the CPU."""
+reference, the attention output, the mixed logits and every gradient, under Triton's interpreter on the CPU.
+
+On a GPU both paths multiply in exact fp32 here (TF32 off for cuDNN and the kernels alike): two TF32 implementations
+round a pre-activation near zero to opposite signs, and a ReLU then passes a gradient on one path that it stops on
+the other (the first H200 run failed five tests so). The TF32 products users get are tested away from those kinks.
+"""
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -9,6 +16,14 @@ from interlayer.kernels.dispatch import kernel_mode
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32() -> Iterator[None]:
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _case(*, dtype=torch.float32, b=2, h=3, t=20, d=16, convs=1, seed=0):
@@ -27,8 +42,8 @@ def _run(fn, inputs, grads):
     return out, mixed, g
 
 
-def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.float32, h=3, t=20, seed=0):
-    s, prev, v, weights, biases = _case(dtype=dtype, h=h, t=t, convs=convs, seed=seed)
+def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.float32, h=3, t=20, seed=0, b=2):
+    s, prev, v, weights, biases = _case(dtype=dtype, b=b, h=h, t=t, convs=convs, seed=seed)
     pad = None
     if padded:
         pad = torch.zeros(2, t, dtype=torch.bool)
@@ -38,7 +53,7 @@ def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.f
     beta_t = None if beta is None else torch.tensor(beta)
     inputs = (s, prev, v, *weights, *biases)
     torch.manual_seed(1)
-    grads = (torch.randn(2, h, t, 16).to(dtype), torch.randn(2, h, t, t).to(dtype))
+    grads = (torch.randn(b, h, t, 16).to(dtype), torch.randn(b, h, t, t).to(dtype))
     if causal:  # what the next layer's backward hands back: nothing above the diagonal
         grads = (grads[0], grads[1].tril())
     if padded:
@@ -93,21 +108,63 @@ def test_nonfinite_previous_logits_read_as_zero() -> None:
 
 
 @pytest.mark.parametrize("convs", [0, 1])
-def test_a_causal_mixed_map_is_zero_above_the_diagonal_never_uninitialised_memory(convs, monkeypatch) -> None:
-    """Nothing reads M above a causal diagonal, but it is the next layer's input and what a user may inspect: the
-    kernel writes zeros there (whole tiles it skips included), whatever memory it was given, and S's gradient there
-    is zero to match."""
+def test_above_a_causal_diagonal_the_mixed_map_is_unread_and_its_gradients_are_zero(convs, monkeypatch) -> None:
+    """The kernels write M on and below a causal diagonal only (nothing reads it above: the attention masks it, the
+    next layer's CNN reads it as zero), whatever memory they were given: a NaN-filled buffer changes neither the
+    next layer's outputs nor any gradient, and the layer's logits get a zero gradient there (a matrix product reads
+    that gradient whole)."""
     s, prev, v, weights, biases = _case(convs=convs, t=37)
     real = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real(t, **kw).fill_(float("nan")))
-    with kernel_mode("triton"):
-        out, mixed = pm.predictive_attention(s, prev, v, weights, biases, torch.tensor(0.3), None, 0.0, True, None)
     upper = torch.ones(37, 37, dtype=torch.bool).triu(1)
-    assert torch.equal(mixed.detach()[..., upper], torch.zeros_like(mixed.detach()[..., upper]))
-    assert torch.isfinite(mixed).all()
-    grad_s, = torch.autograd.grad(mixed, s, torch.ones_like(mixed))
+    args = (weights, biases, torch.tensor(0.3), None, 0.0, True, None)
+    with kernel_mode("triton"):
+        out, mixed = pm.predictive_attention(s, prev, v, *args)
+        assert torch.isfinite(out).all() and torch.isfinite(mixed[..., ~upper]).all()
+        # the next layer on the map as the kernels left it, and on the same map with zeros above the diagonal
+        nxt = [pm.predictive_attention(s.detach(), m, v.detach(), *args)
+               for m in (mixed, mixed.masked_fill(upper, 0.0))]
+    torch.testing.assert_close(nxt[0][0], nxt[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(nxt[0][1][..., ~upper], nxt[1][1][..., ~upper], rtol=0, atol=0)
+    grad_s, grad_prev = torch.autograd.grad(nxt[0][0].sum() + nxt[0][1][..., ~upper].sum() + out.sum(), (s, prev))
+    assert torch.isfinite(grad_s).all() and torch.isfinite(grad_prev[..., ~upper]).all()
     assert torch.equal(grad_s[..., upper], torch.zeros_like(grad_s[..., upper]))
     assert (grad_s[..., ~upper] != 0).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_word_pairs_and_unmasked_rows_of_a_wide_16_bit_map(causal) -> None:
+    """An even-width 16-bit map is read as 32-bit words (each row's columns at the taps' offsets from word halves),
+    and a map wider than two blocks has rows that no mask touches: both against the reference."""
+    _compare(causal=causal, convs=1, dtype=torch.float16, h=3, t=136, b=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 products run on a GPU's tensor cores")
+def test_tf32_products_on_a_gpu_agree_away_from_the_activation_kinks() -> None:
+    """What users get (cuDNN's and the kernels' TF32): biases of one unit with small weights keep every
+    pre-activation a unit from zero, on both sides, so the two roundings cannot disagree on a ReLU."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    b, h, t = 2, 12, 200
+    s = (2 * torch.randn(b, h, t, t)).to(torch.bfloat16).requires_grad_()
+    prev = (2 * torch.randn(b, h, t, t)).to(torch.bfloat16).requires_grad_()
+    v = torch.randn(b, h, t, 64).to(torch.bfloat16).requires_grad_()
+    weights = [(0.01 * torch.randn(h, h, 3, 3)).requires_grad_()]
+    biases = [torch.where(torch.arange(h) % 2 == 0, 1.0, -1.0).requires_grad_()]
+    args = (weights, biases, torch.tensor(0.3), None, 0.0, True, None)
+    torch.manual_seed(1)
+    grads = (torch.randn(b, h, t, 64).to(torch.bfloat16), torch.randn(b, h, t, t).to(torch.bfloat16).tril())
+    inputs = (s, prev, v, *weights, *biases)
+    with kernel_mode("triton"):
+        out, mixed, g = _run(lambda: pm.predictive_attention(s, prev, v, *args), inputs, grads)
+    ref_out, ref_mixed, ref_g = _run(lambda: pm.reference(s, prev, v, *args), inputs, grads)
+    tol = half_tolerance(torch.bfloat16)
+    lower = torch.ones(t, t, dtype=torch.bool).tril()
+    torch.testing.assert_close(out, ref_out, **tol)
+    torch.testing.assert_close(mixed[..., lower], ref_mixed[..., lower], **tol)
+    for name, a, r in zip(["S", "A_prev", "v", "weight", "bias"], g, ref_g):
+        scale = max(1.0, float(r.abs().max()))
+        torch.testing.assert_close(a / scale, r / scale, **tol, msg=lambda m: f"{name}: {m}")
 
 
 # -- whole models: the method's fast path against its reference path ------------------------------------------
@@ -181,7 +238,8 @@ def test_the_fast_path_compiles_without_graph_breaks() -> None:
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
-def test_maps_too_large_for_32_bit_offsets_take_the_reference() -> None:
-    weight = [torch.empty(64, 64, 3, 3, device="meta")]
-    assert pm.covers(torch.empty(2, 64, 4096, 4096, device="meta"), weight)  # 2^30 cells a batch element
-    assert not pm.covers(torch.empty(1, 64, 8192, 8192, device="meta"), weight)  # 2^32: past 32-bit offsets
+def test_maps_too_large_for_32_bit_offsets_or_too_many_heads_take_the_reference() -> None:
+    weight = [torch.empty(16, 16, 3, 3, device="meta")]
+    assert pm.covers(torch.empty(2, 16, 8192, 8192, device="meta"), weight)  # 2^30 cells a batch element
+    assert not pm.covers(torch.empty(1, 16, 16384, 16384, device="meta"), weight)  # 2^32: past 32-bit offsets
+    assert not pm.covers(torch.empty(1, 17, 64, 64, device="meta"), [torch.empty(17, 17, 3, 3, device="meta")])

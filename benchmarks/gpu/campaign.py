@@ -43,6 +43,7 @@ NEEDED = {"torch": "torch", "numpy": "numpy", "yaml": "PyYAML", "safetensors": "
 # The short slot's part (issue 48): the Triton kernels' tests, each kernel alone against its reference, then the
 # methods that run on them, compiled, with the kernels forced on. It needs none of the carried wheels.
 KERNEL_TESTS = ["tests/test_kernels_logits_attention.py", "tests/test_kernels_predictive_maps.py",
+                "tests/test_kernels_causal_logits.py",
                 "tests/test_kernels_hyper_connections.py", "tests/test_kernels_cross_entropy.py",
                 "tests/test_kernels_dispatch.py"]
 TINY_KERNEL_TESTS = ["tests/test_kernels_dispatch.py"]

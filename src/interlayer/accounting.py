@@ -61,6 +61,8 @@ class Peak:
     name: str
     flops: dict[str, float]
     bandwidth: float
+    # warp-instructions a second the device issues at most: multiprocessors x 4 schedulers x boost clock
+    issue: float = 0.0
 
     def flops_for(self, precision: str) -> float:
         if precision not in self.flops:
@@ -71,8 +73,10 @@ class Peak:
 # NVIDIA's datasheets, SXM parts, dense (no sparsity); "fp32" is TF32 on the tensor cores, what PyTorch uses for
 # fp32 matrix products with TF32 allowed (interlayer's default on GPUs, train.tf32).
 PEAKS: dict[str, Peak] = {
-    "H100": Peak("NVIDIA H100 SXM", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12}, 3.35e12),
-    "H200": Peak("NVIDIA H200 SXM", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12}, 4.8e12),
+    "H100": Peak("NVIDIA H100 SXM", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12}, 3.35e12,
+                 132 * 4 * 1.98e9),
+    "H200": Peak("NVIDIA H200 SXM", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12}, 4.8e12,
+                 132 * 4 * 1.98e9),
 }
 
 

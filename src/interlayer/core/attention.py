@@ -421,8 +421,9 @@ class MultiHeadAttention(nn.Module):
               ) -> Optional[tuple[Tensor, AttentionIntermediates]]:
         """Attention whose logits must exist as a map (a next layer reads them, or a logit mixer rewrites them),
         without the probabilities: the logits ``S``, then the mixer's fused map op where it ``fuses`` this case
-        (``fuses(prev_logits, v, causal)``, asked before anything is computed, and ``fused_attention(logits,
-        prev_logits, v, key_padding_mask, causal) -> (out, mixed logits)``), else attention from the logits
+        (``fuses(prev_logits, v, causal)``, asked before anything is computed, and ``fused_attention(q, k, scale,
+        bias, prev_logits, v, key_padding_mask, causal) -> (out, mixed logits)``, which makes the logits
+        ``scale q k^T + bias`` itself), else attention from the logits
         (:func:`~interlayer.kernels.logits_attention.logits_attention`). None where the eager path must run:
         attention dropout while training, a cache (incremental decoding), a mixer that does not fuse the case."""
         if (self.dropout and self.training) or cache is not None:
@@ -431,12 +432,12 @@ class MultiHeadAttention(nn.Module):
         if mixer is not None and (prev_logits is None or not getattr(mixer, "fuses", lambda *a: False)(
                 prev_logits, v, causal)):
             return None
-        logits = torch.matmul(q * self.scale, k.transpose(-2, -1))
-        if bias is not None:
-            logits = logits + bias
-        if mixer is not None:
-            out, logits = mixer.fused_attention(logits, prev_logits, v, key_padding_mask, causal)
+        if mixer is not None:  # the mixer makes the logits itself: it may need only part of the map
+            out, logits = mixer.fused_attention(q, k, self.scale, bias, prev_logits, v, key_padding_mask, causal)
         else:
+            logits = torch.matmul(q * self.scale, k.transpose(-2, -1))
+            if bias is not None:
+                logits = logits + bias
             out = logits_attention(logits, v, key_padding_mask, causal)
         return out, AttentionIntermediates(logits=logits, probs=None, q=q, k=k, v=v)
 

@@ -8,8 +8,9 @@ layer's own logits, and attention from the mixed logits.
 the heads as channels, each followed by a (leaky) ReLU, with the hidden cells (padding, a causal upper triangle)
 zeroed before every convolution; see :mod:`interlayer.methods.predictive` for the paper's readings). Above a causal
 diagonal ``M`` is not defined by the method: neither the attention nor the next layer's CNN reads those cells. The
-kernels write 0 there (and give ``S`` no gradient there), the reference keeps Eq. 4's ``(1 - alpha) S``; the paths
-agree on every cell a model reads, and the tests compare those.
+kernels leave them unwritten (what the buffer held: any value, NaN included, which nothing reads; tested with a
+buffer of NaNs), give ``S`` and ``A_prev`` zero gradient there, and ignore an incoming gradient there; the reference
+keeps Eq. 4's ``(1 - alpha) S``. The paths agree on every cell a model reads, and the tests compare those.
 
 Why one op: on one H100 at GPT-2 small (batch 8 x 1,024, bf16, eager) causal PA took 8.9x the plain model's step
 (docs/benchmarks.md): the library convolution with 12 channels over 1,024 x 1,024 maps (fp32, TF32) and its weight
@@ -26,11 +27,13 @@ skipped, so about ``N / 2`` cells are touched), 16-bit maps, one 3 x 3 convoluti
   backward reads ``dM`` and ``A_prev`` and writes ``dS`` (2+2+2) and an fp32 ``dZ`` (4), then reads ``dZ`` and
   writes ``dA_prev`` (4+2): 22 bytes a cell, against about 120 on the reference path.
 At T = 1,024, B = 8, H = 12 (N = 100M, 50M cells touched) that is 1.5 GB a layer, about 0.45 ms at the H100's
-3.35 TB/s, against ~3 ms of matrix products in the layer. Extra memory kept for the backward: ``M`` per layer (the
-reference keeps the fp32 maps of every step of the pipeline).
+3.35 TB/s, against ~3 ms of matrix products in the layer. What the launches move, counted from their addresses
+(``benchmarks/bench_kernels.py --resources``, :mod:`sass_audit`): 1.97 GB a layer with the logits' product
+(:mod:`.causal_logits`) and the halo rows, against 3.1 GB before issue 48. Extra memory kept for the backward:
+``M`` per layer and one sign bit a cell (the reference keeps the fp32 maps of every step of the pipeline).
 
-Dispatch (:func:`interlayer.kernels.dispatch.use_triton`): the kernels cover 3 x 3 convolutions over up to 64 heads
-on contiguous square maps, with or without a causal triangle and key padding, 0 to any number of convolutions, ReLU
+Dispatch (:func:`interlayer.kernels.dispatch.use_triton`): the kernels cover 3 x 3 convolutions over up to 16 heads
+(:data:`CHANNELS`: GPT-2 small's 12, BERT-large's 16) on contiguous square maps, with or without a causal triangle and key padding, 0 to any number of convolutions, ReLU
 or leaky ReLU, ``beta`` or not; anything else (another kernel size, attention dropout while training, a KV cache)
 takes :func:`reference`, which is also the path on CPUs.
 """
@@ -42,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import logits_attention
+from . import causal_logits, logits_attention
 from .dispatch import use_triton
 
 
@@ -87,105 +90,112 @@ def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], bia
 
 # The forward and the backward as registered operators, so that torch.compile keeps them whole (no graph break; the
 # fake implementations give it the shapes). Forward outputs: the attention output, the mixed logits M, each row's
-# log-sum-exp, and the fp32 output of every convolution but the last (kept for the backward). Saved for the backward
-# besides those: the previous logits (the previous layer's own output, so no extra memory) and the layer's logits
-# only with ``beta``.
+# log-sum-exp, the sign bits of the CNN's last pre-activation (empty without a CNN) and the output of every
+# convolution but the last (kept for the backward). Saved for the backward besides those: the previous logits (the
+# previous layer's own output, so no extra memory) and the layer's logits only with ``beta``.
 @torch.library.custom_op("interlayer::predictive_attention", mutates_args=())
 def forward_op(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
                key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor],
-               biases: list[Tensor]) -> list[Tensor]:
+               biases: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
     """The Triton forward of PA's Eq. 4 followed by the attention over its result: each convolution of the prediction
-    (the last one mixed with the layer's own logits), then softmax and the values; returns the output, the mixed logits,
-    the softmax's log-sum-exp and the intermediate maps the backward needs."""
+    (the last one mixed with the layer's own logits), then softmax and the values."""
     from . import logits_attention_triton as attention
     from . import predictive_maps_triton as maps
 
     n = len(weights)
-    intermediates, x = [], prev
+    intermediates, x, signs = [], prev, None
     for k in range(max(n, 1)):
-        x = maps.conv_forward(x, s, prev, weights[k] if n else None, biases[k] if n else None, alpha, beta,
-                              key_padding_mask, causal, slope, first=k == 0, final=k == max(n, 1) - 1)
+        x, signs = maps.conv_forward(x, s, prev, weights[k] if n else None, biases[k] if n else None, alpha, beta,
+                                     key_padding_mask, causal, slope, first=k == 0, final=k == max(n, 1) - 1)
         intermediates.append(x)
     mixed = intermediates.pop()
     out, lse = attention.forward(mixed, v, key_padding_mask, causal)
-    return [out, mixed, lse, *intermediates]
+    return [out, mixed, lse, signs if signs is not None else _no_signs(s), *intermediates]
+
+
+def _no_signs(like: Tensor) -> Tensor:
+    return torch.empty(0, device=like.device, dtype=torch.uint8)
 
 
 @forward_op.register_fake
 def _(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor],
-      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor]) -> list[Tensor]:
+      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
     b, h, t, _ = s.shape
-    maps = [s.new_empty(b, h, t, t, dtype=torch.float32) for _ in range(len(weights) - 1)]
+    signs = s.new_empty(b, h, t, (t + 7) // 8, dtype=torch.uint8) if weights else _no_signs(s)
     return [v.new_empty(b, h, t, v.shape[-1]), torch.empty_like(s), s.new_empty(b, h, t, dtype=torch.float32),
-            *maps]
+            signs, *[torch.empty_like(s) for _ in range(len(weights) - 1)]]
 
 
 @torch.library.custom_op("interlayer::predictive_attention_backward", mutates_args=())
 def backward_op(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor,
                 alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor,
-                lse: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
-                intermediates: list[Tensor]) -> list[Tensor]:
-    """``[dS, dA_prev, dv, *d weights, *d biases]``: the attention's backward (adding the next layer's gradient of
-    ``M``), then the CNN's, last convolution first."""
+                lse: Tensor, signs: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+                intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
+    """``[dS, dA_prev, dv, *d weights, *d biases]``: the attention's backward with the map epilogue (``dZ`` of the
+    last convolution and the residual's gradient, or without a CNN the whole of it), then the CNN's, last
+    convolution first. ``s_upper_unread``: whatever made ``S`` reads its gradient on and below a causal diagonal
+    only (:mod:`.causal_logits`), so nothing is written above it."""
     from . import logits_attention_triton as attention
     from . import predictive_maps_triton as maps
 
     n = len(weights)
-    grad, grad_v = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed)
-    ds = torch.empty_like(mixed)
-    s_or_mixed = s if s is not None else mixed  # the kernels read S only with beta
+    epilogue = attention.MapEpilogue(alpha, beta, slope, signs if n else None, zero_above=not s_upper_unread)
+    grad, grad_v, ds, dr = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed,
+                                              epilogue)
     grad_w: list[Tensor] = []
     grad_b: list[Tensor] = []
-    residual_grad = None
-    for k in reversed(range(max(n, 1))):
-        last = k == max(n, 1) - 1
-        grad, dw, db, dr = maps.conv_backward(
-            grad, prev if k == 0 else intermediates[k - 1], s_or_mixed, weights[k] if n else None,
-            biases[k] if n else None, None if last else intermediates[k], alpha, beta, key_padding_mask, causal,
-            slope, first=k == 0, final=last, ds=ds, residual_grad=residual_grad)
-        residual_grad = dr if last else residual_grad
-        if n:
-            grad_w.insert(0, dw)
-            grad_b.insert(0, db)
+    for k in reversed(range(n)):
+        x = prev if k == 0 else intermediates[k - 1]
+        grad, dw, db = maps.conv_backward(grad, x, s if s is not None else prev, weights[k],
+                                          None if k == 0 else intermediates[k - 1], beta, key_padding_mask, causal,
+                                          slope, first=k == 0, ds=ds, dr=dr)
+        grad_w.insert(0, dw)
+        grad_b.insert(0, db)
     return [ds, grad, grad_v, *grad_w, *grad_b]
 
 
 @backward_op.register_fake
 def _(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor, alpha: Tensor,
       beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor, lse: Tensor,
-      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor], intermediates: list[Tensor]
-      ) -> list[Tensor]:
+      signs: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+      intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
     return [torch.empty_like(mixed), torch.empty_like(prev), v.new_empty(v.shape),
             *[torch.empty_like(w) for w in weights], *[torch.empty_like(b) for b in biases]]
 
 
 def _setup(ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
-    s, prev, v, alpha, beta, key_padding_mask, causal, slope, weights, biases = inputs
-    out, mixed, lse, *intermediates = output
+    s, prev, v, alpha, beta, key_padding_mask, causal, slope, weights, biases, s_upper_unread = inputs
+    out, mixed, lse, signs, *intermediates = output
     ctx.save_for_backward(s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out, lse,
-                          *weights, *biases, *intermediates)
-    ctx.causal, ctx.slope, ctx.n = causal, slope, len(weights)
+                          signs, *weights, *biases, *intermediates)
+    ctx.causal, ctx.slope, ctx.n, ctx.s_upper_unread = causal, slope, len(weights), s_upper_unread
 
 
 def _grad(ctx: Any, grads: list[Optional[Tensor]]) -> tuple[Any, ...]:
-    s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, *rest = ctx.saved_tensors
+    s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, signs, *rest = ctx.saved_tensors
     n = ctx.n
     grad_out, grad_mixed = grads[0], grads[1]
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    result = backward_op(grad_out, grad_mixed, s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse,
-                         ctx.causal, ctx.slope, list(rest[:n]), list(rest[n:2 * n]), list(rest[2 * n:]))
+    result = backward_op(grad_out, grad_mixed, s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, signs,
+                         ctx.causal, ctx.slope, list(rest[:n]), list(rest[n:2 * n]), list(rest[2 * n:]),
+                         ctx.s_upper_unread)
     ds, dprev, dv = result[:3]
-    return ds, dprev, dv, None, None, None, None, None, list(result[3:3 + n]), list(result[3 + n:])
+    return ds, dprev, dv, None, None, None, None, None, list(result[3:3 + n]), list(result[3 + n:]), None
 
 
 forward_op.register_autograd(_grad, setup_context=_setup)
 
 
+# The heads a kernel program carries as the CNN's channels (the rows of its tensor-core products, padded with zero
+# weights); more heads would need wider tiles than the register file holds at these kernels' row width
+CHANNELS = 16
+
+
 def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:
-    """What the kernels handle: contiguous square 4-D maps of at most 64 heads (and under 2^31 cells a batch element),
-    3 x 3 convolutions."""
-    return (s.dim() == 4 and s.is_contiguous() and s.shape[-1] == s.shape[-2] and s.shape[1] <= 64
+    """What the kernels handle: contiguous square 4-D maps of at most :data:`CHANNELS` heads (and under 2^31 cells a
+    batch element), 3 x 3 convolutions."""
+    return (s.dim() == 4 and s.is_contiguous() and s.shape[-1] == s.shape[-2] and s.shape[1] <= CHANNELS
             and s.shape[1] * s.shape[-1] ** 2 < 2**31  # one batch element's maps: the kernels' 32-bit offsets
             and all(tuple(w.shape[-2:]) == (3, 3) for w in weights))
 
@@ -198,10 +208,32 @@ def predictive_attention(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[T
     weights, biases = list(weights), list(biases)
     if not use_triton(s, prev, v, covered=covers(s, weights), kernel="predictive-attention"):
         return reference(s, prev, v, weights, biases, alpha, beta, slope, causal, key_padding_mask)
-    prev = prev if prev.is_contiguous() else prev.contiguous()
+    return _fused(s, prev, v, weights, biases, alpha, beta, slope, causal, key_padding_mask, False)
+
+
+def _fused(s: Tensor, prev: Tensor, v: Tensor, weights: list[Tensor], biases: list[Tensor], alpha: Tensor,
+           beta: Optional[Tensor], slope: float, causal: bool, key_padding_mask: Optional[Tensor],
+           s_upper_unread: bool) -> tuple[Tensor, Tensor]:
+    prev = (prev if prev.is_contiguous() else prev.contiguous()).to(s.dtype)
     out, mixed = forward_op(s, prev, v, alpha, beta, key_padding_mask, causal, slope,
-                            [w.float().contiguous() for w in weights], [b.float().contiguous() for b in biases])[:2]
+                            [w.float().contiguous() for w in weights], [b.float().contiguous() for b in biases],
+                            s_upper_unread)[:2]
     return out, mixed
+
+
+def predictive_attention_qk(q: Tensor, k: Tensor, scale: float, prev: Tensor, v: Tensor, weights: Sequence[Tensor],
+                            biases: Sequence[Tensor], alpha: Tensor, beta: Optional[Tensor], slope: float,
+                            causal: bool, key_padding_mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`predictive_attention` of the logits ``S = scale q k^T``, computed here: on the kernels' causal path by
+    :mod:`.causal_logits`, on and below the diagonal only (``S`` and its gradient above it are never written or
+    read), else by the library's product."""
+    weights, biases = list(weights), list(biases)
+    if causal and use_triton(prev, q, k, v, covered=covers(prev, weights) and q.shape[-2] == prev.shape[-1],
+                             kernel="predictive-attention"):
+        s = causal_logits.causal_logits(q, k, scale)
+        return _fused(s, prev, v, weights, biases, alpha, beta, slope, causal, key_padding_mask, True)
+    return predictive_attention(causal_logits.reference(q, k, scale), prev, v, weights, biases, alpha, beta, slope,
+                                causal, key_padding_mask)
 
 
 def runs_kernel(prev: Tensor, v: Tensor, weights: Sequence[Tensor]) -> bool:

@@ -1,28 +1,32 @@
-"""Triton code of :mod:`interlayer.kernels.predictive_maps`: the CNN over attention maps and Eq. 4's mix.
+"""Triton code of :mod:`interlayer.kernels.predictive_maps`: the CNN over attention maps and Eq. 4's mix, streamed.
 
-Layout: maps are contiguous ``(B, H, T, T)`` (heads are the CNN's channels). A program handles a tile of ``BR x BC``
-cells and every channel at once, as a ``(HP, BR * BC)`` block (``HP``: the heads rounded up to a power of two, at
-least 16), so one tap of the 3 x 3 convolution is one matrix product ``W_tap (HP x HP) @ X_shifted (HP x cells)``
-on the tensor cores (TF32 for fp32 operands, as cuDNN runs the reference's convolution). Cells outside the map,
-above a causal diagonal or in a padded row or column read as zero (the CNN's hidden cells); a causal tile wholly
-above the diagonal is skipped (or, for a gradient something downstream reads, filled with zeros).
+Layout: maps are contiguous ``(B, H, T, T)``; the heads are the CNN's channels, padded to ``HP`` (16) with zero
+weights. A program owns a block of ``BC`` columns by ``BC`` rows (a causal grid holds only the blocks on and below
+the diagonal) and streams rows top to bottom: each row is loaded once, at the three column offsets a 3 x 3 tap
+reads, and multiplied into the three rows that read it (a ``tl.dot`` of an ``HP x HP`` tap and an ``HP x BC`` row),
+so a convolution reads each cell once (plus two rows of halo a block) instead of nine times and finishes a row every
+step. The column offsets come from 32-bit words: a 16-bit map's row is read as pairs (vector loads), and the pairs
+one column to either side are halves of two words, so no 16-bit scalar load runs. A row that is wholly visible
+(inside the map with its halo, below a causal diagonal, no padding) takes a path with no mask; the others read
+hidden cells (map edges, a causal upper triangle, padded rows and columns) as zero, as the CNN does.
 
 Kernels:
-* ``_conv_forward``: ``Y = act(conv(X) + b) * keep``; with ``FINAL`` the mix ``M = R + alpha (Y - R)`` is its
-  epilogue and only ``M`` is written (``R`` is the layer's own logits, or Evolving Attention's source; above a
-  causal diagonal ``M`` is 0, cells that neither the attention nor the next layer's CNN reads); with
-  ``NCONV`` there is no convolution (Res-Transformer: ``Y = X`` visible). ``FIRST`` marks the CNN's input (the
-  previous layer's logits, non-finite values read as zero; with ``BETA`` the source ``(1-beta) S + beta M_prev``).
-* ``_conv_backward_z``: one program per tile, as the forward: the gradient of the pre-activation
-  ``dZ = dY keep act'(Z)`` (``Z`` recomputed for the last convolution, read off the stored ``Y`` for the others),
-  the tile's share of the weight and bias gradients (nine taps: the kernel covers 3 x 3, the paper's size), each
-  tap's product stored as soon as it is made, and for the last convolution ``dR = (1 - alpha) dM``. (A first
-  version walked each column of tiles in one program holding nine accumulators: 512 programs at GPT-2 small, each
-  serial over up to 64 tiles. The one GPU run of that version measured the whole PA step at 44x the plain model's.
-  Compiled offline for sm_90, the one-tile version still spilled 1.6 KB of registers a thread to local memory, and
-  the forward's 201 registers left a multiprocessor 8 warps; see ``WARPS``. Neither version is timed on a GPU yet.)
-* ``_conv_backward_x``: the input gradient, ``dX = sum_tap W_tap^T dZ(shifted back)``, times the input's keep;
-  for the CNN's input it becomes the gradient of the previous layer's logits (and with ``BETA`` of the layer's own).
+* ``_forward``: ``Y = act(conv(X) + b) * keep``; with ``FINAL``, Eq. 4's mix ``M = R + alpha (Y - R)`` is its
+  epilogue and only ``M`` is written, with one sign bit a cell of the pre-activation for the backward (``R``: the
+  layer's logits, or Evolving Attention's source); ``NCONV`` mixes without a convolution (the Res-Transformer).
+  ``M`` is written on and below a causal diagonal only: nothing reads it above (:mod:`.predictive_maps`).
+* ``_input_grad``: from ``dZ`` (written by the attention's backward epilogue, :mod:`.logits_attention_triton`, or
+  by this kernel for the convolution after), the input's gradient ``dX = sum_tap W_tap^T dZ`` in one pass over the
+  rows, reading ``dZ`` at the three column offsets; for the first convolution it also writes the source's
+  gradient (zeros above a causal diagonal: the whole grid runs, as the caller's buffer is fresh).
+* ``_weight_grad``: the weight and bias gradients, ``dW_tap = sum dZ X_tap^T``, the input read at the three offsets
+  and the three taps of a row stacked into one ``[BC, 3 HP]`` operand so that each warp's tensor-core work is its
+  own; a program's share is summed in registers and written once (``dw_parts``, summed by the caller).
+
+Precision (:func:`_options`, :func:`_mm`), always with fp32 accumulation: for a 16-bit map, fp16 operands in the
+forward, TF32 for ``dX``, bf16 (fp16 for an fp16 map) for ``dW``; TF32 for an fp32 map; IEEE fp32 under the
+interpreter or where ``torch.backends.cudnn.allow_tf32`` is off (as cuDNN's convolutions follow it), so that the
+tests can ask for exact float32.
 """
 from __future__ import annotations
 
@@ -33,283 +37,478 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BR, BC = 16, 16  # the tile: 256 cells x HP channels
-# Register budget (sm_90, Triton 3.9, GPT-2 small's maps; benchmarks/bench_kernels.py --resources): a (16, 256)
-# tile over 8 warps, the taps as a loop rather than unrolled (unrolled, the compiler hoisted the nine shifted loads
-# and the weight-gradient kernel spilled 1.6 KB a thread) and 32-bit offsets within a batch element's maps take
-# 75 / 122 / 63 registers in the forward / dZ / dX kernels, no spill, against 201 / 255 + spills / 168 before.
-WARPS = 8
+from .dispatch import interpreting
+from .predictive_maps import CHANNELS as HP  # the heads, padded with zero weights
+
+BC = 64  # a program's columns, and its rows
+# 2 warps: an HP x BC row is 16 x 64; each warp's tensor-core work is its half of the columns, and the weight
+# gradient's 16 x 16 product splits into the two warps' 16 x 8 halves instead of being repeated by idle warps
+WARPS = 2
 
 
 @triton.jit
-def _tile(H, T, HP: tl.constexpr):
-    """This program's tile of cells and what every kernel addresses it by: batch ``b``, tile row and column
-    ``rb, cb``, the cells' rows ``r`` and columns ``c`` (256), the channels ``ch`` (``HP``), the batch element's
-    offset ``base`` and, for the ``(HP, 256)`` block, which entries lie inside the map and their 32-bit offsets."""
-    b = tl.program_id(0)
-    rb = tl.program_id(1)
-    cb = tl.program_id(2)
-    cell = tl.arange(0, 256)
-    r = rb * 16 + cell // 16
-    c = cb * 16 + cell % 16
-    ch = tl.arange(0, HP)
-    base = b.to(tl.int64) * H * T * T
-    inside = (ch[:, None] < H) & ((r < T) & (c < T))[None, :]
-    offs = ch[:, None] * T * T + (r * T + c)[None, :]
-    return b, rb, cb, r, c, ch, base, inside, offs
+def _triangle(t):
+    """``(a, b)`` with ``t = a (a + 1) / 2 + b`` and ``b <= a``: linear block ``t`` of a lower triangle, row by row."""
+    a = ((tl.sqrt(8.0 * t + 1.0) - 1.0) * 0.5).to(tl.int32)
+    a = tl.where((a + 1) * (a + 2) // 2 <= t, a + 1, a)  # float rounding, either way
+    a = tl.where(a * (a + 1) // 2 > t, a - 1, a)
+    return a, t - a * (a + 1) // 2
 
 
 @triton.jit
-def _visible(b, rr, cc, T, pad_ptr, s_pb, CAUSAL: tl.constexpr, PADDED: tl.constexpr):
-    ok = (rr >= 0) & (rr < T) & (cc >= 0) & (cc < T)
+def _block(t, n, CAUSAL: tl.constexpr):
+    """(column block, row block) of linear block ``t`` of ``n`` a side. Causal: the ``n (n + 1) / 2`` blocks on and
+    below the diagonal, row by row, then (a backward that must zero them) the blocks above it."""
     if CAUSAL:
-        ok = ok & (cc <= rr)
+        lower = n * (n + 1) // 2
+        if t < lower:
+            q, s = _triangle(t)
+        else:  # strictly above: the transpose of a strictly lower block
+            a, s = _triangle(t - lower)
+            s, q = a + 1, s
+        return s, q
+    return t % n, t // n
+
+
+@triton.jit
+def _half(word, HIGH: tl.constexpr, F16: tl.constexpr):
+    """One 16-bit float of a 32-bit word (``HIGH``: bits 16-31), in fp32."""
+    if F16:
+        bits = (word >> 16) if HIGH else (word & 0xFFFF)
+        return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    if HIGH:
+        return (word & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return (word << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _open(PAD, s_pb, b, col, T):
+    """Whether the columns (or a row) ``col`` are not padding."""
+    return tl.load(PAD + b * s_pb + col, mask=(col >= 0) & (col < T), other=1) == 0
+
+
+@triton.jit
+def _visible(col, i, T, PAD, s_pb, b, CAUSAL: tl.constexpr, PADDED: tl.constexpr):
+    """Columns ``col`` of row ``i`` that the CNN reads as themselves (inside the map, at or below a causal
+    diagonal, not padding)."""
+    ok = (col >= 0) & (col < T)
+    if CAUSAL:
+        ok = ok & (col <= i)
     if PADDED:
-        pr = tl.load(pad_ptr + b * s_pb + rr, mask=(rr >= 0) & (rr < T), other=1)
-        pc = tl.load(pad_ptr + b * s_pb + cc, mask=(cc >= 0) & (cc < T), other=1)
-        ok = ok & (pr == 0) & (pc == 0)
+        ok = ok & _open(PAD, s_pb, b, col, T)
     return ok
 
 
 @triton.jit
-def _load(ptr, base, ch, rr, cc, H, T, ok):
-    """A ``(HP, cells)`` block of a map at rows ``rr``, columns ``cc``; zero where not ``ok``; fp32."""
-    offs = ch[:, None] * T * T + (rr * T + cc)[None, :]  # int32: the host keeps H T^2 < 2^31
-    return tl.load(ptr + base + offs, mask=(ch[:, None] < H) & ok[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST: tl.constexpr, BETA: tl.constexpr):
-    """The CNN's input at shifted cells: the previous layer's logits (non-finite read as 0), Evolving Attention's
-    source, or an intermediate map (already zero where hidden)."""
-    x = _load(X, base, ch, rr, cc, H, T, ok)
+def _clean(x, ok, FIRST: tl.constexpr, MASKED: tl.constexpr):
+    """The CNN's reading of cells: non-finite previous logits are 0 (``FIRST``), hidden cells are 0."""
     if FIRST:
-        if BETA:
-            x = (1.0 - beta) * _load(S, base, ch, rr, cc, H, T, ok) + beta * x
-        x = tl.where((x == x) & (tl.abs(x) != float("inf")), x, 0.0)
+        x = tl.where(x - x == 0.0, x, 0.0)
+    if MASKED:
+        x = tl.where(ok[None, :], x, 0.0)
     return x
 
 
 @triton.jit
-def _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL: tl.constexpr, PADDED: tl.constexpr,
-              FIRST: tl.constexpr, BETA: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
-    """The pre-activation ``Z = conv(X) + b`` of one tile, ``(HP, 256)``: one ``W_tap @ X_shifted`` product a tap."""
+def _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL: tl.constexpr, PADDED: tl.constexpr,
+         FIRST: tl.constexpr, MASKED: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, HP: tl.constexpr,
+         BC: tl.constexpr):
+    """Row ``i`` of a map from column ``c0`` at the three offsets a 3 x 3 tap reads, ``(x[c - 1], x[c], x[c + 1])``,
+    each ``(HP, BC)`` fp32, hidden cells 0 (``MASKED``; else every cell read is visible).
+
+    ``PAIRS`` (a 16-bit map of even width): word ``k`` of the row holds columns ``2k`` and ``2k + 1``; with the words
+    before and after it, it gives all four columns ``2k - 1 .. 2k + 2`` the offsets need. Otherwise three loads."""
+    row = i + 0 * T  # a tensor also where the interpreter's loop variable is a Python int
+    ok_row = (row >= 0) & (row < T)
+    if PADDED:
+        ok_row = ok_row & _open(PAD, s_pb, b, row, T)
+    if PAIRS:
+        j = c0 + 2 * tl.arange(0, BC // 2)
+        ptr = X.to(tl.pointer_type(tl.uint32)) + base + i * (T // 2) + c0 // 2 + cells
+        if MASKED:  # a scalar condition joins a block through tl.where (the interpreter's & of the two is int32)
+            w = tl.load(ptr, mask=lane & tl.where(ok_row, j >= 0, False)[None, :], other=0)
+            after = tl.load(ptr + 1, mask=lane & tl.where(ok_row, j + 2 < T, False)[None, :], other=0)
+            before = tl.load(ptr - 1, mask=lane & tl.where(ok_row, j > 0, False)[None, :], other=0)
+        else:
+            w = tl.load(ptr, mask=lane)
+            after = tl.load(ptr + 1, mask=lane)
+            before = tl.load(ptr - 1, mask=lane)
+        even = _clean(_half(w, False, F16), _visible(j, i, T, PAD, s_pb, b, CAUSAL, PADDED), FIRST, MASKED)
+        odd = _clean(_half(w, True, F16), _visible(j + 1, i, T, PAD, s_pb, b, CAUSAL, PADDED), FIRST, MASKED)
+        right = _clean(_half(after, False, F16), _visible(j + 2, i, T, PAD, s_pb, b, CAUSAL, PADDED), FIRST, MASKED)
+        left = _clean(_half(before, True, F16), _visible(j - 1, i, T, PAD, s_pb, b, CAUSAL, PADDED), FIRST, MASKED)
+        return (tl.reshape(tl.join(left, even), [HP, BC]), tl.reshape(tl.join(even, odd), [HP, BC]),
+                tl.reshape(tl.join(odd, right), [HP, BC]))
+    else:
+        c = c0 + tl.arange(0, BC)
+        ptr = X + base + i * T + c0 + cells
+        ok_m = tl.where(ok_row, _visible(c - 1, i, T, PAD, s_pb, b, CAUSAL, PADDED), False)
+        ok_0 = tl.where(ok_row, _visible(c, i, T, PAD, s_pb, b, CAUSAL, PADDED), False)
+        ok_p = tl.where(ok_row, _visible(c + 1, i, T, PAD, s_pb, b, CAUSAL, PADDED), False)
+        xm = tl.load(ptr - 1, mask=lane & ok_m[None, :], other=0.0).to(tl.float32)
+        x0 = tl.load(ptr, mask=lane & ok_0[None, :], other=0.0).to(tl.float32)
+        xp = tl.load(ptr + 1, mask=lane & ok_p[None, :], other=0.0).to(tl.float32)
+        return _clean(xm, ok_m, FIRST, False), _clean(x0, ok_0, FIRST, False), _clean(xp, ok_p, FIRST, False)
+
+
+@triton.jit
+def _mm(a, b, acc, MODE: tl.constexpr):
+    """``a @ b + acc`` in fp32: ``"f16"`` multiplies fp16 copies (an exact copy of a 16-bit map, the weights to
+    TF32's 11 significant bits, at half TF32's register and shared-memory cost), ``"bf16"`` bf16 copies (exact for
+    a bf16 map and gradient), ``"tf32"``/``"ieee"`` fp32 operands at that precision."""
+    if MODE == "f16":
+        out = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    elif MODE == "bf16":
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=MODE)
+    return out
+
+
+@triton.jit
+def _interior(i, c0, T, CAUSAL: tl.constexpr, PADDED: tl.constexpr, BC: tl.constexpr):
+    """Whether row ``i`` of the strip from ``c0`` reads no hidden cell: inside the map with its halo columns and
+    (causal) every column of it, the halo included, at or below the diagonal."""
+    ok = (i >= 0) & (i < T) & (c0 > 0) & (c0 + BC < T) & (not PADDED)
+    if CAUSAL:
+        ok = ok & (c0 + BC <= i)
+    return ok
+
+
+@triton.jit
+def _taps(W, TRANSPOSE: tl.constexpr, HP: tl.constexpr):
+    """The nine taps of a padded ``(9, HP, HP)`` fp32 weight (``[out, in]``), each ``HP x HP`` (``TRANSPOSE``:
+    ``[in, out]``)."""
+    o = tl.arange(0, HP)
+    offs = o[:, None] * HP + o[None, :] if not TRANSPOSE else o[None, :] * HP + o[:, None]
+    return (tl.load(W + offs), tl.load(W + HP * HP + offs), tl.load(W + 2 * HP * HP + offs),
+            tl.load(W + 3 * HP * HP + offs), tl.load(W + 4 * HP * HP + offs), tl.load(W + 5 * HP * HP + offs),
+            tl.load(W + 6 * HP * HP + offs), tl.load(W + 7 * HP * HP + offs), tl.load(W + 8 * HP * HP + offs))
+
+
+@triton.jit
+def _keep(cols, o, T, PAD, s_pb, b, CAUSAL: tl.constexpr, PADDED: tl.constexpr):
+    """The visible cells of row ``o`` (a padded row has none)."""
+    keep = _visible(cols, o, T, PAD, s_pb, b, CAUSAL, PADDED)
+    if PADDED:
+        keep = tl.where(_open(PAD, s_pb, b, o, T), keep, False)
+    return keep
+
+
+@triton.jit
+def _mix(y, S, Prev, Out, offs, store, alpha, beta, BETA_RES: tl.constexpr):
+    """Eq. 4 on one row: ``M = R + alpha (Y - R)``, ``R`` the layer's logits (or Evolving Attention's source)."""
+    res = tl.load(S + offs, mask=store, other=0.0).to(tl.float32)
+    if BETA_RES:
+        res = (1.0 - beta) * res + beta * tl.load(Prev + offs, mask=store, other=0.0).to(tl.float32)
+    tl.store(Out + offs, (res + alpha * (y - res)).to(Out.dtype.element_ty), mask=store)
+
+
+@triton.jit
+def _forward(X, S, Prev, W, Bias, Out, Sign, PAD, ALPHA, BETA_W, H, T, n_blocks, s_pb, slope,
+             CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+             BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
+             PAIRS: tl.constexpr, F16: tl.constexpr, PRECISION: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+             CW: tl.constexpr):
+    b = tl.program_id(0)
+    s, q = _block(tl.program_id(1), n_blocks, CAUSAL)
+    c0, r0 = s * BC, q * BC
     ch = tl.arange(0, HP)
-    ci = tl.arange(0, HP)
-    acc = tl.zeros([HP, 256], tl.float32)
-    for tap in range(9):
-        rr = r + tap // 3 - TOP
-        cc = c + tap % 3 - 1
-        ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-        x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-        w = tl.load(W + (ch[:, None] * H + ci[None, :]) * 9 + tap, mask=(ch[:, None] < H) & (ci[None, :] < H),
-                    other=0.0)
-        acc += tl.dot(w, x)
-    return acc + tl.load(Bias + ch, mask=ch < H, other=0.0)[:, None]
-
-
-@triton.jit
-def _conv_forward(X, S, Prev, W, Bias, Out, PAD, ALPHA, BETA_W, H, T, s_pb, slope,
-                  CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
-                  BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
-                  HP: tl.constexpr):
-    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
-    if CAUSAL and cb > rb:
-        if FINAL:  # M above the diagonal: zeros, never uninitialised memory (nothing reads them)
-            tl.store(Out + base + offs, tl.zeros([HP, 256], Out.dtype.element_ty), mask=inside)
-        return
+    lane = (ch < H)[:, None] & (tl.arange(0, CW) >= 0)[None, :]
+    cells = ch[:, None] * (T * T // (2 if PAIRS else 1)) + tl.arange(0, CW)[None, :]
+    base = b.to(tl.int64) * H * T * T // (2 if PAIRS else 1)
+    cols = c0 + tl.arange(0, BC)
+    out_cells = b.to(tl.int64) * H * T * T + ch[:, None] * T * T + cols[None, :]
+    alpha = tl.load(ALPHA) if FINAL else 0.0
     beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
-    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
-    if NCONV:
-        y = _input(X, S, beta, base, ch, r, c, H, T, keep, FIRST, BETA)
-    else:
-        z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
-        y = tl.where(z > 0, z, z * slope) * keep[None, :].to(tl.float32)
-    if FINAL:
-        alpha = tl.load(ALPHA)
-        res = tl.load(S + base + offs, mask=inside, other=0.0).to(tl.float32)
-        if BETA_RES:  # Evolving Attention: the residual is the source, (1 - beta) S + beta M_prev
-            res = (1.0 - beta) * res + beta * tl.load(Prev + base + offs, mask=inside, other=0.0).to(tl.float32)
-        mixed = res + alpha * (y - res)
-        if CAUSAL:
-            mixed = tl.where((c <= r)[None, :], mixed, 0.0)
-        tl.store(Out + base + offs, mixed.to(Out.dtype.element_ty), mask=inside)
-    else:
-        tl.store(Out + base + offs, y.to(Out.dtype.element_ty), mask=inside)
-
-
-@triton.jit
-def _conv_backward_z(G, X, S, W, Bias, Y, DZ, DR, DW, DB, PAD, ALPHA, BETA_W, H, T, s_pb, slope, n_rb, n_cb,
-                     CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
-                     FINAL: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
-    """One tile: ``dZ = dY keep act'(Z)`` (and ``dR = (1 - alpha) dM`` for the last convolution), and the tile's
-    share of the weight and bias gradients, each tap's ``dZ X_tap^T`` stored as soon as it is made (no accumulator
-    lives across taps) into this tile's row of ``DW`` (``[tiles, H, H, 9]``; a causal map's skipped tiles have no
-    row, so every row is written and the host sums them without zeroing first). A causal tile above the diagonal
-    only writes its zeros of ``dZ`` (and ``dR``)."""
-    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
-    ci = tl.arange(0, HP)
-    if CAUSAL and cb > rb:  # read by nobody downstream, but must not be garbage
-        zero = tl.zeros([HP, 256], tl.float32)
-        tl.store(DZ + base + offs, zero, mask=inside)
-        if FINAL:
-            tl.store(DR + base + offs, zero.to(DR.dtype.element_ty), mask=inside)
+    if NCONV:  # the Res-Transformer: M = R + alpha (keep X - R), cell by cell
+        for o in range(r0, tl.minimum(r0 + BC, T)):
+            keep = _keep(cols, o, T, PAD, s_pb, b, CAUSAL, PADDED)
+            inside = (ch < H)[:, None] & (cols < T)[None, :]  # whole vectors, the hidden cells zeroed after
+            x = _clean(tl.load(X + out_cells + o * T, mask=inside, other=0.0).to(tl.float32), keep, FIRST, True)
+            if BETA:  # Evolving Attention's source, (1 - beta) S + beta A_prev
+                x = (1.0 - beta) * tl.where(keep[None, :], tl.load(S + out_cells + o * T, mask=inside, other=0.0)
+                                            .to(tl.float32), 0.0) + beta * x
+            _mix(x, S, Prev, Out, out_cells + o * T, (ch < H)[:, None] & (cols < T)[None, :], alpha, beta, BETA_RES)
         return
-    beta = tl.load(BETA_W) if BETA else 0.0
-    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
-    g = tl.load(G + base + offs, mask=inside, other=0.0).to(tl.float32)
-    if FINAL:
-        alpha = tl.load(ALPHA)
-        dr = (1.0 - alpha) * g
-        if CAUSAL:  # M is 0 above the diagonal, whatever S holds there
-            dr = tl.where((c <= r)[None, :], dr, 0.0)
-        tl.store(DR + base + offs, dr.to(DR.dtype.element_ty), mask=inside)
-        z = _convolve(X, S, W, Bias, beta, base, b, r, c, H, T, PAD, s_pb, CAUSAL, PADDED, FIRST, BETA, TOP, HP)
-        active = z > 0
-        g = alpha * g
-    else:
-        active = tl.load(Y + base + offs, mask=inside, other=0.0) > 0
-    dz = tl.where(active, g, g * slope) * keep[None, :].to(tl.float32)
-    tl.store(DZ + base + offs, dz, mask=inside)
-    if CAUSAL:  # the tiles on and below the diagonal, row by row: a causal map's rows of DW are all written
-        tile = (b * (n_rb * (n_rb + 1) // 2) + rb * (rb + 1) // 2 + cb).to(tl.int64)
-    else:
-        tile = ((b * n_rb + rb) * n_cb + cb).to(tl.int64)
-    tl.store(DB + tile * H + ch, tl.sum(dz, 1), mask=ch < H)
-    wmask = (ch[:, None] < H) & (ci[None, :] < H)
-    woffs = tile * H * H * 9 + (ch[:, None] * H + ci[None, :]) * 9
-    for tap in range(9):
-        rr = r + tap // 3 - TOP
-        cc = c + tap % 3 - 1
-        ok = _visible(b, rr, cc, T, PAD, s_pb, CAUSAL, PADDED)
-        x = _input(X, S, beta, base, ch, rr, cc, H, T, ok, FIRST, BETA)
-        tl.store(DW + woffs + tap, tl.dot(dz, tl.trans(x)), mask=wmask)
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = _taps(W, False, HP)
+    bias = tl.load(Bias + ch)
+    zero = tl.zeros([HP, BC], tl.float32)
+    later = zero  # output row i + TOP - 1: the taps of its first input row
+    nearly = zero  # output row i + TOP - 2: all but its last input row
+    for i in range(r0 - TOP, tl.minimum(r0 + BC, T) + 2 - TOP):
+        if _interior(i, c0, T, CAUSAL, PADDED, BC):
+            xm, x, xp = _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, FIRST, False, PAIRS, F16,
+                             HP, BC)
+        else:
+            xm, x, xp = _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, FIRST, True, PAIRS, F16,
+                             HP, BC)
+        if BETA:  # Evolving Attention's CNN input: (1 - beta) S + beta A_prev
+            sm, s0, sp = _row(S, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, False, True, PAIRS,
+                              F16, HP, BC)
+            xm, x, xp = (1.0 - beta) * sm + beta * xm, (1.0 - beta) * s0 + beta * x, (1.0 - beta) * sp + beta * xp
+        # one product a line: the machine-code audit counts a line's runs (benchmarks/sass_audit.py)
+        done = _mm(w6, xm, nearly, PRECISION)
+        done = _mm(w7, x, done, PRECISION)
+        done = _mm(w8, xp, done, PRECISION)
+        nearly = _mm(w3, xm, later, PRECISION)
+        nearly = _mm(w4, x, nearly, PRECISION)
+        nearly = _mm(w5, xp, nearly, PRECISION)
+        later = _mm(w0, xm, zero, PRECISION)
+        later = _mm(w1, x, later, PRECISION)
+        later = _mm(w2, xp, later, PRECISION)
+        o = i + TOP - 2
+        if (o >= r0) & (o < T):
+            z = done + bias[:, None]
+            keep = _keep(cols, o, T, PAD, s_pb, b, CAUSAL, PADDED)[None, :]
+            y = tl.where(keep, tl.where(z > 0, z, z * slope), 0.0)
+            inside = (ch < H)[:, None] & (cols < T)[None, :]
+            if FINAL:  # the whole row of the block: above a causal diagonal M is unspecified, so no cell mask
+                _mix(y, S, Prev, Out, out_cells + o * T, inside, alpha, beta, BETA_RES)
+                _signs(z, Sign, b, H, T, o, c0, HP, BC)
+            else:
+                tl.store(Out + out_cells + o * T, y.to(Out.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _conv_backward_x(DZ, W, DR, DX, DS, PAD, ALPHA, BETA_W, H, T, s_pb,
-                     CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
-                     NCONV: tl.constexpr, TOP: tl.constexpr, HP: tl.constexpr):
-    """``dX = sum_tap W_tap^T dZ[cells - tap]`` times the input's keep. ``FIRST``: ``dX`` is the gradient of the
-    previous layer's logits (``BETA``: of the source, split into it and the layer's own ``DS``, with ``DR`` added).
-    ``NCONV``: no convolution, ``dX = DZ`` (which holds ``alpha dM``)."""
-    b, rb, cb, r, c, ch, base, inside, offs = _tile(H, T, HP)
-    if CAUSAL and cb > rb:
-        zero = tl.zeros([HP, 256], tl.float32)
-        tl.store(DX + base + offs, zero.to(DX.dtype.element_ty), mask=inside)
+def _signs(z, Sign, b, H, T, o, c0, HP: tl.constexpr, BC: tl.constexpr):
+    """One bit a cell, ``z > 0``, eight columns a byte (the backward's ``act'``)."""
+    bits = tl.reshape((z > 0).to(tl.int32), [HP, BC // 8, 8]) << tl.arange(0, 8)[None, None, :]
+    ch = tl.arange(0, HP)
+    byte = c0 // 8 + tl.arange(0, BC // 8)
+    row = (T + 7) // 8
+    tl.store(Sign + (b.to(tl.int64) * H + ch[:, None]) * T * row + o * row + byte[None, :],
+             tl.sum(bits, 2).to(tl.uint8), mask=(ch < H)[:, None] & (byte < row)[None, :])
+
+
+@triton.jit
+def _setup(H, T, n_blocks, CAUSAL: tl.constexpr, PAIRS: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+           CW: tl.constexpr):
+    """What both backward kernels address their block by."""
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    s, q = _block(t, n_blocks, CAUSAL)
+    c0, r0 = s * BC, q * BC
+    ch = tl.arange(0, HP)
+    lane = (ch < H)[:, None] & (tl.arange(0, CW) >= 0)[None, :]
+    cells = ch[:, None] * (T * T // (2 if PAIRS else 1)) + tl.arange(0, CW)[None, :]
+    base = b.to(tl.int64) * H * T * T // (2 if PAIRS else 1)
+    cols = c0 + tl.arange(0, BC)
+    out_cells = b.to(tl.int64) * H * T * T + ch[:, None] * T * T + cols[None, :]
+    inside = (ch < H)[:, None] & (cols < T)[None, :]
+    return b, t, s, q, c0, r0, tl.minimum(r0 + BC, T), lane, cells, base, cols, out_cells, inside
+
+
+@triton.jit
+def _input_grad(DZ, W, DX, DS, DR, Y, PAD, BETA_W, H, T, n_blocks, s_pb, slope,
+                CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+                TOP: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, PRECISION: tl.constexpr,
+                HP: tl.constexpr, BC: tl.constexpr, CW: tl.constexpr):
+    """Rows ``r0 .. r0 + BC`` of the input's gradient: input row ``r`` is read by output rows ``r + TOP - kr`` through
+    taps ``kr``, so ``dX`` row ``i`` is done when ``dZ`` row ``i + TOP`` is in. ``FIRST``: the previous layer's logits'
+    gradient (with ``BETA``, Evolving Attention's source's, split with the residual's ``DR`` into it and ``DS``); a
+    causal grid's blocks above the diagonal write its zeros. Otherwise ``dZ`` of the convolution before,
+    ``dX act'(Y)`` (``Y``: that convolution's output)."""
+    b, t, s, q, c0, r0, r_end, lane, cells, base, cols, out_cells, inside = _setup(H, T, n_blocks, CAUSAL, PAIRS,
+                                                                                   HP, BC, CW)
+    if CAUSAL and s > q:  # above the diagonal (launched for the previous logits only): their gradient is 0
+        for i in range(r0, r_end):
+            tl.store(DX + out_cells + i * T, tl.zeros([HP, BC], DX.dtype.element_ty), mask=inside)
+        return
+    v0, v1, v2, v3, v4, v5, v6, v7, v8 = _taps(W, True, HP)
+    zero = tl.zeros([HP, BC], tl.float32)
+    later = zero  # dX row i + 1
+    latest = zero  # dX row i + 2
+    for i in range(r0 - 2, r_end):
+        j = i + TOP  # the dZ row this step brings in
+        if _interior(j, c0, T, CAUSAL, PADDED, BC):
+            zm, z0, zp = _row(DZ, base, j, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, False, False, PAIRS,
+                              F16, HP, BC)
+        else:
+            zm, z0, zp = _row(DZ, base, j, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, False, True, PAIRS,
+                              F16, HP, BC)
+        # dX row i: sum over taps (kr, dc) of W[kr, dc]^T dZ[i + TOP - kr, c + 1 - dc]
+        done = _mm(v0, zp, later, PRECISION)
+        done = _mm(v1, z0, done, PRECISION)
+        done = _mm(v2, zm, done, PRECISION)
+        later = _mm(v3, zp, latest, PRECISION)
+        later = _mm(v4, z0, later, PRECISION)
+        later = _mm(v5, zm, later, PRECISION)
+        latest = _mm(v6, zp, zero, PRECISION)
+        latest = _mm(v7, z0, latest, PRECISION)
+        latest = _mm(v8, zm, latest, PRECISION)
+        if i >= r0:
+            _input_gradient(done, DX, DS, DR, Y, out_cells + i * T, inside, cols, i, T, PAD, s_pb, b, BETA_W,
+                            slope, CAUSAL, PADDED, FIRST, BETA)
+
+
+@triton.jit
+def _weight_grad(DZ, X, S, DW, DB, PAD, BETA_W, H, T, n_blocks, s_pb,
+                 CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr,
+                 TOP: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, PRECISION: tl.constexpr,
+                 HP: tl.constexpr, BC: tl.constexpr, CW: tl.constexpr):
+    """The weight and bias gradients of this block's ``dZ`` cells, summed in registers and written once: input row
+    ``i`` at the three column offsets against ``dZ`` rows ``i + TOP - kr`` of the block (the two before the current
+    one carried from the steps before). ``FIRST`` with ``BETA``: the CNN read Evolving Attention's source."""
+    b, t, s, q, c0, r0, r_end, lane, cells, base, cols, out_cells, inside = _setup(H, T, n_blocks, CAUSAL, PAIRS,
+                                                                                   HP, BC, CW)
+    acc = tl.zeros([HP, 4 * HP], tl.float32)
+    g0, g1, g2 = acc, acc, acc  # g_kr[out, dc * HP + in]: the three column offsets side by side (and a zero fourth)
+    db = tl.zeros([HP], tl.float32)
+    dz1 = tl.zeros([HP, BC], tl.float32)  # dZ row i + TOP - 1 of this block (0 outside it)
+    dz2 = tl.zeros([HP, BC], tl.float32)  # dZ row i + TOP - 2
+    for i in range(r0 - TOP, r_end + 2 - TOP):
+        j = i + TOP
+        ours = tl.where((j >= r0) & (j < r_end), inside, False)  # tl.where: the interpreter's & of the two is int32
+        dz0 = tl.load(DZ + out_cells + j * T, mask=ours, other=0.0).to(tl.float32)
+        db += tl.sum(dz0, 1)
+        if _interior(i, c0, T, CAUSAL, PADDED, BC):
+            xm, x, xp = _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, FIRST, False, PAIRS, F16,
+                             HP, BC)
+        else:
+            xm, x, xp = _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, FIRST, True, PAIRS, F16,
+                             HP, BC)
         if BETA:
-            tl.store(DS + base + offs, zero.to(DS.dtype.element_ty), mask=inside)
-        return
-    keep = _visible(b, r, c, T, PAD, s_pb, CAUSAL, PADDED)
-    if NCONV:
-        dx = tl.load(DZ + base + offs, mask=inside, other=0.0).to(tl.float32)
+            beta = tl.load(BETA_W)
+            sm, s0, sp = _row(S, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, False, True, PAIRS, F16,
+                              HP, BC)
+            xm, x, xp = (1.0 - beta) * sm + beta * xm, (1.0 - beta) * s0 + beta * x, (1.0 - beta) * sp + beta * xp
+        # [x(c-1); x(c); x(c+1); 0]^T as one (BC, 4 HP) operand: each product then fills both warps' halves of its
+        # columns instead of a 16 x 16 tile both warps would compute whole
+        row = tl.join(tl.join(xm, x), tl.join(xp, tl.zeros([HP, BC], tl.float32)))  # [HP, BC, 2, 2]
+        row = tl.reshape(tl.permute(row, (1, 3, 2, 0)), [BC, 4 * HP])
+        g0 = _mm(dz0, row, g0, PRECISION)
+        g1 = _mm(dz1, row, g1, PRECISION)
+        g2 = _mm(dz2, row, g2, PRECISION)
+        dz2 = dz1
+        dz1 = dz0
+    program = (b * tl.num_programs(1) + t).to(tl.int64)
+    o = tl.arange(0, HP)
+    offs = program * 3 * HP * 4 * HP + o[:, None] * 4 * HP + tl.arange(0, 4 * HP)[None, :]
+    tl.store(DW + offs, g0)
+    tl.store(DW + 4 * HP * HP + offs, g1)
+    tl.store(DW + 8 * HP * HP + offs, g2)
+    tl.store(DB + program * HP + o, db)
+
+
+@triton.jit
+def _input_gradient(dx, DX, DS, DR, Y, offs, inside, cols, i, T, PAD, s_pb, b, BETA_W, slope,
+                    CAUSAL: tl.constexpr, PADDED: tl.constexpr, FIRST: tl.constexpr, BETA: tl.constexpr):
+    """Row ``i`` of the input's gradient, times its keep: the previous logits' (``FIRST``; with ``BETA`` split with
+    the residual's ``DR`` into the previous and own logits'), or the ``dZ`` of the convolution before."""
+    keep = _keep(cols, i, T, PAD, s_pb, b, CAUSAL, PADDED)[None, :]
+    dx = tl.where(keep, dx, 0.0)
+    if FIRST:
+        if BETA:
+            beta = tl.load(BETA_W)
+            source = dx + tl.load(DR + offs, mask=inside, other=0.0).to(tl.float32)
+            tl.store(DS + offs, ((1.0 - beta) * source).to(DS.dtype.element_ty), mask=inside)
+            dx = beta * source
     else:
-        dx = tl.zeros([HP, 256], tl.float32)
-        co = tl.arange(0, HP)
-        for tap in range(9):
-            # the output cell that read input (r, c) through this tap
-            rr = r - tap // 3 + TOP
-            cc = c - tap % 3 + 1
-            ok = (rr >= 0) & (rr < T) & (cc >= 0) & (cc < T)
-            dz = _load(DZ, base, ch, rr, cc, H, T, ok)
-            # W_tap^T: [in, out]
-            wt = tl.load(W + (co[None, :] * H + ch[:, None]) * 9 + tap, mask=(ch[:, None] < H) & (co[None, :] < H),
-                         other=0.0)
-            dx += tl.dot(wt, dz)
-    dx = dx * keep[None, :].to(tl.float32)
-    if BETA:
-        beta = tl.load(BETA_W)
-        source = dx + tl.load(DR + base + offs, mask=inside, other=0.0)
-        tl.store(DS + base + offs, ((1.0 - beta) * source).to(DS.dtype.element_ty), mask=inside)
-        dx = beta * source
-    tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=inside)
+        y = tl.load(Y + offs, mask=inside, other=0.0).to(tl.float32)
+        dx = tl.where(y > 0, dx, dx * slope)
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=inside)
 
 
-def _grid_cells(B: int, T: int) -> tuple[int, int, int]:
-    n = triton.cdiv(T, BR)
-    return B, n, n
+# -- the launches ---------------------------------------------------------------------------------------------
+def blocks(B: int, T: int, causal: bool, whole: bool = False) -> tuple[tuple[int, int], int, int]:
+    """The grid (batch, blocks), the blocks a side and the blocks that compute (causal: on and below the diagonal;
+    ``whole``: the grid also covers the blocks above it)."""
+    n = triton.cdiv(T, BC)
+    computed = n * (n + 1) // 2 if causal else n * n
+    return (B, n * n if whole else computed), n, computed
 
 
-def _hp(H: int) -> int:
-    return max(16, triton.next_power_of_2(H))
+def _options(x: Tensor, causal: bool, products: str) -> dict:
+    """The compile-time switches every launch shares: the causal kernel's top rows, the word-pair reads (a 16-bit
+    map of even width), and the products' precision (:func:`_mm`): ``products`` for a 16-bit map where TF32 is
+    allowed (as cuDNN's convolutions are), TF32 for an fp32 map, exact fp32 where TF32 is off or the interpreter runs
+    (whose bf16 products are wrong)."""
+    pairs = x.element_size() == 2 and x.shape[-1] % 2 == 0
+    if interpreting() or not torch.backends.cudnn.allow_tf32:
+        precision = "ieee"
+    else:
+        precision = products if x.element_size() == 2 else "tf32"
+    if precision == "bf16" and x.dtype == torch.float16:
+        precision = "f16"
+    return dict(CAUSAL=causal, TOP=2 if causal else 1, PAIRS=pairs, F16=x.dtype == torch.float16,
+                PRECISION=precision, HP=HP, BC=BC, CW=BC // 2 if pairs else BC, num_warps=WARPS)
 
 
-def _padding(key_padding_mask: Optional[Tensor], device: torch.device) -> tuple[Tensor, int, bool]:
+def padding(key_padding_mask: Optional[Tensor], device: torch.device) -> tuple[Tensor, int, bool]:
     if key_padding_mask is None:
         return torch.zeros(1, dtype=torch.int8, device=device), 0, False
     pad = key_padding_mask.to(torch.int8).contiguous()
     return pad, pad.stride(0), True
 
 
+def padded_taps(weight: Tensor) -> Tensor:
+    """A ``(H, H, 3, 3)`` weight as the kernels read it: ``(9, HP, HP)`` fp32, tap-major, ``[out, in]``, zeros
+    beyond the heads."""
+    h = weight.shape[0]
+    taps = weight.new_zeros(9, HP, HP, dtype=torch.float32)
+    taps[:, :h, :h] = weight.float().permute(2, 3, 0, 1).reshape(9, h, h)
+    return taps
+
+
+def sign_bits(like: Tensor) -> Tensor:
+    """The buffer of the last convolution's pre-activation signs: a bit a cell, ``(B, H, T, ceil(T / 8))``."""
+    B, H, T, _ = like.shape
+    return torch.empty(B, H, T, triton.cdiv(T, 8), device=like.device, dtype=torch.uint8)
+
+
 def conv_forward(x: Tensor, s: Tensor, prev: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                  alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], causal: bool, slope: float,
-                 first: bool, final: bool) -> Tensor:
+                 first: bool, final: bool) -> tuple[Tensor, Optional[Tensor]]:
     """One convolution of the CNN over ``x`` (``weight`` None: none, the Res-Transformer), with the mix when
     ``final`` (``s``: the layer's own logits; ``prev``: the previous layer's, for Evolving Attention's residual).
-    Returns the mixed map in ``s``'s dtype (``final``) or the fp32 intermediate map."""
+    Returns the mixed map (``final``) or the intermediate map, in ``s``'s dtype, and the sign bits (``final`` with a
+    convolution)."""
     B, H, T, _ = s.shape
-    out = torch.empty_like(s) if final else torch.empty(B, H, T, T, device=s.device, dtype=torch.float32)
-    pad, s_pb, padded = _padding(key_padding_mask, s.device)
+    out = torch.empty_like(s)
+    signs = sign_bits(s) if final and weight is not None else None
+    pad, s_pb, padded = padding(key_padding_mask, s.device)
+    grid, n, _ = blocks(B, T, causal)
     dummy = alpha
-    _conv_forward[_grid_cells(B, T)](
-        x, s, prev, weight if weight is not None else dummy, bias if bias is not None else dummy, out, pad, alpha,
-        beta if beta is not None else dummy, H, T, s_pb, slope, CAUSAL=causal, PADDED=padded, FIRST=first,
+    _forward[grid](
+        x, s, prev, padded_taps(weight) if weight is not None else dummy,
+        _padded_bias(bias) if bias is not None else dummy, out, signs if signs is not None else dummy, pad, alpha,
+        beta if beta is not None else dummy, H, T, n, s_pb, slope, PADDED=padded, FIRST=first,
         BETA=beta is not None and first, BETA_RES=beta is not None and final, FINAL=final, NCONV=weight is None,
-        TOP=2 if causal else 1, HP=_hp(H), num_warps=WARPS)
+        **_options(s, causal, "f16"))
+    return out, signs
+
+
+def _padded_bias(bias: Tensor) -> Tensor:
+    out = bias.new_zeros(HP, dtype=torch.float32)
+    out[:bias.shape[0]] = bias.float()
     return out
 
 
-def conv_backward(grad: Tensor, x: Tensor, s: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                  y: Optional[Tensor], alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor],
-                  causal: bool, slope: float, first: bool, final: bool, ds: Tensor,
-                  residual_grad: Optional[Tensor] = None
-                  ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    """The backward of :func:`conv_forward`: ``(grad of x, grad of its weight, of its bias, dR)``.
+def conv_backward(dz: Tensor, x: Tensor, s: Tensor, weight: Tensor, y: Optional[Tensor], beta: Optional[Tensor],
+                  key_padding_mask: Optional[Tensor], causal: bool, slope: float, first: bool,
+                  ds: Optional[Tensor], dr: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of one convolution from its pre-activation's gradient ``dz``: ``(grad of x, of the weight, of
+    the bias)``. ``first``: the grad of ``x`` is the previous layer's logits' (with ``beta``, the CNN read the source
+    ``(1 - beta) s + beta x``, whose gradient, with the residual's ``dr``, splits into it and ``ds``); otherwise it is
+    the ``dZ`` of the convolution before, whose output ``y`` it reads for the activation's derivative.
 
-    ``grad``: the gradient of the convolution's output (``final``: of the mixed map ``M``); ``y`` its stored output
-    (an intermediate convolution's, for the activation's derivative; None for the last, which recomputes it).
-    With ``final`` the residual's gradient ``dR = (1 - alpha) dM`` is written into ``ds`` (the layer's logits'
-    gradient) or, with ``beta``, returned in fp32; the CNN input's backward (``first``) then splits
-    ``residual_grad`` (that ``dR``) plus its own gradient into ``ds`` and the previous logits' gradient. The grad of
-    ``x`` is in ``x``'s dtype (``first``: the previous layer's logits) or fp32 (an intermediate map)."""
-    B, H, T, _ = s.shape
-    pad, s_pb, padded = _padding(key_padding_mask, s.device)
-    hp, top, n_cb = _hp(H), 2 if causal else 1, triton.cdiv(T, BC)
+    Two passes: the input's gradient multiplies fp32 weights (TF32: a gradient's small values would underflow fp16),
+    the weight gradient 16-bit copies of the 16-bit ``dZ`` and input (exact products)."""
+    B, H, T, _ = dz.shape
+    pad, s_pb, padded = padding(key_padding_mask, dz.device)
     has_beta = beta is not None and first
-    dummy = alpha
-    dr = None
-    if final:
-        dr = torch.empty(B, H, T, T, device=s.device, dtype=torch.float32) if beta is not None else ds
-    source_grad = dr if final else residual_grad
-    dz = torch.empty(B, H, T, T, device=s.device, dtype=torch.float32)
-    dw = db = None
-    if weight is None:  # no convolution: the prediction is the input itself
-        _identity_backward(grad, dz, dr, alpha, causal)
-    else:
-        # each computed tile's share of the weight and bias gradients (a causal map's upper tiles compute none),
-        # written by its program, then summed
-        tiles = B * (n_cb * (n_cb + 1) // 2 if causal else n_cb * n_cb)
-        dw_parts = torch.empty(tiles, H, H, 9, device=s.device, dtype=torch.float32)
-        db_parts = torch.empty(tiles, H, device=s.device, dtype=torch.float32)
-        _conv_backward_z[_grid_cells(B, T)](
-            grad, x, s, weight, bias, y if y is not None else dummy, dz, dr if dr is not None else dummy,
-            dw_parts, db_parts, pad, alpha, beta if beta is not None else dummy, H, T, s_pb, slope, n_cb, n_cb,
-            CAUSAL=causal, PADDED=padded, FIRST=first, BETA=has_beta, FINAL=final, TOP=top, HP=hp, num_warps=WARPS)
-        dw = dw_parts.sum(0).view_as(weight)
-        db = db_parts.sum(0)
-    dx = torch.empty(B, H, T, T, device=s.device, dtype=x.dtype if first else torch.float32)
-    _conv_backward_x[_grid_cells(B, T)](
-        dz, weight if weight is not None else dummy, source_grad if has_beta else dummy, dx, ds if has_beta else dummy,
-        pad, alpha, beta if beta is not None else dummy, H, T, s_pb, CAUSAL=causal, PADDED=padded, FIRST=first,
-        BETA=has_beta, NCONV=weight is None, TOP=top, HP=hp, num_warps=WARPS)
-    return dx, dw, db, dr
-
-
-def _identity_backward(grad: Tensor, dz: Tensor, dr: Optional[Tensor], alpha: Tensor, causal: bool) -> None:
-    """Without a convolution: ``dZ = alpha dM`` (the input's keep is applied by ``_conv_backward_x``) and
-    ``dR = (1 - alpha) dM`` (0 above a causal diagonal, where the forward wrote ``M = 0``)."""
-    g = grad.float()
-    torch.mul(g, alpha, out=dz)
-    if dr is not None:
-        residual = g * (1.0 - alpha)
-        dr.copy_(residual.tril_() if causal else residual)
+    dx = torch.empty_like(x)
+    grid, n, computed = blocks(B, T, causal, whole=first)  # the previous logits' gradient is 0 above a diagonal
+    _input_grad[grid](
+        dz, padded_taps(weight), dx, ds if has_beta else dx, dr if has_beta else dx, y if y is not None else dx,
+        pad, beta if beta is not None else dx, H, T, n, s_pb, slope, PADDED=padded, FIRST=first, BETA=has_beta,
+        **_options(dz, causal, "tf32"))
+    dw_parts = torch.empty(B * computed, 3, HP, 4, HP, device=dz.device, dtype=torch.float32)  # [kr, out, dc, in]
+    db_parts = torch.empty(B * computed, HP, device=dz.device, dtype=torch.float32)
+    _weight_grad[(B, computed)](
+        dz, x, s if has_beta else x, dw_parts, db_parts, pad, beta if beta is not None else dx, H, T, n, s_pb,
+        PADDED=padded, FIRST=first, BETA=has_beta, **_options(dz, causal, "bf16"))
+    h = weight.shape[0]
+    dw = dw_parts.sum(0)[:, :h, :3, :h].permute(1, 3, 0, 2)  # [out, in, kr, dc]
+    return dx, dw.contiguous(), db_parts.sum(0)[:h]

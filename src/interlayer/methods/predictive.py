@@ -239,19 +239,24 @@ class PredictiveMixer(nn.Module):
         return (self.fast and causal == self.causal_kernel
                 and predictive_maps.runs_kernel(prev_logits, v, [conv.weight for conv in self.convs]))
 
-    def fused_attention(self, logits: Tensor, prev_logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                        causal: bool) -> tuple[Tensor, Tensor]:
-        """Eq. 4 and the attention over its result in one op (:func:`~interlayer.kernels.predictive_maps.
-        predictive_attention`): ``(softmax(M masked) @ v, M)``, the mixed logits ``M`` handed to the next layer.
-        The weights travel as 0-dim device tensors, so the warm-up ramp changes them without a host round trip."""
-        if prev_logits.shape != logits.shape or logits.shape[1] != self.heads:
-            raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got current logits "
-                             f"{tuple(logits.shape)} and previous {tuple(prev_logits.shape)}")
+    def fused_attention(self, q: Tensor, k: Tensor, scale: float, bias: Optional[Tensor], prev_logits: Tensor,
+                        v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> tuple[Tensor, Tensor]:
+        """The logits ``scale q k^T (+ bias)``, Eq. 4 and the attention over its result in one op
+        (:func:`~interlayer.kernels.predictive_maps.predictive_attention`): ``(softmax(M masked) @ v, M)``, the mixed
+        logits ``M`` handed to the next layer. Without a bias the op makes the logits itself, a causal map's on and
+        below the diagonal only. The weights travel as 0-dim device tensors, so the warm-up ramp changes them
+        without a host round trip."""
+        if prev_logits.shape[1] != self.heads or prev_logits.shape[-2:] != (q.shape[-2], k.shape[-2]):
+            raise ValueError(f"predictive attention mixes maps of {self.heads} heads: got {q.shape[1]} heads of "
+                             f"{q.shape[-2]} x {k.shape[-2]} logits and previous {tuple(prev_logits.shape)}")
         alpha, beta = self._weights()
-        return predictive_maps.predictive_attention(
-            logits, prev_logits, v, [conv.weight for conv in self.convs], [conv.bias for conv in self.convs],
-            _device_scalar(alpha, logits.device), None if beta is None else _device_scalar(beta, logits.device),
-            self.negative_slope, causal, key_padding_mask)
+        args = ([conv.weight for conv in self.convs], [conv.bias for conv in self.convs],
+                _device_scalar(alpha, q.device), None if beta is None else _device_scalar(beta, q.device),
+                self.negative_slope, causal, key_padding_mask)
+        if bias is None:
+            return predictive_maps.predictive_attention_qk(q, k, scale, prev_logits, v, *args)
+        logits = torch.matmul(q * scale, k.transpose(-2, -1)) + bias
+        return predictive_maps.predictive_attention(logits, prev_logits, v, *args)
 
     def optimizer_step_done(self) -> None:
         """One more optimiser step (the training engine calls this after each): advances the warm-up."""
