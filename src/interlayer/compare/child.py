@@ -4,7 +4,8 @@ A process per run means a crash or an out-of-memory kill loses that run only, an
 the run's own: ``ru_maxrss`` of this process, taken when the run starts and again at the end; the growth between
 the two (the task's data, the model, optimiser state and activations) is recorded as ``peak_rss_growth_mb`` beside
 the absolute ``peak_rss_mb``. A resumed run records each segment in ``compare_memory.json`` and its results take
-the largest.
+the largest. Each segment also records its wall time and its process CPU time (user + system, all threads): the
+CPU seconds do not depend on how loaded the machine was, so a run's cost can be planned from them.
 
 Exit codes: 0 finished (``results.json`` written), 3 interrupted (Ctrl-C / SIGTERM: the engine saved
 ``checkpoint_last.safetensors`` and the run can resume), 4 interrupted before training began or while scoring; anything
@@ -72,13 +73,14 @@ def run_job(job: dict[str, Any]) -> int:
     if job.get("threads"):  # the runner's share of the cores; a config's train.threads still wins in the engine
         torch.set_num_threads(job["threads"])
     run_dir = Path(job["run_dir"])
-    started, rss_before = time.perf_counter(), max_rss_mb()
+    started, cpu_started, rss_before = time.perf_counter(), time.process_time(), max_rss_mb()
     results = train(spec, preset=job["preset"], sets=job["sets"], seed=job["seed"], max_minutes=job["max_minutes"],
                     run_dir=run_dir, resume=job["resume"], progress=False)
     peak = max_rss_mb()
     memory = _record_memory(run_dir, {"peak_rss_mb": peak, "peak_rss_growth_mb": peak - rss_before,
                                       "resumed": job["resume"], "status": results["status"],
-                                      "wall_seconds": time.perf_counter() - started})
+                                      "wall_seconds": time.perf_counter() - started,
+                                      "cpu_seconds": time.process_time() - cpu_started})
     if results["status"] != "finished":
         print(json.dumps(results, indent=2))
         return INTERRUPTED
