@@ -30,9 +30,9 @@ from interlayer.tables import format_table
 MAX_SEEDS_SHOWN = 12
 
 
-def _settings(first_seed: int, seeds: int, steps: int):
+def _settings(first_seed: int, seeds: int, steps: int, variants: list[str]):
     sets = dict(entry.split("=", 1) for entry in DEFAULT["sets"])
-    settings = make_settings(DEFAULT["task"], DEFAULT["variants"], seeds=seeds, budget_steps=steps, sets=sets)
+    settings = make_settings(DEFAULT["task"], variants, seeds=seeds, budget_steps=steps, sets=sets)
     return dataclasses.replace(settings, seeds=list(range(first_seed, first_seed + seeds)))
 
 
@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=DEFAULT["budget_steps"])
     parser.add_argument("--jobs", type=int, default=DEFAULT["jobs"])
+    parser.add_argument("--variants", default=",".join(DEFAULT["variants"]),
+                        help="the default's variants, or some of them (the baseline first)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--effect", type=float, help="a stated smallest effect of interest (metric units) to plan for")
     parser.add_argument("--analyse-only", action="store_true", help="only the calculation, on finished pilot runs")
@@ -99,10 +101,13 @@ def main() -> None:
     args = parser.parse_args()
     if not args.analyse_only:
         load = os.getloadavg()[0]
-        result = run_compare(_settings(args.first_seed, args.seeds, args.steps), args.output, jobs=args.jobs,
-                             command=["benchmarks/main_job_pilot.py", f"--first-seed={args.first_seed}",
-                                      f"--seeds={args.seeds}", f"--steps={args.steps}"])
+        result = run_compare(_settings(args.first_seed, args.seeds, args.steps, [args.variants]), args.output,
+                             jobs=args.jobs, command=["benchmarks/main_job_pilot.py", f"--first-seed={args.first_seed}",
+                                                      f"--seeds={args.seeds}", f"--steps={args.steps}",
+                                                      f"--variants={args.variants}"])
         print(f"load average (1 min) at the start {load:.2f}, at the end {os.getloadavg()[0]:.2f}")
+        if result.interrupted:
+            raise SystemExit("interrupted: run the same command again to continue")
         if result.failed:
             raise SystemExit(f"failed runs: {', '.join(result.failed)}")
     out = analyse(args.output, args.effect)

@@ -207,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "(nats for lm's loss, percentage points for accuracy, BLEU points): a variant whose "
                               "difference to the baseline two one-sided tests place inside ±DELTA is 'equivalent' "
                               "(report only; default: no equivalence test)")
+    compare.add_argument("--effect", type=float, metavar="DELTA",
+                         help="the smallest difference of interest, absolute, in the units of the task's metric, "
+                              "stated before the runs: an undecided verdict names the seeds per variant that detect "
+                              "it with power 0.8 (report only; without it or --margin no seeds are planned: never "
+                              "for the difference observed)")
     compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
@@ -565,7 +570,8 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                           "run at once with --slurm-array-parallelism)")
     result = run_compare(settings, output, command=["interlayer", *argv],
                          jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
-                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher)
+                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher,
+                         effect=args.effect)
     if result.interrupted:
         return 130
     return 1 if result.failed else 0

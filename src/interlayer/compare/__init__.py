@@ -96,12 +96,14 @@ class CompareResult:
 
 def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
                 selections: Sequence[Selection] = (), margin: Optional[float] = None,
-                launcher: Optional["LauncherSettings"] = None, echo: Callable[[str], None] = print) -> CompareResult:
+                launcher: Optional["LauncherSettings"] = None, echo: Callable[[str], None] = print,
+                effect: Optional[float] = None) -> CompareResult:
     """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
     and still reports. ``selections`` (``--select``, :mod:`.selection`) are checked against the variants before
     any training and decided in the report; ``margin`` (``--margin``) is the equivalence margin of the verdicts,
-    absolute, in the metric's units (report only, like the selections). ``launcher`` (``--launcher submitit``):
-    each run is a cluster job instead (:mod:`.launcher`; ``jobs`` does not apply).
+    absolute, in the metric's units (report only, like the selections); ``effect`` (``--effect``) the smallest
+    difference of interest, stated before the runs, that an undecided verdict plans seeds for. ``launcher``
+    (``--launcher submitit``): each run is a cluster job instead (:mod:`.launcher`; ``jobs`` does not apply).
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
@@ -120,6 +122,9 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin={margin} must be positive: the equivalence margin, absolute, in the units of the "
                           "task's metric (e.g. --margin 0.02 for a loss in nats)")
+    if effect is not None and not effect > 0:
+        raise ConfigError(f"--effect={effect} must be positive: the smallest difference of interest, absolute, in the "
+                          "units of the task's metric (e.g. --effect 0.05 for a loss in nats)")
     output = Path(output)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
@@ -132,7 +137,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         outcomes, interrupted = runner.run_all()
         env = comparison_environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
                           None if launcher is None else launcher.describe())
-        report = write_report(plan, output, list(command), selections, margin, env)
+        report = write_report(plan, output, list(command), selections, margin, env, effect)
     echo("")
     for line in report.tests + report.verdicts:
         echo(line.replace("**", ""))

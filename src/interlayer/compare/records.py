@@ -154,10 +154,11 @@ def _test_values(runs: list[RunRecord], metric: str) -> dict[int, float]:
             if isinstance(r.results.get(f"test_{metric}"), (int, float))}
 
 
-def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
+def summarize(plan: Plan, output: Path, margin: Optional[float] = None,
+              effect: Optional[float] = None) -> list[VariantSummary]:
     """Every variant's :class:`VariantSummary`, in the plan's order, read from ``output``, with each variant compared to
-    the baseline on the finished runs' test metric (``margin``: the equivalence margin,
-    :mod:`interlayer.compare.stats`)."""
+    the baseline on the finished runs' test metric (``margin``: the equivalence margin; ``effect``: the difference
+    seeds are planned for; :mod:`interlayer.compare.stats`)."""
     status_path = output / STATUS_FILE
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     summaries = []
@@ -172,7 +173,7 @@ def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[
                                         extra={m: list(_test_values(done, m).values()) for m in extra_metrics(plan)}))
     base = next(s for s in summaries if s.name == plan.settings.baseline)
     comparisons = compare_to_baseline({s.name: s.test_by_seed for s in summaries if s is not base},
-                                      base.test_by_seed, plan.task.higher_is_better, margin)
+                                      base.test_by_seed, plan.task.higher_is_better, margin, effect)
     for summary in summaries:
         summary.comparison = comparisons.get(summary.name)
     return summaries
