@@ -399,7 +399,8 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert report.notes == [] and report.complete
     sizes = {p.path.name: p.size for p in report.pictures}
     assert sizes["learning_curves.png"] == (800, 450) and sizes["cost.png"] == (1100, 650)
-    assert sizes["pa_attention_pa.png"] == (4 * 320, 300 + 40)  # baseline + 3 PA columns; layer 2 (the only PA one)
+    # baseline + 3 PA maps of layer 2 (the only PA one), two to a line
+    assert sizes["pa_attention_pa.png"] == (2 * 560, 2 * 520 + 40)
     assert sizes["mpt_soft_mpt_soft.png"] == (2 * 380, 340)  # one panel per seed
     for picture in report.pictures:
         _check_png(picture)

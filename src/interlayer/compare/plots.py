@@ -29,11 +29,11 @@ DPI = 100
 CURVE_SIZE = (8.0, 4.5)
 COST_SIZE = (11.0, 6.5)
 SG_SIZE = (8.0, 4.5)
-MAP_CELL = (5.2, 4.8)  # one attention map with its colour bar, in inches
-MAP_AXIS = (3.6, 3.6)  # about the map's own square in a cell (inches): what the tick labels share
+MAP_CELL = (5.6, 5.2)  # one attention map with its colour bar, in inches
+MAP_AXIS = (4.2, 4.2)  # about the map's own square in a cell (inches): what the tick labels share
 MAP_COLUMNS = 2
 TICK_FONT = 8  # points: 11 pixels at DPI 100
-TICK_SPACING = 1.25  # tick labels at least this many font heights apart
+TICK_SPACING = 1.15  # tick labels at least this many font heights apart
 SOFT_CELL = (3.8, 3.4)
 
 
