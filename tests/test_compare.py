@@ -149,9 +149,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs, selections, margin, launcher):
+    def fake_run(settings, output, *, command, jobs, selections, margin, launcher, effect):
         seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections,
-                    margin=margin, launcher=launcher)
+                    margin=margin, launcher=launcher, effect=effect)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -165,6 +165,8 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
     assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None and seen["launcher"] is None
     assert main(["compare", "--default", "--margin", "0.02"]) == 0 and seen["margin"] == 0.02
+    assert seen["effect"] is None
+    assert main(["compare", "--default", "--effect", "0.05"]) == 0 and seen["effect"] == 0.05
     capsys.readouterr()
     with pytest.raises(SystemExit):  # the help states the default budget the code uses
         main(["compare", "--help"])
