@@ -10,7 +10,8 @@ The runs are trained exactly as the default trains them (one torch thread per ru
 per-run cost they print (wall seconds, and the process CPU seconds that do not depend on the machine's load, both
 from each run's ``compare_memory.json``) is the default's. The power is that of the paired t-test of ``n`` per-seed
 differences at the level Holm's first step uses (``alpha / m`` for the ``m`` variants compared with the baseline: the
-variant with the smallest p is tested there), and also at ``alpha`` (its last step), from SciPy's noncentral t
+variant with the smallest p is tested there; ``m`` is the default's, also when the pilot trains fewer variants), and
+also at ``alpha`` (its last step), from SciPy's noncentral t
 (:func:`interlayer.compare.stats.power`).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Optional
 
 from interlayer.compare import DEFAULT, make_settings, run_compare
 from interlayer.compare.stats import ALPHA, POWER, power, seeds_needed
+from interlayer.compare.variants import split_entries
 from interlayer.tables import format_table
 
 MAX_SEEDS_SHOWN = 12
@@ -50,7 +52,7 @@ def analyse(output: Path, effect: Optional[float]) -> dict[str, Any]:
     summary = json.loads((output / "summary.json").read_text())
     base = summary["variants"][summary["baseline"]]["test_by_seed"]
     others = {name: v["test_by_seed"] for name, v in summary["variants"].items() if name != summary["baseline"]}
-    m = len(others)
+    m = len(split_entries(DEFAULT["variants"][0])) - 1  # the default's family, whatever variants the pilot trained
     rows, out = [], {"baseline": summary["baseline"], "m": m, "alpha_first_step": ALPHA / m, "variants": {}}
     for name, values in others.items():
         seeds = sorted(set(values) & set(base), key=int)

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +229,22 @@ def test_throughput_bars_show_their_spread_over_seeds(monkeypatch, main_job, tmp
     plan, out, report = main_job
     cost = next(p for p in report.pictures if p.path.name == "cost.png")
     assert "error bars of ± one sample standard deviation over the seeds" in cost.caption
+
+
+def test_the_main_jobs_seeds_are_the_pilots_power_calculation():
+    """``MAIN_JOB_SEEDS`` is the N of docs/compare.md's prospective calculation: the smallest number of seeds at which
+    the paired t-test of PA against the baseline, at Holm's first level over the default's four variants, has power
+    0.8 at the pilots' mean difference and standard deviation; the pilots' seeds are none of the default's."""
+    from interlayer.compare import MAIN_JOB_SEEDS
+    from interlayer.compare.stats import power
+    from interlayer.compare.variants import split_entries
+
+    pilot = json.loads((Path(__file__).parents[1] / "docs" / "main-job-pilot.json").read_text())
+    pa = pilot["variants"]["pa"]
+    assert len(pa["differences"]) == len(pa["seeds"]) >= 5 and min(pa["seeds"]) > MAIN_JOB_SEEDS
+    mean, sd = mean_std(pa["differences"])
+    m = len(split_entries(DEFAULT["variants"][0])) - 1
+    assert m == pilot["m"] == 4 and DEFAULT["seeds"] == MAIN_JOB_SEEDS
+    assert seeds_needed(abs(mean), sd, alpha=0.05 / m, is_paired=True) == MAIN_JOB_SEEDS
+    assert power(abs(mean), sd, MAIN_JOB_SEEDS, 0.05 / m, is_paired=True) >= 0.8 > power(
+        abs(mean), sd, MAIN_JOB_SEEDS - 1, 0.05 / m, is_paired=True)

@@ -9,7 +9,9 @@ Columns: parameters (each tensor once) and MAdds of one forward pass at the task
 :func:`interlayer.compare.plan.typical_lengths`), training throughput (mean of the logged windows), peak memory
 (growth of the run process's maximum RSS from its start), the best validation metric and the test metric of the
 run's ``best/`` model as mean ± sample std over seeds, and the difference of the test mean to the baseline with
-its 95% interval, Holm-corrected p, detectable difference and verdict (:mod:`interlayer.compare.stats`).
+its 95% interval, Holm-corrected p, detectable difference and verdict (:mod:`interlayer.compare.stats`). Under it,
+the per-seed differences the paired test is computed from, and at the end every run's figures
+(:mod:`.seed_tables`); beside it, the table as CSV and as a compact LaTeX table (:mod:`.exports`).
 
 Above the table, a paragraph says in words what won (each verdict with the variant's cost beside it), the
 environment that produced the numbers (commit, torch, device, threads, wall time, load), and a warning when the
