@@ -22,6 +22,7 @@ from interlayer import get_config, list_models
 from interlayer.cli import main
 from interlayer.compare import (
     DEFAULT,
+    MAIN_JOB_SEEDS,
     MAIN_JOB_STEPS,
     MAIN_JOB_VALIDATIONS,
     build_plan,
@@ -212,7 +213,7 @@ def test_default_comparison_applies_to_its_bundled_task():
                              sets=_parse_sets(DEFAULT["sets"]))
     plan = build_plan(settings)
     assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"]
-    assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 15
+    assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 5 * MAIN_JOB_SEEDS
     assert plan.task.units == "tokens" and plan.variant("baseline").lengths == [64]
     models = {v.variant.name: v.model for v in plan.variants}
     assert all(m["arch"] == "causal_lm" and m["d_model"] == 64 and m["max_positions"] == 64 for m in models.values())
