@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -53,10 +54,12 @@ def latex_table(head: Sequence[str], rows: Sequence[Sequence[str]], caption: str
 
 
 def _short(count: float) -> str:
-    """``206,656`` -> ``207k``: three significant figures, enough for a paper's size columns."""
+    """``206,656`` -> ``207k``, ``15,024,128`` -> ``15.0M``: three significant figures (trailing zeros kept), enough
+    for a paper's size columns."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(count) >= scale:
-            return f"{count / scale:.3g}{unit}"
+            value = count / scale
+            return f"{value:.{max(0, 2 - math.floor(math.log10(abs(value))))}f}{unit}"
     return f"{count:.0f}"
 
 
