@@ -195,8 +195,15 @@ def generate_like_hf(model: CausalModel, input_ids: Tensor, *, padding_mask: Opt
     search, the sequences' scores too).
     """
     settings = resolve_settings(model.generation_defaults(), generation_config, options, input_ids.shape[-1])
-    settings = dataclasses.replace(settings, eos_token_id=reachable_eos(settings.eos_token_id,
-                                                                        model.lm_head.out_features))
+    vocab = model.lm_head.out_features
+    settings = dataclasses.replace(settings, eos_token_id=reachable_eos(settings.eos_token_id, vocab))
+    read = input_ids if padding_mask is None else input_ids.masked_fill(padding_mask, 0)
+    outside = (read < 0) | (read >= vocab)
+    if bool(outside.any()):
+        row, column = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(f"input_ids[{row}, {column}] = {int(input_ids[row, column])} is not a token of this model "
+                         f"(ids 0..{vocab - 1}): a tokenizer's unknown token ([UNK] stands for a character the "
+                         "model's vocabulary lacks; remove it from the text) or another model's tokenizer")
     scores = None
     if settings.num_beams > 1:
         result = beam_search(model, input_ids, num_beams=settings.num_beams, max_new_tokens=settings.max_new_tokens,

@@ -156,10 +156,11 @@ class CausalLM(nn.Module, PretrainedMixin):
         ``padding_mask`` (B, cached + T), True at padding, hides those keys (``attention_mask``, HF's form, is its
         negation: 1 where a token is read); ``position_ids`` (B, T) replace the absolute positions
         ``offset .. offset + T - 1`` (left-padded rows). Without a cache and with padding, a padded query row
-        attends to nothing and outputs zeros (its logits are meaningless and must be ignored). ``labels`` (B, T),
-        usually the input ids with -100 where no loss is wanted, give ``output.loss``: position t's logits
-        against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus, in training mode only, the
-        aux losses and the other exits' losses (:func:`~interlayer.core.losses.labels_loss`), and
+        attends to nothing and outputs zeros (its logits are meaningless and must be ignored); the ids at padded
+        positions are never read, so they may be anything (a character tokenizer's ``[PAD]``, past the table).
+        ``labels`` (B, T), usually the input ids with -100 where no loss is wanted, give ``output.loss``: position
+        t's logits against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus, in training mode
+        only, the aux losses and the other exits' losses (:func:`~interlayer.core.losses.labels_loss`), and
         ``output.lm_loss``, that cross-entropy alone in either mode.
 
         ``transformers``' ``return_dict=False`` returns :meth:`~CausalLMOutput.to_tuple` (the loss first when
@@ -168,6 +169,8 @@ class CausalLM(nn.Module, PretrainedMixin):
         """
         tokens = one_of(tokens, input_ids, "tokens", "input_ids")
         padding_mask = padding_from(attention_mask, padding_mask)
+        if padding_mask is not None:  # never read: any id may stand there (a tokenizer's [PAD] past the table)
+            tokens = tokens.masked_fill(padding_mask[:, -tokens.shape[1]:], 0)
         need_intermediates = need_intermediates or output_attentions
         offset = cache[0].length if cache else 0
         x = self.encoder.embed(tokens, offset=offset, position_ids=position_ids)
