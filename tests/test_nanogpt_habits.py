@@ -112,8 +112,9 @@ def test_prepare_lm_writes_nanogpts_meta_pkl_for_characters(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_nanogpt_settings_give_nanogpts_parameter_count(bias: bool, tmp_path: Path) -> None:
-    """--set n_embd=32 kept the preset's FFN (1,536 wide: 208k parameters where nanoGPT has ~27k), and --set
-    block_size answered "did you mean 'vocab_size'?". nanoGPT's shakespeare_char: 65 characters, block_size 256."""
+    """--set n_embd=32 kept the preset's FFN (1,536 wide: 207,040 parameters without positions where nanoGPT has
+    26,816), and --set block_size answered "did you mean 'vocab_size'?". nanoGPT's shakespeare_char: 65
+    characters, block_size 256."""
     from interlayer.experiment import split_overrides
 
     model_sets, _, data_sets = split_overrides({"n_embd": "32", "n_layer": "2", "n_head": "2", "block_size": "256",

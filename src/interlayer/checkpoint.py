@@ -10,11 +10,13 @@ This module is the bottom layer of saving and loading: tensors, tie maps and the
 from its saved ``model_type`` and config is the registry's (:func:`interlayer.models.registry.load_pretrained`),
 so the training engine, which only writes and reads weights, imports no model family.
 
-:func:`read_saved` also reads the folders interlayer writes for ``transformers``
-(:mod:`interlayer.pretrained.hf_modeling`: ``interlayer export`` of a model no ``transformers`` family computes):
-their ``config.json`` is ``transformers``' (``model_type: "interlayer"``, the interlayer config and model type in
-its ``interlayer`` section, the special token ids and label names beside it) and their tensors carry the
-``transformers`` class's ``interlayer.`` prefix.
+Every folder's ``config.json`` is ``transformers``' (:func:`transformers_config`: ``model_type: "interlayer"``, the
+interlayer config and model type in its ``interlayer`` section, the special token ids and label names beside it),
+so ``transformers``' Auto classes load interlayer's own folders after ``import interlayer``; the tensors keep
+interlayer's names (metadata ``format: "interlayer"``). :func:`read_saved` also reads the folders of interlayer's
+``transformers`` classes (:mod:`interlayer.pretrained.hf_modeling`: their ``save_pretrained``, ``interlayer
+export`` of a model no ``transformers`` family computes), whose tensors carry the class's ``interlayer.`` prefix,
+and folders written before (``config.json`` the config alone, the model type in the weights' metadata).
 
 **Sizes are checked before any model is built** (:func:`size_checked_config`): a folder from a stranger may declare
 ``enc_layers=10000000`` or ``src_vocab_size=10**12`` over weights of one small layer, and building that model
