@@ -290,7 +290,8 @@ def _family_for(model: nn.Module, name: Optional[str]) -> HFFamily:
     fitting = [f for f in candidates if not mismatches[f.title]]
     if fitting:
         return fitting[0]
-    core = "; ".join(f"not {title}: {', '.join(problems)}" for title, problems in mismatches.items())
+    core = "; ".join(f"not {title}: {problems[0]}" + (f" and {len(problems) - 1} more" if len(problems) > 1 else "")
+                     for title, problems in mismatches.items())
     methods = _computing_methods(cfg)
     if methods:  # what the user chose and no family has comes first; the core's differences after it
         raise PretrainedError(f"no Hugging Face family computes {methods} (nor this core: {core}); {OWN_FORMAT}")
