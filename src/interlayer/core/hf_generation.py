@@ -24,7 +24,9 @@ One deliberate difference: with neither ``max_new_tokens`` nor ``max_length`` se
 An ``eos_token_id`` outside the vocabulary (``GPT2Config(vocab_size=101)`` keeps GPT-2's 50256, as many small test
 configs do) is what ``transformers`` makes of it: a token the model never produces, so no row stops early; a
 warning says so once per id and vocabulary size (:func:`reachable_eos`). The typed
-:class:`~interlayer.core.generation.SamplingOptions` still refuse it: there the id is the caller's own.
+:class:`~interlayer.core.generation.SamplingOptions` still refuse it: there the id is the caller's own. A prompt id
+outside the vocabulary where the model reads is refused naming its position (a character tokenizer's ``[UNK]``
+lies past the table: :mod:`interlayer.data.lm_tokenizers`); at padded positions any id stands (never read).
 """
 from __future__ import annotations
 
