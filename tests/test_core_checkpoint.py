@@ -60,8 +60,10 @@ def _tiny_lm_folder(directory, **fields):
 
 
 def _edited(folder, **changes):
+    """The folder with its config.json's interlayer config changed (what a hostile folder could say)."""
     data = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**data, **changes}))
+    data["interlayer"]["config"].update(changes)
+    (folder / "config.json").write_text(json.dumps(data))
     return folder
 
 
@@ -163,4 +165,5 @@ def test_a_tiny_model_with_settings_no_tensor_measures_round_trips(tmp_path, fie
     """A model whose tensors are at most 32 wide keeps 4,096 sinusoidal or rotary positions and a warm-up of 5,000
     steps: those settings measure no tensor (UNMEASURED_FIELDS), and are not taken for a lie about the weights."""
     folder = _tiny_lm_folder(tmp_path / "m", **fields)
-    assert load_pretrained(folder).config.to_dict() == json.loads((folder / "config.json").read_text())
+    saved = json.loads((folder / "config.json").read_text())["interlayer"]["config"]
+    assert load_pretrained(folder).config.to_dict() == saved

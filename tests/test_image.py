@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.folders import saved_config
 from interlayer import count_madds, count_parameters, create_model, get_config, load_pretrained, save_pretrained
 from interlayer.checkpoint import tie_map
 from interlayer.cli import main
@@ -402,7 +403,7 @@ def test_save_and_load_pretrained_rebuild_both_backbones(tmp_path):
         assert loaded.config == model.config and tie_map(loaded) == tie_map(model)
         images = _images()
         assert torch.equal(loaded(images).logits, model(images).logits)
-    saved = json.loads((tmp_path / "vit_fashion_mnist" / "config.json").read_text())
+    saved = saved_config(tmp_path / "vit_fashion_mnist")
     assert saved["backbone"] == "vit" and saved["encoder"]["crossformer"]["hard"] == ["kq"]
 
 

@@ -10,11 +10,13 @@ This module is the bottom layer of saving and loading: tensors, tie maps and the
 from its saved ``model_type`` and config is the registry's (:func:`interlayer.models.registry.load_pretrained`),
 so the training engine, which only writes and reads weights, imports no model family.
 
-:func:`read_saved` also reads the folders interlayer writes for ``transformers``
-(:mod:`interlayer.pretrained.hf_modeling`: ``interlayer export`` of a model no ``transformers`` family computes):
-their ``config.json`` is ``transformers``' (``model_type: "interlayer"``, the interlayer config and model type in
-its ``interlayer`` section, the special token ids and label names beside it) and their tensors carry the
-``transformers`` class's ``interlayer.`` prefix.
+Every folder's ``config.json`` is ``transformers``' (:func:`transformers_config`: ``model_type: "interlayer"``, the
+interlayer config and model type in its ``interlayer`` section, the special token ids and label names beside it),
+so ``transformers``' Auto classes load interlayer's own folders after ``import interlayer``; the tensors keep
+interlayer's names (metadata ``format: "interlayer"``). :func:`read_saved` also reads the folders of interlayer's
+``transformers`` classes (:mod:`interlayer.pretrained.hf_modeling`: their ``save_pretrained``, ``interlayer
+export`` of a model no ``transformers`` family computes), whose tensors carry the class's ``interlayer.`` prefix,
+and folders written before (``config.json`` the config alone, the model type in the weights' metadata).
 
 **Sizes are checked before any model is built** (:func:`size_checked_config`): a folder from a stranger may declare
 ``enc_layers=10000000`` or ``src_vocab_size=10**12`` over weights of one small layer, and building that model
@@ -69,6 +71,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HF_MODEL_TYPE = "interlayer"  # config.json's model_type in a folder written for transformers
 HF_PREFIX = "interlayer."  # where the transformers classes hold the interlayer model
+NATIVE_FORMAT = "interlayer"  # model.safetensors' metadata format when its names are interlayer's (no HF_PREFIX)
 HF_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id")
 HF_NAMES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
@@ -106,17 +109,22 @@ def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
 def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (tie map and model type in its metadata) into ``directory``.
 
-    ``model.config`` must offer ``save(path)`` and ``to_dict()``; ``model.model_type`` names the family that
-    rebuilds it (a ``model_types`` entry of a registered family; default ``"transformer"``).
+    ``config.json`` is ``transformers``' (:func:`transformers_config`: ``model_type: "interlayer"``, the model's
+    config in its ``interlayer`` section), so that ``AutoModelForCausalLM.from_pretrained(directory)`` (and the
+    other Auto classes) load the folder after ``import interlayer``, as they load a ``transformers`` model's
+    ``save_pretrained``; the tensors keep interlayer's names (no ``interlayer.`` prefix: the metadata's
+    ``format`` is ``"interlayer"``). ``model.config`` must offer ``to_dict()``; ``model.model_type`` names the
+    family that rebuilds it (a ``model_types`` entry of a registered family; default ``"transformer"``). Folders
+    written before (``config.json`` the config alone) still load (:func:`read_saved`).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / CONFIG_FILE)
     tensors = {k: v.detach().contiguous() for k, v in canonical_state_dict(model).items()}
-    metadata = {"tie_map": json.dumps(tie_map(model)), "format": "interlayer",
+    metadata = {"tie_map": json.dumps(tie_map(model)), "format": NATIVE_FORMAT,
                 "model_type": getattr(model, "model_type", "transformer")}
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+    write_atomic(directory / CONFIG_FILE, json.dumps(transformers_config(model), indent=2) + "\n")
     return directory
 
 
@@ -215,9 +223,10 @@ def read_saved(directory: Union[str, Path]) -> SavedModel:
         if "id2label" in settings:
             settings["id2label"] = {int(k): v for k, v in settings["id2label"].items()}
         # the size check compares names with interlayer's model: without the transformers class's prefix
-        shapes = {name.removeprefix(HF_PREFIX): shape for name, shape in shapes.items()}
+        prefix = "" if metadata.get("format") == NATIVE_FORMAT else HF_PREFIX
+        shapes = {name.removeprefix(prefix): shape for name, shape in shapes.items()}
         return SavedModel(directory, str(section.get("model_type", "transformer")), section["config"], ties, shapes,
-                          HF_PREFIX, settings)
+                          prefix, settings)
     return SavedModel(directory, metadata.get("model_type", "transformer"), config, ties, shapes)
 
 

@@ -46,8 +46,14 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+# nanoGPT's names of data settings, given as it gives them (``--set block_size=256``): the context length is the
+# language-modelling data's ``block_size`` (the model's positions follow it), not a model field
+DATA_NAMES = {"block_size": "block_size"}
+
+
 def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field.
+    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs, and nanoGPT's ``block_size`` to
+    ``data.block_size`` (:data:`DATA_NAMES`); every other key is a model field.
 
     Text values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``;
     other values (the CLI's ``--compile``: ``True``) are taken as they are.
@@ -56,7 +62,11 @@ def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     for key, value in sets.items():
         value = parse_value(value, f"--set {key}") if isinstance(value, str) else value
         head, _, rest = key.partition(".")
-        if head == "train" and rest:
+        if key in DATA_NAMES:
+            if DATA_NAMES[key] in data or f"data.{DATA_NAMES[key]}" in sets:
+                raise ConfigError(f"{key} and data.{DATA_NAMES[key]} name the same setting; give one of them")
+            data[DATA_NAMES[key]] = value
+        elif head == "train" and rest:
             train[rest] = value
         elif head == "data" and rest:
             data[rest] = value

@@ -43,9 +43,11 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_
     return loss.sum() / count, nll.sum() / count
 
 
-def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, dict[str, Tensor]]:
-    """Sum of the loss of every exit (one, unless the encoder has several) plus the model's auxiliary losses, and
-    every term by name as a detached 0-dim tensor (``loss``, ``task_loss``, ``nll``, ``loss_exitN``, each aux)."""
+def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]], *, with_aux: bool = True
+               ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Sum of the loss of every exit (one, unless the encoder has several) plus, ``with_aux``, the model's auxiliary
+    losses, and every term by name as a detached 0-dim tensor (``loss``, ``task_loss``, ``nll``, ``loss_exitN``,
+    each aux: logged even when not added)."""
     exits = output.exit_logits or [output.logits]
     logs: dict[str, Tensor] = {}
     total = torch.zeros((), device=output.logits.device)
@@ -57,15 +59,22 @@ def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]]) -> 
     logs["nll"] = nll  # the main (last) exit's NLL, comparable across variants
     logs["task_loss"] = total.detach()
     for name, value in output.aux_losses.items():
-        total = total + value
+        if with_aux:
+            total = total + value
         logs[name] = value.detach()
     logs["loss"] = total.detach()
     return total, logs
 
 
-def labels_loss(output, labels: Tensor, *, shift: bool = False) -> Tensor:
-    """The loss a model returns for Hugging Face-style ``labels`` (ignore index -100, no label smoothing), summed
-    over exits and auxiliary losses exactly as the training engine sums them (:func:`total_loss`).
+def labels_loss(output, labels: Tensor, *, shift: bool = False, training: bool = True) -> tuple[Tensor, Tensor]:
+    """The loss a model returns for Hugging Face-style ``labels`` (ignore index -100, no label smoothing), and the
+    plain cross-entropy of its main output.
+
+    In training mode the first is summed over exits and auxiliary losses exactly as the training engine sums them
+    (:func:`total_loss`); in eval mode the auxiliary losses (regularisers such as Crossformer-SG) are left out, as
+    ``transformers``' models leave out what only shapes training: an evaluation loss (``Trainer.evaluate``'s
+    ``eval_loss``, a perplexity) is then the cross-entropy (a Multi-Pass model has one exit in eval mode). The
+    second, the main (last) exit's cross-entropy whatever the mode, is what a caller logs beside a training loss.
 
     ``shift`` is the causal language model's convention: ``labels`` are the input ids, and position ``t``'s logits
     predict label ``t + 1``, so ``model(input_ids=x, labels=x)`` needs no shifting by the caller. The shifted views
@@ -76,9 +85,13 @@ def labels_loss(output, labels: Tensor, *, shift: bool = False) -> Tensor:
                          f"{tuple(output.logits.shape[:-1])}: a causal LM's labels are the input ids themselves "
                          "(shifted inside), with -100 where no loss is wanted")
 
-    def exit_loss(logits: Tensor) -> tuple[Tensor, Tensor]:
-        if shift:
-            return label_smoothed_nll(logits[:, :-1], labels[:, 1:], 0.0)
-        return label_smoothed_nll(logits, labels, 0.0)
+    main: list[Tensor] = []
 
-    return total_loss(output, exit_loss)[0]
+    def exit_loss(logits: Tensor) -> tuple[Tensor, Tensor]:
+        loss, nll = label_smoothed_nll(logits[:, :-1], labels[:, 1:], 0.0) if shift else \
+            label_smoothed_nll(logits, labels, 0.0)
+        main[:] = [loss]  # the exits come in order, the main one last
+        return loss, nll
+
+    total = total_loss(output, exit_loss, with_aux=training)[0]
+    return total, main[0]

@@ -21,7 +21,8 @@ a folder of files.
 
 Output (``layout``): nanoGPT's ``train.bin``, ``val.bin``, ``test.bin``, or llm.c shards
 ``tokens_{train,val,test}_NNNNNN.bin`` of at most ``shard_tokens`` ids each; and ``meta.json`` (vocabulary size,
-the tokenizer, token and character counts). Everything is written into a temporary folder beside ``output``,
+the tokenizer, token and character counts), with, for a character vocabulary, nanoGPT's ``meta.pkl`` (its
+``sample.py`` decodes with it: :mod:`.nanogpt_meta`). Everything is written into a temporary folder beside ``output``,
 which is renamed to ``output`` when complete: an interrupted run leaves no partial corpus behind.
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ from .corpus import (
     strip_gutenberg,
 )
 from .lm_tokenizers import CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer, tokenizer_from_json
+from .nanogpt_meta import write_meta_pkl
 from .token_files import MAX_VOCAB, META_FILE, NANOGPT_FILES, Layout, TokenWriter
 
 SHARD_NAMES = {"train": "train", "valid": "val", "test": "test"}
@@ -312,6 +314,8 @@ def prepare(settings: PrepareSettings) -> dict[str, Any]:
         if not meta["tokens"]["train"] or not meta["tokens"]["valid"]:
             raise DataError(f"{settings.source}: the training or validation split has no tokens")
         write_atomic(temporary / META_FILE, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        if isinstance(tokenizer, CharTokenizer):
+            write_meta_pkl(temporary, "".join(tokenizer.chars))
         _fresh_output(output)
         if output.exists():
             output.rmdir()

@@ -7,9 +7,9 @@ the community's:
 * **nanoGPT** (``data/openwebtext/prepare.py``): a folder with ``train.bin`` and ``val.bin`` (``test.bin``
   optional, interlayer's addition), each the raw token ids as little-endian ``uint16``, nothing else. The
   vocabulary size is in no file (nanoGPT keeps it in a pickled ``meta.pkl``, or assumes GPT-2's): it comes from
-  ``--set data.vocab_size=N`` or from a small ``meta.json`` beside the files (below). A ``meta.pkl`` is never
-  unpickled (unpickling runs whatever code the file holds); its presence without another source is refused with
-  the way out.
+  ``--set data.vocab_size=N``, from a small ``meta.json`` beside the files (below), or from nanoGPT's
+  ``meta.pkl``, read as plain data by an unpickler that refuses every global (:mod:`.nanogpt_meta`), when there is
+  no ``meta.json``.
 * **llm.c / modded-nanogpt shards** (``dev/data/data_common.py``'s ``write_datafile``): files named
   ``*_train_*.bin``, ``*_val_*.bin`` (and ``*_test_*.bin``), in name order; each starts with a header of 256
   little-endian ``int32``: the magic number 20240520, the version 1, the number of tokens, then zeros; then the
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from .nanogpt_meta import PICKLED_META, read_meta_pkl
 
 Layout = Literal["nanogpt", "shards"]
 SPLITS = ("train", "valid", "test")
@@ -52,7 +53,6 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 MAX_VOCAB = 1 << 16  # uint16 ids
 META_FILE = "meta.json"
-PICKLED_META = "meta.pkl"
 
 
 @dataclass(frozen=True)
@@ -220,10 +220,11 @@ def open_token_corpus(root: Path) -> TokenCorpus:
 
 def read_meta(root: Path) -> dict[str, Any]:
     """``meta.json`` beside the token files, its keys checked: ``vocab_size`` (1 to 65536), ``tokenizer`` (an
-    object), ``chars`` (a string); {} when there is none."""
+    object), ``chars`` (a string); else nanoGPT's ``meta.pkl`` read as plain data (:mod:`.nanogpt_meta`); {} when
+    there is neither."""
     path = root / META_FILE
     if not path.is_file():
-        return {}
+        return read_meta_pkl(root) if os.path.lexists(root / PICKLED_META) else {}
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -237,15 +238,6 @@ def read_meta(root: Path) -> dict[str, Any]:
         if key in meta and not isinstance(meta[key], kind):
             raise DataError(f"{path}: {key} must be a JSON {'object' if kind is dict else 'string'}")
     return meta
-
-
-def pickle_refusal(root: Path) -> str:
-    """Why a folder whose only vocabulary source is nanoGPT's ``meta.pkl`` is refused, and what to do."""
-    return (f"{root / PICKLED_META} holds the vocabulary in a pickle, which interlayer never loads (unpickling runs "
-            f"whatever code the file contains); give the vocabulary size with --set data.vocab_size=N, or write "
-            f"{root / META_FILE} as {{\"vocab_size\": N}} (for a character corpus also \"chars\": the characters in "
-            "id order, for text samples and bits per character); nanoGPT's own meta.pkl holds them as "
-            "vocab_size and itos, if you trust it enough to unpickle it yourself")
 
 
 # -- writing ---------------------------------------------------------------------------------------------------

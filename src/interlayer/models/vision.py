@@ -235,7 +235,7 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
             raise ConfigError(f"{key} is derived from the image size and the down-sampling (patch_size or "
                               "stage_widths) and cannot be set")
     data = set_dotted(copy.deepcopy(data), overrides, is_section=is_section, nested=("encoder",),
-                      aliases=ModelConfig.FIELD_ALIASES)
+                      aliases=ModelConfig.FIELD_ALIASES, implied=ModelConfig.FIELD_IMPLIED)
     cfg = dataclass_from_dict(VisionConfig, data)
     cfg.derive_geometry()  # the encoder's pooling decides whether a CLS token adds a position
     cfg.validate()

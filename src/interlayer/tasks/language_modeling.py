@@ -71,7 +71,7 @@ from ..data.lm_tokenizers import (
     tokenizer_from_json,
     train_tokenizer,
 )
-from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
+from ..data.token_files import META_FILE, Ids, find_layout, open_token_corpus, windows
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
 from ..models.registry import load_pretrained
@@ -178,9 +178,8 @@ def _token_corpus(root: Path, data: LMData, tokenizer: Optional[LMTokenizer]
     elif tokenizer is None and "chars" in meta:
         tokenizer = chars_tokenizer(meta["chars"], where)
     if tokenizer is None and not declared:
-        unknown = (f"{root}: the vocabulary size of these token ids is unknown; give it with --set "
-                   f"data.vocab_size=N (GPT-2's: 50257), or write {where} as {{\"vocab_size\": N}}")
-        raise DataError(pickle_refusal(root) if (root / PICKLED_META).is_file() else unknown)
+        raise DataError(f"{root}: the vocabulary size of these token ids is unknown; give it with --set "
+                        f"data.vocab_size=N (GPT-2's: 50257), or write {where} as {{\"vocab_size\": N}}")
     tokenizer = tokenizer or IdTokenizer(declared[0])
     if declared and declared[0] > len(tokenizer):
         raise DataError(f"{root}: the ids come from a vocabulary of {declared[0]}, but the tokenizer has "
