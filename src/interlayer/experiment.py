@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from .checkpoint import check_buildable, check_loadable
 from .config_io import dataclass_from_dict, parse_value
 from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
@@ -73,7 +74,9 @@ def with_defaults(spec: TaskSpec, sets: dict[str, Any]) -> dict[str, Any]:
 
 def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: int) -> nn.Module:
     """A fresh run's model: built after ``torch.manual_seed(seed)``, so the initial weights depend on the seed
-    alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one)."""
+    alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one). A model
+    this machine cannot hold is refused first (:func:`~interlayer.checkpoint.check_buildable`)."""
+    check_buildable(lambda: spec.model_from_dict(model_cfg))
     torch.manual_seed(seed)
     model = spec.model_from_dict(model_cfg)
     spec.initialise(model, task)
@@ -210,12 +213,14 @@ def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: 
 
 def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -> None:
     """What would stop the run after it started, refused before: the task's ``check_inputs(model)`` (inputs of
-    any split the model cannot read, naming file and line), and a first epoch too short for one optimiser step
+    any split the model cannot read, naming file and line), a model its own saved folder could not give back
+    (:func:`~interlayer.checkpoint.check_loadable`), and a first epoch too short for one optimiser step
     (``update_freq`` x processes batches). A fresh run calls this before ``run.json`` is written, so a refused run
     leaves no directory that would block its corrected re-run."""
     check = getattr(task, "check_inputs", None)
     if check is not None:
         check(model)
+    check_loadable(model)
     needed = train_cfg.update_freq * distributed.environment().world_size
     batches = len(task.train_batches(1, train_cfg.seed))
     if batches < needed:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,9 @@ from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, 
 @dataclass
 class ConvBranchConfig:
     """Half self-attention, half convolution (PA App. B.1); every field's reading is argued in the module doc."""
+
+    # sizes of the saved tensors in every model (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"attn_dim", "kernel_size"})
 
     heads: int = 4  # App. B.1: "The head number of self-attention is set as 4"
     attn_dim: Optional[int] = None  # width of the attention half; None: d_model // 2 (App. B.1 "one half")

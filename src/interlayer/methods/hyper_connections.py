@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +68,8 @@ class HyperConnectionsConfig:
     * ``scale_init``: the initial ``s_alpha`` and ``s_beta`` (0.01, the paper's pseudo-code).
     * ``input_index``: what k of ``A_m = e_{k mod n}`` counts: ``sublayer`` (the paper's layers T^k) or ``layer``.
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
 
     rate: int = 4
     dynamic: bool = True

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,9 @@ class LightweightConfig:
     * ``group_merge``: G-LML (Table III), the attention's linear merge ``W_O`` group-wise.
     * ``group_intermediate``: G-IL (Table III), the FFN's expanding layer ``W1`` group-wise ("mini" = G-IL).
     """
+
+    # sizes of the saved tensors in every model (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"groups", "qk_expansion"})
 
     groups: int = 2
     attention: bool = True

@@ -48,7 +48,7 @@ class MHCConfig:
     * ``init_epsilon``: how far ``H_pre`` and ``H_res`` start from HC's one-hot and identity (see the docstring).
     """
 
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("sinkhorn_iters",)  # iterations, no size (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
     rate: int = 4
     dynamic: bool = True
     sinkhorn_iters: int = 20

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, ClassVar, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -59,6 +59,8 @@ class MultiPassConfig:
     * ``soft_init``: initial ``alpha_kk`` of the soft weights, off-diagonal ``(1-soft_init)/(N-1)``.
     * ``share_soft_weights``: one soft weight matrix for every transition (only matters for P >= 3).
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     passes: int = 2
     connection: Connection = "default"

@@ -41,7 +41,8 @@ from .conv_branch import attention_heads, check_kernel
 class PredictiveConfig:
     """Eq. 4 mixing weight and the prediction CNN (PA Sec. 3.3, Table 5)."""
 
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("alpha_warmup_steps",)  # a schedule, no size (checkpoint.py)
+    # the options that size the saved tensors in every model (checkpoint.py); kernel_size does only with conv_layers
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"conv_layers"})
     alpha: float = 0.1  # Sec. 4.1.1: 0.1 on SST, Yelp and IWSLT'14 De-En
     conv_layers: int = 1  # Sec. 4.1.1 / Table 5: one 3x3 layer; 0 = Res-Transformer
     kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels
