@@ -220,6 +220,7 @@ def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -
     check = getattr(task, "check_inputs", None)
     if check is not None:
         check(model)
+    _check_id_ranges(task, model)
     check_loadable(model)
     needed = train_cfg.update_freq * distributed.environment().world_size
     batches = len(task.train_batches(1, train_cfg.seed))
@@ -228,6 +229,30 @@ def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -
                           f"(train.update_freq={train_cfg.update_freq} x {needed // train_cfg.update_freq} "
                           f"process(es) = {needed}); lower train.update_freq or train.max_tokens / data.batch_size, "
                           "or run fewer processes")
+
+
+# The sizes a task's data decides that bound ids or classes (input tokens, targets, labels, answers): a model with
+# fewer (a --set below the data's) would index past a table, and the cross-entropy would read another row
+ID_RANGES = ("src_vocab_size", "tgt_vocab_size", "num_classes", "vocab_size", "num_answers")
+
+
+def _check_id_ranges(task: Any, model: nn.Module) -> None:
+    """Refuse a model with fewer tokens, classes or answers than the task's data holds, naming the key: the ids the
+    data loaders build on the host are checked against the data's own vocabularies and label sets, so this one
+    comparison keeps every id of every batch inside the model (no kernel reads out of bounds)."""
+    config = model.config
+    holders = [config, getattr(config, "encoder", None)]
+    for key, needed in task.model_fields().items():
+        holder = next((h for h in holders if h is not None and hasattr(h, key)), None)
+        if key not in ID_RANGES or not isinstance(needed, int) or holder is None:
+            continue
+        have = getattr(holder, key)
+        if key == "tgt_vocab_size" and have is None:  # one vocabulary for both sides
+            have, key = holder.src_vocab_size, "src_vocab_size"
+        if have < needed:
+            raise ConfigError(f"{key}={have} is smaller than the {needed} the data holds (the task sets it from its "
+                              f"data): ids {have}..{needed - 1} would index past the model's tables and its loss; "
+                              f"drop --set {key}, or give at least {needed}")
 
 
 @dataclasses.dataclass
