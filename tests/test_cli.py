@@ -179,3 +179,34 @@ def test_generate_refuses_a_prompt_that_is_not_utf8_and_an_unbounded_length(lang
     assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "100000000"]) == 2
     assert "--max-new-tokens=100000000 is more than 100,000" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", str(language_model), "--max-new-tokens", "5", "--prompt", "to"]) == 0
+
+
+# -- the environment, read before any command writes (issue 49) ------------------------------------------------------
+@pytest.mark.parametrize("env, message", [
+    ({"INTERLAYER_KERNELS": "fast"}, r"INTERLAYER_KERNELS='fast' is not a kernel mode; use one of auto, triton, "
+                                     r"reference"),
+    ({"RANK": "x"}, r"RANK='x' in the environment is not an integer; torchrun sets RANK, WORLD_SIZE and LOCAL_RANK"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3, WORLD_SIZE=2 and LOCAL_RANK=0 in the environment are no process of "
+                                       r"a group"),
+    ({"INTERLAYER_KERNELS": "triton", "no triton": ""}, r"INTERLAYER_KERNELS=triton asks for the Triton kernels, but "
+                                                        r"Triton is not installed"),
+], ids=["kernels", "rank", "rank_outside", "triton_missing"])
+@pytest.mark.parametrize("command", ["train", "generate"])
+def test_environment_variables_are_checked_before_any_command_writes(lm_run, tmp_path, capsys, monkeypatch, env,
+                                                                     message, command):
+    """A bad INTERLAYER_KERNELS was read when the first kernel ran, after the run folder was written (and not at all
+    by a command that runs none); RANK='x' was int()'s ValueError (exit 1)."""
+    from interlayer.kernels import dispatch
+
+    for key, value in env.items():
+        if key == "no triton":
+            monkeypatch.setattr(dispatch, "_TRITON_FOUND", False)
+        else:
+            monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    argv = {"train": ["train", "lm", "--data", str(lm_run.parent / "book.txt"), "--run-dir", str(run),
+                      "--no-progress", *set_args([*TINY_LM, "train.max_steps=1"])],
+            "generate": ["generate", "--checkpoint", str(lm_run / "best"), "--max-new-tokens", "2"]}[command]
+    assert main(argv) == 2
+    assert re.search(message, _one_line_error(capsys))
+    assert not run.exists()

@@ -23,6 +23,7 @@ from .errors import (
     WriteError,
 )
 from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
+from .kernels.dispatch import check_environment
 from .tasks import task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
@@ -636,7 +637,11 @@ def _leaving(code: int) -> int:
     sends SIGTERM to the ranks still running when the first one has exited. A rank past its error ignores it (the
     interpreter's shutdown keeps an ignored signal ignored, where it would drop a handler) and exits with ``code``
     a moment later, instead of being reported as killed."""
-    if distributed.environment().enabled:
+    try:
+        enabled = distributed.environment().enabled
+    except ConfigError:  # the environment's own error, reported already: one process
+        enabled = False
+    if enabled:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         distributed.leave()
     return code
@@ -650,6 +655,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        check_environment(), distributed.environment()  # the variables commands read, before any writes
         code = COMMANDS[args.command](args, argv) or 0
         sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
         return code
