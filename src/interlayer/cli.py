@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
+        task.add_argument("--allow-data-change", action="store_true", help="--resume on data whose files differ from "
+                                                                           "the run's (refused otherwise)")
         task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
         _add_device_arguments(task, training=True)
         spec.add_arguments(task)
@@ -484,6 +486,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     spec = task_specs()[args.task]
     try:
         data_sets, options = spec.options_from_args(args)
+        options = {**options, "allow_data_change": True} if args.allow_data_change else options
         sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
     except EXPECTED_ERRORS as err:  # under torchrun every rank learns of it and stops with the same message
         env = distributed.environment()

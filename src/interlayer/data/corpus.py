@@ -148,6 +148,15 @@ def corpus_files(path: str) -> CorpusFiles:
     return CorpusFiles(root, None, [root], False)
 
 
+def corpus_roles(found: CorpusFiles) -> list[tuple[str, Path]]:
+    """The corpus's files by role (:mod:`interlayer.data.fingerprint`): their names inside its folder, or ``text``
+    for a corpus of one file (the same bytes under another name are the same data)."""
+    if not found.folder:
+        return [("text", found.root)]
+    files = [f for f in found.splits.values() if f is not None] if found.splits is not None else found.documents
+    return [(str(f.relative_to(found.root)), f) for f in files]
+
+
 def document_text(path: Path, gutenberg: bool) -> str:
     """One document of a folder as the corpus joins it: read strictly, Gutenberg's wrappers cut off (``gutenberg``),
     without leading and trailing blank lines."""
