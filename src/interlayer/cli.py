@@ -19,6 +19,7 @@ from .errors import (
     DirectoryBusy,
     DivergenceError,
     PretrainedError,
+    RunStopped,
     TokenizerError,
     WriteError,
 )
@@ -665,9 +666,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except KeyboardInterrupt:
-        print("interlayer: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except (KeyboardInterrupt, RunStopped) as stop:  # RunStopped: a command's own SIGTERM (prepare lm)
+        print(f"interlayer: {'stopped by ' + str(stop) if str(stop) else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.Signals[str(stop)] if isinstance(stop, RunStopped) else signal.SIGINT)
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()

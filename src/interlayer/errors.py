@@ -75,7 +75,8 @@ class DirectoryBusy(RuntimeError):
 
 class RunStopped(Exception):
     """SIGINT/SIGTERM met by a compare run process outside the engine's loop (which handles them itself by saving
-    and returning); the message is the signal's name."""
+    and returning), or SIGTERM met by ``prepare lm`` (which removes its partial folder); the message is the signal's
+    name."""
 
 
 class TooManyTensors(BaseException):

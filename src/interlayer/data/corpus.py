@@ -54,7 +54,11 @@ _GUTENBERG_END = re.compile(r"^(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End 
 
 def strip_gutenberg(text: str) -> str:
     """The text between Project Gutenberg's header (up to its last start marker line) and footer (from its first
-    end marker line); unchanged when it has neither."""
+    end marker line); unchanged when it has neither. Every marker names "Gutenberg" or "small print": a text naming
+    neither is returned at once (the line-by-line patterns took 10 s over 90 MB)."""
+    lower = text.lower()
+    if "gutenberg" not in lower and "small print" not in lower:
+        return text
     starts = list(_GUTENBERG_START.finditer(text))
     if starts:
         text = text[starts[-1].end():]

@@ -37,6 +37,7 @@ the key and the file, before anything is written.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -354,16 +355,29 @@ class TokenWriter:
         if len(ids) and (ids.min() < 0 or ids.max() >= MAX_VOCAB):
             raise DataError(f"{self.path}: token id {int(ids.max())} does not fit uint16 (vocabularies up to "
                             f"{MAX_VOCAB} ids)")
-        self.handle.write(np.asarray(ids).astype(TOKEN_DTYPE).tobytes())
+        try:
+            self.handle.write(np.asarray(ids).astype(TOKEN_DTYPE).tobytes())
+        except OSError as err:  # a full disk's error names no file: this one
+            raise self._named(err) from None
         self.tokens += len(ids)
 
     def close(self) -> None:
-        if self.layout == "shards":
-            self.handle.seek(0)
-            self.handle.write(shard_header(self.tokens))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        try:
+            if self.layout == "shards":
+                self.handle.seek(0)
+                self.handle.write(shard_header(self.tokens))
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+        except OSError as err:
+            with contextlib.suppress(OSError):  # closing flushes what is left, and fails the same way
+                self.handle.close()
+            raise self._named(err) from None
         self.handle.close()
+
+    def _named(self, err: OSError) -> OSError:
+        named = OSError(err.errno, err.strerror or str(err))
+        named.filename = str(self.path)
+        return named
 
 
 Ids = Union[Tensor, TokenSplit]
