@@ -319,6 +319,9 @@ def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, ho
         raise error(f"{source} describes a model of more than {budget} parameter tensors, but {holder} "
                     f"holds {names}; refused before any model was built: the config was edited or belongs "
                     "to other weights") from None
+    except RuntimeError as err:  # a size PyTorch cannot even describe ("Storage size calculation overflowed")
+        raise error(f"{source} describes a model PyTorch cannot build ({str(err).splitlines()[0]}); refused "
+                    "before any model was built: the config was edited or is damaged") from None
 
 
 def machine_memory() -> int:
@@ -341,6 +344,9 @@ def check_buildable(build: Callable[[], nn.Module]) -> None:
     except TooManyTensors:
         raise ConfigError(f"the model would hold more than {MAX_TENSORS:,} parameter tensors (a depth, count or "
                           "rate mistyped?); refused before it was built") from None
+    except RuntimeError as err:  # a size PyTorch cannot even describe ("Storage size calculation overflowed")
+        raise ConfigError(f"the model cannot be built: {str(err).splitlines()[0]} (a size mistyped?); refused "
+                          "before it was built") from None
     tensors = [(name, t) for name, t in [*shadow.named_parameters(), *shadow.named_buffers()]]
     need, memory = sum(t.numel() * t.element_size() for _, t in tensors), machine_memory()
     if memory and need > memory:

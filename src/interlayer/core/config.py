@@ -23,6 +23,7 @@ from .hf_names import HFConfigNames
 
 # The most positions a model reads: its position tables (sinusoidal, rotary, learned) hold a row for each
 MAX_POSITIONS = 2 ** 16
+MAX_LAYERS = 1024  # the most layers of a stack: enc_layers=10000000 built layers until the memory ran out
 Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
 # Absolute positions: "zero" numbers the tokens 0..T-1; "after_pad" numbers the non-padding tokens from pad_id + 1
@@ -121,6 +122,10 @@ class TransformerConfig(HFConfigNames):
             raise ConfigError(f"max_positions={self.max_positions} is more than {MAX_POSITIONS:,}, the longest "
                               "sequence interlayer builds position tables for (a table of every position is made "
                               "with the model); give 1..65536")
+        for key in ("enc_layers", "dec_layers"):
+            if getattr(self, key) > MAX_LAYERS:
+                raise ConfigError(f"{key}={getattr(self, key)} is more than {MAX_LAYERS:,}, the deepest stack "
+                                  "interlayer builds (DeepNet's 1,000-layer model has 500 a stack); a typo?")
         if self.enc_layers < 1:
             raise ConfigError(f"enc_layers={self.enc_layers} must be at least 1")
         if self.arch == "encoder_decoder" and self.dec_layers < 1:

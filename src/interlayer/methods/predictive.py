@@ -33,7 +33,16 @@ from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
+from .base import (
+    MAX_MULTIPLIER,
+    ComposedConfig,
+    CompositionExample,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_at_most,
+    stack_sides,
+)
 from .conv_branch import attention_heads, check_kernel
 
 
@@ -74,10 +83,12 @@ class PredictiveConfig:
         if self.conv_layers < 0:
             raise ConfigError(f"predictive.conv_layers={self.conv_layers} must be >= 0 (0 is the Res-Transformer "
                               "of PA Table 5, 1 the paper's default)")
+        check_at_most("predictive.conv_layers", self.conv_layers, MAX_MULTIPLIER,
+                      "every layer runs that many convolutions over its attention maps (the paper's default: 1)")
         if self.beta is not None and not 0.0 <= self.beta <= 1.0:
             raise ConfigError(f"predictive.beta={self.beta} must lie in [0, 1] (Evolving Attention's weight of the "
                               "previous layer's map in the CNN's input), or be null for PA's Eq. 4")
-        check_kernel("predictive.kernel_size", self.kernel_size)
+        check_kernel("predictive.kernel_size", self.kernel_size, cfg.max_positions)
         if cfg.arch == "causal_lm" and self.kernel == "symmetric":
             raise ConfigError("predictive.kernel='symmetric' cannot be used in a causal language model: the centred "
                               f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "
