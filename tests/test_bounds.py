@@ -84,3 +84,19 @@ def test_train_refuses_them_before_anything_is_written(tmp_path, capsys, sets, m
     lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("interlayer: training")]
     assert len(lines) == 1 and re.search(message, lines[0]), lines
     assert not run.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "--task", "lm", "--variants", "baseline,pa", "--seeds", "600"],
+     r"2 variants x 600 seeds are 1,200 runs, more than 1,000 in one compare"),
+    (["compare", "--task", "lm", "--variants", "baseline", "--jobs", "100000"],
+     r"--jobs=100000 is more than the \d+ cores this process may use"),
+    (["search", "mpt", "--task", "lm", "--trials", "2", "--workers", "100000"],
+     r"--workers=100000 must be 1\.\.\d+ \(processes training at once"),
+])
+def test_what_one_command_may_start_is_bounded(tmp_path, capsys, argv, message):
+    """A mistyped loop that builds --variants or --seeds, or a --jobs / --workers typo, planned thousands of runs or
+    started as many processes; refused before the output folder is made."""
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
