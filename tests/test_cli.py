@@ -210,3 +210,32 @@ def test_environment_variables_are_checked_before_any_command_writes(lm_run, tmp
     assert main(argv) == 2
     assert re.search(message, _one_line_error(capsys))
     assert not run.exists()
+
+
+# -- SIGTERM is met as Ctrl-C is, by every command (issue 49) ------------------------------------------------------
+def test_sigterm_during_an_export_leaves_no_staging_folder(lm_run, tmp_path):
+    """The default action killed the process where it stood, leaving ``.OUT.tmp-PID`` half written beside the
+    target; now the command's cleanup runs, it says so in one line and exits with 143."""
+    import subprocess
+    import sys
+
+    from helpers import SRC
+
+    code = f"""
+import os, signal, sys
+from interlayer.pretrained import export as module
+original = module.export
+def export(model, staging, **kwargs):
+    report = original(model, staging, **kwargs)
+    assert any(staging.iterdir())  # half a folder is there
+    os.kill(os.getpid(), signal.SIGTERM)
+    return report
+module.export = export
+from interlayer.cli import main
+sys.exit(main(["export", {str(lm_run)!r}, {str(tmp_path / "out")!r}]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 143, done.stderr
+    assert done.stderr == "interlayer: stopped by SIGTERM\n"
+    assert list(tmp_path.iterdir()) == []

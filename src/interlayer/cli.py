@@ -29,7 +29,7 @@ from .tasks import task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
-from .training.concurrency import available_cores
+from .training.concurrency import available_cores, sigterm_as_stop
 from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
@@ -660,7 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_environment(), distributed.environment()  # the variables commands read, before any writes
-        code = COMMANDS[args.command](args, argv) or 0
+        with sigterm_as_stop():
+            code = COMMANDS[args.command](args, argv) or 0
         sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
         return code
     except BrokenPipeError:

@@ -22,9 +22,10 @@ a folder of files.
 Output (``layout``): nanoGPT's ``train.bin``, ``val.bin``, ``test.bin``, or llm.c shards
 ``tokens_{train,val,test}_NNNNNN.bin`` of at most ``shard_tokens`` ids each; and ``meta.json`` (vocabulary size,
 the tokenizer, token and character counts). Everything is written into a temporary folder beside ``output``,
-which is renamed to ``output`` when complete: an interrupted run leaves no partial corpus behind. SIGTERM is met
-as Ctrl-C is (:class:`~interlayer.errors.RunStopped`, raised in this process only): the workers are stopped and the
-temporary folder removed, and the workers ignore SIGINT, so that a Ctrl-C in a terminal, which reaches every
+which is renamed to ``output`` when complete: an interrupted run leaves no partial corpus behind. Any exception
+stops the workers and removes the temporary folder: ``KeyboardInterrupt``, and on the command line SIGTERM
+(:func:`~interlayer.training.concurrency.sigterm_as_stop`); the main process waits for results a second at a time,
+so such a signal is met promptly. The workers ignore SIGINT, so that a Ctrl-C in a terminal, which reaches every
 process of the group, is one line and not a traceback per worker. A write the machine refuses (a full disk) is
 named with the file of ``output`` it was writing, not the temporary folder's.
 
@@ -39,7 +40,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -47,7 +47,7 @@ from typing import Any, Iterator, Optional, Union
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import ConfigError, DataError, DiskFullError, RunStopped
+from ..errors import ConfigError, DataError, DiskFullError
 from ..fileio import write_failure
 from .corpus import (
     DOCUMENT_SEPARATOR,
@@ -304,23 +304,6 @@ def _fresh_output(output: Path) -> None:
                               "another --output or remove it")
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise RunStopped(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def _stopped_by_sigterm() -> Iterator[None]:
-    """SIGTERM raises :class:`RunStopped` in the block (in the main thread), so the block's cleanup runs."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _check_shards(settings: PrepareSettings, text: SplitText) -> None:
     """Refuse more than :data:`MAX_SHARDS` shard files: a split's tokens are at most its characters (characters),
     or four times as many (byte-level BPE: up to 4 UTF-8 bytes a character)."""
@@ -360,23 +343,22 @@ def prepare(settings: PrepareSettings) -> dict[str, Any]:
     settings.validate()
     output = Path(settings.output)
     _fresh_output(output)
-    with _stopped_by_sigterm():
-        text = SplitText(settings.source, settings.valid_fraction, settings.test_fraction, settings.gutenberg)
-        _check_shards(settings, text)
-        tokenizer = _tokenizer(settings, text)
-        if len(tokenizer) > MAX_VOCAB:
-            raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens; token files hold uint16 ids (at most "
-                              f"{MAX_VOCAB})")
-        output.parent.mkdir(parents=True, exist_ok=True)
-        temporary = output.parent / f".{output.name}.tmp-{os.getpid()}"
-        try:
-            temporary.mkdir()
-        except OSError as err:
-            raise _write_failure(output, err) from None
-        try:
-            return _write(settings, output, temporary, text, tokenizer)
-        except OSError as err:
-            raise _write_failure(output, err) from None
+    text = SplitText(settings.source, settings.valid_fraction, settings.test_fraction, settings.gutenberg)
+    _check_shards(settings, text)
+    tokenizer = _tokenizer(settings, text)
+    if len(tokenizer) > MAX_VOCAB:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens; token files hold uint16 ids (at most "
+                          f"{MAX_VOCAB})")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    try:
+        temporary.mkdir()
+    except OSError as err:
+        raise _write_failure(output, err) from None
+    try:
+        return _write(settings, output, temporary, text, tokenizer)
+    except OSError as err:
+        raise _write_failure(output, err) from None
 
 
 def _write(settings: PrepareSettings, output: Path, temporary: Path, text: SplitText, tokenizer: LMTokenizer
