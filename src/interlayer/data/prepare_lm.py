@@ -318,10 +318,10 @@ def _check_shards(settings: PrepareSettings, text: SplitText) -> None:
                           f"--shard-tokens {least:,} or more")
 
 
-def _write_failure(output: Path, err: OSError) -> OSError:
-    """``err``, raised writing a file of the temporary folder, as the error of the file of ``output`` it becomes
-    (the temporary folder is removed: nothing is left to name there)."""
-    name = Path(err.filename).name if isinstance(getattr(err, "filename", None), str) else None
+def _write_failure(output: Path, err: OSError, *, inside: bool = True) -> OSError:
+    """``err``, raised writing a file of the temporary folder (``inside``; else making the folder), as the error of
+    the file of ``output`` it becomes (the temporary folder is removed: nothing is left to name there)."""
+    name = Path(err.filename).name if inside and isinstance(getattr(err, "filename", None), str) else None
     target = output / name if name else output
     failure = write_failure(target, err)
     if isinstance(failure, DiskFullError):
@@ -354,7 +354,7 @@ def prepare(settings: PrepareSettings) -> dict[str, Any]:
     try:
         temporary.mkdir()
     except OSError as err:
-        raise _write_failure(output, err) from None
+        raise _write_failure(output, err, inside=False) from None
     try:
         return _write(settings, output, temporary, text, tokenizer)
     except OSError as err:
