@@ -12,7 +12,7 @@ import pytest
 from helpers import TEXT, set_args
 from helpers.token_files import nanogpt_folder, write_raw, write_shard
 from interlayer.cli import main
-from interlayer.data.fingerprint import differences, fingerprint
+from interlayer.data.fingerprint import changed_files, fingerprint
 from interlayer.data.token_files import TokenSplit, open_token_corpus
 from interlayer.errors import DataError
 from interlayer.tasks import task_specs
@@ -143,7 +143,7 @@ def test_the_fingerprint_is_the_contents_not_the_place(tmp_path):
     ids = _ids(TEXT)
     ids[5] = (ids[5] + 1) % len(CHARS)
     write_raw(b / "train.bin", ids[:2000])
-    changed = differences(first, fingerprint(roles(b), known=first))
+    changed = changed_files(first, fingerprint(roles(b), known=first))
     assert len(changed) == 1 and re.match(r"train\.bin: 4,000 bytes \(sha256 [0-9a-f]{12}\) when the run started, "
                                           r"4,000 bytes \(sha256 [0-9a-f]{12}\) now", changed[0])
 

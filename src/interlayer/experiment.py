@@ -31,7 +31,7 @@ from torch import nn
 
 from .checkpoint import check_buildable, check_loadable
 from .config_io import dataclass_from_dict, parse_value
-from .data.fingerprint import differences, fingerprint
+from .data.fingerprint import changed_files, fingerprint
 from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
 from .models.registry import get_config
@@ -379,7 +379,7 @@ def _check_data(run_dir: Path, stored: dict[str, Any], task: Any, allow: bool, w
         return stored
     old = stored.get("data_fingerprint")
     now = fingerprint(task.data_files(), known=old)
-    changed = differences(old, now) if isinstance(old, dict) else []
+    changed = changed_files(old, now) if isinstance(old, dict) else []
     if changed and not allow:
         raise ConfigError(f"--resume continues {run_dir} on the data it started with ({run_dir / RUN_FILE}'s "
                           f"data_fingerprint), but the data differs: {'; '.join(changed)}. Restore the data, start "

@@ -54,7 +54,7 @@ def fingerprint(files: Sequence[tuple[str, Path]], known: Optional[Mapping[str, 
     return {"files": records, "sha256": top.hexdigest()}
 
 
-def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def changed_files(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """How the data of fingerprint ``new`` differs from ``old``'s, file by file (none: the same bytes)."""
     if old.get("sha256") == new.get("sha256"):
         return []
