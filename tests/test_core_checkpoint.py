@@ -65,15 +65,6 @@ def _edited(folder, **changes):
     return folder
 
 
-@pytest.fixture()
-def real_builds(monkeypatch):
-    """The devices of every Linear layer built from here on: a model built for real has 'cpu' among them."""
-    devices, reset = [], torch.nn.Linear.reset_parameters
-    monkeypatch.setattr(torch.nn.Linear, "reset_parameters",
-                        lambda self: devices.append(self.weight.device.type) or reset(self))
-    return devices
-
-
 FILE_HOLDS = r"holds \(\d+ tensors, none with a dimension above 32\); refused before any model was built"
 
 
