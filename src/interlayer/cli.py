@@ -19,15 +19,17 @@ from .errors import (
     DirectoryBusy,
     DivergenceError,
     PretrainedError,
+    RunStopped,
     TokenizerError,
     WriteError,
 )
 from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
+from .kernels.dispatch import check_environment
 from .tasks import task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
-from .training.concurrency import available_cores
+from .training.concurrency import available_cores, sigterm_as_stop
 from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
@@ -140,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
+        task.add_argument("--allow-data-change", action="store_true", help="--resume on data whose files differ from "
+                                                                           "the run's (refused otherwise)")
         task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
         _add_device_arguments(task, training=True)
         spec.add_arguments(task)
@@ -488,6 +492,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     spec = task_specs()[args.task]
     try:
         data_sets, options = spec.options_from_args(args)
+        options = {**options, "allow_data_change": True} if args.allow_data_change else options
         sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
     except EXPECTED_ERRORS as err:  # under torchrun every rank learns of it and stops with the same message
         env = distributed.environment()
@@ -642,7 +647,11 @@ def _leaving(code: int) -> int:
     sends SIGTERM to the ranks still running when the first one has exited. A rank past its error ignores it (the
     interpreter's shutdown keeps an ignored signal ignored, where it would drop a handler) and exits with ``code``
     a moment later, instead of being reported as killed."""
-    if distributed.environment().enabled:
+    try:
+        enabled = distributed.environment().enabled
+    except ConfigError:  # the environment's own error, reported already: one process
+        enabled = False
+    if enabled:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         distributed.leave()
     return code
@@ -656,15 +665,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
-        code = COMMANDS[args.command](args, argv) or 0
+        check_environment(), distributed.environment()  # the variables commands read, before any writes
+        with sigterm_as_stop():
+            code = COMMANDS[args.command](args, argv) or 0
         sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
         return code
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except KeyboardInterrupt:
-        print("interlayer: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except (KeyboardInterrupt, RunStopped) as stop:  # RunStopped: a command's own SIGTERM (prepare lm)
+        print(f"interlayer: {'stopped by ' + str(stop) if str(stop) else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.Signals[str(stop)] if isinstance(stop, RunStopped) else signal.SIGINT)
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()

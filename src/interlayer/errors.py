@@ -20,6 +20,11 @@ class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key, the value and what would be valid."""
 
 
+class KernelUnavailable(ConfigError, RuntimeError):
+    """``INTERLAYER_KERNELS=triton`` where a kernel cannot run (no Triton, no CUDA tensors, a case it does not cover):
+    a setting that cannot work (exit code 2 on the command line), and the ``RuntimeError`` it was before."""
+
+
 class VariantError(ConfigError):
     """A ``compare --variants`` entry that cannot be parsed, or cannot apply to the task's model."""
 
@@ -70,7 +75,8 @@ class DirectoryBusy(RuntimeError):
 
 class RunStopped(Exception):
     """SIGINT/SIGTERM met by a compare run process outside the engine's loop (which handles them itself by saving
-    and returning); the message is the signal's name."""
+    and returning), or SIGTERM met by ``prepare lm`` (which removes its partial folder); the message is the signal's
+    name."""
 
 
 class TooManyTensors(BaseException):

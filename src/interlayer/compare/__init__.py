@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
-from ..training.concurrency import DirectoryLock
+from ..training.concurrency import DirectoryLock, available_cores
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, parse_variants
@@ -50,6 +50,9 @@ DEFAULT_OUTPUT = "runs/compare/{task}"
 # (--seeds 100000000 ended in a MemoryError). 1,000 is beyond any comparison the statistics plan for
 # (compare/stats.py gives up there too).
 MAX_SEEDS = 1000
+# The most runs one compare may plan (variants x seeds): a typo in a loop that builds --variants or --seeds would
+# otherwise start days of training
+MAX_RUNS = 1000
 
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
@@ -77,6 +80,10 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
     check_global_sets(sets)
     preset = preset or spec.default_preset
     parsed, baseline_name = parse_variants(list(variants), preset, baseline)
+    if len(parsed) * seeds > MAX_RUNS:
+        raise ConfigError(f"{len(parsed)} variants x {seeds} seeds are {len(parsed) * seeds:,} runs, more than "
+                          f"{MAX_RUNS:,} in one compare; compare fewer variants or seeds at a time (several "
+                          "--output folders)")
     return Settings(task=task, preset=preset, variants=[v.spec for v in parsed], baseline=baseline_name,
                     seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets)
 
@@ -120,6 +127,9 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     started, load_at_start = time.perf_counter(), load_average()
     if jobs < 1:
         raise ConfigError(f"--jobs={jobs} must be at least 1 (the number of runs trained at once)")
+    if jobs > available_cores():
+        raise ConfigError(f"--jobs={jobs} is more than the {available_cores()} cores this process may use; give "
+                          f"1..{available_cores()} (runs trained at once: more only wait for a core)")
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin={margin} must be positive: the equivalence margin, absolute, in the units of the "
                           "task's metric (e.g. --margin 0.02 for a loss in nats)")

@@ -12,6 +12,10 @@ Two decisions a caller may meet:
 
 * **Shapes are checked**: ``target`` must have the logits' shape without the class axis (with ``labels=`` on a
   causal LM: the input ids' shape). A smaller target would otherwise index a part of the logits and give a number.
+* **Labels outside the classes are refused** where a host sees them: ``model(labels=)`` outside compiled code
+  (:func:`check_labels`), and each task's data before any step (``experiment.check_before_training``). Inside a
+  compiled step no check runs (it would wait for the device and break the graph): there such a label reads no class
+  and gives a NaN loss (:mod:`interlayer.kernels.cross_entropy`), which stops the run at its next log.
 * **Nothing to predict gives 0, not NaN**: when every target is ``ignore_index`` the mean over no tokens is
   defined as 0 with zero gradient (Hugging Face returns NaN), so a batch that happens to hold only padding or
   prompt tokens neither stops a run as diverged nor poisons an accumulated loss.
@@ -41,6 +45,19 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_
     loss, nll = smoothed_cross_entropy(logits, target, smoothing, ignore_index)
     count = target.ne(ignore_index).sum().clamp_min(1)
     return loss.sum() / count, nll.sum() / count
+
+
+def check_labels(labels: Tensor, classes: int, ignore_index: int = -100) -> None:
+    """Raise ``ValueError`` naming the first label outside ``[0, classes)`` other than ``ignore_index`` (with how
+    many there are): such a label would score another class, or read past the logits. Reads the labels on the host,
+    so it is for code outside a compiled graph."""
+    bad = labels.ne(ignore_index) & (labels.lt(0) | labels.ge(classes))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        shown = where[0] if len(where) == 1 else where
+        raise ValueError(f"labels hold {int(labels[where])} at position {shown}, outside the model's {classes} "
+                         f"classes ({int(bad.sum())} such label(s)); valid labels are 0..{classes - 1}, or "
+                         f"{ignore_index} where no loss is wanted")
 
 
 def total_loss(output, exit_loss: Callable[[Tensor], tuple[Tensor, Tensor]], *, with_aux: bool = True
@@ -84,6 +101,8 @@ def labels_loss(output, labels: Tensor, *, shift: bool = False, training: bool =
         raise ValueError(f"labels have shape {tuple(labels.shape)}, but the input ids have "
                          f"{tuple(output.logits.shape[:-1])}: a causal LM's labels are the input ids themselves "
                          "(shifted inside), with -100 where no loss is wanted")
+    if not torch.compiler.is_compiling():
+        check_labels(labels[:, 1:] if shift else labels, output.logits.shape[-1])
 
     main: list[Tensor] = []
 

@@ -363,6 +363,8 @@ def tokenizer_from_json(data: dict, where: str) -> LMTokenizer:
     """The tokenizer :meth:`to_json` wrote (a run's ``tokenizer.json``, a token folder's ``meta.json``);
     ``where`` names the file in the error a malformed one raises."""
     kind = data.get("kind")
+    if kind == "char" and isinstance(data.get("chars"), str):
+        return chars_tokenizer(data["chars"], where)  # its characters in id order, checked
     try:
         if kind == "char":
             return CharTokenizer(list(data["chars"]))

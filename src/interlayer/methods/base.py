@@ -172,6 +172,18 @@ class MethodBase:
 
 
 # -- helpers the methods share ------------------------------------------------------------------------------------
+# The most a method's multiplier of a step's activations or time may be (hyper-connections' and mHC's rate,
+# Multi-Pass's passes, LW's query/key expansion): the papers use at most 8, and a typo (rate=400) would fill the
+# device's memory, or run for days, before any message
+MAX_MULTIPLIER = 64
+
+
+def check_at_most(key: str, value: int, limit: int, what: str) -> None:
+    """Refuse ``value`` of option ``key`` above ``limit`` (:class:`ConfigError` saying ``what`` it multiplies)."""
+    if value > limit:
+        raise ConfigError(f"{key}={value} is more than {limit:,}, the most interlayer allows: {what}; a typo?")
+
+
 def stack_sides(key: str, sides: Optional[Sequence[str]], cfg: ComposedConfig, *,
                 decoder_refused: Optional[str] = None) -> list[str]:
     """The stacks a method's ``sides`` option names, checked (``key`` is the section, for the error): ``None`` is

@@ -27,7 +27,7 @@ Options (the recommended 4x5, the 2x2 variant), costs and what the paper has bey
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,8 @@ from .base import STACK_MCAN, ComposedConfig, CompositionExample, MethodBase, Na
 @dataclass
 class DenseFormerConfig:
     """``dilation`` k and ``period`` p of a kxp-DenseFormer (Sec. 3.2); 1 and 1 is the plain DenseFormer."""
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     dilation: int = 1
     period: int = 1

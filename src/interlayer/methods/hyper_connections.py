@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,7 @@ from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
 from .base import (
+    MAX_MULTIPLIER,
     STACK_MCAN,
     ComposedConfig,
     CompositionExample,
@@ -43,6 +44,7 @@ from .base import (
     MethodBase,
     NamedVariant,
     VariantContext,
+    check_at_most,
     section_variant,
 )
 
@@ -69,6 +71,8 @@ class HyperConnectionsConfig:
     * ``input_index``: what k of ``A_m = e_{k mod n}`` counts: ``sublayer`` (the paper's layers T^k) or ``layer``.
     """
 
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
+
     rate: int = 4
     dynamic: bool = True
     scale_init: float = 0.01
@@ -78,6 +82,8 @@ class HyperConnectionsConfig:
         if isinstance(self.rate, bool) or not isinstance(self.rate, int) or self.rate < 1:
             raise ConfigError(f"hyper_connections.rate={self.rate!r} must be an integer >= 1 (the expansion rate "
                               "n; the paper uses 2, 4, 8)")
+        check_at_most("hyper_connections.rate", self.rate, MAX_MULTIPLIER,
+                      "every layer keeps that many copies of the residual stream (the paper uses 1 to 8)")
         if not math.isfinite(self.scale_init):
             raise ConfigError(f"hyper_connections.scale_init={self.scale_init!r} must be a finite number "
                               "(the paper's 0.01)")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,16 @@ from ..core.components import Components, StackSide
 from ..core.config import TransformerConfig
 from ..core.feedforward import FeedForward
 from ..errors import ConfigError
-from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
+from .base import (
+    MAX_MULTIPLIER,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_at_most,
+)
 
 QKV_GAIN = 1 / math.sqrt(2)  # the core's (fairseq's) Xavier gain for q/k/v; 1 for the merge and the FFN
 
@@ -56,6 +65,9 @@ class LightweightConfig:
     * ``group_merge``: G-LML (Table III), the attention's linear merge ``W_O`` group-wise.
     * ``group_intermediate``: G-IL (Table III), the FFN's expanding layer ``W1`` group-wise ("mini" = G-IL).
     """
+
+    # sizes of the saved tensors in every model (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"groups", "qk_expansion"})
 
     groups: int = 2
     attention: bool = True
@@ -91,6 +103,8 @@ class LightweightConfig:
         if self.qk_expansion < 1:
             raise ConfigError(f"lightweight.qk_expansion={self.qk_expansion} must be an integer >= 1 (the n of "
                               "'LW-Transformer n x', Table I; 1 keeps the baseline query/key width)")
+        check_at_most("lightweight.qk_expansion", self.qk_expansion, MAX_MULTIPLIER,
+                      "queries and keys are that many times d_model wide (Table I's n x)")
         if cfg.qk_dim is not None:
             hint = (f"lightweight.qk_expansion={cfg.qk_dim // cfg.d_model}" if cfg.qk_dim % cfg.d_model == 0
                     else "lightweight.qk_expansion (an integer multiple of d_model)")

@@ -32,8 +32,20 @@ from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.precision import fp32_island
-from .base import STACK_MCAN, ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, section_variant
+from .base import (
+    MAX_MULTIPLIER,
+    STACK_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    check_at_most,
+    section_variant,
+)
 from .hyper_connections import SUBLAYERS, stream_traffic
+
+MAX_SINKHORN_ITERS = 1000  # fifty times Table 5's 20: more only costs time
 
 
 @dataclass
@@ -48,7 +60,7 @@ class MHCConfig:
     * ``init_epsilon``: how far ``H_pre`` and ``H_res`` start from HC's one-hot and identity (see the docstring).
     """
 
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("sinkhorn_iters",)  # iterations, no size (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
     rate: int = 4
     dynamic: bool = True
     sinkhorn_iters: int = 20
@@ -62,6 +74,10 @@ class MHCConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"mhc.{key}={value!r} must be an integer >= {low} (the paper: rate 4, "
                                   "sinkhorn_iters 20)")
+        check_at_most("mhc.rate", self.rate, MAX_MULTIPLIER,
+                      "every layer keeps that many copies of the residual stream (Table 5: 4)")
+        check_at_most("mhc.sinkhorn_iters", self.sinkhorn_iters, MAX_SINKHORN_ITERS,
+                      "every layer of every forward pass runs that many normalisations (Table 5: 20)")
         if not self.norm_eps > 0:
             raise ConfigError(f"mhc.norm_eps={self.norm_eps!r} must be > 0 (Table 5: 1e-20)")
         if not 0 < self.init_epsilon < 1 / self.rate:

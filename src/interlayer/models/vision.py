@@ -89,8 +89,9 @@ class VisionConfig(ConfigFile):
     ``patch_size=7`` reaches the right place (``encoder.KEY`` also works).
     """
 
-    # The input's geometry: no tensor of a saved model measures it (checkpoint.py's size check)
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_height", "image_width", "input_size")
+    # The options that size the saved tensors of every backbone (checkpoint.py's size check); the input's geometry
+    # and each backbone's own settings are no such size
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"channels"})
 
     backbone: Backbone = "vit"
     image_height: int = 28

@@ -56,7 +56,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from ..config_io import dataclass_from_dict
 from ..errors import ConfigError
 from ..fileio import write_atomic
-from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
+from ..training.concurrency import ForwardedInterrupts, available_cores, die_with_parent, threads_per_run
 from ..training.config import TrainConfig
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
@@ -100,7 +100,9 @@ class SearchSettings:
 
     def validate(self) -> None:
         checks = [(self.trials >= 1, f"--trials={self.trials} must be at least 1"),
-                  (self.workers >= 1, f"--workers={self.workers} must be at least 1"),
+                  (1 <= self.workers <= available_cores(),
+                   f"--workers={self.workers} must be 1..{available_cores()} (processes training at once, at most one "
+                   "a core this process may use)"),
                   (self.retry_lost >= 0, f"--retry-lost={self.retry_lost} must not be negative"),
                   (self.heartbeat_seconds >= 1, f"--heartbeat={self.heartbeat_seconds} must be at least 1 second"),
                   (self.budget_minutes is None or self.budget_minutes > 0,

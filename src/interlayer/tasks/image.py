@@ -190,6 +190,11 @@ class ImageTask:
         self.valid_images, self.valid_labels = images[valid_index], labels[valid_index]
         self.pixel_mean, self.pixel_std = channel_stats(self.train_images)
 
+    def data_files(self) -> list[tuple[str, Path]]:
+        """The four IDX files, by the setting that names them (the run's data fingerprint: experiment.py)."""
+        keys = ("train_images", "train_labels", "test_images", "test_labels")
+        return [(key, self.data.path(getattr(self.data, key))) for key in keys]
+
     def model_fields(self) -> dict[str, Any]:
         """The image geometry, the training split's statistics and the number of classes."""
         _, channels, height, width = self.train_images.shape

@@ -13,6 +13,7 @@ stopping them together, and one writer per directory.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import errno
@@ -23,10 +24,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ..errors import DirectoryBusy
+from ..errors import DirectoryBusy, RunStopped
 
 LOCK_FILE = "writer.lock"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -75,6 +77,28 @@ class ForwardedInterrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise RunStopped(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def sigterm_as_stop() -> Iterator[None]:
+    """In the block, SIGTERM raises :class:`~interlayer.errors.RunStopped` in the main thread, as SIGINT raises
+    ``KeyboardInterrupt``, where no handler was set: a command stopped by a scheduler or ``kill`` then runs its
+    cleanup (``prepare lm``'s partial folder, ``export``'s staging folder, a pool's workers) and exits with 143 and
+    one line, where the default action killed it on the spot. Training, ``compare`` and ``search`` install their own
+    handlers while they run (they save, or forward the signal to their runs)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _to_stderr(line: str) -> None:
