@@ -27,7 +27,7 @@ from .tasks import task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
-from .training.concurrency import available_cores
+from .training.concurrency import available_cores, stop_code
 from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
@@ -567,7 +567,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                          jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
                          selections=parse_selections(args.select), margin=args.margin, launcher=launcher)
     if result.interrupted:
-        return 130
+        return stop_code(result.signal)  # 130 for Ctrl-C, 143 for SIGTERM
     return 1 if result.failed else 0
 
 
@@ -597,7 +597,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         outcome = run_search_jobs(settings, launcher)
     print(outcome.report)
-    return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
+    return {"done": 0, "interrupted": stop_code(outcome.signal), "failed": 1}[outcome.status]
 
 
 # The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
@@ -656,9 +656,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a SIGTERM where a command stops as on Ctrl-C (SignalStop)
         print("interlayer: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return stop_code(getattr(stop, "signal", signal.SIGINT))
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()
