@@ -28,6 +28,7 @@ from interlayer.training.cluster import (
     make_executor,
     parse_slurm_sets,
     parse_time,
+    remove_stray_folder,
 )
 
 submitit = pytest.importorskip("submitit")
@@ -122,6 +123,7 @@ def test_local_jobs_survive_a_killed_compare_and_no_run_is_submitted_twice(corpu
     assert "compare: submitted" not in printed
     assert _submissions(out) == {name: 1 for name in submitted}  # never a second submission
     assert all((out / "runs" / name / "results.json").is_file() for name in submitted)
+    assert not (out / "slurm" / "%j").exists()  # the local controllers' unformatted folder, removed
     report = (out / "report.md").read_text()
     assert "Primary test: the paired t-test of the per-seed differences for pa (paired over seeds 1, 2" in report
     logs = (out / "logs" / "pa-s2.log").read_text()
@@ -202,8 +204,12 @@ def test_a_local_job_id_now_naming_another_process_is_not_followed(tmp_path):
                                                               .rsplit(")", 1)[1].split()[19])
             assert job_state(attach(settings, folder, job.job_id, 1, identity)) == "running"  # the job itself
             assert job_state(attach(settings, folder, job.job_id, 1, "another-boot:123")) == "lost"
+            # submitit's local controller makes its unformatted folder, slurm/%j, beside slurm/<job id>/
+            _wait_for(lambda: (folder / "%j").is_dir(), 300, "the local controller to start")
         finally:
             job.cancel()
+        remove_stray_folder(folder)
+        assert not (folder / "%j").exists() and (folder / job.job_id).is_dir()
     finally:
         stranger.kill()
         stranger.wait()

@@ -40,6 +40,7 @@ from ..training.cluster import (
     make_executor,
     read_job_record,
     refresh,
+    remove_stray_folder,
     submit_all,
 )
 from ..training.concurrency import ForwardedInterrupts
@@ -130,6 +131,7 @@ class SubmititRunner:
                 counts = self._progress(counts, len(runs), outcomes)
                 if self.tracked and not interrupts.requested:
                     time.sleep(POLL_SECONDS[self.launcher.cluster])
+        remove_stray_folder(self.folder)
         if interrupts.requested and self.tracked:
             ids = ", ".join(t.job.job_id for t in self.tracked.values())
             self.echo(f"compare: stopped waiting; {len(self.tracked)} job(s) go on ({ids}); the same command follows "

@@ -40,6 +40,7 @@ from ..training.cluster import (
     make_executor,
     read_job_record,
     refresh,
+    remove_stray_folder,
     submit_all,
 )
 from ..training.concurrency import ForwardedInterrupts
@@ -130,6 +131,7 @@ class TrialJobs:
                 if self.flight and not interrupts.requested:
                     time.sleep(POLL_SECONDS[self.launcher.cluster])
         self.stop_signal = interrupts.signal
+        remove_stray_folder(self.folder)
         if self.flight:
             print(f"[search] stopped waiting; {len(self.flight)} trial job(s) go on; the same command follows them "
                   "again", flush=True)

@@ -250,6 +250,16 @@ def submit_all(executor: Any, folder: Path, calls: list[tuple[Any, ...]]) -> lis
     return jobs
 
 
+def remove_stray_folder(folder: Path) -> None:
+    """Remove ``folder/%j`` if it is an empty folder: submitit's local controller makes its folder argument before
+    formatting the job id into it, which left a stray ``slurm/%j`` beside the jobs' own ``slurm/<job id>/``. Called
+    once the jobs followed have ended, when every controller has started (a controller starting later would make
+    it again)."""
+    stray = Path(folder) / "%j"
+    if stray.is_dir() and not stray.is_symlink() and not any(stray.iterdir()):
+        stray.rmdir()
+
+
 def _process_identity(pid: str) -> Optional[str]:
     """``BOOT:START`` of process ``pid``: the boot's id and the process's start time in clock ticks since boot
     (``/proc/PID/stat``, field 22), which together name one process for ever; None where /proc cannot tell."""
