@@ -603,6 +603,18 @@ def test_every_file_a_comparison_reads_back_is_checked_and_a_damaged_one_named(c
     assert len(next(r for r in summarize(plan, out)[0].runs if r.seed == 1).curve) == 5
 
 
+def test_a_loss_below_zero_or_not_finite_is_no_score():
+    """The language model's metric, a loss in nats, has no upper end but is never negative (a negative one was
+    averaged in silently); percentages stop at 100."""
+    from interlayer.compare.readback import metric_problem
+
+    assert metric_problem("test_loss", 1.91) is None and metric_problem("test_loss", 0.0) is None
+    assert metric_problem("test_loss", -0.5) == "test_loss=-0.5 is outside the values a test_loss can take (at least 0)"
+    assert metric_problem("test_loss", float("inf")) == "test_loss=inf is not a finite number"
+    assert metric_problem("test_accuracy_relational", 100.5).endswith("(0..100)")
+    assert metric_problem("test_noisy_pavpu", 55.0) is None and metric_problem("test_f1", "1") is not None
+
+
 def test_a_damaged_compare_json_is_refused_naming_it(corpus, tmp_path):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa")
