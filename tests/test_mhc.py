@@ -250,3 +250,30 @@ def test_compiles_without_graph_breaks():
     model = lm(mhc={}).train()
     explanation = torch._dynamo.explain(model)(torch.randint(0, 40, (2, 9)))
     assert explanation.graph_break_count == 0, [str(r.reason) for r in explanation.break_reasons]
+
+
+def test_the_defaults_table_5_fixes_reach_every_block():
+    """Table 5 of the paper: n = 4 streams, t_max = 20 Sinkhorn-Knopp iterations, the gating factors alpha
+    initialised to 0.01, RMSNorm epsilon 1e-20. Each must be the default and what the built blocks use: changing
+    one of them fails here."""
+    from interlayer.methods.mhc import MHCConfig
+
+    assert (MHCConfig.rate, MHCConfig.sinkhorn_iters, MHCConfig.scale_init, MHCConfig.norm_eps) == (4, 20, 0.01, 1e-20)
+    model = lm(mhc={})
+    for block in blocks(model.encoder):
+        assert (block.rate, block.sinkhorn_iters, block.norm_eps) == (4, 20, 1e-20)
+        assert torch.equal(block.alpha.detach(), torch.full((3,), 0.01))
+
+
+def test_at_initialisation_only_the_final_norms_epsilon_tells_it_from_the_plain_model():
+    """The final LayerNorm reads the sum of the n stream copies, n h, and LN(n h) is LN(h) with epsilon / n^2: the
+    one difference from the plain pre-norm model at initialisation (about 1e-6 in the logits, not rounding). In
+    float64 the plain model with its final epsilon divided by 16 agrees to 1e-9 (what is left: the float32 rounding
+    of the initial biases, made before .double())."""
+    tokens = torch.randint(0, 40, (2, 9))
+    for dynamic in (True, False):
+        model, plain = lm(mhc={"dynamic": dynamic}).double(), lm().double()
+        logits = model(tokens).logits
+        assert (logits - plain(tokens).logits).abs().max() > 1e-7
+        plain.encoder.final_norm.eps /= model.encoder.layers[0].attn_block.rate ** 2
+        assert (logits - plain(tokens).logits).abs().max() < 1e-9

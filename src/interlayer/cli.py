@@ -19,7 +19,6 @@ from .errors import (
     DirectoryBusy,
     DivergenceError,
     PretrainedError,
-    RunStopped,
     TokenizerError,
     WriteError,
 )
@@ -29,7 +28,7 @@ from .tasks import task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
-from .training.concurrency import available_cores, sigterm_as_stop
+from .training.concurrency import available_cores, sigterm_as_stop, stop_code
 from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
@@ -578,7 +577,7 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
                          selections=parse_selections(args.select), margin=args.margin, launcher=launcher,
                          effect=args.effect)
     if result.interrupted:
-        return 130
+        return stop_code(result.signal)  # 130 for Ctrl-C, 143 for SIGTERM
     return 1 if result.failed else 0
 
 
@@ -608,7 +607,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         outcome = run_search_jobs(settings, launcher)
     print(outcome.report)
-    return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
+    return {"done": 0, "interrupted": stop_code(outcome.signal), "failed": 1}[outcome.status]
 
 
 # The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
@@ -673,9 +672,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except (KeyboardInterrupt, RunStopped) as stop:  # RunStopped: a command's own SIGTERM (prepare lm)
-        print(f"interlayer: {'stopped by ' + str(stop) if str(stop) else 'interrupted'}", file=sys.stderr)
-        return 128 + (signal.Signals[str(stop)] if isinstance(stop, RunStopped) else signal.SIGINT)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM stopping as Ctrl-C does (SignalStop)
+        signum = getattr(stop, "signal", signal.SIGINT)
+        said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"interlayer: {said}", file=sys.stderr)
+        return stop_code(signum)
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()

@@ -90,12 +90,14 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
 
 @dataclass
 class CompareResult:
-    """What ``run_compare`` did: the plan, the report, how every run ended, and whether Ctrl-C stopped it."""
+    """What ``run_compare`` did: the plan, the report, how every run ended, and whether a signal stopped it (Ctrl-C's
+    SIGINT or a SIGTERM: ``signal``, for the exit code 128 + it)."""
 
     plan: Plan
     report: "Report"
     outcomes: list["RunOutcome"]
     interrupted: bool
+    signal: Optional[int] = None
 
     @property
     def failed(self) -> list[str]:
@@ -116,11 +118,15 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
     whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
-    naming this one, instead of training the same runs beside it.
+    naming this one, instead of training the same runs beside it. Nothing is written before everything that can
+    refuse the command was checked: the launcher (submitit, sbatch, its options) before the folder is made, and
+    every file of the folder the comparison reads back (:mod:`.readback`) before ``compare.json`` is updated.
     """
+    from ..training.cluster import JOBS_FILE, check_launcher, read_job_record
     from .environment import comparison_environment, load_average
     from .launcher import SubmititRunner
     from .plan import prepare_directory
+    from .records import summarize
     from .report import write_report
     from .runner import Runner
 
@@ -137,11 +143,19 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         raise ConfigError(f"--effect={effect} must be positive: the smallest difference of interest, absolute, in the "
                           "units of the task's metric (e.g. --effect 0.05 for a loss in nats)")
     output = Path(output)
+    if launcher is not None:
+        check_launcher(launcher)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
     plan = build_plan(settings)
     check_selections(selections, [v.variant.name for v in plan.variants])
+
+    def check_files() -> None:  # every file the runners and the report read back, refused before anything is written
+        summarize(plan, output)
+        if launcher is not None:
+            read_job_record(output / JOBS_FILE, "runs")
+
     with DirectoryLock(output, "comparison"):
-        continued = prepare_directory(plan, output, list(command))
+        continued = prepare_directory(plan, output, list(command), before_writing=check_files)
         echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
         runner = (Runner(plan, output, jobs=jobs, echo=echo) if launcher is None else
                   SubmititRunner(plan, output, launcher, echo=echo))
@@ -166,7 +180,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         echo(f"note: {note}")
     state = "complete" if report.complete else "PARTIAL (run the same command again to continue)"
     echo(f"\nreport ({state}): {report.markdown} and {report.html}")
-    return CompareResult(plan, report, outcomes, interrupted)
+    return CompareResult(plan, report, outcomes, interrupted, runner.stop_signal)
 
 
 __all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",

@@ -29,6 +29,7 @@ from ..experiment import train
 from ..fileio import read_json, write_json
 from ..tasks import task_specs
 from ..training.concurrency import die_with_parent
+from .readback import check_results, read_memory
 
 FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
 MEMORY_FILE = "compare_memory.json"
@@ -36,13 +37,14 @@ RESULTS_FILE = "results.json"
 
 
 def read_results(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The run's ``results.json``; None when there is none. A damaged one (a crash of an older interlayer, which
-    wrote it in place, or a disk that filled) raises :class:`DamagedResults` naming the file, so that `compare`
-    counts the run as unfinished and finishes it again instead of failing on it."""
+    """The run's ``results.json``; None when there is none. One that is no JSON object (a crash of an older
+    interlayer, which wrote it in place, or a disk that filled) raises :class:`DamagedResults` naming the file, so
+    that `compare` counts the run as unfinished and finishes it again instead of failing on it; one whose fields are
+    not what a run writes is refused (:func:`~interlayer.compare.readback.check_results`, a ``DataError``)."""
     path = run_dir / RESULTS_FILE
     if not path.is_file():
         return None
-    return read_json(path, DamagedResults)
+    return check_results(read_json(path, DamagedResults), path)
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -58,7 +60,7 @@ def max_rss_mb() -> float:
 def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
     """Append this segment's memory to ``compare_memory.json``; return the largest over all segments."""
     path = run_dir / MEMORY_FILE
-    segments = json.loads(path.read_text()) if path.is_file() else []
+    segments = read_memory(path)
     segments.append(segment)
     write_json(path, segments)
     return {key: max(s[key] for s in segments) for key in ("peak_rss_mb", "peak_rss_growth_mb")}

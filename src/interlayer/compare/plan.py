@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -28,6 +29,7 @@ from ..fileio import write_json
 from ..methods.base import VariantContext
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
+from .readback import read_comparison
 from .variants import Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
@@ -268,21 +270,25 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     return problems
 
 
-def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
+def prepare_directory(plan: Plan, output: Path, command: list[str],
+                      before_writing: Callable[[], None] = lambda: None) -> bool:
     """Create ``output/compare.json``, or check that the existing one can be continued (the same settings, or a
-    grown version of them: :func:`growth_problems`; otherwise :class:`ConfigError` lists the differences) and
-    record this invocation. True if it existed."""
+    grown version of them: :func:`growth_problems`; otherwise :class:`ConfigError` lists the differences; a damaged
+    one is refused naming what is wrong, :func:`~interlayer.compare.readback.read_comparison`) and record this
+    invocation. ``before_writing`` runs once those checks passed, before anything is written (the caller's own
+    checks: every other file the comparison reads back). True if it existed."""
     path = output / COMPARE_FILE
     now = datetime.datetime.now().isoformat(timespec="seconds")
     invocation: dict[str, Any] = {"command": command, "cwd": str(Path.cwd()), "started": now}
     identity = _identity(plan)
-    if path.is_file():
-        stored = json.loads(path.read_text())
+    if os.path.lexists(path):
+        stored = read_comparison(path)
         problems = growth_problems(stored, identity)
         if problems:
             raise ConfigError(f"{output} holds a comparison with different settings; use another --output, or "
                               "repeat the original command (" + " ".join(stored["invocations"][0]["command"])
                               + "). Differences:\n  " + "\n  ".join(problems))
+        before_writing()
         grown = differences({k: stored[k] for k in identity}, identity)
         if grown:
             invocation["grew"] = grown
@@ -290,6 +296,7 @@ def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
         stored["invocations"].append(invocation)
         write_json(path, stored)
         return True
+    before_writing()
     output.mkdir(parents=True, exist_ok=True)
     write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
                        "variants": [v.to_dict() for v in plan.variants],
