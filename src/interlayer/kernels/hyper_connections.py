@@ -88,11 +88,11 @@ MAX_TILE = 8192  # elements of one (n, d) register tile, rounded up to powers of
 
 
 def tile_shape(n: int, d: int) -> tuple[int, int, int]:
-    """``(NP, NC, BLOCK_D)``: the kernels' register tiles, ``n`` streams, ``n + 2`` coefficient columns and ``d``
-    each rounded up to a power of two (``NP >= 2``, ``BLOCK_D >= 16``)."""
+    """``(NP, NK, BLOCK_D)``: the kernels' register tiles, ``n`` streams, ``n + 2`` coefficient columns and ``d``
+    channels, each rounded up to a power of two (``NP >= 2``, ``BLOCK_D >= 16``)."""
     def pow2(x: int) -> int:
         return 1 << max(0, (x - 1).bit_length())
-    return max(2, pow2(n)), max(4, pow2(n + 2)), max(16, pow2(d))
+    return max(2, pow2(n)), pow2(n + 2), max(16, pow2(d))
 
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -104,8 +104,10 @@ def covers(streams: Tensor, branch: Optional[Tensor] = None) -> bool:
         return False
     if branch is not None and branch.dtype not in FLOATS:
         return False
-    np_, _, block_d = tile_shape(streams.shape[0], streams.shape[-1])
-    return np_ * block_d <= MAX_TILE
+    n = streams.shape[0]
+    np_, _, block_d = tile_shape(n, streams.shape[-1])
+    # a position's coefficients (and DHC's two sums per column) fit along its channels
+    return np_ * block_d <= MAX_TILE and max(n, 2) * (n + 2) <= block_d
 
 
 class HCParams(NamedTuple):
@@ -177,8 +179,7 @@ def hc_mix(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], c
            keep_mixed: bool) -> tuple[Tensor, Tensor]:
     """``(mixed, h0)`` from given coefficients (see the module docstring); an output not computed is empty."""
     from . import hyper_connections_triton as triton_kernels
-    mixed, h0, _ = triton_kernels.forward(streams, branch, carry, coef, None, keep_mixed,
-                                          tile_shape(streams.shape[0], streams.shape[-1]))
+    mixed, h0, _ = triton_kernels.forward(streams, branch, carry, coef, None, keep_mixed)
     return mixed, h0
 
 
@@ -194,8 +195,7 @@ def _(streams, branch, carry, coef, keep_mixed):
 def hc_mix_backward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], coef: Optional[Tensor],
                     dmixed: Optional[Tensor], dh0: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from . import hyper_connections_triton as triton_kernels
-    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(
-        streams, branch, carry, coef, None, dmixed, dh0, None, tile_shape(streams.shape[0], streams.shape[-1]))
+    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(streams, branch, carry, coef, None, dmixed, dh0, None)
     return tuple(g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, dcoef))
 
 
@@ -227,8 +227,7 @@ def hc_dynamic(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor
     from . import hyper_connections_triton as triton_kernels
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)
-    return triton_kernels.forward(streams, branch, carry, None, dynamic, True,
-                                  tile_shape(streams.shape[0], streams.shape[-1]))
+    return triton_kernels.forward(streams, branch, carry, None, dynamic, True)
 
 
 @hc_dynamic.register_fake
@@ -252,8 +251,8 @@ def hc_dynamic_backward(streams: Tensor, branch: Optional[Tensor], carry: Option
     from . import hyper_connections_triton as triton_kernels
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)
-    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(
-        streams, branch, carry, None, dynamic, dmixed, dh0, dcoef, tile_shape(streams.shape[0], streams.shape[-1]))
+    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(streams, branch, carry, None, dynamic, dmixed, dh0,
+                                                                   dcoef)
     return [g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, *params)]
 
 
