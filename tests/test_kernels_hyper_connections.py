@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from helpers.hyper_connections import randomise  # noqa: E402
+from helpers.hyper_connections import randomise, randomise_mhc  # noqa: E402
 from helpers.lm import lm  # noqa: E402
 from interlayer.kernels import hyper_connections as hck  # noqa: E402
 from interlayer.kernels.dispatch import kernel_mode  # noqa: E402
@@ -170,6 +170,37 @@ def test_language_model_loss_gradients_and_records_match_the_reference(dynamic):
             out.loss.backward()
             states = [s.detach() for s in (*out.encoder.states, *out.encoder.mids)]
         results[mode] = (out.loss.detach(), states, {k: p.grad.clone() for k, p in model.named_parameters()})
+    (loss, states, grads), (ref_loss, ref_states, ref_grads) = results["triton"], results["reference"]
+    assert_close(loss, ref_loss, "loss")
+    for state, ref_state in zip(states, ref_states, strict=True):
+        assert_close(state, ref_state, "recorded state")
+    for name, grad in grads.items():
+        assert_close(grad, ref_grads[name], f"{name}'s gradient")
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_mhc_runs_on_the_kernels_and_matches_its_reference_path(dynamic, monkeypatch):
+    """mHC's mixes (Sinkhorn-projected, computed outside) go through the same kernels as HC's: the loss, every
+    gradient and the records equal the reference path's (in float64), and the kernel operator ran (static mHC: one
+    fused pass a sublayer; dynamic: the pending state written first, its coefficients read from the streams)."""
+    calls = []
+    mix = hck.hc_mix
+    monkeypatch.setattr(hck, "hc_mix", lambda *args: calls.append(1) or mix(*args))
+    model = lm(mhc={"rate": 4, "dynamic": dynamic}, enc_layers=1).to(DEVICE).train()
+    randomise_mhc(model, scale=0.5)
+    tokens = torch.randint(0, 40, (1, 5), device=DEVICE)
+    results = {}
+    for mode, dtype in (("triton", torch.float32), ("reference", torch.float64)):
+        model.zero_grad()
+        model.to(dtype)
+        with kernel_mode(mode):
+            out = model(tokens, labels=tokens)
+            out.loss.backward()
+            states = [s.detach() for s in (*out.encoder.states, *out.encoder.mids)]
+        results[mode] = (out.loss.detach(), states, {k: p.grad.clone() for k, p in model.named_parameters()})
+        if mode == "triton":
+            # one a sublayer (dynamic: the second's pending state written first), the stack's end, each record
+            assert len(calls) == (4 if dynamic else 3) + len(states)
     (loss, states, grads), (ref_loss, ref_states, ref_grads) = results["triton"], results["reference"]
     assert_close(loss, ref_loss, "loss")
     for state, ref_state in zip(states, ref_states, strict=True):

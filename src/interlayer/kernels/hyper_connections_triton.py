@@ -392,10 +392,10 @@ def forward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], 
     meta = _meta(n, d, 1, HAS_DEPTH=has_depth, KEEP_MIXED=has_depth and keep_mixed, HAS_WIDTH=has_width,
                  DYNAMIC=dynamic is not None, HAS_NORM_BIAS=dynamic is not None and dynamic.norm_bias is not None)
     key, programs = _grid(False, meta, positions, streams.device)
-    dtype = torch.promote_types(streams.dtype, branch.dtype) if has_depth else streams.dtype
-    # Outputs not computed are empty (a custom op returns tensors, never None, and none aliasing another).
-    mixed = streams.new_empty((n, positions, d) if has_depth and keep_mixed else (0,), dtype=dtype)
-    h0 = streams.new_empty((positions, d) if has_width else (0,), dtype=dtype)
+    # Outputs not computed are empty (a custom op returns tensors, never None, and none aliasing another); the
+    # stack state keeps the streams' dtype.
+    mixed = streams.new_empty((n, positions, d) if has_depth and keep_mixed else (0,))
+    h0 = streams.new_empty((positions, d) if has_width else (0,))
     coef_out = streams.new_empty((positions, n, n + 2) if dynamic is not None else (0,), dtype=torch.float32)
     (carry, s_carry), (coef, s_coef) = _records(carry, n), _records(coef, n)
     compiled = _forward_kernel[(programs,)](
