@@ -1,6 +1,6 @@
 """DenseFormer (Pagliardini et al., NeurIPS 2024): the identity at initialisation, the DWA of Sec. 3.1-3.2 against a
-loop written from the equations, causal and cache-exact in the LM, the parameter count, its refusals, and the average compiled as one fused
-accumulation."""
+loop written from the equations, causal and cache-exact in the LM, the parameter count, its refusals, and the
+average compiled as one fused accumulation."""
 import math
 import re
 
