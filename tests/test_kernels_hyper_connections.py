@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from helpers.hyper_connections import randomise, randomise_mhc  # noqa: E402
+from helpers.hyper_connections import randomise, randomise_mhc, stream_dtype_error  # noqa: E402
 from helpers.lm import lm  # noqa: E402
 from interlayer.kernels import hyper_connections as hck  # noqa: E402
 from interlayer.kernels.dispatch import kernel_mode  # noqa: E402
@@ -207,6 +207,17 @@ def test_mhc_runs_on_the_kernels_and_matches_its_reference_path(dynamic, monkeyp
         assert_close(state, ref_state, "recorded state")
     for name, grad in grads.items():
         assert_close(grad, ref_grads[name], f"{name}'s gradient")
+
+
+@pytest.mark.parametrize("method,section", [("hyper_connections", {"dynamic": True}), ("mhc", {})])
+def test_16_bit_streams_on_the_kernels(method, section):
+    """The option of 16-bit streams on the kernel path: the kernels read and write the streams in their dtype
+    (computing in float32), and the model stays as close to float32 streams as on the reference path
+    (test_hyper_connections.py's bounds)."""
+    with kernel_mode("triton"):
+        error, states_dtype, finite = stream_dtype_error(method, section, "float16", layers=1, length=3)
+    assert states_dtype == torch.float16 and finite
+    assert 1e-5 < error < 5e-3, error
 
 
 def test_the_compiled_model_has_no_graph_break_and_the_kernels_gradients():
