@@ -345,7 +345,7 @@ def traffic(mode: str, dynamic: bool, sublayers: int, positions: int, n: int = 4
 @pytest.mark.parametrize("mode,dynamic,expected", [("triton", False, 126.8), ("triton", True, 126.6),
                                                    ("reference", False, 434.0), ("reference", True, 1757.9)])
 def test_the_cost_model_figures_are_the_bytes_the_operators_move(mode, dynamic, expected):
-    """kernels/hyper_connections.py's table: bytes per position and sublayer, in units of C = d = 768 (n = 4, fp32
+    """docs/methods/hyper_connections.md's table: bytes per position and sublayer, in units of C = d = 768 (n = 4, fp32
     streams, bf16 sublayer outputs, forward + backward), the sublayer's own LayerNorm and cast included. Marginal
     counts (the difference of 4 and 2 sublayers, of 48 and 16 positions), so the parameters and the stack's ends,
     paid once, drop out."""

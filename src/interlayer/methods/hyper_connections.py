@@ -1,7 +1,6 @@
 """Hyper-connections (Zhu et al., "Hyper-Connections", ICLR 2025, arXiv 2409.19606): the residual stream widened to
 n streams, with learned static or input-dependent ("dynamic") weights deciding what each sublayer reads and where
-its output goes. Every reading below is argued in docs/methods/hyper_connections.md (and the kernels' cost model in
-:mod:`interlayer.kernels.hyper_connections`).
+its output goes. Every reading below is argued in docs/methods/hyper_connections.md (with the kernels' costs).
 
 Paper map (arXiv v3 numbers):
 
