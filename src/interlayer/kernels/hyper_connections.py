@@ -21,9 +21,8 @@ unwritten; the backward does the same in reverse, recomputing ``H'`` from ``H`` 
 position, against the plain residual) and the kernels' machine-code audit: docs/methods/hyper_connections.md.
 
 **Dispatch.** The Triton path where :func:`interlayer.kernels.dispatch.use_triton` says so and :func:`covers` the
-case (fp32/fp16/bf16 streams; an ``(n, d)`` register tile of at most 8,192 elements, ``d <= 2048`` at n = 4; a
-position's coefficients fit along its channels), the reference path otherwise (``INTERLAYER_KERNELS=triton``: an
-error). The stack state keeps its dtype (16-bit streams are an option of the methods); the kernels compute in fp32.
+case, the reference path otherwise (``INTERLAYER_KERNELS=triton``: an error). The stack state keeps its dtype
+(16-bit streams are an option of the methods); the kernels compute in fp32.
 """
 from __future__ import annotations
 
@@ -53,7 +52,9 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def covers(streams: Tensor, branch: Optional[Tensor] = None) -> bool:
-    """Whether the kernels handle these streams ``(n, ..., d)`` (and a pending sublayer output ``branch``)."""
+    """Whether the kernels handle these streams ``(n, ..., d)`` (and a pending sublayer output ``branch``):
+    fp32/fp16/bf16, an ``(n, d)`` register tile of at most 8,192 elements (``d <= 2048`` at n = 4), and a
+    position's coefficients along its channels (``max(n, 2) (n + 2) <= d`` rounded up to a power of two)."""
     if streams.dim() < 2 or streams.numel() == 0 or streams.dtype not in FLOATS:
         return False
     if branch is not None and branch.dtype not in FLOATS:
