@@ -163,16 +163,15 @@ def _projection(xhat, norm_weight, weight, constants, lanes, ds, dmask, c, D, N:
 
 @triton.jit
 def _column_backward(xhat, norm_weight, weight, constants, lanes, ds, dmask, dcoef_out, s_op, dcoef, pos, pmask, rows,
-                     cmask, extra, scale, grads, c, D, N: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
-                     HAS_DCOEF_OUT: tl.constexpr):
+                     cmask, extra, scale, dxhat, mean_dxhat_xhat, m_low, m_high, c, D, N: tl.constexpr,
+                     M1: tl.constexpr, M2: tl.constexpr, HAS_DCOEF_OUT: tl.constexpr):
     """Column ``c``'s part of DHC's backward (``coefficient_c = static_c + scale t_c``): its gradient (``extra`` plus
     the next sublayer's, ``dcoef_out``) through tanh and the projection. Written to ``dcoef``'s record (rows ``< n``:
     the gradient, the static part's; row ``n``: its sum against ``t``, the scale's; row ``n + 1``: the projection's,
-    the norm bias's; each summed over positions by the caller). ``grads`` = ``(dxhat, mean_dxhat_xhat, m_low,
-    m_high)``: ``dxhat = g sum_c dproj_c W_c`` less its mean over the channels (``g W_c`` less the mean of ``g . W_c``)
-    and its mean against xhat (``sum_c dproj_c u_c / D``), LN's backward without a reduction; ``M_c = sum_{p, j}
-    dproj[p, j, c] xhat[p, j]`` for columns ``< M1`` and the rest (two powers of two, not one: registers)."""
-    dxhat, mean_dxhat_xhat, m_low, m_high = grads
+    the norm bias's; each summed over positions by the caller). Accumulates, and returns with ``t``: ``dxhat = g
+    sum_c dproj_c W_c`` less its mean over the channels (``g W_c`` less the mean of ``g . W_c``) and its mean against
+    xhat (``sum_c dproj_c u_c / D``), LN's backward without a reduction; ``M_c = sum_{p, j} dproj[p, j, c] xhat[p,
+    j]`` for columns ``< M1`` and the rest (``m_low``, ``m_high``: two powers of two, not one, for registers)."""
     u, t, gw = _projection(xhat, norm_weight, weight, constants, lanes, ds, dmask, c, D, N)
     dcoefficient = extra
     if HAS_DCOEF_OUT:
@@ -188,7 +187,7 @@ def _column_backward(xhat, norm_weight, weight, constants, lanes, ds, dmask, dco
     m_high += (tl.arange(0, M2)[:, None, None, None] == c - M1).to(tl.float32) * m
     dxhat += dproj * tl.where(dmask, gw - tl.load(constants + c) / D, 0.0)
     mean_dxhat_xhat += dproj * u
-    return t, (dxhat, mean_dxhat_xhat, m_low, m_high)
+    return t, dxhat, mean_dxhat_xhat, m_low, m_high
 
 
 @triton.jit
@@ -243,11 +242,11 @@ def _forward_kernel(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp,
         else:
             z = tl.load(streams + (rows * s_sn + pos * s_sp + ds * s_sd), mask=tile, other=0.0).to(tl.float32)
         if DYNAMIC:  # coefficients = static + scale * t, one column at a time, written as one record
-            xhat = _normalised(z, tile, D, eps)[0]
+            xhat, rstd = _normalised(z, tile, D, eps)
             record = tl.zeros([1, 1, BP, BLOCK_D], dtype=tl.float32)
             a = tl.zeros([1, NP, BP, 1], dtype=tl.float32)
             for c in tl.static_range(N + 2):  # unrolled: registers to spare here (not in the backward)
-                t = _projection(xhat, norm_weight, weight, constants, lanes, ds, dmask, c, D, N)[1]
+                u, t, gw = _projection(xhat, norm_weight, weight, constants, lanes, ds, dmask, c, D, N)
                 coefficient = (_static(static_alpha, static_beta, rows, rmask, c, N)
                                + tl.where(c <= N, s_alpha, s_beta) * t)
                 record += _flat(coefficient, rows * (N + 2) + c, rmask, ds)
@@ -299,19 +298,18 @@ def _backward_kernel(streams, s_sn, s_sp, s_sd, branch, s_bp, s_bd, carry, s_cp,
             da = tl.sum(z * dh, axis=3, keep_dims=True)
         if DYNAMIC:  # coefficients = static + scale * t, t = tanh(LN(Z) W), one column at a time
             xhat, rstd = _normalised(z, tile, D, eps)
-            grads = (tl.zeros([1, NP, BP, BLOCK_D], dtype=tl.float32), tl.zeros([1, NP, BP, 1], dtype=tl.float32),
-                     m_low, m_high)
+            dxhat = tl.zeros([1, NP, BP, BLOCK_D], dtype=tl.float32)
+            mean_dxhat_xhat = tl.zeros([1, NP, BP, 1], dtype=tl.float32)
             # column 0, a: its gradient gets da, and h0's gradient a dh joins dZ (through dxhat, scaled by rstd below)
-            t, grads = _column_backward(xhat, norm_weight, weight, constants, lanes, ds, dmask, dcoef_out, s_op,
-                                        dcoef, pos, pmask, rows, pmask & rmask, da, s_alpha, grads, 0, D, N, M1, M2,
-                                        HAS_DCOEF_OUT)
-            a = _static(static_alpha, static_beta, rows, pmask & rmask, 0, N) + s_alpha * t
-            grads = (grads[0] + a * dh / rstd, grads[1], grads[2], grads[3])
+            t, dxhat, mean_dxhat_xhat, m_low, m_high = _column_backward(
+                xhat, norm_weight, weight, constants, lanes, ds, dmask, dcoef_out, s_op, dcoef, pos, pmask, rows,
+                pmask & rmask, da, s_alpha, dxhat, mean_dxhat_xhat, m_low, m_high, 0, D, N, M1, M2, HAS_DCOEF_OUT)
+            dxhat += (_static(static_alpha, static_beta, rows, pmask & rmask, 0, N) + s_alpha * t) * dh / rstd
             for c in range(1, N + 2):  # a loop, not unrolled: one column's values live at a time
-                t, grads = _column_backward(xhat, norm_weight, weight, constants, lanes, ds, dmask, dcoef_out, s_op,
-                                            dcoef, pos, pmask, rows, pmask & rmask, tl.zeros_like(da),
-                                            tl.where(c <= N, s_alpha, s_beta), grads, c, D, N, M1, M2, HAS_DCOEF_OUT)
-            dxhat, mean_dxhat_xhat, m_low, m_high = grads
+                t, dxhat, mean_dxhat_xhat, m_low, m_high = _column_backward(
+                    xhat, norm_weight, weight, constants, lanes, ds, dmask, dcoef_out, s_op, dcoef, pos, pmask, rows,
+                    pmask & rmask, tl.zeros_like(da), tl.where(c <= N, s_alpha, s_beta), dxhat, mean_dxhat_xhat,
+                    m_low, m_high, c, D, N, M1, M2, HAS_DCOEF_OUT)
             dz = tl.where(tile, rstd * (dxhat - xhat * (mean_dxhat_xhat / D)), 0.0)
         elif HAS_WIDTH:
             dz = tl.load(coef + (pos * s_kp + rows * (N + 2)), mask=pmask & rmask, other=0.0).to(tl.float32) * dh
