@@ -31,6 +31,7 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, plots
+from .budget import COMPUTE_HEADERS, COMPUTE_NOTE, budget_text, compute_rows
 from .environment import Environment
 from .pictures import figures
 from .plan import Plan
@@ -256,7 +257,10 @@ class Report:
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
     s = plan.settings
     missing = [r.name for v in summaries for r in v.runs if r.state != "finished"]
-    if s.budget_minutes:
+    compute = budget_text(s)
+    if compute:
+        budget = compute
+    elif s.budget_minutes:
         budget = f"{s.budget_minutes:g} min of training per run (validation excluded)"
     elif "train.max_steps" in s.sets:
         budget = f"{s.sets['train.max_steps']} optimiser steps per run"
@@ -415,6 +419,8 @@ def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list
             "<h2>Environment</h2>", _bullets(top.environment), "<h2>Results</h2>",
             _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h2>Measured cost</h2>",
             _html_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline)),
+            *([_html_table(COMPUTE_HEADERS, rows), f"<p>{_inline_markdown(COMPUTE_NOTE)}</p>"]
+              if (rows := compute_rows(plan, summaries)) else []),
             _bullets(_explanations(plan, margin))]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
@@ -476,6 +482,8 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
     cost = format_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline))
+    if compute_rows(plan, summaries):  # the FLOPs and tokens each run trained, where the task's steps fix them
+        cost += f"\n\n{format_table(COMPUTE_HEADERS, compute_rows(plan, summaries))}\n\n{COMPUTE_NOTE}"
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
