@@ -93,9 +93,9 @@ def sweep_options(args: argparse.Namespace) -> Optional[SweepOptions]:
 def run(settings: Settings, sweep: Optional[SweepOptions], output: Path, *, selections: Sequence[Selection] = (),
         **kwargs: Any) -> Any:
     """The command: :func:`~interlayer.compare.run_compare`, or with ``--sizes``
-    :func:`~interlayer.compare.scaling.run_sweep` (both take ``command``, ``jobs``, ``margin`` and ``launcher``)."""
+    :func:`~interlayer.compare.sweep.run_sweep` (both take ``command``, ``jobs``, ``margin`` and ``launcher``)."""
     from . import run_compare
-    from .scaling import run_sweep
+    from .sweep import run_sweep
 
     if sweep is None:
         return run_compare(settings, output, selections=selections, **kwargs)

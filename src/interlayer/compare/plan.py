@@ -28,7 +28,7 @@ from ..fileio import write_json
 from ..methods.base import VariantContext
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
-from .budget import StepShape, apply_budget
+from .budget import StepShape, Unit, run_train_config, step_shape, whole_steps
 from .variants import Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
@@ -199,6 +199,29 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
     lengths, label = typical_lengths(task, model)
     return PlannedVariant(variant, own, sets, config.to_dict(), count_parameters(model), count_madds(model, *lengths),
                           lengths, label)
+
+
+def set_steps(planned: list[PlannedVariant], unit: Unit, amount: float, task: str) -> None:
+    """Give every variant the whole steps ``amount`` FLOPs (or tokens) buy at its own cost per step
+    (:func:`~interlayer.compare.budget.whole_steps`) as its ``train.max_steps``; a variant with its own step limit
+    is refused."""
+    for v in planned:
+        if "train.max_steps" in v.own:
+            raise VariantError(f"variant {v.variant.name!r} sets train.max_steps, which --budget-{unit} decides "
+                               "for every variant")
+        v.sets["train.max_steps"] = whole_steps(unit, amount, v.step, v.variant.name, task)
+
+
+def apply_budget(settings: Settings, spec: TaskSpec, task: Any, planned: list[PlannedVariant], processes: int
+                 ) -> None:
+    """Record each variant's cost of a step (:mod:`.budget`; ``processes`` ranks per run) and, under a compute
+    budget, its steps."""
+    for v in planned:
+        v.step = step_shape(task, run_train_config(spec, v.sets), v.madds, v.lengths, processes)
+    if settings.budget_flops is not None:
+        set_steps(planned, "flops", settings.budget_flops, spec.name)
+    elif settings.budget_tokens is not None:
+        set_steps(planned, "tokens", settings.budget_tokens, spec.name)
 
 
 def build_plan(settings: Settings, processes: int = 1) -> Plan:

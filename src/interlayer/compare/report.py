@@ -31,7 +31,7 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, plots
-from .budget import COMPUTE_HEADERS, COMPUTE_NOTE, budget_text, compute_rows
+from .compute import COMPUTE_HEADERS, COMPUTE_NOTE, budget_text, compute_rows
 from .environment import Environment
 from .pictures import figures
 from .plan import Plan

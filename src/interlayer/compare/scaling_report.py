@@ -28,7 +28,8 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, scaling_plots
-from .budget import COMPUTE_HEADERS, compute_rows, flops_text, run_train_config
+from .budget import flops_text, run_train_config
+from .compute import COMPUTE_HEADERS, compute_rows
 from .environment import Environment
 from .plan import PlannedVariant
 from .plots import Picture
@@ -127,7 +128,7 @@ def analyse(sweep: Sweep, output: Path, margin: Optional[float] = None
                 cell.multiplier = measured_multiplier(base.fit, cell.y, float(cell.x.mean()), curve.noise)
         if sweep.extrapolated is not None and curve.fit is not None:
             planned = sweep.extrapolated.variant(cell_name(curve.variant, sweep.extrapolated_size.label))
-            steps = run_train_config(sweep.plan.spec, planned).max_steps
+            steps = run_train_config(sweep.plan.spec, planned.sets).max_steps
             if steps and planned.step is not None:
                 curve.extrapolated_compute = steps * planned.step.flops
                 curve.extrapolated = extrapolated_multiplier(base.fit, curve.fit, curve.extrapolated_compute)
