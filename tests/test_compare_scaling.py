@@ -54,6 +54,9 @@ def test_a_flop_budget_gives_variants_of_different_cost_the_same_flops_within_on
     assert steps["pa"] < steps["baseline"] < steps["lw_1x"]
     tokens = build_plan(make_settings("lm", ["baseline,pa"], budget_tokens=6400, sets=_sets(book)))
     assert [v.sets["train.max_steps"] for v in tokens.variants] == [100, 100]
+    accumulated = build_plan(make_settings("lm", ["baseline"], budget_tokens=6400,
+                                           sets=_sets(book, **{"train.update_freq": "2"})))
+    assert accumulated.variants[0].step.tokens == 128 and accumulated.variants[0].sets["train.max_steps"] == 50
 
 
 def test_compute_budgets_are_refused_where_they_cannot_hold(book, corpus):

@@ -1,14 +1,8 @@
 """The scaling sweep's report: every variant's loss against its training compute, the fits, each method's compute
 multiplier at every measured size and at the extrapolated one, verdicts in words, and the figures; written as
 ``report.md``, ``report.html`` (figures embedded), ``report.csv``, ``report.tex``, ``summary.json`` and
-``figures/*.png`` in the sweep's directory. Everything is read back from the runs (:mod:`.records`), so a report
-can be written at any time, also for an unfinished sweep (it then says which runs are missing).
-
-The fitted quantity is each finished run's test metric (of its ``best/`` model, as compare's table), oriented so
-that lower is better (a higher-is-better metric is fitted negated, without a floor); the compute of a run is its
-steps times its variant's FLOPs per step (:mod:`.budget`), or its measured training seconds
-(``--scaling-axis seconds``). The statistics are :mod:`.scaling_fit`'s; the per-size comparisons at equal budget
-are compare's own (:mod:`.stats`, the paired test over the shared seeds).
+``figures/*.png`` in the sweep's directory. Everything is read back from the runs (:mod:`.scaling_analysis`), so a
+report can be written at any time, also for an unfinished sweep (it then says which runs are missing).
 """
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ import io
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,111 +22,16 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, scaling_plots
-from .budget import flops_text, run_train_config
+from .budget import flops_text
 from .compute import COMPUTE_HEADERS, compute_rows
 from .environment import Environment
-from .plan import PlannedVariant
 from .plots import Picture
-from .records import METRIC_UNITS, VariantSummary, summarize
-from .scaling import Size, Sweep, cell_name
-from .scaling_fit import (
-    LEVEL,
-    MIN_SIZES,
-    Multiplier,
-    PowerLawFit,
-    extrapolated_multiplier,
-    fit_power_law,
-    measured_multiplier,
-    pooled_sd,
-    prediction_band,
-)
+from .records import METRIC_UNITS, VariantSummary
+from .scaling import Sweep, cell_name
+from .scaling_analysis import Curve, analyse, sign_of
+from .scaling_fit import LEVEL, MIN_SIZES, Multiplier, PowerLawFit, prediction_band
 
 FIGURES = "figures"
-
-
-@dataclass
-class Cell:
-    """One variant at one size: its plan, its runs (``summary``), and the compute ``x`` and fitted metric ``y`` of
-    each finished run; ``multiplier``: the method's against the baseline there."""
-
-    variant: str
-    size: Size
-    index: int
-    planned: PlannedVariant
-    summary: VariantSummary
-    x: np.ndarray
-    y: np.ndarray
-    multiplier: Optional[Multiplier] = None
-
-
-@dataclass
-class Curve:
-    """One variant across the sizes: its cells, its fit (None below three sizes), the seeds' spread within a size,
-    and its multiplier at the extrapolated size."""
-
-    variant: str
-    cells: list[Cell]
-    fit: Optional[PowerLawFit] = None
-    noise: tuple[Optional[float], int] = (None, 0)  # the seeds' pooled spread within sizes, its degrees of freedom
-    extrapolated: Optional[Multiplier] = None
-    extrapolated_compute: Optional[float] = None
-    notes: list[str] = field(default_factory=list)
-
-
-def run_compute(planned: PlannedVariant, results: dict[str, Any], axis: str) -> Optional[float]:
-    """A finished run's compute: steps x FLOPs per step, or its measured training seconds."""
-    if axis == "seconds":
-        minutes = results.get("train_minutes")
-        return 60.0 * minutes if isinstance(minutes, (int, float)) else None
-    steps = results.get("steps")
-    return float(steps) * planned.step.flops if isinstance(steps, int) and planned.step is not None else None
-
-
-def _sign(sweep: Sweep) -> float:
-    return -1.0 if sweep.plan.task.higher_is_better else 1.0
-
-
-def analyse(sweep: Sweep, output: Path, margin: Optional[float] = None
-            ) -> tuple[list[Curve], dict[str, list[VariantSummary]]]:
-    """Read every run, fit every variant, and compute each method's multipliers (module docstring); also the
-    per-size summaries with their comparisons at equal budget."""
-    axis, sign, metric = sweep.options.axis, _sign(sweep), f"test_{sweep.plan.task.metric}"
-    by_size = {label: summarize(plan, output, margin) for label, plan in sweep.size_plans.items()}
-    curves = {name: Curve(name, []) for name in sweep.variants}
-    for index, size in enumerate(sweep.sizes):
-        for summary in by_size[size.label]:
-            variant = summary.name.rpartition("@")[0]
-            points = [(run_compute(summary.planned, r.results, axis), r.results.get(metric))
-                      for r in summary.finished()]
-            points = [(x, sign * y) for x, y in points if x is not None and isinstance(y, (int, float))]
-            curves[variant].cells.append(Cell(variant, size, index, summary.planned, summary,
-                                              np.array([p[0] for p in points]), np.array([p[1] for p in points])))
-    xs = [float(x) for c in curves.values() for cell in c.cells for x in cell.x]
-    scale = min(xs) if xs else 1.0
-    floor = None if sweep.plan.task.higher_is_better else 0.0
-    for curve in curves.values():
-        cells = [c for c in curve.cells if len(c.y)]
-        if len(cells) < MIN_SIZES:
-            curve.notes.append(f"{len(cells)} size(s) with finished runs: a fit needs {MIN_SIZES}")
-            continue
-        x, y = np.concatenate([c.x for c in cells]), np.concatenate([c.y for c in cells])
-        groups = np.concatenate([np.full(len(c.y), c.index) for c in cells])
-        curve.fit = fit_power_law(x, y, groups, scale=scale, floor=floor)
-        curve.noise = pooled_sd(y, groups)
-    base = curves[sweep.settings.baseline]
-    for curve in curves.values():
-        if curve is base or base.fit is None:
-            continue
-        for cell in curve.cells:
-            if len(cell.y):
-                cell.multiplier = measured_multiplier(base.fit, cell.y, float(cell.x.mean()), curve.noise)
-        if sweep.extrapolated is not None and curve.fit is not None:
-            planned = sweep.extrapolated.variant(cell_name(curve.variant, sweep.extrapolated_size.label))
-            steps = run_train_config(sweep.plan.spec, planned.sets).max_steps
-            if steps and planned.step is not None:
-                curve.extrapolated_compute = steps * planned.step.flops
-                curve.extrapolated = extrapolated_multiplier(base.fit, curve.fit, curve.extrapolated_compute)
-    return list(curves.values()), by_size
 
 
 # -- words ----------------------------------------------------------------------------------------------------
@@ -150,6 +49,16 @@ def interval_text(m: Multiplier) -> str:
     low = f"< {times(m.interval.low)}" if m.interval.open_low else times(m.interval.low)
     high = "∞" if m.interval.open_high else times(m.interval.high)
     return f"[{low}, {high}]"
+
+
+def multiplier_cell(m: Multiplier) -> str:
+    """The multiplier in a table or a list: the estimate and interval where the interval excludes 1x, the interval
+    alone (it spans 1x), or why there is none."""
+    if m.verdict == "unsupported":
+        return "not supported"
+    if m.verdict == "undecided":
+        return f"{interval_text(m)} spans 1x"
+    return f"{times(m.value)} {interval_text(m)}"
 
 
 def multiplier_words(m: Multiplier, bold: bool = True) -> str:
@@ -184,8 +93,8 @@ def verdict_lines(sweep: Sweep, curves: Sequence[Curve]) -> list[str]:
         parts = [f"**{curve.variant}** at the largest measured size ({last.size.label}, "
                  f"{_compute_text(last.multiplier.compute, axis)}): {multiplier_words(last.multiplier)}"]
         if len(measured) > 1:
-            parts.append("at each size " + ", ".join(
-                f"{c.size.label} {times(c.multiplier.value)} {interval_text(c.multiplier)}" for c in measured))
+            parts.append("at each size " + ", ".join(f"{c.size.label} {multiplier_cell(c.multiplier)}"
+                                                     for c in measured))
         m = curve.extrapolated
         if m is not None:
             largest = max(float(c.x.max()) for c in curve.cells if len(c.x))
@@ -244,7 +153,7 @@ def _mean_sd(values: np.ndarray) -> str:
 
 def table_rows(sweep: Sweep, curves: Sequence[Curve]) -> list[list[str]]:
     """One row per (variant, size), then each method's extrapolated row."""
-    sign, rows = _sign(sweep), []
+    sign, rows = sign_of(sweep), []
     for curve in curves:
         for cell in curve.cells:
             m = cell.multiplier
@@ -255,7 +164,7 @@ def table_rows(sweep: Sweep, curves: Sequence[Curve]) -> list[list[str]]:
                          f"{len(cell.summary.finished())}/{len(cell.summary.runs)}", _mean_sd(sign * cell.y),
                          "–" if fitted is None else f"{sign * fitted:.4f}",
                          "–" if residual is None else f"{sign * residual:+.4f}",
-                         "–" if m is None else f"{times(m.value)} {interval_text(m)}",
+                         "–" if m is None else multiplier_cell(m),
                          "baseline" if curve.variant == sweep.settings.baseline else "–" if m is None else m.verdict])
     for curve in curves:
         m = curve.extrapolated
@@ -263,7 +172,7 @@ def table_rows(sweep: Sweep, curves: Sequence[Curve]) -> list[list[str]]:
             planned = sweep.extrapolated.variant(cell_name(curve.variant, sweep.extrapolated_size.label))
             rows.append([curve.variant, f"{sweep.extrapolated_size.label} (extrapolated)", human(planned.parameters),
                          _compute_text(m.compute, sweep.options.axis), "–", "–", f"{sign * m.loss:.4f}", "–",
-                         f"{times(m.value)} {interval_text(m)}", f"{m.verdict} (extrapolation)"])
+                         multiplier_cell(m), f"{m.verdict} (extrapolation)"])
     return rows
 
 
@@ -307,7 +216,7 @@ def size_rows(sweep: Sweep, by_size: dict[str, list[VariantSummary]]) -> list[li
 
 def csv_text(sweep: Sweep, curves: Sequence[Curve]) -> str:
     """Every figure of the main table and the fits as plain numbers, one row per (variant, size)."""
-    sign, rows = _sign(sweep), []
+    sign, rows = sign_of(sweep), []
     for curve in curves:
         f = curve.fit
         fit_cols = {"E": f.E, "A": f.A, "C0": f.scale, "alpha": f.alpha, "alpha_ci_low": f.alpha_interval.low,
@@ -342,7 +251,7 @@ def csv_text(sweep: Sweep, curves: Sequence[Curve]) -> str:
 # -- figures --------------------------------------------------------------------------------------------------
 def figures(sweep: Sweep, curves: Sequence[Curve], directory: Path) -> list[Picture]:
     """The loss-against-compute curves (with fits, bands, residuals) and the multipliers against size."""
-    sign, axis = _sign(sweep), "FLOPs" if sweep.options.axis == "flops" else "seconds"
+    sign, axis = sign_of(sweep), "FLOPs" if sweep.options.axis == "flops" else "seconds"
     xs = [float(v) for c in curves for cell in c.cells for v in cell.x]
     reach = [c.extrapolated_compute for c in curves if c.extrapolated_compute]
     series = []
@@ -557,7 +466,7 @@ def _multiplier_json(m: Optional[Multiplier]) -> Optional[dict[str, Any]]:
 def summary_json(sweep: Sweep, curves: Sequence[Curve]) -> dict[str, Any]:
     """The report's numbers, machine-readable (fitted orientation: lower is better)."""
     out: dict[str, Any] = {"task": sweep.settings.task, "metric": sweep.plan.task.metric, "axis": sweep.options.axis,
-                           "baseline": sweep.settings.baseline, "sign": _sign(sweep), "level": LEVEL,
+                           "baseline": sweep.settings.baseline, "sign": sign_of(sweep), "level": LEVEL,
                            "sizes": {s.label: s.sets for s in sweep.sizes}, "variants": {}}
     for c in curves:
         f = c.fit
@@ -568,7 +477,7 @@ def summary_json(sweep: Sweep, curves: Sequence[Curve]) -> dict[str, Any]:
                                            "residual_sd": f.residual_sd, "pure_error_sd": f.pure_error_sd,
                                            "lack_of_fit_p": f.lack_of_fit_p, "problems": list(f.problems)},
             "notes": c.notes,
-            "sizes": {cell.size.label: {"compute": cell.x.tolist(), "metric": (_sign(sweep) * cell.y).tolist(),
+            "sizes": {cell.size.label: {"compute": cell.x.tolist(), "metric": (sign_of(sweep) * cell.y).tolist(),
                                         "multiplier": _multiplier_json(cell.multiplier)} for cell in c.cells},
             "extrapolated": _multiplier_json(c.extrapolated)}
     return out
