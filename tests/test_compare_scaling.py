@@ -229,3 +229,23 @@ def test_a_sweep_of_faked_runs_recovers_the_multiplier_they_were_made_with(book,
     assert fits["baseline"]["fit"]["alpha"] == pytest.approx(0.3, abs=0.15)
     assert np.isclose(fits["lw_1x"]["sizes"]["d_model48"]["compute"], 100 * sweep.cell("lw_1x", "d_model48").step.flops
                       ).all()
+
+
+def test_a_sweep_may_grow_by_a_size_but_not_lose_one(book, tmp_path):
+    """A sweep's directory is a comparison's: the same command continues it, a larger sweep (another size) grows it,
+    and one that drops a size is refused with the sizes' runs named."""
+    from interlayer.compare.plan import prepare_directory
+
+    settings = make_settings("lm", ["baseline,pa"], budget_steps=4,
+                             sets={k: v for k, v in _sets(book).items() if k not in ("d_model", "d_ffn")})
+    out = tmp_path / "sweep"
+
+    def prepare(sizes):
+        return prepare_directory(plan_sweep(settings, SweepOptions(parse_sizes([sizes]))).plan, out, ["x"])
+
+    assert prepare("d_model=16,24,32") is False and prepare("d_model=16,24,32") is True
+    assert prepare("d_model=16,24,32,48") is True
+    stored = json.loads((out / "compare.json").read_text())
+    assert "pa@d_model48" in stored["models"] and any("pa@d_model48" in g for g in stored["invocations"][-1]["grew"])
+    with pytest.raises(ConfigError, match="baseline@d_model16, pa@d_model16 would be dropped"):
+        prepare("d_model=24,32,48")

@@ -83,7 +83,7 @@ def verdict_lines(sweep: Sweep, curves: Sequence[Curve]) -> list[str]:
     for curve in curves:
         if curve.variant == sweep.settings.baseline:
             continue
-        measured = [c for c in curve.cells if c.multiplier is not None]
+        measured = sorted((c for c in curve.cells if c.multiplier is not None), key=lambda c: c.multiplier.compute)
         if not measured:
             base_notes = next(c for c in curves if c.variant == sweep.settings.baseline).notes
             lines.append(f"**{curve.variant}**: no multiplier yet ("
