@@ -3,6 +3,7 @@ gives variants of different cost the same FLOPs within one step and stops each r
 of the character LM trained end to end (3 sizes, 2 variants, 2 seeds, in this process through submitit's debug
 executor) and its report; a sweep of faked runs whose compute multiplier is known."""
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -214,8 +215,8 @@ def test_a_sweep_of_faked_runs_recovers_the_multiplier_they_were_made_with(book,
         compute = 100 * planned.step.flops
         worth = 2.0 if planned.variant.name.startswith("lw_1x") else 1.0
         loss = 1.2 + 1.5 * (worth * compute / scale) ** -0.3 + 0.01 * rng.standard_normal()
-        (run_dir / "results.json").write_text(json.dumps({"status": "finished", "steps": 100, "train_minutes": 0.5,
-                                                          "test_loss": loss}))
+        (run_dir / "results.json").write_text(json.dumps({"status": "finished", "steps": 100, "test_loss": loss,
+                                                          "train_minutes": compute / scale}))  # a minute per C0
 
     out = tmp_path / "fake"
     fake_runs(sweep.plan, out, logs)
@@ -229,6 +230,11 @@ def test_a_sweep_of_faked_runs_recovers_the_multiplier_they_were_made_with(book,
     assert fits["baseline"]["fit"]["alpha"] == pytest.approx(0.3, abs=0.15)
     assert np.isclose(fits["lw_1x"]["sizes"]["d_model48"]["compute"], 100 * sweep.cell("lw_1x", "d_model48").step.flops
                       ).all()
+    sweep.options = dataclasses.replace(sweep.options, axis="seconds")  # the same runs against their measured time
+    seconds = write_scaling_report(sweep, out, ["interlayer", "compare", "..."])
+    assert "| training s per run " in seconds.table and "60 s)" in seconds.fits[0]  # C0: the first minute
+    assert json.loads((out / "summary.json").read_text())["variants"]["lw_1x"]["sizes"]["d_model16"]["compute"][0] \
+        == pytest.approx(60 * 100 * sweep.cell("lw_1x", "d_model16").step.flops / scale)
 
 
 def test_a_sweep_may_grow_by_a_size_but_not_lose_one(book, tmp_path):

@@ -482,8 +482,9 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
     cost = format_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline))
-    if compute_rows(plan, summaries):  # the FLOPs and tokens each run trained, where the task's steps fix them
-        cost += f"\n\n{format_table(COMPUTE_HEADERS, compute_rows(plan, summaries))}\n\n{COMPUTE_NOTE}"
+    compute = compute_rows(plan, summaries)  # the FLOPs and tokens each run trained, where the task's steps fix them
+    if compute:
+        cost += f"\n\n{format_table(COMPUTE_HEADERS, compute)}\n\n{COMPUTE_NOTE}"
     runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
