@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence, get_args
 
 from .compare import DEFAULT as COMPARE_DEFAULT
+from .compare import options as compare_options
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--budget-steps", type=int,
                          help="optimiser steps per run (train.max_steps): the same table on any load of the same "
                               "machine and software")
+    compare_options.add_arguments(compare)
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
@@ -546,7 +548,7 @@ def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections, run_compare
+    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections
     from .tables import format_table
 
     if args.list_variants:
@@ -557,8 +559,9 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
               "jobs": args.jobs}
     if args.default:
         chosen = {key: value if value not in (None, []) else DEFAULT[key] for key, value in chosen.items()}
-        if args.budget_minutes is not None and args.budget_steps is None:
-            chosen["budget_steps"] = None  # minutes asked for instead of the default's steps
+        if compare_options.replaces_steps(args) and args.budget_steps is None:
+            chosen["budget_steps"] = None  # minutes, FLOPs or tokens asked for instead of the default's steps
+        chosen["sets"] = chosen["sets"] if args.sets else compare_options.default_sets(chosen["sets"], args)
     missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
     if missing:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
@@ -566,16 +569,18 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     settings = make_settings(chosen["task"], chosen["variants"], seeds=seeds, budget_minutes=chosen["budget_minutes"],
                              preset=args.preset, baseline=args.baseline,
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
-                             budget_steps=chosen["budget_steps"])
-    output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
+                             budget_steps=chosen["budget_steps"], **compare_options.budgets(args))
+    sweep = compare_options.sweep_options(args)
+    output = Path(args.output or (DEFAULT_OUTPUT if sweep is None else compare_options.SWEEP_OUTPUT).format(
+        task=settings.task))
     launcher = launcher_from_args(args)
     if launcher is not None and args.jobs is not None:
         raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
                           "run at once with --slurm-array-parallelism)")
-    result = run_compare(settings, output, command=["interlayer", *argv],
-                         jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
-                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher,
-                         effect=args.effect)
+    result = compare_options.run(settings, sweep, output, command=["interlayer", *argv],
+                                 jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
+                                 selections=parse_selections(args.select), margin=args.margin, launcher=launcher,
+                                 effect=args.effect)
     if result.interrupted:
         return stop_code(result.signal)  # 130 for Ctrl-C, 143 for SIGTERM
     return 1 if result.failed else 0

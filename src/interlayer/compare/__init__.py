@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
 from ..training.concurrency import DirectoryLock, available_cores
+from .budget import check_budgets
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, parse_variants
@@ -57,11 +58,14 @@ MAX_RUNS = 1000
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
                   preset: Optional[str] = None, baseline: Optional[str] = None,
-                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None) -> Settings:
+                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None,
+                  budget_flops: Optional[float] = None, budget_tokens: Optional[int] = None) -> Settings:
     """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`.
 
     ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:
-    a budget in optimiser steps, which unlike minutes does not depend on the machine or its load."""
+    a budget in optimiser steps, which unlike minutes does not depend on the machine or its load.
+    ``budget_flops`` / ``budget_tokens`` (``--budget-flops``, ``--budget-tokens``): training FLOPs or tokens per
+    run, each variant's steps computed from its cost per step (:mod:`.budget`)."""
     spec = get_spec(task)
     if not 1 <= seeds <= MAX_SEEDS:
         raise ConfigError(f"--seeds={seeds} must be 1..{MAX_SEEDS:,}: seeds count from 1 (--seeds N trains every "
@@ -70,6 +74,7 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
         raise ConfigError(f"--budget-minutes={budget_minutes} must be positive (leave it out for the task's epoch "
                           "limits)")
     sets = dict(sets or {})
+    check_budgets(budget_minutes, budget_steps, budget_flops, budget_tokens, sets)
     if budget_steps is not None:
         if budget_steps < 1:
             raise ConfigError(f"--budget-steps={budget_steps} must be a positive number of optimiser steps")
@@ -85,7 +90,8 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
                           f"{MAX_RUNS:,} in one compare; compare fewer variants or seeds at a time (several "
                           "--output folders)")
     return Settings(task=task, preset=preset, variants=[v.spec for v in parsed], baseline=baseline_name,
-                    seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets)
+                    seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets,
+                    budget_flops=budget_flops, budget_tokens=budget_tokens)
 
 
 @dataclass
@@ -146,7 +152,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
     if launcher is not None:
         check_launcher(launcher)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
-    plan = build_plan(settings)
+    plan = build_plan(settings, processes=1 if launcher is None else launcher.tasks)
     check_selections(selections, [v.variant.name for v in plan.variants])
 
     def check_files() -> None:  # every file the runners and the report read back, refused before anything is written

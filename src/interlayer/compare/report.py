@@ -33,6 +33,7 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, plots
+from .compute import COMPUTE_HEADERS, COMPUTE_NOTE, budget_text, compute_rows
 from .environment import Environment
 from .pictures import figures
 from .plan import Plan
@@ -249,7 +250,10 @@ class Report:
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
     s = plan.settings
     missing = [r.name for v in summaries for r in v.runs if r.state != "finished"]
-    if s.budget_minutes:
+    compute = budget_text(s)
+    if compute:
+        budget = compute
+    elif s.budget_minutes:
         budget = f"{s.budget_minutes:g} min of training per run (validation excluded)"
     elif "train.max_steps" in s.sets:
         budget = f"{s.sets['train.max_steps']} optimiser steps per run"
@@ -418,6 +422,8 @@ def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list
             f"<p>{html.escape(_differences_caption(plan))}</p>",
             _html_table(difference_headers(plan, summaries), difference_rows(plan, summaries)),
             "<h2>Measured cost</h2>", _html_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline)),
+            *([_html_table(COMPUTE_HEADERS, rows), f"<p>{_inline_markdown(COMPUTE_NOTE)}</p>"]
+              if (rows := compute_rows(plan, summaries)) else []),
             _bullets(_explanations(plan, margin, effect))]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
@@ -484,6 +490,9 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
     cost = format_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline))
+    compute = compute_rows(plan, summaries)  # the FLOPs and tokens each run trained, where the task's steps fix them
+    if compute:
+        cost += f"\n\n{format_table(COMPUTE_HEADERS, compute)}\n\n{COMPUTE_NOTE}"
     runs = format_table(RUN_HEADERS, run_rows(plan, summaries))
     md_differences = format_table([md_text(h) for h in difference_headers(plan, summaries)],
                                   difference_rows(plan, summaries))

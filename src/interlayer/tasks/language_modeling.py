@@ -268,6 +268,12 @@ class LanguageModelingTask:
         return {"arch": "causal_lm", "src_vocab_size": len(self.tokenizer), "max_positions": self.data.block_size}
 
     # -- training --------------------------------------------------------------------------------------------
+    def step_blocks(self, train: TrainConfig, processes: int = 1) -> tuple[int, int]:
+        """(blocks, tokens each) that one optimiser step of a run with the training settings ``train`` trains on
+        over ``processes`` data-parallel ranks: every step reads the same number of tokens, so a budget in tokens
+        or FLOPs is a number of steps (``compare --budget-flops``)."""
+        return train.max_tokens // self.data.block_size * train.update_freq * processes, self.data.block_size
+
     def train_batches(self, epoch: int, seed: int) -> "Batches":
         """``eval_interval`` optimiser steps of ``(rows, block_size + 1)`` token blocks at random offsets drawn
         from a generator seeded by ``(seed, epoch)`` alone (as many micro-batches per step as the engine takes:
