@@ -202,3 +202,16 @@ def test_caption_command_writes_coco_results_for_a_feature_folder(tmp_path, caps
     capsys.readouterr()
     assert main(["caption", "--checkpoint", str(run / "best"), "--features", str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_compare_resolves_the_papers_variants_on_the_captioner() -> None:
+    from interlayer.compare.plan import Settings, build_plan
+
+    sets = {"data.train_size": "8", "data.valid_size": "2", "data.test_size": "2"}
+    plan = build_plan(Settings("caption", "caption_transformer_small", ["baseline", "lw_1x", "crossformer_kq"],
+                               "baseline", [1], None, sets))
+    models = {v.variant.name: v for v in plan.variants}
+    assert models["lw_1x"].model["transformer"]["lightweight"]["groups"] == 2
+    assert models["crossformer_kq"].model["transformer"]["crossformer"]["hard"] == ["kq"]
+    assert models["lw_1x"].parameters < models["baseline"].parameters
+    assert plan.task.metric == "cider" and "xe_cider" in plan.task.extra_metrics

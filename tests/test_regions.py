@@ -120,3 +120,17 @@ def test_save_and_load_round_trip(tmp_path) -> None:
         assert type(again) is type(model) and isinstance(again.config, RegionConfig)
         for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
             assert torch.equal(a, b), name
+
+
+def test_the_papers_captioning_and_rec_rows_are_within_one_percent_of_our_builds() -> None:
+    """LW Table VIII (44M, 24M, 29M) and Table II's RefCOCO column (44.1M, 24.0M, 28.7M) beside our presets."""
+    from interlayer.papers.lightweight import region_tables
+
+    tables = region_tables()
+    assert [title.split(" (")[0] for title, _, _ in tables] == ["LW-Transformer Table VIII",
+                                                                "LW-Transformer Tables II / VII"]
+    for _, _, rows in tables:
+        assert len(rows) == 3
+        for row in rows:
+            ours, paper = int(row[1].replace(",", "")), float(row[3].rstrip("M")) * 1e6
+            assert abs(ours - paper) / paper < 0.01, row
