@@ -23,12 +23,13 @@ from interlayer.models import registry
 from interlayer.models.cnn_text import CNNTextConfig
 from interlayer.models.gat import GATConfig
 from interlayer.models.mcan import MCANConfig
+from interlayer.models.regions import RegionConfig
 from interlayer.models.vision import VisionConfig
 
 SRC = Path(interlayer.__file__).parent
 NAMES = list_models()
 CONFIG_CLASS = {"transformer": ModelConfig, "text_cnn": CNNTextConfig, "image": VisionConfig, "gat": GATConfig,
-                "mcan": MCANConfig}
+                "mcan": MCANConfig, "region": RegionConfig}
 
 
 @pytest.mark.parametrize("name", NAMES)

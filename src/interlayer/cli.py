@@ -25,7 +25,7 @@ from .errors import (
 )
 from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
 from .kernels.dispatch import check_environment
-from .tasks import task_specs
+from .tasks import task_commands, task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
@@ -232,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_arguments(compare, training=True)
     add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
+    for name, command in task_commands().items():  # the tasks' own (TaskSpec.commands: interlayer caption, ...)
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.description))
     return parser
 
 
@@ -671,7 +673,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         check_environment(), distributed.environment()  # the variables commands read, before any writes
         with sigterm_as_stop():
-            code = COMMANDS[args.command](args, argv) or 0
+            code = (COMMANDS.get(args.command) or task_commands()[args.command].run)(args, argv) or 0
         sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
         return code
     except BrokenPipeError:

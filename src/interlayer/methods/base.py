@@ -60,13 +60,14 @@ class VariantContext:
         return self.base.get("model_type") == "gat"
 
     def transformer_fields(self, method: str) -> dict[str, Any]:
-        """The Transformer fields of the base config: the config itself, or a vision model's ``encoder``; an MCAN
-        config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections take the same keys. Raises
-        :class:`VariantError` naming ``method`` for a model without them."""
+        """The Transformer fields of the base config: the config itself, a vision model's ``encoder`` or a region
+        model's ``transformer``; an MCAN config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections
+        take the same keys. Raises :class:`VariantError` naming ``method`` for a model without them."""
         if "enc_layers" in self.base or self.is_mcan:
             return self.base
-        if isinstance(self.base.get("encoder"), dict) and "enc_layers" in self.base["encoder"]:
-            return self.base["encoder"]
+        for nested in ("encoder", "transformer"):
+            if isinstance(self.base.get(nested), dict) and "enc_layers" in self.base[nested]:
+                return self.base[nested]
         kind = self.base.get("model_type", "non-Transformer")
         raise VariantError(f"the {method} variants add a method section to a Transformer, but task {self.task!r} "
                            f"trains a {kind} model (preset {self.preset!r}) that has none; compare that model's own "

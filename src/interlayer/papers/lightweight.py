@@ -1,8 +1,11 @@
-"""LW-Transformer (Luo et al.), Tables II and III: the rows as MCAN presets, and the tables beside our builds.
+"""LW-Transformer (Luo et al.), Tables II and III: the rows as MCAN presets, and the tables beside our builds; the
+captioning (Table VIII) and REC (Tables II, VII) rows as region-model presets.
 
 Every headline row of the paper is MCAN on VQA (Sec. IV-A), so each row here is an MCAN preset
 (:mod:`interlayer.models.mcan`) whose ``lightweight`` section is the row's configuration; ``interlayer tables``
-prints the comparison. Table IX's image rows are ViT presets at Fashion-MNIST scale (:mod:`interlayer.models.vision`).
+prints the comparison. The captioning and REC baselines are the same 6 + 6 blocks over region features
+(:mod:`interlayer.models.regions`), so LW1x and LW3x there are the same sections on ``caption_transformer`` and
+``rec_transformer``. Table IX's image rows are ViT presets at Fashion-MNIST scale (:mod:`interlayer.models.vision`).
 The method itself is :mod:`interlayer.methods.lightweight`.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from torch import nn
 
 from ..accounting import count_parameters
 from ..models.mcan import MODEL_TYPE
+from ..models.regions import REGION_PRESETS
 from ..models.registry import create_model, register_presets
 from ..models.vision import VIT, with_encoder
 from ..tables import human
@@ -96,7 +100,58 @@ def paper_tables() -> list[tuple[str, list[str], list[list]]]:
         ("LW-Transformer Table II (ablation: G-MHA, G-FFN, WS, n x, k) on MCAN", list(_HEADERS),
          _table_rows(_TABLE_II)),
         ("LW-Transformer Table III (G-LML, G-IL; mini = G-IL) on MCAN", list(_HEADERS), _table_rows(_TABLE_III)),
+        *region_tables(),
     ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Captioning and REC (Sec. IV-A: "For VQA, IC and REC, we use the Transformer networks proposed in [1], [2]"): the
+# same 6 + 6 blocks over region features. Table VIII gives the captioners' parameters (44M, 24M, 29M); Table VII has
+# none, and Table II's column (44.1M, 24.0M, 28.7M) is the one its RefCOCO results come with. Our MAdds are those
+# of the blocks at 100 regions and 20 words (the paper gives MAdds for VQA's inputs only).
+_REGION_ROWS: dict[str, list[tuple[str, str, Optional[dict[str, Any]], float]]] = {
+    "caption": [("caption_transformer", "Transformer", None, 44.0),
+                ("lw_caption_1x", "LW-Transformer1x", {}, 24.0),
+                ("lw_caption_3x", "LW-Transformer3x", dict(qk_expansion=3), 29.0)],
+    "rec": [("rec_transformer", "Transformer", None, 44.1),
+            ("lw_rec_1x", "LW-Transformer1x", {}, 24.0),
+            ("lw_rec_3x", "LW-Transformer3x", dict(qk_expansion=3), 28.7)],
+}
+_REGIONS, _WORDS = 100, 20
+
+
+def region_tables() -> list[tuple[str, list[str], list[list]]]:
+    """LW's captioning (Table VIII) and REC (Table II's parameters of the RefCOCO rows) models beside our
+    region-model presets: block parameters as the paper counts them, the whole model, our block MAdds."""
+    titles = {"caption": "LW-Transformer Table VIII (COCO captioning) beside our captioners",
+              "rec": "LW-Transformer Tables II / VII (RefCOCO) beside our REC models"}
+    out = []
+    for head, rows in _REGION_ROWS.items():
+        table = []
+        for name, row, _, paper in rows:
+            with torch.device("meta"):
+                model = create_model(name)
+            blocks = count_parameters(nn.ModuleList([*model.encoder.layers, *model.decoder.layers]))
+            words, regions = (_WORDS, _REGIONS) if head == "rec" else (_REGIONS, _WORDS)
+            madds = model.encoder.madds(words) + model.decoder.madds(regions, words) if head == "rec" else \
+                model.encoder.madds(regions) + model.decoder.madds(words, regions)
+            table.append([f"{row} [{name}]", f"{blocks:,}", human(blocks), f"{paper}M", _diff(blocks, paper, 1e6, "M"),
+                          human(count_parameters(model)), f"{madds / 1e9:.3f}G"])
+        out.append((titles[head], ["configuration [preset]", "block params (ours)", "ours", "paper", "diff",
+                                   "whole model (10k words)", f"block MAdds (ours, {_REGIONS} regions + {_WORDS} "
+                                   "words)"], table))
+    return out
+
+
+def _with_lightweight(base: str, section: dict[str, Any]) -> dict[str, Any]:
+    fields = REGION_PRESETS[base][1]
+    return dict(fields, transformer=dict(fields["transformer"], lightweight=dict(section)))
+
+
+register_presets("region", {
+    name: (f"{row} on LW Sec. IV-A's {head} baseline (k=2; LW Table {'VIII' if head == 'caption' else 'II'}: "
+           f"{paper}M)", _with_lightweight(rows[0][0], section))
+    for head, rows in _REGION_ROWS.items() for name, row, section, paper in rows if section is not None})
 
 
 register_presets(MODEL_TYPE, {
