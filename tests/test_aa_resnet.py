@@ -121,11 +121,13 @@ def _mixer_calls(model, images):
 
 
 def test_the_chain_crosses_stages_by_resizing_or_restarts():
-    """The CPU preset's four augmented layers: two at 6 x 6, two at 3 x 3 (here); three predict."""
+    """The CPU preset's four augmented layers, two at 6 x 6 and two at 3 x 3 (here, unpooled); three predict."""
     images = torch.randint(0, 256, (2, 1, 12, 12), dtype=torch.uint8)
-    area = create_model("pa_aa_resnet_fashion_mnist", **SMALL)
+    full = dict(SMALL, attention_pool=[False] * 3)  # the 6 x 6 stage attends at 6 x 6
+    area = create_model("pa_aa_resnet_fashion_mnist", **full)
     assert _mixer_calls(area, images) == [(2, 4, 36, 36), (2, 4, 9, 9), (2, 4, 9, 9)]
-    restart = create_model("pa_aa_resnet_fashion_mnist", map_resize="restart", **SMALL)
+    assert _mixer_calls(create_model("pa_aa_resnet_fashion_mnist", **SMALL), images) == [(2, 4, 9, 9)] * 3
+    restart = create_model("pa_aa_resnet_fashion_mnist", map_resize="restart", **full)
     assert _mixer_calls(restart, images) == [(2, 4, 36, 36), (2, 4, 9, 9)]
 
 
@@ -166,7 +168,8 @@ def test_aa_configs_are_validated():
     with pytest.raises(ConfigError, match="upsilon=0.99 .* leaves the convolution none"):
         get_config("aa_resnet_fashion_mnist", upsilon=0.99)
     with pytest.raises(ConfigError, match="at least 2 augmented"):
-        get_config("pa_aa_resnet_fashion_mnist", augmented=[False, False, True], layers=[2, 2, 1])
+        get_config("pa_aa_resnet_fashion_mnist", augmented=[False, False, True], layers=[2, 2, 1],
+                   attention_pool=[False] * 3)
     with pytest.raises(ConfigError, match="predictive.alpha=2"):
         get_config("pa_aa_resnet_fashion_mnist", **{"predictive.alpha": 2})
 
@@ -179,7 +182,7 @@ def test_a_saved_pa_aa_resnet_loads_and_trains(tmp_path):
     assert torch.equal(model(images).logits, loaded(images).logits)
     out = loaded.train()(images, labels=torch.tensor([0, 3]), output_attentions=True)
     out.loss.backward()
-    assert len(out.attentions) == 4 and out.attentions[0].shape == (2, 4, 36, 36)
+    assert len(out.attentions) == 4 and out.attentions[0].shape == (2, 4, 9, 9)  # the 6 x 6 stage's, pooled
     assert all(p.grad is not None for p in loaded.parameters())
     assert count_parameters(loaded) == count_parameters(model)
     assert F.softmax(out.logits, -1).shape == (2, 10)

@@ -14,7 +14,7 @@ from interlayer.tasks import TaskSpec, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig
 
-TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
+TASKS = ["citeseer", "cora", "fashion_mnist", "image", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
 
 
 def test_every_named_subclass_is_a_task_and_family_bases_are_not():

@@ -385,13 +385,14 @@ class AAResNet(nn.Module, PretrainedMixin):
 # 28 x 28 stage's attention pooled to 14 x 14, N_h = 8, kappa = 2 upsilon = 0.2, ResNet-34 kappa = upsilon = 0.25).
 # The CPU preset for 28 x 28 grey images: He et al.'s small-image stem (one 3 x 3 convolution, 16 channels) and
 # three stages of two basic blocks, 16 / 32 / 64 wide at 28 / 14 / 7, the last two augmented (14 x 14 and 7 x 7: the
-# analogue of ImageNet's last stages), 4 heads, kappa = 0.5 and upsilon = 0.25 (at these widths AA's 0.2 / 0.1 would
-# leave one or two channels per head; docs/vision-backbones.md).
+# analogue of ImageNet's last stages), the 14 x 14 stage's attention pooled to 7 x 7 as AA pools its largest (its
+# 196 x 196 maps cost 4x the step of the whole network on 2 CPU cores), 4 heads, kappa = 0.5 and upsilon = 0.25 (at
+# these widths AA's 0.2 / 0.1 would leave one or two channels per head; docs/vision-backbones.md).
 AA_IMAGENET: dict[str, Any] = dict(block="bottleneck", layers=[3, 4, 6, 3])
 AA_FASHION_MNIST: dict[str, Any] = dict(
     image_height=28, image_width=28, channels=1, pixel_mean=[0.0], pixel_std=[1.0], num_classes=10, block="basic",
     layers=[2, 2, 2], widths=[16, 32, 64], stem="small", stem_width=16, augmented=[False, True, True],
-    attention_pool=[False, False, False], heads=4, kappa=0.5, upsilon=0.25)
+    attention_pool=[False, True, False], heads=4, kappa=0.5, upsilon=0.25)
 AA_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "aa_resnet34": ("AA-ResNet-34 (AA Sec. 4.2, PA Table 4): basic blocks 3-4-6-3, the last 3 stages augmented, "
                     "8 heads, kappa = upsilon = 0.25", dict(AA_IMAGENET, block="basic", kappa=0.25, upsilon=0.25)),
@@ -400,13 +401,13 @@ AA_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "aa_resnet101": ("AA-ResNet-101 (AA Sec. 4.2, PA Table 4): bottlenecks 3-4-23-3, as AA-ResNet-50",
                      dict(AA_IMAGENET, layers=[3, 4, 23, 3])),
     "aa_resnet_fashion_mnist": (
-        "AA-ResNet for 28x28 grey images: 3x3 stem, basic blocks 2-2-2 at 16/32/64 channels, the 14x14 and 7x7 "
-        "stages augmented, 4 heads, kappa 0.5, upsilon 0.25", dict(AA_FASHION_MNIST)),
+        "AA-ResNet for 28x28 grey images: 3x3 stem, basic blocks 2-2-2 at 16/32/64 channels, the 14x14 (attention "
+        "pooled to 7x7) and 7x7 stages augmented, 4 heads, kappa 0.5, upsilon 0.25", dict(AA_FASHION_MNIST)),
 }
 
 register_family(Family(
     name=MODEL_TYPE, title="Attention-augmented ResNets", tasks="image, fashion_mnist", config_class=AAResNetConfig,
     from_dict=_from_dict, override=_override, build=AAResNet,
-    madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=2,
+    madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=4,
     model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
 register_presets(MODEL_TYPE, AA_PRESETS)

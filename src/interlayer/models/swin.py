@@ -424,6 +424,6 @@ SWIN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 register_family(Family(
     name=MODEL_TYPE, title="Swin Transformer", tasks="image, fashion_mnist", config_class=SwinConfig,
     from_dict=_from_dict, override=_override, build=SwinClassifier,
-    madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=2,
+    madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=4,
     model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
 register_presets(MODEL_TYPE, SWIN_PRESETS)

@@ -123,6 +123,11 @@ class VisionConfig(ConfigFile):
         return self.image_height // self.down_sampling, self.image_width // self.down_sampling
 
     @property
+    def num_classes(self) -> int:
+        """The encoder's classes (what every image model's config says as ``num_classes``)."""
+        return self.encoder.num_classes
+
+    @property
     def has_cls_token(self) -> bool:
         return self.backbone == "vit" and self.encoder.pooling == "cls"
 

@@ -136,7 +136,6 @@ register_presets(AA_RESNET, {
     for name in ("aa_resnet34", "aa_resnet50", "aa_resnet101")})
 register_presets(AA_RESNET, {
     "pa_aa_resnet_fashion_mnist": (
-        "PA-AA-ResNet for 28x28 grey images: the CPU AA-ResNet with PA across its 4 augmented layers (14x14 maps "
-        "resized to 7x7 at the stage change), alpha=0.5, one 3x3 convolution", dict(AA_FASHION_MNIST,
-                                                                                   predictive=dict(_PA_AA))),
+        "PA-AA-ResNet for 28x28 grey images: the CPU AA-ResNet with PA across its 4 augmented layers (7x7 maps), "
+        "alpha=0.5, one 3x3 convolution", dict(AA_FASHION_MNIST, predictive=dict(_PA_AA))),
 })
