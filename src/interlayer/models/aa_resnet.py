@@ -324,17 +324,13 @@ class AAResNet(nn.Module, PretrainedMixin):
                 in_ch = width * EXPANSION[cfg.block]
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(in_ch, cfg.num_classes)
+        # whether the next augmented block mixes in block i's logits (PA on, the chain not restarted between them)
+        augmented = [i for i, grid in enumerate(self.block_grids) if grid is not None]
+        following = dict(zip(augmented, augmented[1:]))
+        self.logits_wanted = [cfg.predictive is not None and i in following and (
+            cfg.map_resize == "area" or self.block_grids[following[i]] == self.block_grids[i])
+            for i in range(len(blocks))]
         track_ties(self)
-
-    def _wants_logits(self, index: int) -> bool:
-        """Whether the next augmented block mixes in block ``index``'s logits (PA on, and the chain not restarted
-        between them)."""
-        if self.config.predictive is None:
-            return False
-        later = [j for j in range(index + 1, len(self.blocks)) if self.block_grids[j] is not None]
-        if not later:
-            return False
-        return self.config.map_resize == "area" or self.block_grids[later[0]] == self.block_grids[index]
 
     def forward(self, images: Optional[Tensor] = None, *, pixel_values: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, need_intermediates: bool = False,
@@ -355,7 +351,7 @@ class AAResNet(nn.Module, PretrainedMixin):
             if grid is not None and prev is not None:
                 given = prev if prev_grid == grid else (
                     resize_maps(prev, prev_grid, grid) if self.config.map_resize == "area" else None)
-            x, inter = block(x, given, self._wants_logits(index), need_intermediates)
+            x, inter = block(x, given, self.logits_wanted[index], need_intermediates)
             if grid is not None:
                 prev, prev_grid = (inter.logits if inter is not None else None), grid
                 attentions.append(inter)
