@@ -14,8 +14,8 @@ from interlayer.tasks import TaskSpec, task_commands, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig
 
-TASKS = ["caption", "citeseer", "cora", "fashion_mnist", "lm", "mrpc", "rec", "sick", "sst2", "sst5", "translation",
-         "vqa"]
+TASKS = ["caption", "citeseer", "cora", "fashion_mnist", "image", "lm", "mrpc", "rec", "sick", "sst2", "sst5",
+         "translation", "vqa"]
 
 
 def test_every_named_subclass_is_a_task_and_family_bases_are_not():
