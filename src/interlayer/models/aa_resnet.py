@@ -361,7 +361,7 @@ class AAResNet(nn.Module, PretrainedMixin):
         enc = EncoderOutput(hidden=hidden, padding_mask=None, states=states, mids=states,
                             attentions=attentions if need_intermediates else [], embedded=embedded)
         out = ClassifierOutput(logits=self.head(pooled), encoder=enc, pooled=pooled)
-        out = out.with_hf_extras(labels, output_hidden_states, output_attentions)
+        out = out.with_hf_extras(labels, output_hidden_states, output_attentions, self.training)
         return out.to_tuple() if return_dict is False else out
 
     def madds(self, src_len: Optional[int] = None, tgt_len: Optional[int] = None) -> int:
