@@ -288,7 +288,6 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
     from pathlib import Path
     from unittest import mock
 
-    import sass_audit
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend

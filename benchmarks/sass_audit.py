@@ -15,11 +15,12 @@ Two halves meet per program of a launch:
   touches. Control flow may depend on program ids, sizes and constants, never on loaded data (a shadowed value
   in a branch raises).
 
-A basic block inside a loop runs as often as the most common count of the source lines of its instructions, a block
-outside every loop once if any of its lines ran (a block whose instructions carry no line as often as the block
-before it), so loop trip counts come from the launch itself and change when a kernel's loop does. Lines are the
-unit, so a kernel calls a helper once a line (the shadow refuses two calls on one line). Every warp of a program runs the same blocks (branches in these kernels are
-on program-level scalars): executed warp-instructions are the per-program count times the program's warps,
+A basic block inside a loop runs as often as the most common count of the source lines of its instructions that
+ran, a block outside every loop once if any of its lines ran (a block whose instructions carry no line as often as
+the block before it), so loop trip counts come from the launch itself and change when a kernel's loop does; a loop
+the compiler unrolled U times (a main copy and a remainder, :func:`unroll_factors`) runs count // U and count % U
+times. Lines are the unit, so a kernel calls a helper once a line (the shadow refuses two calls on one line). Every
+warp of a program runs the same blocks (branches in these kernels are on program-level scalars): executed warp-instructions are the per-program count times the program's warps,
 averaged over the sampled programs and multiplied by the grid.
 
 Bytes are distinct addresses loaded and stored: over all the programs of one index of the uniform axes when those

@@ -27,3 +27,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text. A module that needs a bigger corpus overrides this fixture with its own ``write_corpus`` sizes."""
     return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (120, 1), "valid": (6, 2), "test": (6, 3)},
                         lexicon=SHORT_LEXICON, lengths=(2, 5), sentences=False)
+
+
+@pytest.fixture()
+def real_builds(monkeypatch):
+    """The devices of every Linear layer built from here on: a model built for real has 'cpu' among them."""
+    devices, reset = [], torch.nn.Linear.reset_parameters
+    monkeypatch.setattr(torch.nn.Linear, "reset_parameters",
+                        lambda self: devices.append(self.weight.device.type) or reset(self))
+    return devices

@@ -22,6 +22,7 @@ from interlayer import get_config, list_models
 from interlayer.cli import main
 from interlayer.compare import (
     DEFAULT,
+    MAIN_JOB_SEEDS,
     MAIN_JOB_STEPS,
     MAIN_JOB_VALIDATIONS,
     build_plan,
@@ -36,7 +37,7 @@ from interlayer.compare.runner import run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
 from interlayer.core.config import ConfigError
-from interlayer.errors import VariantError
+from interlayer.errors import DataError, VariantError
 from interlayer.methods.base import VariantContext
 from interlayer.training.concurrency import threads_per_run
 from interlayer.training.engine import LAST
@@ -149,9 +150,9 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run(settings, output, *, command, jobs, selections, margin, launcher):
+    def fake_run(settings, output, *, command, jobs, selections, margin, launcher, effect):
         seen.update(settings=settings, output=output, command=command, jobs=jobs, selections=selections,
-                    margin=margin, launcher=launcher)
+                    margin=margin, launcher=launcher, effect=effect)
         return type("Result", (), {"interrupted": False, "failed": []})()
 
     monkeypatch.setattr(interlayer.compare, "run_compare", fake_run)
@@ -165,6 +166,8 @@ def test_cli_default_and_list_variants(monkeypatch, capsys):
     assert seen["output"] == Path("runs/compare/lm") and seen["command"][:2] == ["interlayer", "compare"]
     assert seen["jobs"] == 2 and seen["selections"] == [] and seen["margin"] is None and seen["launcher"] is None
     assert main(["compare", "--default", "--margin", "0.02"]) == 0 and seen["margin"] == 0.02
+    assert seen["effect"] is None
+    assert main(["compare", "--default", "--effect", "0.05"]) == 0 and seen["effect"] == 0.05
     capsys.readouterr()
     with pytest.raises(SystemExit):  # the help states the default budget the code uses
         main(["compare", "--help"])
@@ -210,7 +213,7 @@ def test_default_comparison_applies_to_its_bundled_task():
                              sets=_parse_sets(DEFAULT["sets"]))
     plan = build_plan(settings)
     assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"]
-    assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 15
+    assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 5 * MAIN_JOB_SEEDS
     assert plan.task.units == "tokens" and plan.variant("baseline").lengths == [64]
     models = {v.variant.name: v.model for v in plan.variants}
     assert all(m["arch"] == "causal_lm" and m["d_model"] == 64 and m["max_positions"] == 64 for m in models.values())
@@ -236,8 +239,9 @@ def _run_processes():
 
 def _interrupt_when(path, events):
     """Freeze the run process once ``path`` exists (it is then inside the training loop), queue a SIGINT for it
-    and for this process (as a terminal's Ctrl-C does), and let it go on. The run must have steps left after its
-    first save for this to land mid-training; the caller gives it enough to outlast a slow poll on a loaded machine."""
+    (as a terminal's Ctrl-C does) and a SIGTERM for this process (as ``kill PID`` does), and let it go on. The run
+    must have steps left after its first save for this to land mid-training; the caller gives it enough to outlast
+    a slow poll on a loaded machine."""
     deadline = time.time() + 600  # generous: on a loaded machine each tiny run can take a minute
     while not path.exists() and time.time() < deadline:
         time.sleep(0.02)
@@ -248,7 +252,7 @@ def _interrupt_when(path, events):
     child = runs[0]
     os.kill(child, signal.SIGSTOP)
     os.kill(child, signal.SIGINT)
-    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)
     os.kill(child, signal.SIGCONT)
     events.append("interrupted")
@@ -264,7 +268,7 @@ def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, ca
     events = []
     watcher = threading.Thread(target=_interrupt_when, args=(out / "runs/pa-s2" / LAST, events))
     watcher.start()
-    assert main(args) == 130  # interrupted
+    assert main(args) == 143  # interrupted by SIGTERM: 128 + 15 (it was 130, as for Ctrl-C)
     watcher.join()
     assert events == ["interrupted"]
     first = capsys.readouterr().out
@@ -292,6 +296,15 @@ def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, ca
     assert "PARTIAL" not in second and "Partial" not in (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["variants"]["pa"]["finished_runs"] == 2 and len(summary["variants"]["pa"]["test"]) == 2
+
+
+@pytest.mark.parametrize("stopped, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (None, 130)])
+def test_an_interrupted_compare_exits_128_plus_its_signal(monkeypatch, stopped, code):
+    """Ctrl-C 130, ``kill PID`` 143, as the docs say (both were 130); the real signal is in the test above."""
+    import interlayer.compare as compare
+
+    monkeypatch.setattr(compare, "run_compare", lambda *a, **k: SimpleNamespace(interrupted=True, signal=stopped))
+    assert main(["compare", "--task", "lm", "--variants", "baseline", "--output", "unused"]) == code
 
 
 def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_path, capsys):
@@ -399,7 +412,8 @@ def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_p
     assert report.notes == [] and report.complete
     sizes = {p.path.name: p.size for p in report.pictures}
     assert sizes["learning_curves.png"] == (800, 450) and sizes["cost.png"] == (1100, 650)
-    assert sizes["pa_attention_pa.png"] == (4 * 320, 300 + 40)  # baseline + 3 PA columns; layer 2 (the only PA one)
+    # baseline + 3 PA maps of layer 2 (the only PA one), two to a line
+    assert sizes["pa_attention_pa.png"] == (2 * 560, 2 * 520 + 40)
     assert sizes["mpt_soft_mpt_soft.png"] == (2 * 380, 340)  # one panel per seed
     for picture in report.pictures:
         _check_png(picture)
@@ -535,6 +549,106 @@ def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, 
     assert "counted as unfinished" in report.markdown.read_text()
     (damaged.parent / LAST).write_bytes(b"")
     assert run_state(damaged.parent) == "resumable"  # the next compare resumes it, which scores it again
+
+
+# Every file a comparison reads back, edited or damaged: (file under DIR, how it is changed, the one line expected)
+RESULTS = "runs/baseline-s1/results.json"
+TAMPERED = [
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"test_bleu": -5.0, "x": '),
+     r"results.json: test_bleu=-5 is outside the values a test_bleu can take \(0..100\); it was edited or damaged: "
+     r"restore it, or delete it: the same compare command then scores the run's checkpoint again"),
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"test_bleu": 250.0, "x": '), r"test_bleu=250 is outside"),
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"test_bleu": NaN, "x": '), r"test_bleu=nan is not a finite"),
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"test_bleu": "high", "x": '), r"test_bleu='high' is not a num"),
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"test_bleu": true, "x": '), r"test_bleu=True is not a number"),
+    (RESULTS, lambda t: t.replace('"test_bleu": ', '"x": '), r"it holds no test_bleu, the score every finished run"),
+    (RESULTS, lambda t: t.replace('"train_minutes": 0.5', '"train_minutes": "abc"'), r"train_minutes='abc' is not a"),
+    (RESULTS, lambda t: t.replace('"stop_reason": "budget"', '"stop_reason": [1]'), r"stop_reason=\[1\] is not text"),
+    (RESULTS, lambda t: t.replace('"epochs": 5', '"epochs": -5'), r"epochs=-5 is not a finite number at least 0"),
+    (RESULTS, lambda t: t.replace('"status": "finished"', '"status": "interrupted"'), r"status='interrupted', but"),
+    ("runs/baseline-s1/valid.csv", lambda t: t + "60,6,nan,1,0.7\n",
+     r"valid.csv: line 7: bleu='nan' is not a finite number 0..100; it was edited or damaged: restore it, or delete"),
+    ("runs/baseline-s1/valid.csv", lambda t: t + "60,6,-3,1,0.7\n", r"line 7: bleu='-3' is not a finite number"),
+    ("runs/baseline-s1/valid.csv", lambda t: t + "60,6,3,1,soon\n", r"line 7: elapsed_min='soon' is not a finite"),
+    ("runs/baseline-s1/valid.csv", lambda t: "\udcff" + t, r"valid.csv:1: not valid UTF-8 \(byte 0: .*; it was "
+                                                           r"edited or damaged"),
+    ("runs/baseline-s1/train.csv", lambda t: t + "41,1.0,fast\n", r"train.csv: line 42: units_per_s='fast' is not a"),
+    ("runs/baseline-s1/compare_memory.json", lambda t: "{", r"compare_memory.json:1:2: not valid JSON: .*; it was "
+                                                           r"edited or damaged: restore it, or delete it"),
+    ("runs/baseline-s1/compare_memory.json", lambda t: '{"a": 1}', r"expected a JSON list, got dict"),
+    ("runs/baseline-s1/compare_memory.json", lambda t: '[{"peak_rss_mb": 1, "peak_rss_growth_mb": "x"}]',
+     r"entry 0 is .*; each entry holds the finite numbers peak_rss_mb and peak_rss_growth_mb"),
+    ("status.json", lambda t: "{", r"status.json:1:2: not valid JSON: .*; it was edited or damaged: delete it"),
+    ("status.json", lambda t: "[1]", r"status.json: expected a JSON object, got list"),
+    ("status.json", lambda t: '{"baseline-s1": "failed"}', r"the entry of 'baseline-s1' is 'failed', not a run's"),
+    ("status.json", lambda t: '{"baseline-s1": {"status": "failed", "seconds": "long"}}', r"seconds='long' and"),
+]
+
+
+def test_every_file_a_comparison_reads_back_is_checked_and_a_damaged_one_named(corpus, tmp_path):
+    """A tampered or damaged results.json, curve, memory or status file is one line naming the file, the entry and
+    the fix (a DataError: exit 2), where it was an internal error (a TypeError, a JSONDecodeError, a
+    UnicodeDecodeError) or, worse, a negative or NaN score averaged into the verdicts; a CSV line cut by a crash
+    (no line end) is dropped, not refused."""
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    (out / "status.json").write_text("{}")
+    summarize(plan, out)  # the faked runs read
+    for name, change, message in TAMPERED:
+        path = out / name
+        original = path.read_bytes()
+        path.write_bytes(change(original.decode()).encode("utf-8", "surrogateescape"))
+        with pytest.raises(DataError, match=message) as caught:
+            summarize(plan, out)
+        assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value), name
+        path.write_bytes(original)
+    curve = out / "runs/baseline-s1/valid.csv"
+    curve.write_text(curve.read_text() + "60,6,2")  # the crash cut the last row: dropped
+    assert len(next(r for r in summarize(plan, out)[0].runs if r.seed == 1).curve) == 5
+
+
+def test_a_loss_below_zero_or_not_finite_is_no_score():
+    """The language model's metric, a loss in nats, has no upper end but is never negative (a negative one was
+    averaged in silently); percentages stop at 100."""
+    from interlayer.compare.readback import metric_problem
+
+    assert metric_problem("test_loss", 1.91) is None and metric_problem("test_loss", 0.0) is None
+    assert metric_problem("test_loss", -0.5) == "test_loss=-0.5 is outside the values a test_loss can take (at least 0)"
+    assert metric_problem("test_loss", float("inf")) == "test_loss=inf is not a finite number"
+    assert metric_problem("test_accuracy_relational", 100.5).endswith("(0..100)")
+    assert metric_problem("test_noisy_pavpu", 55.0) is None and metric_problem("test_f1", "1") is not None
+
+
+def test_a_damaged_compare_json_is_refused_naming_it(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    command = ["interlayer", "compare", "..."]
+    prepare_directory(plan, out, command)
+    stored = json.loads((out / "compare.json").read_text())
+    for text, message in [("{", r"compare.json:1:2: not valid JSON"), ("[]", r"expected a JSON object, got list"),
+                          (json.dumps({**stored, "settings": None}), r"settings is not a mapping with seeds"),
+                          (json.dumps({**stored, "invocations": []}), r"invocations is not a list of the commands")]:
+        (out / "compare.json").write_text(text)
+        with pytest.raises(DataError, match=message + r".*it was edited or damaged: restore it from a copy, or give "
+                                                      r"another --output"):
+            prepare_directory(plan, out, command)
+
+
+def test_a_tampered_run_refuses_the_command_before_anything_is_written(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    plan = faked_comparison(corpus, out, "baseline,pa")
+    args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--seeds", "2", "--budget-minutes", "1",
+            "--output", str(out), *_cli_sets(corpus)]
+    prepare_directory(plan, out, ["interlayer", *args])
+    results = out / RESULTS
+    results.write_text(results.read_text().replace('"test_bleu": ', '"test_bleu": -5.0, "x": '))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "writer.lock"}
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interlayer: error: {results}: test_bleu=-5 is outside the values a test_bleu can take (0..100); "
+                   "it was edited or damaged: restore it, or delete it: the same compare command then scores the "
+                   "run's checkpoint again and writes it anew"]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "writer.lock"} == before
 
 
 def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):

@@ -143,7 +143,7 @@ def test_the_main_jobs_report_leads_with_the_paired_test(tmp_path):
     assert rows["lw_1x"]["finished_runs"] == "2" and rows["lw_1x"]["p"] == "" and rows["baseline"]["delta"] == ""
     tex = (out / "report.tex").read_text()
     assert r"\begin{tabular}{l" in tex and r"\toprule" in tex and r"crossformer\_kq" in tex
-    assert r"1.934 $\pm$ 0.021 (n=3)" in tex and "Δ" not in tex and "±" not in tex
+    assert r"1.934 $\pm$ 0.021 &" in tex and "Δ" not in tex and "±" not in tex
     assert report.tables == [out / "report.csv", out / "report.tex"]
 
 

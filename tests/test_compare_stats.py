@@ -99,7 +99,7 @@ def test_verdicts_holm_equivalence_and_the_seed_floor():
              "two_seeds": [1.0, 1.1], "one_seed": [1.5]}
     variants = {name: unpaired(values) for name, values in lists.items()}
     out = compare_to_baseline(variants, base, higher_is_better=False, margin=0.05)
-    assert {c.test for c in out.values()} == {"welch"}
+    assert {c.test for n, c in out.items() if n != "one_seed"} == {"welch"} and out["one_seed"].test is None
     assert out["worse"].verdict == "worse" and out["worse"].delta == pytest.approx(0.2)
     assert out["same"].verdict == "equivalent" and "within ±0.05" in out["same"].reason
     # Holm runs over the two tested variants only: the smaller p is doubled
@@ -118,15 +118,19 @@ def test_verdicts_holm_equivalence_and_the_seed_floor():
     # higher is better flips the words
     flipped = compare_to_baseline({"worse": variants["worse"]}, base, higher_is_better=True)
     assert flipped["worse"].verdict == "better"
-    # without a margin, no equivalence: undecided, with the seeds that detect the observed difference
-    plain = compare_to_baseline({"same": variants["same"], "near": unpaired([2.01, 2.03, 1.99, 2.02, 2.00])}, base,
-                                False)
+    # without a margin, no equivalence: undecided, and no seeds planned for the difference observed (post-hoc power)
+    near_values = unpaired([2.01, 2.03, 1.99, 2.02, 2.00])
+    plain = compare_to_baseline({"same": variants["same"], "near": near_values}, base, False)
+    assert plain["same"].verdict == "undecided" and plain["near"].verdict == "undecided"
+    assert plain["near"].seeds_for_target is None and plain["near"].target is None
+    assert plain["near"].reason == "no difference stated to plan seeds for (--effect)"
+    # a stated smallest effect of interest (--effect 0.01): the seeds that detect it
+    plain = compare_to_baseline({"same": variants["same"], "near": near_values}, base, False, effect=0.01)
     near = plain["near"]
-    assert plain["same"].verdict == "undecided" and near.verdict == "undecided"
     sd = math.sqrt((mean_std([2.01, 2.03, 1.99, 2.02, 2.00])[1] ** 2 + mean_std(list(base.values()))[1] ** 2) / 2)
     # planned at the level of each variant's Holm step: near has the smaller p, so it is tested at 0.05 / 2
     assert near.alpha == 0.025 and plain["same"].alpha == 0.05
-    assert near.seeds_for_target == seeds_needed(0.01, sd, alpha=0.025)
+    assert near.target == 0.01 and near.seeds_for_target == seeds_needed(0.01, sd, alpha=0.025)
     assert f"run {near.seeds_for_target - 5} more" in near.reason and "α = 0.025" in near.reason
     assert near.detectable == pytest.approx(detectable_difference(sd, 5, alpha=0.025))
     assert near.detectable > detectable_difference(sd, 5)  # a stricter level needs a larger difference

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,17 @@ from interlayer.cli import main
 from interlayer.compare import launcher as compare_launcher
 from interlayer.compare.launcher import SubmititRunner
 from interlayer.errors import ConfigError
-from interlayer.training.cluster import LauncherSettings, job_body, make_executor, parse_slurm_sets, parse_time
+from interlayer.training.cluster import (
+    LauncherSettings,
+    attach,
+    job_body,
+    job_identity,
+    job_state,
+    make_executor,
+    parse_slurm_sets,
+    parse_time,
+    remove_stray_folder,
+)
 
 submitit = pytest.importorskip("submitit")
 
@@ -112,6 +123,7 @@ def test_local_jobs_survive_a_killed_compare_and_no_run_is_submitted_twice(corpu
     assert "compare: submitted" not in printed
     assert _submissions(out) == {name: 1 for name in submitted}  # never a second submission
     assert all((out / "runs" / name / "results.json").is_file() for name in submitted)
+    assert not (out / "slurm" / "%j").exists()  # the local controllers' unformatted folder, removed
     report = (out / "report.md").read_text()
     assert "Primary test: the paired t-test of the per-seed differences for pa (paired over seeds 1, 2" in report
     logs = (out / "logs" / "pa-s2.log").read_text()
@@ -143,8 +155,64 @@ def test_the_options_become_sbatch_lines(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"needs --slurm-time on SLURM .*submitit would give every job 5 minutes"):
         make_executor(LauncherSettings(), tmp_path / "slurm3")
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(ConfigError, match="no sbatch on this machine's PATH"):
+    with pytest.raises(ConfigError, match="no sbatch or srun on this machine's PATH"):
         make_executor(LauncherSettings(time_minutes=30), tmp_path / "slurm4")
+
+
+def test_a_refused_launcher_writes_nothing_and_a_refused_submission_leaves_no_staged_file(corpus, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """No sbatch (or srun), options submitit refuses: refused before the output folder exists (compare.json, a lock
+    and slurm/ were written first). An sbatch that refuses the jobs: one line with its message (was an internal
+    error), the pickles submitit staged for them removed, no log line of a submission that did not happen."""
+    out, tools = tmp_path / "cmp", tmp_path / "bin"
+    tools.mkdir()
+    monkeypatch.setenv("PATH", str(tools))
+    sets = [a for k, v in compare_sets(corpus).items() for a in ("--set", f"{k}={v}")]
+    args = ["compare", "--task", "translation", "--variants", "baseline", "--output", str(out), "--launcher",
+            "submitit", *sets]
+    for extra, message in [(["--slurm-time", "10"], "no sbatch or srun on this machine's PATH"),
+                           (["--slurm-cluster", "local", "--slurm-set", "warp_drive=9"], "submitit refuses them")]:
+        assert main([*args, *extra]) == 2
+        assert message in capsys.readouterr().err and not out.exists()
+    for tool, body in [("sbatch", 'echo "sbatch: error: Batch job submission failed: Invalid partition" >&2; exit 1'),
+                       ("srun", "exit 1")]:
+        (tools / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / tool).chmod(0o755)
+    assert main([*args, "--slurm-time", "10", "--slurm-partition", "nowhere"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["interlayer: error: the cluster refused the submission: sbatch: error: Batch job submission "
+                   "failed: Invalid partition; check --slurm-partition, --slurm-set and --slurm-time against what "
+                   "your account may ask for"]
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "writer.lock"]  # no slurm/, logs/, jobs.json
+
+
+def test_a_local_job_id_now_naming_another_process_is_not_followed(tmp_path):
+    """A local job's id is its controller's pid: once the controller has ended, the system may give the pid to any
+    process, which was then followed as the job for ever ("running"). The record keeps the controller's start time,
+    and a pid that names no submitit controller (a record written before) is not followed either."""
+    settings = LauncherSettings(cluster="local", gpus_per_run=0)
+    folder = tmp_path / "slurm"
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for identity in (None, "another-boot:123"):
+            assert job_state(attach(settings, folder, str(stranger.pid), 1, identity)) == "lost"
+        executor = make_executor(settings, folder)
+        job = executor.submit(time.sleep, 60)
+        try:
+            identity = job_identity(settings, job)
+            assert identity is not None and identity.endswith(":" + Path(f"/proc/{job.job_id}/stat").read_text()
+                                                              .rsplit(")", 1)[1].split()[19])
+            assert job_state(attach(settings, folder, job.job_id, 1, identity)) == "running"  # the job itself
+            assert job_state(attach(settings, folder, job.job_id, 1, "another-boot:123")) == "lost"
+            # submitit's local controller makes its unformatted folder, slurm/%j, beside slurm/<job id>/
+            _wait_for(lambda: (folder / "%j").is_dir(), 300, "the local controller to start")
+        finally:
+            job.cancel()
+        remove_stray_folder(folder)
+        assert not (folder / "%j").exists() and (folder / job.job_id).is_dir()
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_cli_refuses_slurm_options_without_the_launcher_and_jobs_with_it(capsys):
@@ -185,3 +253,31 @@ def test_the_job_body_turns_the_time_limit_signal_into_a_clean_stop(tmp_path, mo
         assert "Traceback" in log.read_text() and "ValueError: no such data" in log.read_text()
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_damaged_job_record_is_refused_before_anything_is_written(tmp_path):
+    """jobs.json decides which runs are followed and which submitted: one that is not what the launcher writes
+    (a JSONDecodeError or KeyError, exit 1) is refused naming the entry, before search makes its study."""
+    from helpers.search import DEFINITION, Scored, search_settings
+    from interlayer.errors import DataError
+    from interlayer.search.launch import run_search_jobs
+    from interlayer.training.cluster import read_job_record
+
+    record = tmp_path / "jobs.json"
+    assert read_job_record(record, "runs") == {"runs": {}}  # none yet
+    good = {"runs": {"pa-s1": {"job_id": "4242_1", "tasks": 1, "cluster": "slurm", "submissions": []}}}
+    record.write_text(json.dumps(good))
+    assert read_job_record(record, "runs") == good
+    for text, message in [("{", r"jobs.json:1:2: not valid JSON"), ("[]", r"expected a JSON object, got list"),
+                          ('{"trials": {}}', r"no mapping 'runs' of each run to its job"),
+                          ('{"runs": {"pa-s1": {"job_id": 4242}}}', r"the entry of 'pa-s1' is .*, not a job"),
+                          ('{"runs": {"pa-s1": {"job_id": "1", "cluster": "moon"}}}', r"not a job")]:
+        record.write_text(text)
+        with pytest.raises(DataError, match=message + r".*it was edited or damaged: restore it, or delete it once"):
+            read_job_record(record, "runs")
+    output = tmp_path / "search"
+    output.mkdir()
+    (output / "jobs.json").write_text('{"trials": {"0": "4242"}}')
+    with pytest.raises(DataError, match=r"the entry of '0' is '4242', not a job"):
+        run_search_jobs(search_settings(tmp_path), LauncherSettings(cluster="debug"), Scored(), DEFINITION)
+    assert sorted(p.name for p in output.iterdir()) == ["jobs.json"]  # no study made

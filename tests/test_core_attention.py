@@ -152,3 +152,28 @@ def test_an_unpadded_translation_batch_takes_the_flash_path_and_the_same_numbers
                                    model(even.src, even.tgt_in).logits)
     task.train_cfg = TrainConfig()
     assert _sdpa_calls(monkeypatch, lambda: task.loss(model, even)) == flash  # the task's loss passes it on
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_float64_attention_keeps_float64_on_every_path(causal):
+    """The eager path rounded float64 logits to float32 before the softmax (a 1e-8 error where float64 promises
+    1e-16): every path against a float64 reference written out, padding and an all-padding row included."""
+    from interlayer.kernels.logits_attention import reference as logits_reference
+
+    torch.manual_seed(0)
+    fused, eager = (attn.double() for attn in _pair())
+    x = torch.randn(3, 7, 32, dtype=torch.float64) * 4
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    pad[2, :] = True
+    q, k, v = (proj(x).view(3, 7, 4, 8).transpose(1, 2) for proj in (eager.q_proj, eager.k_proj, eager.v_proj))
+    logits = q @ k.transpose(-1, -2) / 8 ** 0.5
+    allowed = ~pad[:, None, None, :] & (torch.ones(7, 7, dtype=torch.bool).tril() if causal else True)
+    probs = torch.where(allowed, logits, -torch.inf).softmax(-1).nan_to_num(0.0)
+    heads = (probs @ v).transpose(1, 2).reshape(3, 7, 32)
+    expected = eager.out_proj(heads)
+    for attn in (eager, fused):
+        out, _ = attn(x, key_padding_mask=pad, causal=causal)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(logits_reference(logits.contiguous(), v, pad, causal), probs @ v, rtol=0, atol=1e-13)

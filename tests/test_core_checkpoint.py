@@ -60,18 +60,11 @@ def _tiny_lm_folder(directory, **fields):
 
 
 def _edited(folder, **changes):
+    """The folder with its config.json's interlayer config changed (what a hostile folder could say)."""
     data = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**data, **changes}))
+    data["interlayer"]["config"].update(changes)
+    (folder / "config.json").write_text(json.dumps(data))
     return folder
-
-
-@pytest.fixture()
-def real_builds(monkeypatch):
-    """The devices of every Linear layer built from here on: a model built for real has 'cpu' among them."""
-    devices, reset = [], torch.nn.Linear.reset_parameters
-    monkeypatch.setattr(torch.nn.Linear, "reset_parameters",
-                        lambda self: devices.append(self.weight.device.type) or reset(self))
-    return devices
 
 
 FILE_HOLDS = r"holds \(\d+ tensors, none with a dimension above 32\); refused before any model was built"
@@ -84,8 +77,9 @@ FILE_HOLDS = r"holds \(\d+ tensors, none with a dimension above 32\); refused be
                                                    rf".*{FILE_HOLDS}"),
     ({"src_vocab_size": 10 ** 12}, rf"src_vocab_size=1000000000000 is larger than anything .*{FILE_HOLDS}"),
     ({"d_model": 10 ** 9}, rf"d_model=1000000000 is larger than anything .*{FILE_HOLDS}"),
-    ({"max_positions": 10 ** 12}, r"max_positions=1000000000000 is more than 65,536, the most interlayer reads for "
-                                  r"a setting no tensor of .*model\.safetensors measures"),
+    ({"max_positions": 10 ** 12}, r"config\.json: max_positions=1000000000000 is more than 65,536, the longest "
+                                  r"sequence interlayer builds position tables for .*; refused before any model was "
+                                  r"built"),
     ({"mhc": {"rate": 50}}, r"describes a model of more than \d+ parameter tensors|does not fit this model"),
     ({"enc_layers": 60}, r"config\.json describes a model of more than \d+ parameter tensors, but .*model\.safetensors"
                          r" holds \d+; refused before any model was built"),
@@ -140,7 +134,7 @@ def test_tables_outside_the_weights_are_bounded():
 
 def test_every_preset_passes_the_size_check_of_its_own_weights():
     """No false refusal: each preset's config against the shapes of its own tensors (built on meta), with the
-    settings no tensor measures (sinusoidal positions, warm-up steps) declared as such."""
+    options that are no size of the weights (sinusoidal positions, warm-up steps) declared as such."""
     from interlayer.checkpoint import buffer_budget, check_config_sizes, tensor_extent
     from interlayer.models.registry import families, list_models
 
@@ -161,6 +155,8 @@ def test_every_preset_passes_the_size_check_of_its_own_weights():
 ], ids=["sinusoidal", "rotary", "warmup", "sinkhorn"])
 def test_a_tiny_model_with_settings_no_tensor_measures_round_trips(tmp_path, fields):
     """A model whose tensors are at most 32 wide keeps 4,096 sinusoidal or rotary positions and a warm-up of 5,000
-    steps: those settings measure no tensor (UNMEASURED_FIELDS), and are not taken for a lie about the weights."""
+    steps: those options are no size of the weights (WEIGHT_SIZES), and are not taken for a lie about them
+    (tests/test_weight_sizes.py covers every option)."""
     folder = _tiny_lm_folder(tmp_path / "m", **fields)
-    assert load_pretrained(folder).config.to_dict() == json.loads((folder / "config.json").read_text())
+    saved = json.loads((folder / "config.json").read_text())["interlayer"]["config"]
+    assert load_pretrained(folder).config.to_dict() == saved

@@ -61,6 +61,10 @@ def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
     ("sst2", ["--set", "train.threads=100000"], r"train\.threads=100000 is more than this machine's \d+ CPU cores"),
     ("vqa", ["--set", "image_size=5"], r"image_size=5: Sort-of-CLEVR's pictures are 3 x 75 x 75 pixels"),
     ("vqa", ["--set", "data.release_seed=-1"], r"data\.release_seed=-1 must not be negative"),
+    # fewer ids or classes than the data (issue 49: the loss read past its rows, or an embedding past its table)
+    ("sst2", ["--set", "src_vocab_size=5"], r"src_vocab_size=5 is smaller than the \d+ the data holds \(the task "
+                                            r"sets it from its data\): ids 5\.\.\d+ would index past"),
+    ("vqa", ["--set", "num_answers=2"], r"num_answers=2 is smaller than the \d+ the data holds"),
 ])
 def test_a_refused_run_leaves_no_directory_and_the_fixed_command_runs(tmp_path, capsys, task, sets, message):
     run = tmp_path / "run"

@@ -5,11 +5,14 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from helpers import set_args
 from helpers.folders import fifo, link_out, train_tiny_lm
@@ -32,6 +35,7 @@ from interlayer.fileio import (
     read_text,
     read_yaml_or_json,
     shorten,
+    umask,
 )
 from interlayer.pretrained.byte_level_bpe import BPETokenizer
 from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
@@ -372,3 +376,39 @@ def test_no_run_file_is_written_in_place():
     allowed = {"cli.py", "data/idx.py", "data/corpus.py", "pretrained/export.py", "pretrained/gpt2.py",
                "pretrained/tokenization.py"}
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
+
+
+# -- the mode of what is written -----------------------------------------------------------------------------------
+def _modes(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*")
+            if p.is_file()}
+
+
+def test_every_file_a_run_saves_or_exports_gets_the_mode_of_a_new_file(lm_run, tmp_path, capsys):
+    """safetensors' writer makes its files 0600: the checkpoints and model.safetensors (of best/ and of an export)
+    were 0600 where every other file was 0644."""
+    usual = 0o666 & ~umask()
+    saved = _modes(lm_run)
+    assert {"best/model.safetensors", LAST} <= set(saved)
+    assert {name: oct(mode) for name, mode in saved.items() if mode != usual} == {}
+    assert main(["export", str(lm_run), str(tmp_path / "hf")]) == 0
+    exported = _modes(tmp_path / "hf")
+    assert "model.safetensors" in exported
+    assert {name: oct(mode) for name, mode in exported.items() if mode != usual} == {}
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_the_atomic_writers_respect_the_umask_as_open_does(tmp_path, mask):
+    previous = os.umask(mask)
+    try:
+        assert umask() == mask
+        with atomic_path(tmp_path / "w.safetensors") as tmp:
+            save_file({"a": torch.zeros(2)}, str(tmp))
+        with atomic_directory(tmp_path / "folder") as staging:
+            save_file({"a": torch.zeros(2)}, str(staging / "model.safetensors"))
+            (staging / "config.json").write_text("{}")
+        (tmp_path / "plain.txt").write_text("x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o666 & ~mask
+    assert set(_modes(tmp_path).values()) == {0o666 & ~mask}

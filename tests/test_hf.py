@@ -491,7 +491,8 @@ def test_models_trained_from_scratch_export_when_a_family_computes_them(tmp_path
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: create_model("pa_transformer_text", src_vocab_size=50), "no Hugging Face family computes this model"),
+    (lambda: create_model("pa_transformer_text", src_vocab_size=50),
+     "no Hugging Face family computes the predictive section \\(nor this core: not BERT: "),
     (lambda: create_model("pa_vit_fashion_mnist"), "the predictive section \\(ViT has no such computation\\)"),
     (lambda: create_model("lw_vit_fashion_mnist"), "the lightweight section"),
     (lambda: create_model("conv_transformer_fashion_mnist"), "backbone='conv_transformer'"),

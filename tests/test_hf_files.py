@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.pretrained import tiny_state, write_bert
 from interlayer.cli import main
-from interlayer.errors import PretrainedError
+from interlayer.errors import PretrainedError, TokenizerError
 from interlayer.pretrained.hf import from_hf, read_weights
 
 
@@ -172,3 +173,22 @@ def test_bad_files_in_a_hugging_face_folder_are_exit_2_naming_the_file(hf_folder
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_asking_for_its_own_tokenizer_code_is_refused_and_none_of_it_runs(tmp_path, capsys):
+    """``AutoTokenizer.from_pretrained(folder, trust_remote_code=True)`` imports the code a tokenizer_config.json's
+    auto_map names (transformers' behaviour, which interlayer does not change); interlayer's own loaders refuse such
+    a folder: they never run its code, and its files alone do not say what that code does to a text."""
+    folder = write_bert(tmp_path / "bert", tiny_state())
+    marker = tmp_path / "ran"
+    (folder / "tokenization_custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["auto_map"] = {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    refusal = (rf"{re.escape(str(folder / 'tokenizer_config.json'))}: auto_map asks for the folder's own tokenizer "
+               r"code \(.*tokenization_custom.CustomTokenizer.*\), which interlayer never runs .*: refused")
+    with pytest.raises(TokenizerError, match=refusal):
+        from_hf(folder)
+    assert main(["train", "sst2", "--pretrained", str(folder), "--run-dir", str(tmp_path / "run")]) == 2
+    assert re.search(refusal, capsys.readouterr().err)
+    assert not (tmp_path / "run").exists() and not marker.exists()

@@ -4,6 +4,7 @@
 ``generation_config`` and the model's own generation defaults; left-padded prompts throughout."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from helpers.hf_gpt2 import VOCAB, hf_gpt2  # noqa: E402
+from interlayer.core import hf_generation  # noqa: E402
 from interlayer.errors import UnsupportedGenerationOption  # noqa: E402
 from interlayer.pretrained.hf import from_hf  # noqa: E402
 
@@ -120,3 +122,46 @@ def test_dtype_on_import(pair, tmp_path: Path) -> None:
         assert model.dtype == expected and not model.training, given
     with pytest.raises(TypeError, match="both dtype and torch_dtype"):
         from_hf(tmp_path / "g", dtype=torch.float16, torch_dtype=torch.float16)
+
+
+def test_an_eos_outside_the_vocabulary_is_never_produced_as_in_transformers(tmp_path: Path, monkeypatch) -> None:
+    """Issue 50: GPT2Config(vocab_size=101) keeps GPT-2's eos_token_id=50256; transformers generates (the id never
+    occurs) where interlayer raised "eos_id=50256 is not a token id of this model". A warning says it, once."""
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=101, n_embd=16, n_layer=2, n_head=2,
+                                                              n_positions=32)).eval()
+    hf.save_pretrained(str(tmp_path))
+    model = from_hf(tmp_path)
+    assert model.generation_config.eos_token_id == 50256
+    monkeypatch.setattr(hf_generation, "_WARNED", set(), raising=False)  # as in a fresh process
+    ids = torch.randint(0, 101, (2, 5), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for options in (dict(), dict(num_beams=3), dict(do_sample=True, top_k=5)):
+            torch.manual_seed(2)
+            with torch.no_grad():
+                expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, pad_token_id=0,
+                                       **{"do_sample": False, **options})
+            torch.manual_seed(2)
+            assert model.generate(ids, max_new_tokens=6, pad_token_id=0, **options).tolist() == expected.tolist()
+    said = [str(w.message) for w in caught if "eos_token_id=50256 is not a token" in str(w.message)]
+    assert len(said) == 1, said  # once for this id and vocabulary
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_repetition_penalty_leaves_the_leading_padding_uncounted_as_transformers(num_beams: int, pair) -> None:
+    """Issue 50: with pad = EOS (a real token) written in the padding, interlayer penalised EOS for the padding;
+    transformers 5 does not count a row's leading padding (prompt_ignore_length = the mask's leading zeros), so 1
+    row of 4 differed with 3 beams. EOS 155 is one this model produces from these prompts (asserted)."""
+    hf, model = pair
+    ids = torch.randint(1, VOCAB, (4, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = mask[2, :3] = mask[3, :5] = 0
+    ids = ids.masked_fill(mask == 0, 155)
+    common = dict(max_new_tokens=12, pad_token_id=155, eos_token_id=155, repetition_penalty=1.5,
+                  num_beams=num_beams)
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=mask, do_sample=False, **common)
+    got = model.generate(ids, attention_mask=mask, **common)
+    assert got.tolist() == expected.tolist()
+    assert (expected[:, 6:] == 155).any(dim=1).sum() >= 2  # EOS ends rows here: the penalty on it matters

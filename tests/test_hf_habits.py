@@ -63,11 +63,39 @@ def test_causal_lm_loss_equals_the_lm_tasks_loss(tmp_path: Path):
     text.write_text("".join(f"Line {i}: to be, or not to be.\n" for i in range(40)), encoding="utf-8")
     task = LanguageModelingTask(LMData(path=str(text), block_size=16, eval_interval=2), TrainConfig(max_tokens=64))
     model = create_model("gpt_shakespeare_char", **dict(CORE, src_vocab_size=len(task.tokenizer)),
-                         crossformer=SG).eval()
+                         crossformer=SG).train()  # the task's loss is the training loss (no dropout here)
     batch = task.train_batches(0, 0)[0]
     task_loss, logs, _ = task.loss(model, batch)
     ours = model(input_ids=batch, labels=batch).loss
     assert torch.allclose(ours, task_loss, atol=1e-5) and logs["crossformer_sg"] > 0
+
+
+@pytest.mark.parametrize("method", [{"crossformer": SG}, {"multipass": MPT_ALL}], ids=["sg", "mpt_all"])
+def test_eval_mode_loss_is_the_cross_entropy(method):
+    """Issue 50: in eval mode ``.loss`` was cross-entropy + the SG term (3.730 = 3.110 + 0.619), so an evaluation
+    loss or perplexity was wrong; the regulariser and the other exits belong to training only. ``lm_loss`` is the
+    cross-entropy in both modes, for training code to log beside the loss."""
+    model = lm(**method)
+    ids = torch.randint(0, 40, (3, 10))
+    for mode in (False, True):
+        torch.manual_seed(1)
+        out = model.train(mode)(input_ids=ids, labels=ids)
+        cross_entropy = F.cross_entropy(out.logits[:, :-1].reshape(-1, 40), ids[:, 1:].reshape(-1))
+        assert torch.allclose(out.lm_loss, cross_entropy, atol=1e-6)
+        expected = by_hand(out, ids, shift=True) if mode else cross_entropy
+        assert torch.allclose(out.loss, expected, atol=1e-6)
+        assert mode == (not torch.allclose(out.loss, out.lm_loss))  # training adds something here
+    if "crossformer" in method:
+        assert out.aux_losses["crossformer_sg"] > 0  # still reported in eval mode, not added
+
+
+def test_eval_mode_classifier_loss_is_the_cross_entropy():
+    torch.manual_seed(0)
+    model = create_model(dict(CORE, arch="encoder_classifier", num_classes=3, crossformer=SG)).eval()
+    ids, labels = torch.randint(1, 40, (4, 6)), torch.tensor([0, 2, 1, 1])
+    out = model(input_ids=ids, labels=labels)
+    assert out.aux_losses["crossformer_sg"] > 0
+    assert torch.allclose(out.loss, F.cross_entropy(out.logits, labels), atol=1e-6)
 
 
 def test_hidden_states_and_attentions_on_request():

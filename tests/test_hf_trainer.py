@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,3 +175,29 @@ def test_trainer_saves_the_transformers_class_as_a_folder_automodel_loads(tmp_pa
     default_trainer(resumed, "gpt2_resformer", tmp_path / "run").train(
         resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert counters(resumed) == counters(hf) == [float(STEPS)]  # one value source: layer 2 of 2
+
+
+# -- issue 50: evaluation losses are the cross-entropy; predict's structure is the same for every method -----------
+@pytest.mark.parametrize("method", [{}, {"crossformer": {"soft": ["kq", "ffn"], "alpha": 0.5}}], ids=["plain", "sg"])
+def test_evaluate_gives_the_cross_entropy_and_predict_the_logits(method: dict, tmp_path: Path) -> None:
+    """eval_loss of a Crossformer-SG model was the cross-entropy plus the soft-guidance term; predict gave a
+    tuple (logits, aux_losses) for it and the logits for the others."""
+    torch.manual_seed(0)
+    hf = to_transformers(create_model("gpt_shakespeare_char", **CORE, **method))
+    rows = [{"input_ids": row, "labels": row} for row in
+            torch.randint(0, 24, (ROWS, 12), generator=torch.Generator().manual_seed(0)).tolist()]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          per_device_eval_batch_size=ROWS, disable_tqdm=True)
+    trainer = transformers.Trainer(model=hf, args=args)
+    ids = torch.tensor([row["input_ids"] for row in rows])
+    with torch.no_grad():
+        logits = hf.eval()(input_ids=ids).logits
+        out = hf.train()(input_ids=ids, labels=ids)
+    cross_entropy = float(F.cross_entropy(logits[:, :-1].reshape(-1, 24), ids[:, 1:].reshape(-1)))
+    assert trainer.evaluate(rows)["eval_loss"] == pytest.approx(cross_entropy, abs=1e-5)
+    assert float(out.lm_loss) == pytest.approx(cross_entropy, abs=1e-5)  # no dropout: the same in training mode
+    if method:  # where the regulariser is in the loss, beside lm_loss
+        assert float(out.loss) == pytest.approx(cross_entropy + float(out.aux_losses["crossformer_sg"]), abs=1e-5)
+    predicted = trainer.predict(rows)
+    assert isinstance(predicted.predictions, np.ndarray) and predicted.predictions.shape == (ROWS, 12, 24)
+    assert np.allclose(predicted.predictions, logits.numpy(), atol=1e-5)

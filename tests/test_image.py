@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.folders import saved_config
 from interlayer import count_madds, count_parameters, create_model, get_config, load_pretrained, save_pretrained
 from interlayer.checkpoint import tie_map
 from interlayer.cli import main
@@ -18,6 +19,7 @@ from interlayer.config import ModelConfig
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.config import ConfigError
 from interlayer.data.idx import encode_idx, read_idx, read_labelled_images, write_idx
+from interlayer.data.image_augment import crop_flip as augment
 from interlayer.data.parallel import bundled_dir
 from interlayer.data.text import DataError
 from interlayer.experiment import train
@@ -29,9 +31,8 @@ from interlayer.models.vision import VISION_FIELDS, ConvMixer
 from interlayer.tasks import task_specs
 from interlayer.tasks.image import (
     FASHION_MNIST_CLASSES,
-    ImageData,
+    FashionMNISTData,
     ImageTask,
-    augment,
     stratified_split,
     write_balanced_subset,
 )
@@ -130,9 +131,11 @@ def test_image_and_label_files_must_pair(tmp_path):
 
 def test_out_of_range_label_and_missing_file_are_data_errors(idx_dir, tmp_path):
     with pytest.raises(DataError, match=r"labels-idx1-ubyte: example \d+ has label [5-9], but there are 5 classes"):
-        ImageTask(ImageData(dir=str(idx_dir), class_names=list("abcde")), TrainConfig())
+        ImageTask(FashionMNISTData(dir=str(idx_dir), class_names=list("abcde")), TrainConfig())
     with pytest.raises(DataError, match=r"no such file \(nor train-images-idx3-ubyte\.gz\); set data\.dir"):
-        ImageTask(ImageData(dir=str(tmp_path)), TrainConfig())
+        ImageTask(FashionMNISTData(dir=str(tmp_path), format="idx"), TrainConfig())
+    with pytest.raises(DataError, match=r"cannot tell the format: no IDX training file .* set data\.format"):
+        ImageTask(FashionMNISTData(dir=str(tmp_path)), TrainConfig())
 
 
 # -- bundled subset, splits, augmentation -----------------------------------------------------------------------
@@ -147,7 +150,7 @@ def test_bundled_subset_is_class_balanced_with_source_and_licence():
 
 
 def test_subset_writer_is_balanced_ordered_and_reproducible(idx_dir, tmp_path):
-    source = ImageData(dir=str(idx_dir), test_images="t10k-images-idx3-ubyte")
+    source = FashionMNISTData(dir=str(idx_dir), test_images="t10k-images-idx3-ubyte")
     for out in ("a", "b"):
         write_balanced_subset(source, tmp_path / out, train_per_class=2, test_per_class=1, seed=3)
     labels = read_idx(tmp_path / "a" / "train-labels-idx1-ubyte.gz")
@@ -172,7 +175,7 @@ def test_validation_split_is_class_balanced_disjoint_and_fixed():
 
 
 def test_task_normalises_with_training_split_statistics(idx_dir):
-    task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
+    task = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
     pixels = task.train_images.double() / 255
     assert task.pixel_mean == pytest.approx([float(pixels.mean())])
     assert task.pixel_std == pytest.approx([float(pixels.std())])
@@ -182,7 +185,7 @@ def test_task_normalises_with_training_split_statistics(idx_dir):
 
 
 def test_batches_depend_only_on_seed_and_epoch_and_cover_the_split(idx_dir):
-    task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4), TrainConfig())
+    task = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4), TrainConfig())
     first = task.train_batches(1, 7)
     assert [b.index.tolist() for b in first] == [b.index.tolist() for b in task.train_batches(1, 7)]
     assert [b.seed for b in first] == [b.seed for b in task.train_batches(1, 7)]
@@ -191,7 +194,7 @@ def test_batches_depend_only_on_seed_and_epoch_and_cover_the_split(idx_dir):
 
 
 def test_sample_input_feeds_attention_pictures(idx_dir):
-    task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
+    task = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
     args, kwargs, labels = task_specs()["fashion_mnist"].sample_input(task)
     model = create_model(get_config("pa_vit_fashion_mnist", **task.model_fields()), d_model=32)
     attentions = model.eval()(*args, **kwargs, need_intermediates=True).encoder.attentions
@@ -213,8 +216,8 @@ def test_augmentations_change_images_reproducibly(mode):
 
 
 def test_augment_setting_reaches_the_training_batches(idx_dir):
-    plain = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4), TrainConfig())
-    flipped = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4, augment="flip"),
+    plain = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4), TrainConfig())
+    flipped = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4, augment="flip"),
                         TrainConfig())
     batch = plain.train_batches(1, 1)[0]
     assert torch.equal(plain.batch_images(batch)[0], plain.train_images[batch.index])
@@ -224,7 +227,7 @@ def test_augment_setting_reaches_the_training_batches(idx_dir):
 def test_evaluate_refuses_images_of_another_size_and_empty_validation(idx_dir, tmp_path, capsys):
     model = create_model("vit_fashion_mnist", **SMALL)
     save_pretrained(model, tmp_path / "m")
-    ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig()).save_assets(tmp_path / "m")
+    ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig()).save_assets(tmp_path / "m")
     write_idx(tmp_path / "x-images-idx3-ubyte", np.zeros((2, 8, 8), np.uint8))
     write_idx(tmp_path / "x-labels-idx1-ubyte", np.zeros(2, np.uint8))
     assert main(["evaluate", "--checkpoint", str(tmp_path / "m"), "--data",
@@ -232,7 +235,7 @@ def test_evaluate_refuses_images_of_another_size_and_empty_validation(idx_dir, t
     assert "images of shape (1, 8, 8) (channels, height, width), but the model reads (1, 12, 12)" in \
         capsys.readouterr().err
     with pytest.raises(DataError, match=r"valid_fraction=0.01 of 40 examples leaves 40 for training and 0"):
-        ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.01), TrainConfig())
+        ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.01), TrainConfig())
 
 
 def test_data_settings_are_validated():
@@ -240,7 +243,7 @@ def test_data_settings_are_validated():
                                 ("batch_size", 0, "data.batch_size=0"), ("augment", "rotate", "data.augment"),
                                 ("crop_padding", -1, "data.crop_padding=-1")):
         with pytest.raises(ConfigError, match=message):
-            ImageData(**{key: value}).validate()
+            FashionMNISTData(**{key: value}).validate()
 
 
 # -- models ------------------------------------------------------------------------------------------------------
@@ -402,7 +405,7 @@ def test_save_and_load_pretrained_rebuild_both_backbones(tmp_path):
         assert loaded.config == model.config and tie_map(loaded) == tie_map(model)
         images = _images()
         assert torch.equal(loaded(images).logits, model(images).logits)
-    saved = json.loads((tmp_path / "vit_fashion_mnist" / "config.json").read_text())
+    saved = saved_config(tmp_path / "vit_fashion_mnist")
     assert saved["backbone"] == "vit" and saved["encoder"]["crossformer"]["hard"] == ["kq"]
 
 
@@ -420,13 +423,13 @@ def test_experiment_train_smoke(idx_dir, tmp_path):
     assert (tmp_path / "run" / "test_report.txt").is_file() and (tmp_path / "run" / "best" / "config.json").is_file()
     stored = json.loads((tmp_path / "run" / "run.json").read_text())
     assert stored["model"]["backbone"] == "vit" and stored["model"]["encoder"]["d_model"] == 16
-    assert stored["model"]["pixel_mean"] == pytest.approx(ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25),
-                                                                    TrainConfig()).pixel_mean)
+    task = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25), TrainConfig())
+    assert stored["model"]["pixel_mean"] == pytest.approx(task.pixel_mean)
 
 
 def test_interrupted_and_resumed_run_with_augmentation_reaches_the_same_weights(idx_dir, tmp_path):
     cfg = TrainConfig(**{**task_specs()["fashion_mnist"].train_defaults, "max_epochs": 2, "warmup_steps": 2})
-    task = ImageTask(ImageData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4, augment="crop_flip"), cfg)
+    task = ImageTask(FashionMNISTData(dir=str(idx_dir), valid_fraction=0.25, batch_size=4, augment="crop_flip"), cfg)
 
     def tiny():
         return create_model(get_config("vit_fashion_mnist", **task.model_fields()), d_model=16,

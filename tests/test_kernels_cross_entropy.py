@@ -72,3 +72,31 @@ def test_compiled_code_takes_the_reference(monkeypatch: pytest.MonkeyPatch) -> N
     with kernel_mode("triton"):
         cross_entropy.smoothed_cross_entropy(logits, target, 0.0)
     assert called
+
+
+# labels outside [0, V): V itself (read the next row's first logit), V + 5, -5 (scored as class 0 by the reference),
+# 2^32 + 5 (class 5 once cast to 32 bits)
+OUTSIDE = [40, 45, -5, 2 ** 32 + 5]
+
+
+@pytest.mark.parametrize("mode", ["triton", "reference"])
+def test_a_label_outside_the_classes_reads_nothing_and_gives_nan(mode) -> None:
+    """No path reads out of bounds (issue 49: the kernel under the interpreter gave nll -4.6e24 for a label equal to
+    V, other labels read another row's logit; the reference scored -5 as class 0): each such row's loss and NLL are
+    NaN, every other row is as before, and the gradient is finite."""
+    logits, target = _case(torch.float32, (3, 5), 40)
+    clean = target.clone()
+    rows = [(0, 1), (1, 4), (2, 0), (2, 4)]  # the last row of the tensor too: past it is no one's memory
+    for (b, t), label in zip(rows, OUTSIDE):
+        target[b, t] = label
+    with kernel_mode(mode):
+        loss, nll = cross_entropy.smoothed_cross_entropy(logits, target, 0.1, block=16)
+        expected, _ = cross_entropy.smoothed_cross_entropy(logits, clean, 0.1, block=16)
+    grad, = torch.autograd.grad(loss.nan_to_num().sum(), logits)
+    bad = torch.zeros_like(target, dtype=torch.bool)
+    for b, t in rows:
+        bad[b, t] = True
+    bad = bad.reshape(-1)
+    assert loss[bad].isnan().all() and nll[bad].isnan().all()
+    torch.testing.assert_close(loss[~bad], expected[~bad])
+    assert torch.isfinite(grad).all()

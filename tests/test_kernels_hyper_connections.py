@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from helpers.hyper_connections import randomise  # noqa: E402
+from helpers.hyper_connections import randomise, randomise_mhc, stream_dtype_error  # noqa: E402
 from helpers.lm import lm  # noqa: E402
 from interlayer.kernels import hyper_connections as hck  # noqa: E402
 from interlayer.kernels.dispatch import kernel_mode  # noqa: E402
@@ -156,12 +156,15 @@ def test_the_generic_operator_takes_any_per_position_coefficients():
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_language_model_loss_gradients_and_records_match_the_reference(dynamic):
+    """Against the reference path in float64: some parameters' gradients are sums that mostly cancel (the scales',
+    about 1e-4 of their terms), where the reference path in float32 is itself off by about 1e-4 of the gradient."""
     model = lm(hyper_connections={"rate": 4, "dynamic": dynamic}, enc_layers=1).to(DEVICE).train()
     randomise(model)
     tokens = torch.randint(0, 40, (1, 5), device=DEVICE)
     results = {}
-    for mode in ("triton", "reference"):
+    for mode, dtype in (("triton", torch.float32), ("reference", torch.float64)):
         model.zero_grad()
+        model.to(dtype)
         with kernel_mode(mode):
             out = model(tokens, labels=tokens)
             out.loss.backward()
@@ -173,6 +176,48 @@ def test_language_model_loss_gradients_and_records_match_the_reference(dynamic):
         assert_close(state, ref_state, "recorded state")
     for name, grad in grads.items():
         assert_close(grad, ref_grads[name], f"{name}'s gradient")
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_mhc_runs_on_the_kernels_and_matches_its_reference_path(dynamic, monkeypatch):
+    """mHC's mixes (Sinkhorn-projected, computed outside) go through the same kernels as HC's: the loss, every
+    gradient and the records equal the reference path's (in float64), and the kernel operator ran (static mHC: one
+    fused pass a sublayer; dynamic: the pending state written first, its coefficients read from the streams)."""
+    calls = []
+    mix = hck.hc_mix
+    monkeypatch.setattr(hck, "hc_mix", lambda *args: calls.append(1) or mix(*args))
+    model = lm(mhc={"rate": 4, "dynamic": dynamic}, enc_layers=1).to(DEVICE).train()
+    randomise_mhc(model, scale=0.5)
+    tokens = torch.randint(0, 40, (1, 5), device=DEVICE)
+    results = {}
+    for mode, dtype in (("triton", torch.float32), ("reference", torch.float64)):
+        model.zero_grad()
+        model.to(dtype)
+        with kernel_mode(mode):
+            out = model(tokens, labels=tokens)
+            out.loss.backward()
+            states = [s.detach() for s in (*out.encoder.states, *out.encoder.mids)]
+        results[mode] = (out.loss.detach(), states, {k: p.grad.clone() for k, p in model.named_parameters()})
+        if mode == "triton":
+            # one a sublayer (dynamic: the second's pending state written first), the stack's end, each record
+            assert len(calls) == (4 if dynamic else 3) + len(states)
+    (loss, states, grads), (ref_loss, ref_states, ref_grads) = results["triton"], results["reference"]
+    assert_close(loss, ref_loss, "loss")
+    for state, ref_state in zip(states, ref_states, strict=True):
+        assert_close(state, ref_state, "recorded state")
+    for name, grad in grads.items():
+        assert_close(grad, ref_grads[name], f"{name}'s gradient")
+
+
+@pytest.mark.parametrize("method,section", [("hyper_connections", {"dynamic": True}), ("mhc", {})])
+def test_16_bit_streams_on_the_kernels(method, section):
+    """The option of 16-bit streams on the kernel path: the kernels read and write the streams in their dtype
+    (computing in float32), and the model stays as close to float32 streams as on the reference path
+    (test_hyper_connections.py's bounds)."""
+    with kernel_mode("triton"):
+        error, states_dtype, finite = stream_dtype_error(method, section, "float16", layers=1, length=3)
+    assert states_dtype == torch.float16 and finite
+    assert 1e-5 < error < 5e-3, error
 
 
 def test_the_compiled_model_has_no_graph_break_and_the_kernels_gradients():
@@ -300,7 +345,7 @@ def traffic(mode: str, dynamic: bool, sublayers: int, positions: int, n: int = 4
 @pytest.mark.parametrize("mode,dynamic,expected", [("triton", False, 126.8), ("triton", True, 126.6),
                                                    ("reference", False, 434.0), ("reference", True, 1757.9)])
 def test_the_cost_model_figures_are_the_bytes_the_operators_move(mode, dynamic, expected):
-    """kernels/hyper_connections.py's table: bytes per position and sublayer, in units of C = d = 768 (n = 4, fp32
+    """docs/methods/hyper_connections.md's table: bytes per position and sublayer, in units of C = d = 768 (n = 4, fp32
     streams, bf16 sublayer outputs, forward + backward), the sublayer's own LayerNorm and cast included. Marginal
     counts (the difference of 4 and 2 sublayers, of 48 and 16 positions), so the parameters and the stack's ends,
     paid once, drop out."""

@@ -53,9 +53,12 @@ def test_total_loss_gradient_is_the_sum_of_every_exit_and_the_sg_term(soft_targe
     assert (logs["loss_exit1"], logs["loss_exit2"], logs["crossformer_sg"]) == pytest.approx(values, rel=1e-5)
 
 
-def test_labels_and_the_lm_tasks_loss_trace_without_graph_breaks(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["reference", "triton"])
+def test_labels_and_the_lm_tasks_loss_trace_without_graph_breaks(tmp_path, mode) -> None:
     """``model(input_ids, labels=)`` and the language-modelling task's loss (what ``train.compile`` compiles, the
-    model with its loss) are single graphs: no ``float()`` of a loss term, no host synchronisation."""
+    model with its loss) are single graphs: no ``float()`` of a loss term, no host synchronisation, and no check of
+    the labels' range there (issue 49: it runs outside compiled code only), whatever the kernel mode."""
+    from interlayer.kernels.dispatch import kernel_mode
     from interlayer.tasks.language_modeling import LanguageModelingTask, LMData
     from interlayer.training.config import TrainConfig
 
@@ -66,10 +69,12 @@ def test_labels_and_the_lm_tasks_loss_trace_without_graph_breaks(tmp_path) -> No
     model = create_model("gpt_shakespeare_char", d_model=32, n_heads=4, d_ffn=64, enc_layers=2, max_positions=16,
                          src_vocab_size=len(task.tokenizer), crossformer={"soft": ["kq"]})
     batch = task.train_batches(1, 0)[0]
-    for fn, args in ((lambda ids: model(input_ids=ids, labels=ids).loss, (batch[:, :-1],)),
-                     (lambda b: task.loss(model, b)[0], (batch,))):
-        explained = torch._dynamo.explain(fn)(*args)
-        assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    with kernel_mode(mode):
+        for fn, args in ((lambda ids: model(input_ids=ids, labels=ids).loss, (batch[:, :-1],)),
+                         (lambda b: task.loss(model, b)[0], (batch,))):
+            explained = torch._dynamo.explain(fn)(*args)
+            assert explained.graph_break_count == 0, explained.break_reasons
 
 
 def test_labels_of_the_wrong_shape_are_refused_and_all_ignored_gives_zero() -> None:
@@ -84,3 +89,31 @@ def test_labels_of_the_wrong_shape_are_refused_and_all_ignored_gives_zero() -> N
     loss = model(input_ids=ids, labels=torch.full_like(ids, -100)).loss
     loss.backward()
     assert loss.item() == 0.0 and all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+@pytest.mark.parametrize("mode", ["reference", "triton"])
+@pytest.mark.parametrize("arch", ["causal_lm", "encoder_classifier"])
+def test_labels_outside_the_classes_are_refused_in_a_direct_call(mode, arch) -> None:
+    """``model(labels=)`` outside compiled code: a label equal to the vocabulary (the Triton kernel read past its
+    row), above it or negative other than -100 (the reference scored -5 as class 0) is refused with one line naming
+    it and its position, on the reference path and under ``TRITON_INTERPRET=1 INTERLAYER_KERNELS=triton``."""
+    from interlayer.kernels.dispatch import kernel_mode
+
+    fields = dict(num_classes=3) if arch == "encoder_classifier" else {}
+    model = create_model(dict(arch=arch, src_vocab_size=20, d_model=16, n_heads=2, d_ffn=32, enc_layers=1,
+                              max_positions=8, **fields))
+    classes = 3 if fields else 20
+    ids = torch.randint(1, 20, (2, 6))
+    labels = ids.clone() if not fields else torch.tensor([0, 2])
+    with kernel_mode(mode):
+        model(input_ids=ids, labels=labels).loss.backward()
+        for bad in (classes, classes + 7, -5):
+            wrong = labels.clone()
+            wrong.view(-1)[-1] = bad
+            with pytest.raises(ValueError, match=rf"^labels hold {bad} at position (\d+|\(\d+, \d+\)), outside the "
+                                                 rf"model's {classes} classes \(1 such label\(s\)\); valid labels "
+                                                 rf"are 0\.\.{classes - 1}, or -100 where no loss is wanted$"):
+                model(input_ids=ids, labels=wrong)
+        ignored = labels.clone()
+        ignored.view(-1)[-1] = -100
+        assert torch.isfinite(model(input_ids=ids, labels=ignored).loss)

@@ -1,6 +1,7 @@
 """`interlayer prepare lm`: text -> token files that hold exactly the ids `train lm` makes of the text (characters,
 a trained BPE, a GPT-2 tokenizer), byte-identical whatever the workers and chunks, written atomically."""
 import json
+import re
 
 import pytest
 import torch
@@ -156,3 +157,105 @@ def test_a_vocabulary_beyond_uint16_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"the tokenizer has 66001 tokens; token files hold uint16 ids"):
         prepare(PrepareSettings(str(path), tmp_path / "out", progress=False))
     assert not (tmp_path / "out").exists()
+
+
+# -- signals, a full disk, and what one command may start (issue 49) ----------------------------------------------
+def test_sigterm_stops_prepare_with_one_line_and_leaves_nothing(documents, tmp_path):
+    """SIGTERM killed the process where it stood: its temporary folder and a partial train.bin stayed, its workers ran
+    on as orphans, and with them the shell's Ctrl-C printed a traceback per worker. Now: one line, exit code 143, no
+    folder, no worker left."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from helpers import SRC
+
+    pids = tmp_path / "workers.txt"
+    code = f"""
+import os, signal, sys
+from interlayer.data import prepare_lm
+original = prepare_lm._Encoder.encode
+def encode(self, texts):
+    for index, item in enumerate(original(self, texts)):
+        if index == 1:  # the pool is working: record its workers, then stop as a scheduler would
+            open({str(pids)!r}, "w").write(" ".join(str(p.pid) for p in self.pool._pool))
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield item
+prepare_lm._Encoder.encode = encode
+from interlayer.cli import main
+sys.exit(main(["prepare", "lm", {str(documents)!r}, "--output", {str(tmp_path / "out")!r}, "--workers", "2",
+               "--no-progress"]))
+"""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 143, done.stderr
+    assert done.stderr == "interlayer: stopped by SIGTERM\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "workers.txt"]
+    workers = [int(pid) for pid in pids.read_text().split()]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """A process that still runs (a zombie waiting for its parent has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("file", ["train.bin", "tokens_val_000000.bin", "meta.json"])
+def test_a_full_disk_names_the_file_of_the_output_and_leaves_nothing(documents, tmp_path, monkeypatch, capsys, file):
+    """A fake ENOSPC: the message named the temporary folder (or no file at all: 'cannot write a file'); it names
+    the output's file, and the free space, and nothing is left."""
+    import errno
+
+    from interlayer.data import token_files
+
+    def full(name):
+        def write(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write
+
+    if file == "meta.json":
+        original = prepare_lm.Path.write_text
+        monkeypatch.setattr(prepare_lm.Path, "write_text", lambda self, *a, **k: full(self.name)() if
+                            self.name == "meta.json" else original(self, *a, **k))
+    else:
+        opened = token_files.TokenWriter.__init__
+
+        def init(self, path, layout):
+            opened(self, path, layout)
+            if path.name == file:
+                self.handle = type("Full", (), {"write": full(path.name), "close": self.handle.close,
+                                                "flush": self.handle.flush, "fileno": self.handle.fileno,
+                                                "seek": self.handle.seek})()
+        monkeypatch.setattr(token_files.TokenWriter, "__init__", init)
+    out = tmp_path / "out"
+    layout = ["--format", "shards"] if file.startswith("tokens_") else []
+    assert main(["prepare", "lm", str(documents), "--output", str(out), "--workers", "1", "--no-progress",
+                 *layout]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"interlayer: error: {re.escape(str(out / file))}: no space left on device while writing "
+                        rf"it \([\d.]+ MiB free in {re.escape(str(tmp_path))}\); nothing was written \(the partial "
+                        r"folder is removed\): free some space and run prepare again\n", err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "100000"], r"--workers=100000 must be 1\.\.\d+, this machine's CPU cores"),
+    (["--workers", "0"], r"--workers=0 must be 1\.\.\d+"),
+    (["--format", "shards", "--shard-tokens", "1"], r"--shard-tokens=1 would write up to [\d,]+ shard files for "
+                                                    r"[\d,]+ characters, more than 10,000; give --shard-tokens \d+ "
+                                                    r"or more"),
+])
+def test_what_one_prepare_may_start_is_bounded(documents, tmp_path, capsys, args, message):
+    """--workers had no upper bound (a typo started 100,000 processes); --shard-tokens 1 asked for a file per token."""
+    (documents / "more.txt").write_text(TEXT * 4)  # 14,000 characters: as many one-token shards
+    assert main(["prepare", "lm", str(documents), "--output", str(tmp_path / "out"), "--no-progress", *args]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]

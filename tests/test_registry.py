@@ -20,15 +20,18 @@ from interlayer.config import ModelConfig
 from interlayer.core.config import ConfigError, TransformerConfig
 from interlayer.methods import METHODS
 from interlayer.models import registry
+from interlayer.models.aa_resnet import AAResNetConfig
 from interlayer.models.cnn_text import CNNTextConfig
 from interlayer.models.gat import GATConfig
 from interlayer.models.mcan import MCANConfig
+from interlayer.models.regions import RegionConfig
+from interlayer.models.swin import SwinConfig
 from interlayer.models.vision import VisionConfig
 
 SRC = Path(interlayer.__file__).parent
 NAMES = list_models()
 CONFIG_CLASS = {"transformer": ModelConfig, "text_cnn": CNNTextConfig, "image": VisionConfig, "gat": GATConfig,
-                "mcan": MCANConfig}
+                "mcan": MCANConfig, "region": RegionConfig, "swin": SwinConfig, "aa_resnet": AAResNetConfig}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -64,6 +67,10 @@ def test_every_family_is_listed_and_filtered() -> None:
      lambda c: c.patch_size == 7 and c.encoder.predictive.alpha == 0.2 and c.encoder.grid_height == 4),
     ("gat_cora", {"dropout": "0.5", "crossformer": "ffn"}, lambda c: c.dropout == 0.5 and c.crossformer == "ffn"),
     ("cnn_text", {"pooling": "max", "enc_layers": "2"}, lambda c: c.pooling == "max" and c.enc_layers == 2),
+    ("swin_fashion_mnist", {"lightweight.groups": "2", "window": "8"},
+     lambda c: c.lightweight.groups == 2 and c.window == 8),
+    ("aa_resnet_fashion_mnist", {"predictive.alpha": "0.5", "heads": "2"},
+     lambda c: c.predictive.alpha == 0.5 and c.heads == 2),
 ])
 def test_overrides_reach_each_family_as_set_strings(name: str, overrides: dict, check) -> None:
     """``--set`` values arrive as text; each family parses them and routes dotted keys into its sections."""
@@ -73,7 +80,8 @@ def test_overrides_reach_each_family_as_set_strings(name: str, overrides: dict, 
 
 
 def test_a_saved_config_file_is_read_as_its_family(tmp_path: Path) -> None:
-    for name in ("gat_cora_crossformer_kq", "pa_vit_fashion_mnist", "cnn_text", "mpt_soft_small"):
+    for name in ("gat_cora_crossformer_kq", "pa_vit_fashion_mnist", "cnn_text", "mpt_soft_small", "lw_swin_t",
+                 "pa_aa_resnet_fashion_mnist"):
         cfg = get_config(name)
         cfg.save(tmp_path / f"{name}.yaml")
         assert get_config(tmp_path / f"{name}.yaml") == cfg

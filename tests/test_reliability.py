@@ -29,8 +29,8 @@ from interlayer.core.config import ConfigError
 from interlayer.data.idx import parse_idx
 from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, save_npz
 from interlayer.data.text import DataError
-from interlayer.errors import DirectoryBusy
-from interlayer.training.concurrency import LOCK_FILE, DirectoryLock
+from interlayer.errors import DirectoryBusy, SignalStop
+from interlayer.training.concurrency import LOCK_FILE, DirectoryLock, ForwardedInterrupts, StopSignals
 from interlayer.training.config import TrainConfig
 from interlayer.training.engine import LAST
 
@@ -243,6 +243,22 @@ def test_one_finite_check_covers_every_config_and_section():
         get_config("gat_cora", negative_slope=float("inf"))
     with pytest.raises(ConfigError, match=r"pixel_std\[0\]=nan"):
         get_config("vit_fashion_mnist", pixel_std=[float("nan")])
+
+
+def test_the_signal_handlers_remember_which_signal_stopped_a_command():
+    """compare and search exit 128 + the signal that stopped them (130, 143): the handlers keep it (the first one,
+    for a SIGTERM followed by an impatient Ctrl-C); StopSignals makes a SIGTERM stop as Ctrl-C does."""
+    with ForwardedInterrupts() as interrupts:
+        assert (interrupts.requested, interrupts.signal) == (False, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert (interrupts.requested, interrupts.signal) == (True, signal.SIGTERM)
+    for sent in (signal.SIGTERM, signal.SIGINT):
+        with pytest.raises(KeyboardInterrupt) as caught, StopSignals():
+            os.kill(os.getpid(), sent)
+            time.sleep(5)  # the handler raises at once
+        assert isinstance(caught.value, SignalStop) and caught.value.signal == sent
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
 def test_search_refuses_zero_trials(monkeypatch, capsys):

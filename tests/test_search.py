@@ -4,6 +4,7 @@ studies, worker processes (one of them SIGKILLed), the report, and one real tria
 The mechanics use injected objectives (module-level classes, so spawned worker processes can unpickle them);
 the last tests train a tiny translation model on a synthetic corpus.
 """
+import contextlib
 import json
 import math
 import os
@@ -129,6 +130,18 @@ def test_strategy_and_settings_are_checked():
         Strategy(8, coarse=1).validate()
     with pytest.raises(ConfigError, match="--top-k=0"):
         Strategy(4, coarse=1, top_k=0).validate()
+
+
+@pytest.mark.parametrize("top_k, shown", [(0, "0"), (25, "25"), (10 ** 30, r"\(a number of 31 digits\)"),
+                                          (-10 ** 30, r"-\(a number of 31 digits\)")])
+def test_an_out_of_range_top_k_says_the_range_plainly_before_the_study_is_made(tmp_path, top_k, shown):
+    """--top-k 10^30 was accepted; out of range, the message printed the number in full. N=4 layers have 24
+    patterns: K beyond them refines around all."""
+    with pytest.raises(ConfigError, match=rf"^--top-k={shown} must be 1\.\.24: N=4 encoder layers have 24 patterns, "
+                                          r"and the refinement works around the K best completed ones \(default 3\)$"):
+        run_search(search_settings(tmp_path, top_k=top_k), Scored(), DEFINITION)
+    assert not (tmp_path / "search").exists()
+    Strategy(4, coarse=1, top_k=24).validate()  # every pattern: accepted
     with pytest.raises(ConfigError, match="multipass.permutation itself"):
         SearchSettings(task="sst5", trials=2, output=Path("x"), sets={"multipass.permutation": "[0,1]"}).validate()
 
@@ -272,9 +285,45 @@ def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
         signal.signal(signal.SIGTERM, guard)
     assert len(sent) == 1 and isinstance(sent[0], float), sent  # delivered once, and handled by the search
     assert (outcome.status, outcome.worker_exit_codes) == ("interrupted", [130, 130]), outcome.report
+    assert outcome.signal == signal.SIGTERM  # the command exits 143, not 130 (test below)
     trials = open_study(settings)[0].get_trials()
     assert [t.state for t in trials if t.state != TrialState.WAITING] == [TrialState.FAIL] * 2  # 30 s trials cut
     assert all("interrupted" in t.user_attrs for t in trials if t.state == TrialState.FAIL)
+
+
+def test_sigterm_stops_a_one_worker_search_like_ctrl_c_and_is_remembered(tmp_path):
+    """The worker in the search's own process: a SIGTERM while a trial runs (outside any training loop here) ends
+    the trial FAIL, its pattern free, as Ctrl-C does, and the search reports SIGTERM (it killed the process, or
+    exited 130 when the engine caught it)."""
+    settings = search_settings(tmp_path, trials=4, workers=1)
+    pids = tmp_path / "search" / "pids"
+
+    def terminate_when_a_trial_runs() -> None:
+        deadline = time.time() + 600
+        while not (pids.is_dir() and any(pids.iterdir())) and time.time() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    guard = signal.signal(signal.SIGTERM, lambda *_: None)  # a signal reaching the test would leave the trial on
+    try:
+        watcher = threading.Thread(target=terminate_when_a_trial_runs)
+        watcher.start()
+        outcome = run_search(settings, Scored(seconds=30), DEFINITION)
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGTERM, guard)
+    assert (outcome.status, outcome.signal) == ("interrupted", signal.SIGTERM)
+    trials = open_study(settings)[0].get_trials()
+    assert [t.state for t in trials if t.state != TrialState.WAITING] == [TrialState.FAIL]
+    assert trials[0].user_attrs.get("interrupted") is True
+
+
+@pytest.mark.parametrize("stopped, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (None, 130)])
+def test_an_interrupted_search_exits_128_plus_its_signal(monkeypatch, stopped, code):
+    import interlayer.search.mpt as mpt
+
+    monkeypatch.setattr(mpt, "run_search", lambda settings, *a, **k: mpt.SearchOutcome("interrupted", "", [], stopped))
+    assert main(["search", "mpt", "--task", "sst5", "--trials", "2", "--output", "unused"]) == code
 
 
 # -- one real trial ------------------------------------------------------------------------------------------------
@@ -384,6 +433,34 @@ def test_a_damaged_study_database_is_one_line_without_sql(tmp_path, capsys, cont
     assert err.startswith(f"interlayer: error: {output / 'study.db'} is not a readable study database (")
     assert "damaged or another program's: move it away to start the search afresh" in err
     assert err.count("\n") == 1 and "SQL" not in err and "sqlalche.me" not in err
+
+
+def test_a_sqlite_database_of_another_program_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """A valid SQLite file of another program became a study (Optuna added its tables beside the program's): the
+    docs say it is refused. A study's own file, and an empty one, still open."""
+    import sqlite3
+
+    output = tmp_path / "search"
+    output.mkdir()
+    database = output / "study.db"
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, amount REAL)")
+        db.execute("INSERT INTO invoices (amount) VALUES (12.5)")
+        db.commit()
+    before = database.read_bytes()
+    for command in (["--task", "sst2", "--trials", "2"], ["--report-only"]):
+        assert main(["search", "mpt", *command, "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"interlayer: error: {database} is a SQLite database of another program (its tables: invoices), "
+                       "not an Optuna study (tables studies, trials, version_info, ...); it is left as it is: give "
+                       "another --output\n")
+    assert database.read_bytes() == before and sorted(os.listdir(output)) == ["study.db"]
+    other = database.rename(output / "other.db")
+    with pytest.raises(ConfigError, match=r"other.db is a SQLite database of another program .* another --storage"):
+        run_search(search_settings(tmp_path, storage=f"sqlite:///{other}"), Scored(), DEFINITION)
+    (output / "empty.db").touch()  # an empty file (touch) is no other program's: it becomes the study
+    assert run_search(search_settings(tmp_path, trials=2, storage=f"sqlite:///{output / 'empty.db'}"), Scored(),
+                      DEFINITION).status == "done"
 
 
 def test_the_search_study_is_created_under_a_lock_of_its_output(tmp_path, monkeypatch):

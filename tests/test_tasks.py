@@ -10,11 +10,12 @@ from helpers import SRC
 from interlayer import ConfigError
 from interlayer.cli import COMMANDS, build_parser
 from interlayer.config_io import dataclass_from_dict
-from interlayer.tasks import TaskSpec, task_specs
+from interlayer.tasks import TaskSpec, task_commands, task_specs
 from interlayer.tasks.text_classification import SST5Spec, TextClassificationSpec
 from interlayer.training.config import TrainConfig
 
-TASKS = ["citeseer", "cora", "fashion_mnist", "lm", "mrpc", "sick", "sst2", "sst5", "translation", "vqa"]
+TASKS = ["caption", "citeseer", "cora", "fashion_mnist", "image", "lm", "mrpc", "rec", "sick", "sst2", "sst5",
+         "translation", "vqa"]
 
 
 def test_every_named_subclass_is_a_task_and_family_bases_are_not():
@@ -76,10 +77,13 @@ def test_a_family_member_sets_only_what_distinguishes_it():
     assert task_specs()["mrpc"].f1_class == 1 and task_specs()["sick"].train_defaults["schedule"] == "step"
 
 
-def test_the_cli_dispatches_every_command_through_its_table():
+def test_the_cli_dispatches_every_command_through_its_table_or_the_tasks():
+    """Each command is the CLI's own (COMMANDS) or a task's (TaskSpec.commands: caption, convert-refer), not both."""
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert set(COMMANDS) == set(commands)
+    own = task_commands()
+    assert {"caption", "convert-refer"} <= set(own) and not set(own) & set(COMMANDS)
+    assert set(COMMANDS) | set(own) == set(commands)
 
 
 @pytest.mark.parametrize("args", [["models", "transformer_small"], ["tables"]])

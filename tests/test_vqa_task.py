@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from helpers import set_args
+from helpers.folders import saved_config
 from interlayer.cli import main
 from interlayer.compare.plan import Settings, build_plan
 from interlayer.data import sort_of_clevr as soc
@@ -41,7 +42,7 @@ def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys, monkeypatch):
         100 * (counts["accurate_certain"] + counts["inaccurate_uncertain"]) / 8)
     assert set(results["test_per_type"]) <= set(soc.TEMPLATES)
     assert (run / "attention.png").stat().st_size > 1000 and "noise std 1.0" in (run / "test_report.txt").read_text()
-    config = json.loads((run / "best" / "config.json").read_text())
+    config = saved_config(run / "best")
     assert (config["image_input"], config["num_answers"], config["vocab_size"]) == ("pixels", 10,
                                                                                    2 + len(soc.WORDS))
     capsys.readouterr()
@@ -67,7 +68,7 @@ def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "vqa", "--run-dir", str(run), "--no-progress",
                  *set_args(TINY_MODEL + TINY_SOC[:-1] + ["data.image_features=objects"])]) == 0
-    config = json.loads((run / "best" / "config.json").read_text())
+    config = saved_config(run / "best")
     assert (config["image_input"], config["feature_dim"], config["max_regions"]) == ("features", 365, 6)
     results = json.loads((run / "results.json").read_text())
     assert (run / "attention.png").stat().st_size > 1000

@@ -11,6 +11,19 @@ from .core.lm import CausalLM
 from .core.models import EncoderClassifier, EncoderDecoderModel
 
 
+def customized_components(cfg: ModelConfig, base: Optional[Callable[[Components], None]] = None) -> Components:
+    """``cfg`` validated and its factories as the methods leave them: what :func:`build_model` builds from, and what
+    a backbone that assembles its own stacks (Swin's stages, AA-ResNet's blocks) takes its layers from, so the
+    methods reach them through their public sections."""
+    cfg.validate()
+    components = Components(cfg)
+    if base is not None:
+        base(components)
+    for method, section in cfg.sections():
+        method.customize(section, cfg, components)
+    return components
+
+
 def build_model(cfg: ModelConfig, *, with_tokens: bool = True,
                 base: Optional[Callable[[Components], None]] = None) -> nn.Module:
     """Build the model ``cfg`` describes.
@@ -19,12 +32,7 @@ def build_model(cfg: ModelConfig, *, with_tokens: bool = True,
     feature maps); ``base`` may replace the core's factories before the methods customise them (a baseline that
     swaps attention for convolution, say), so the methods still apply on top.
     """
-    cfg.validate()
-    components = Components(cfg)
-    if base is not None:
-        base(components)
-    for method, section in cfg.sections():
-        method.customize(section, cfg, components)
+    components = customized_components(cfg, base)
     if cfg.arch == "encoder_decoder":
         model: nn.Module = EncoderDecoderModel(cfg, components)
     elif cfg.arch == "causal_lm":

@@ -10,21 +10,27 @@ This module is the bottom layer of saving and loading: tensors, tie maps and the
 from its saved ``model_type`` and config is the registry's (:func:`interlayer.models.registry.load_pretrained`),
 so the training engine, which only writes and reads weights, imports no model family.
 
-:func:`read_saved` also reads the folders interlayer writes for ``transformers``
-(:mod:`interlayer.pretrained.hf_modeling`: ``interlayer export`` of a model no ``transformers`` family computes):
-their ``config.json`` is ``transformers``' (``model_type: "interlayer"``, the interlayer config and model type in
-its ``interlayer`` section, the special token ids and label names beside it) and their tensors carry the
-``transformers`` class's ``interlayer.`` prefix.
+Every folder's ``config.json`` is ``transformers``' (:func:`transformers_config`: ``model_type: "interlayer"``, the
+interlayer config and model type in its ``interlayer`` section, the special token ids and label names beside it),
+so ``transformers``' Auto classes load interlayer's own folders after ``import interlayer``; the tensors keep
+interlayer's names (metadata ``format: "interlayer"``). :func:`read_saved` also reads the folders of interlayer's
+``transformers`` classes (:mod:`interlayer.pretrained.hf_modeling`: their ``save_pretrained``, ``interlayer
+export`` of a model no ``transformers`` family computes), whose tensors carry the class's ``interlayer.`` prefix,
+and folders written before (``config.json`` the config alone, the model type in the weights' metadata).
 
 **Sizes are checked before any model is built** (:func:`size_checked_config`): a folder from a stranger may declare
 ``enc_layers=10000000`` or ``src_vocab_size=10**12`` over weights of one small layer, and building that model
 first would take the machine's memory. The check reads the weights file's header only (names and shapes) and
 refuses, naming the key, the value and what the file holds:
 
-1. any integer of the config larger than every dimension of every tensor in the file and than the number of
-   tensor names (aliases of tied tensors counted): the file's own tensors do not justify it. A setting no tensor
-   measures (``max_positions`` of sinusoidal or rotary positions, a warm-up length: a config class lists them in
-   ``UNMEASURED_FIELDS``) may reach :data:`UNMEASURED_LIMIT`;
+1. any option a config class names a size of its weights (``WEIGHT_SIZES``: a dimension or a count of the saved
+   tensors in every model the class builds, such as ``d_model`` or ``enc_layers``) larger than every dimension of
+   every tensor in the file and than the number of tensor names (aliases of tied tensors counted): the file's own
+   tensors do not justify it. Every other option (a schedule, an iteration count, a choice, a coefficient, or a
+   size only under another option, such as ``max_positions`` of a learned table or ``dec_layers`` of an
+   encoder-decoder) is bounded by its config's own ``validate``, which the loader runs as training does, and is
+   compared with the weights by steps 3 and 4 wherever it does shape a tensor: a run is never refused for a value
+   it trained with (training applies the same steps to its model before it starts: :func:`check_loadable`);
 2. a config that, built on PyTorch's ``meta`` device (shapes only, no memory), registers more parameter tensors
    than four times the file's names and 256 more (:func:`build_on_meta` stops the build there, so ten million
    layers cost nothing; the margin is for a Hugging Face checkpoint, whose fused tensors become several
@@ -52,23 +58,24 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .errors import CheckpointError, TooManyTensors
+from .errors import CheckpointError, ConfigError, TooManyTensors
 from .fileio import atomic_path, confined, parse_json, read_json, write_atomic
 
-# The largest value of a setting no tensor measures (``UNMEASURED_FIELDS``): 2^16 positions of a sinusoidal or
-# rotary table, warm-up steps, Sinkhorn iterations. Larger ones are refused as a damaged or hostile config.
-UNMEASURED_LIMIT = 2 ** 16
 # Values up to this are never refused: no setting this small makes a model the file could not hold (the default
 # dec_layers=6 of a tiny language model whose tensors are 4 wide, say).
 MEASURED_FLOOR = 64
 # Buffers outside the weights file may hold at most this many numbers, or as many as the file's tensors, whichever
 # is more: 2^24 is a sinusoidal table of 65,536 positions x 256 widths (64 MiB in fp32).
 BUFFER_FLOOR = 2 ** 24
+# The most parameter tensors a model built for training may register (check_buildable): a thousand layers of any
+# method's model hold fewer
+MAX_TENSORS = 100_000
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HF_MODEL_TYPE = "interlayer"  # config.json's model_type in a folder written for transformers
 HF_PREFIX = "interlayer."  # where the transformers classes hold the interlayer model
+NATIVE_FORMAT = "interlayer"  # model.safetensors' metadata format when its names are interlayer's (no HF_PREFIX)
 HF_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id")
 HF_NAMES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
@@ -106,17 +113,22 @@ def load_canonical_state_dict(model: nn.Module, state: dict[str, torch.Tensor], 
 def save_pretrained(model: nn.Module, directory: Union[str, Path]) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (tie map and model type in its metadata) into ``directory``.
 
-    ``model.config`` must offer ``save(path)`` and ``to_dict()``; ``model.model_type`` names the family that
-    rebuilds it (a ``model_types`` entry of a registered family; default ``"transformer"``).
+    ``config.json`` is ``transformers``' (:func:`transformers_config`: ``model_type: "interlayer"``, the model's
+    config in its ``interlayer`` section), so that ``AutoModelForCausalLM.from_pretrained(directory)`` (and the
+    other Auto classes) load the folder after ``import interlayer``, as they load a ``transformers`` model's
+    ``save_pretrained``; the tensors keep interlayer's names (no ``interlayer.`` prefix: the metadata's
+    ``format`` is ``"interlayer"``). ``model.config`` must offer ``to_dict()``; ``model.model_type`` names the
+    family that rebuilds it (a ``model_types`` entry of a registered family; default ``"transformer"``). Folders
+    written before (``config.json`` the config alone) still load (:func:`read_saved`).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / CONFIG_FILE)
     tensors = {k: v.detach().contiguous() for k, v in canonical_state_dict(model).items()}
-    metadata = {"tie_map": json.dumps(tie_map(model)), "format": "interlayer",
+    metadata = {"tie_map": json.dumps(tie_map(model)), "format": NATIVE_FORMAT,
                 "model_type": getattr(model, "model_type", "transformer")}
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+    write_atomic(directory / CONFIG_FILE, json.dumps(transformers_config(model), indent=2) + "\n")
     return directory
 
 
@@ -215,9 +227,10 @@ def read_saved(directory: Union[str, Path]) -> SavedModel:
         if "id2label" in settings:
             settings["id2label"] = {int(k): v for k, v in settings["id2label"].items()}
         # the size check compares names with interlayer's model: without the transformers class's prefix
-        shapes = {name.removeprefix(HF_PREFIX): shape for name, shape in shapes.items()}
+        prefix = "" if metadata.get("format") == NATIVE_FORMAT else HF_PREFIX
+        shapes = {name.removeprefix(prefix): shape for name, shape in shapes.items()}
         return SavedModel(directory, str(section.get("model_type", "transformer")), section["config"], ties, shapes,
-                          HF_PREFIX, settings)
+                          prefix, settings)
     return SavedModel(directory, metadata.get("model_type", "transformer"), config, ties, shapes)
 
 
@@ -244,49 +257,47 @@ def _field_classes(cls: Optional[type]) -> dict[str, type]:
     return out
 
 
-def _integers(config: Mapping[str, Any], cls: Optional[type], prefix: str = ""
-              ) -> Iterator[tuple[str, int, bool]]:
-    """(dotted key, value, whether a tensor measures it) of every integer in ``config`` (lists included),
-    reading nested sections as the dataclasses ``cls`` declares."""
-    unmeasured = set(getattr(cls, "UNMEASURED_FIELDS", ()))
-    nested = _field_classes(cls)
+def weight_sizes(cls: Optional[type]) -> frozenset[str]:
+    """The options of config class ``cls`` that size its weights (its ``WEIGHT_SIZES``; none for a class without)."""
+    return frozenset(getattr(cls, "WEIGHT_SIZES", ()))
+
+
+def _sizes(config: Mapping[str, Any], cls: Optional[type], prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(dotted key, value) of every integer of ``config`` that sizes the weights (lists included), reading nested
+    sections as the dataclasses ``cls`` declares."""
+    sizes, nested = weight_sizes(cls), _field_classes(cls)
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            yield from _integers(value, nested.get(key), f"{name}.")
+            yield from _sizes(value, nested.get(key), f"{name}.")
+            continue
+        if key not in sizes:
             continue
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, int) and not isinstance(item, bool):
-                yield name, item, key not in unmeasured
+                yield name, item
 
 
 def check_config_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], *, config_class: type,
                        source: str, holder: str, aliases: int = 0,
-                       error: type[CheckpointError] = CheckpointError) -> None:
-    """Step 1 of the module docstring: refuse (``error``) an integer of ``config`` (read as ``config_class``) that
-    the tensors of ``holder`` (whose ``shapes`` they are) do not justify, naming ``source`` (the config's file), the
-    key, the value and what the file holds."""
+                       error: type[Exception] = CheckpointError,
+                       verdict: str = "refused before any model was built: the config was edited or belongs to "
+                                      "other weights") -> None:
+    """Step 1 of the module docstring: refuse (``error``) a size of the weights in ``config`` (read as
+    ``config_class``) that the tensors of ``holder`` (whose ``shapes`` they are) do not justify, naming ``source``
+    (the config's file), the key, the value, what the file holds and ``verdict``."""
     widest, names = tensor_extent(shapes, aliases)
     limit = max(widest, names, MEASURED_FLOOR)
-    for key, value, measured in _integers(config, config_class):
-        if measured and value > limit:
+    for key, value in _sizes(config, config_class):
+        if value > limit:
             raise error(
                 f"{source}: {key}={value} is larger than anything {holder} holds ({names} tensors, none with a "
-                f"dimension above {widest}); refused before any model was built: the config was edited or "
-                "belongs to other weights")
-        if not measured and value > UNMEASURED_LIMIT:
-            raise error(
-                f"{source}: {key}={value} is more than {UNMEASURED_LIMIT:,}, the most interlayer reads for a setting "
-                f"no tensor of {holder} measures; refused before any model was built: the config was edited or "
-                "is damaged")
+                f"dimension above {widest}); {verdict}")
 
 
-def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, holder: str,
-                  error: type[CheckpointError] = CheckpointError) -> nn.Module:
-    """Step 2 of the module docstring: ``build()`` on the ``meta`` device (shapes only), stopped with
-    :class:`CheckpointError` as soon as it has registered more than ``4 * names + 256`` parameter tensors (a config
-    that asks for millions of layers over the ``names`` tensors of ``holder`` is refused after a few)."""
-    budget = 4 * names + 256
+def _meta_build(build: Callable[[], nn.Module], budget: int) -> nn.Module:
+    """``build()`` on the ``meta`` device (shapes only), stopped with :class:`TooManyTensors` as soon as it has
+    registered more than ``budget`` parameter tensors."""
     builder = threading.get_ident()
     count = 0
 
@@ -301,12 +312,57 @@ def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, ho
     try:
         with torch.device("meta"):
             return build()
-    except TooManyTensors:
-        raise error(f"{source} describes a model of more than {budget} parameter tensors, but {holder} "
-                              f"holds {names}; refused before any model was built: the config was edited or belongs "
-                              "to other weights") from None
     finally:
         handle.remove()
+
+
+def build_on_meta(build: Callable[[], nn.Module], names: int, *, source: str, holder: str,
+                  error: type[Exception] = CheckpointError) -> nn.Module:
+    """Step 2 of the module docstring: ``build()`` on the ``meta`` device (shapes only), stopped with
+    :class:`CheckpointError` as soon as it has registered more than ``4 * names + 256`` parameter tensors (a config
+    that asks for millions of layers over the ``names`` tensors of ``holder`` is refused after a few)."""
+    budget = 4 * names + 256
+    try:
+        return _meta_build(build, budget)
+    except TooManyTensors:
+        raise error(f"{source} describes a model of more than {budget} parameter tensors, but {holder} "
+                    f"holds {names}; refused before any model was built: the config was edited or belongs "
+                    "to other weights") from None
+    except RuntimeError as err:  # a size PyTorch cannot even describe ("Storage size calculation overflowed")
+        raise error(f"{source} describes a model PyTorch cannot build ({str(err).splitlines()[0]}); refused "
+                    "before any model was built: the config was edited or is damaged") from None
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_buildable(build: Callable[[], nn.Module]) -> None:
+    """Refuse (:class:`~interlayer.errors.ConfigError`) a config whose model cannot be built here, before it is
+    built for real: one of more than :data:`MAX_TENSORS` parameter tensors (``enc_layers=10000000`` built layers for
+    minutes, then ran out of memory), or whose parameters and tables alone need more bytes than this machine has
+    (``d_model=10**9``, ``max_positions`` or a grid far too large: the allocator's "can't allocate memory" named
+    no option). The shapes-only build costs no memory; the message names the largest tensor, whose shape points at
+    the option."""
+    try:
+        shadow = _meta_build(build, MAX_TENSORS)
+    except TooManyTensors:
+        raise ConfigError(f"the model would hold more than {MAX_TENSORS:,} parameter tensors (a depth, count or "
+                          "rate mistyped?); refused before it was built") from None
+    except RuntimeError as err:  # a size PyTorch cannot even describe ("Storage size calculation overflowed")
+        raise ConfigError(f"the model cannot be built: {str(err).splitlines()[0]} (a size mistyped?); refused "
+                          "before it was built") from None
+    tensors = [(name, t) for name, t in [*shadow.named_parameters(), *shadow.named_buffers()]]
+    need, memory = sum(t.numel() * t.element_size() for _, t in tensors), machine_memory()
+    if memory and need > memory:
+        name, largest = max(tensors, key=lambda item: item[1].numel())
+        raise ConfigError(f"the model's parameters and tables need {need / 2 ** 30:,.1f} GiB (the largest, {name}, "
+                          f"of shape {tuple(largest.shape)}), more than this machine's {memory / 2 ** 30:,.1f} GiB of "
+                          "memory; refused before it was built: lower the size that shape comes from")
 
 
 def buffer_budget(shapes: Mapping[str, tuple[int, ...]]) -> int:
@@ -316,18 +372,20 @@ def buffer_budget(shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 
 def check_buffers(shadow: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, source: str, holder: str,
-                  error: type[CheckpointError] = CheckpointError) -> None:
+                  error: type[Exception] = CheckpointError,
+                  verdict: str = "refused before any model was built: lower max_positions (or the grid sizes), or "
+                                 "the config was edited") -> None:
     """Step 4 of the module docstring, on the shapes-only model ``shadow``: the buffers it keeps outside the state
-    dict (position and index tables) may not hold more numbers than :func:`buffer_budget`."""
+    dict (position and index tables) may not hold more numbers than :func:`buffer_budget` (else ``error``, ending
+    with ``verdict``)."""
     saved = set(shadow.state_dict())
     extra = [(name, buffer) for name, buffer in shadow.named_buffers() if name not in saved]
     total, limit = sum(buffer.numel() for _, buffer in extra), buffer_budget(shapes)
     if total > limit:
         name, buffer = max(extra, key=lambda item: item[1].numel())
-        raise error(f"{source} describes a model whose tables outside the weights hold {total:,} numbers "
-                              f"(the largest, {name}, of shape {tuple(buffer.shape)}), more than {limit:,} for what "
-                              f"{holder} holds; refused before any model was built: lower max_positions (or the grid "
-                              "sizes), or the config was edited")
+        raise error(f"{source} describes a model whose tables outside the weights hold {total:,} numbers (the "
+                    f"largest, {name}, of shape {tuple(buffer.shape)}), more than {limit:,} for what {holder} holds; "
+                    f"{verdict}")
 
 
 def _fit_problem(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]], source: str
@@ -362,6 +420,22 @@ def size_checked_config(saved: SavedModel, config_class: type, from_dict: Callab
                               "come from different models")
     check_buffers(shadow, saved.shapes, source=str(saved.config_path), holder=holder)
     return config
+
+
+def check_loadable(model: nn.Module) -> None:
+    """Refuse (:class:`~interlayer.errors.ConfigError`) a model that :func:`size_checked_config` would refuse once
+    saved: steps 1 and 4 of the module docstring against its own tensors. Training calls it before a run starts,
+    so that no run trains a model its own ``best/`` could not give back to ``generate``, ``evaluate`` or
+    ``export`` (steps 2 and 3 compare the model with itself and always pass)."""
+    shapes = {k: tuple(v.shape) for k, v in canonical_state_dict(model).items()}
+    aliases = sum(len(group) for group in tie_map(model).values())
+    config, where = model.config, "its saved weights file"
+    verdict = ("refused before training: a saved copy of this model could not be loaded back (generate, evaluate "
+               "and export would refuse it)")
+    check_config_sizes(config.to_dict(), shapes, config_class=type(config), source="the model's config",
+                       holder=where, aliases=aliases, error=ConfigError, verdict=verdict)
+    check_buffers(model, shapes, source="the model's config", holder=where, error=ConfigError,
+                  verdict=f"{verdict}: lower max_positions (or the grid sizes)")
 
 
 def _check_ties(saved: SavedModel, model: nn.Module) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence, get_args
 
 from .compare import DEFAULT as COMPARE_DEFAULT
+from .compare import options as compare_options
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -23,11 +24,12 @@ from .errors import (
     WriteError,
 )
 from .fileio import atomic_directory, read_json, shorten, write_atomic, write_failure
-from .tasks import task_specs
+from .kernels.dispatch import check_environment
+from .tasks import task_commands, task_specs
 from .tasks.translation import add_decode_arguments
 from .training import distributed
 from .training.cluster import add_launcher_arguments, launcher_from_args
-from .training.concurrency import available_cores
+from .training.concurrency import available_cores, sigterm_as_stop, stop_code
 from .training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
@@ -140,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         task.add_argument("--run-dir", help="where the run is written (default runs/TASK/PRESET-sSEED; "
                                             "runs/TASK/CHECKPOINT-sSEED with --pretrained)")
         task.add_argument("--resume", action="store_true", help="continue the run in --run-dir where it stopped")
+        task.add_argument("--allow-data-change", action="store_true", help="--resume on data whose files differ from "
+                                                                           "the run's (refused otherwise)")
         task.add_argument("--no-progress", action="store_true", help="no progress bar (logs are still written)")
         _add_device_arguments(task, training=True)
         spec.add_arguments(task)
@@ -195,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--budget-steps", type=int,
                          help="optimiser steps per run (train.max_steps): the same table on any load of the same "
                               "machine and software")
+    compare_options.add_arguments(compare)
     compare.add_argument("--output", metavar="DIR", help="comparison directory (default runs/compare/TASK)")
     compare.add_argument("--preset", help="base preset of the named variants (default: the task's)")
     compare.add_argument("--baseline", metavar="NAME", help="the variant the others are compared with")
@@ -207,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "(nats for lm's loss, percentage points for accuracy, BLEU points): a variant whose "
                               "difference to the baseline two one-sided tests place inside ±DELTA is 'equivalent' "
                               "(report only; default: no equivalence test)")
+    compare.add_argument("--effect", type=float, metavar="DELTA",
+                         help="the smallest difference of interest, absolute, in the units of the task's metric, "
+                              "stated before the runs: an undecided verdict names the seeds per variant that detect "
+                              "it with power 0.8 (report only; without it or --margin no seeds are planned: never "
+                              "for the difference observed)")
     compare.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                          help="for every variant: a model field, train.KEY or data.KEY (repeatable)")
     compare.add_argument("--default", action="store_true",
@@ -222,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_arguments(compare, training=True)
     add_launcher_arguments(compare, "run")
     _add_search_parser(sub)
+    for name, command in task_commands().items():  # the tasks' own (TaskSpec.commands: interlayer caption, ...)
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.description))
     return parser
 
 
@@ -483,6 +495,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     spec = task_specs()[args.task]
     try:
         data_sets, options = spec.options_from_args(args)
+        options = {**options, "allow_data_change": True} if args.allow_data_change else options
         sets = {**_parse_sets(args.sets), **data_sets, **_device_sets(args)}
     except EXPECTED_ERRORS as err:  # under torchrun every rank learns of it and stops with the same message
         env = distributed.environment()
@@ -537,7 +550,7 @@ def _evaluate(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections, run_compare
+    from .compare import DEFAULT, DEFAULT_OUTPUT, describe_named, make_settings, parse_selections
     from .tables import format_table
 
     if args.list_variants:
@@ -548,8 +561,9 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
               "jobs": args.jobs}
     if args.default:
         chosen = {key: value if value not in (None, []) else DEFAULT[key] for key, value in chosen.items()}
-        if args.budget_minutes is not None and args.budget_steps is None:
-            chosen["budget_steps"] = None  # minutes asked for instead of the default's steps
+        if compare_options.replaces_steps(args) and args.budget_steps is None:
+            chosen["budget_steps"] = None  # minutes, FLOPs or tokens asked for instead of the default's steps
+        chosen["sets"] = chosen["sets"] if args.sets else compare_options.default_sets(chosen["sets"], args)
     missing = [f"--{key}" for key in ("task", "variants") if not chosen[key]]
     if missing:
         raise ConfigError(f"compare needs {' and '.join(missing)} (or --default for the README's comparison)")
@@ -557,17 +571,20 @@ def _compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     settings = make_settings(chosen["task"], chosen["variants"], seeds=seeds, budget_minutes=chosen["budget_minutes"],
                              preset=args.preset, baseline=args.baseline,
                              sets={**_parse_sets(chosen["sets"]), **_device_sets(args)},
-                             budget_steps=chosen["budget_steps"])
-    output = Path(args.output or DEFAULT_OUTPUT.format(task=settings.task))
+                             budget_steps=chosen["budget_steps"], **compare_options.budgets(args))
+    sweep = compare_options.sweep_options(args)
+    output = Path(args.output or (DEFAULT_OUTPUT if sweep is None else compare_options.SWEEP_OUTPUT).format(
+        task=settings.task))
     launcher = launcher_from_args(args)
     if launcher is not None and args.jobs is not None:
         raise ConfigError("--jobs applies to --launcher local; with submitit every run is its own job (limit how many "
                           "run at once with --slurm-array-parallelism)")
-    result = run_compare(settings, output, command=["interlayer", *argv],
-                         jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
-                         selections=parse_selections(args.select), margin=args.margin, launcher=launcher)
+    result = compare_options.run(settings, sweep, output, command=["interlayer", *argv],
+                                 jobs=1 if chosen["jobs"] is None or launcher is not None else chosen["jobs"],
+                                 selections=parse_selections(args.select), margin=args.margin, launcher=launcher,
+                                 effect=args.effect)
     if result.interrupted:
-        return 130
+        return stop_code(result.signal)  # 130 for Ctrl-C, 143 for SIGTERM
     return 1 if result.failed else 0
 
 
@@ -597,7 +614,7 @@ def _search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         outcome = run_search_jobs(settings, launcher)
     print(outcome.report)
-    return {"done": 0, "interrupted": 130, "failed": 1}[outcome.status]
+    return {"done": 0, "interrupted": stop_code(outcome.signal), "failed": 1}[outcome.status]
 
 
 # The handler of each command: (parsed args, the command line after the program name) -> exit code (None: 0).
@@ -636,7 +653,11 @@ def _leaving(code: int) -> int:
     sends SIGTERM to the ranks still running when the first one has exited. A rank past its error ignores it (the
     interpreter's shutdown keeps an ignored signal ignored, where it would drop a handler) and exits with ``code``
     a moment later, instead of being reported as killed."""
-    if distributed.environment().enabled:
+    try:
+        enabled = distributed.environment().enabled
+    except ConfigError:  # the environment's own error, reported already: one process
+        enabled = False
+    if enabled:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         distributed.leave()
     return code
@@ -650,15 +671,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
-        code = COMMANDS[args.command](args, argv) or 0
+        check_environment(), distributed.environment()  # the variables commands read, before any writes
+        with sigterm_as_stop():
+            code = (COMMANDS.get(args.command) or task_commands()[args.command].run)(args, argv) or 0
         sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's flush at exit
         return code
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE_EXIT
-    except KeyboardInterrupt:
-        print("interlayer: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM stopping as Ctrl-C does (SignalStop)
+        signum = getattr(stop, "signal", signal.SIGINT)
+        said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"interlayer: {said}", file=sys.stderr)
+        return stop_code(signum)
     except EXPECTED_ERRORS as err:
         if args.debug:
             traceback.print_exc()

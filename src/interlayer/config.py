@@ -98,8 +98,8 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """Return a new config with dotted-key overrides (``{"crossformer.hard": ["kq"]}``) applied and validated, as
     :func:`~interlayer.config_io.set_dotted` sets them: text values are ``--set`` values, and a key inside a
     section that is off turns the section on with its defaults first."""
-    return config_from_dict(set_dotted(cfg.to_dict(), overrides, is_section=is_section, aliases=cfg.FIELD_ALIASES),
-                            source="overrides")
+    return config_from_dict(set_dotted(cfg.to_dict(), overrides, is_section=is_section, aliases=cfg.FIELD_ALIASES,
+                                       implied=cfg.FIELD_IMPLIED), source="overrides")
 
 
 def is_section(name: str) -> bool:

@@ -205,7 +205,8 @@ def checked_config(cls: type, data: dict[str, Any], source: str) -> Any:
 
 
 def set_dotted(data: dict[str, Any], overrides: Mapping[str, Any], *, is_section: Callable[[str], bool] = _no_section,
-               nested: Sequence[str] = (), aliases: Mapping[str, str] = {}) -> dict[str, Any]:
+               nested: Sequence[str] = (), aliases: Mapping[str, str] = {},
+               implied: Mapping[str, Callable[[Any], Mapping[str, Any]]] = {}) -> dict[str, Any]:
     """``data`` (a config as a mapping, changed in place and returned) with dotted-key overrides set: the one
     function every config family applies ``--set`` and Python overrides with.
 
@@ -216,7 +217,9 @@ def set_dotted(data: dict[str, Any], overrides: Mapping[str, Any], *, is_section
       ``SECTION=true`` (``is_section(SECTION)``) turns it on with its defaults.
     * A key the config lacks is looked up in the nested configs named by ``nested``: a vision model's ``d_model``
       is its ``encoder.d_model``. ``aliases`` (name -> field: the Transformer's ``FIELD_ALIASES``) are other names
-      of top-level fields (here or nested): ``n_layer`` sets ``enc_layers``.
+      of top-level fields (here or nested): ``n_layer`` sets ``enc_layers``. ``implied`` (name -> value -> fields)
+      sets what a name also means unless those fields are given too (under any of their names): nanoGPT's
+      ``n_embd`` also sets ``d_ffn`` to 4 x ``n_embd``.
     * A top-level key found nowhere raises :class:`ConfigError` with the closest valid key, a dotted key into a
       field that is not a section names both; the keys inside a section, and every value, are checked when the
       config is built from ``data`` (the coercer's errors name the whole dotted key).
@@ -235,6 +238,13 @@ def set_dotted(data: dict[str, Any], overrides: Mapping[str, Any], *, is_section
         if named.setdefault((inner, head), given) != given:
             raise ConfigError(f"{named[inner, head]} and {given} both set {head}; give one of them")
         _set(data if inner is None else data[inner], dotted, [head, *path], value, is_section)
+    given_fields = {head for _, head in named}
+    for name, rule in implied.items():
+        value = overrides.get(name)
+        value = parse_value(value, f"--set {name}") if isinstance(value, str) else value
+        if isinstance(value, int) and not isinstance(value, bool):  # a bad value is the coercer's to name
+            unset = {key: derived for key, derived in rule(value).items() if key not in given_fields}
+            set_dotted(data, unset, nested=nested)
     return data
 
 

@@ -9,15 +9,23 @@ Three kinds:
 * a user's mistake, reported by the CLI as one line and exit code 2: :class:`ConfigError` (a setting),
   :class:`DataError` (a data file), :class:`CheckpointError` (a saved model), and their refinements;
 * a bad situation of the machine, reported the same way: :class:`WriteError`, :class:`DirectoryBusy`;
-* signals between parts of the package, never shown to a user: :class:`RunStopped`, :class:`TooManyTensors`.
+* signals between parts of the package, never shown to a user: :class:`RunStopped`, :class:`SignalStop`,
+  :class:`TooManyTensors`.
 
 ``interlayer.ConfigError`` and ``interlayer.CheckpointError`` stay the public names of the first two.
 """
 from __future__ import annotations
 
+import signal
+
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key, the value and what would be valid."""
+
+
+class KernelUnavailable(ConfigError, RuntimeError):
+    """``INTERLAYER_KERNELS=triton`` where a kernel cannot run (no Triton, no CUDA tensors, a case it does not cover):
+    a setting that cannot work (exit code 2 on the command line), and the ``RuntimeError`` it was before."""
 
 
 class VariantError(ConfigError):
@@ -71,6 +79,16 @@ class DirectoryBusy(RuntimeError):
 class RunStopped(Exception):
     """SIGINT/SIGTERM met by a compare run process outside the engine's loop (which handles them itself by saving
     and returning); the message is the signal's name."""
+
+
+class SignalStop(KeyboardInterrupt):
+    """SIGINT or SIGTERM where a command stops as on Ctrl-C (any command's SIGTERM, a search's SIGINT too): a
+    ``KeyboardInterrupt``, so that whatever handles Ctrl-C handles it, that remembers which signal it was for the
+    exit code (128 + its number: 130 for SIGINT, 143 for SIGTERM, as a shell reports a process the signal killed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = int(signum)
 
 
 class TooManyTensors(BaseException):

@@ -29,7 +29,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from .checkpoint import check_buildable, check_loadable
 from .config_io import dataclass_from_dict, parse_value
+from .data.fingerprint import changed_files, fingerprint
 from .errors import ConfigError, DivergenceError
 from .fileio import read_json, write_atomic, write_json
 from .models.registry import get_config
@@ -46,8 +48,14 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+# nanoGPT's names of data settings, given as it gives them (``--set block_size=256``): the context length is the
+# language-modelling data's ``block_size`` (the model's positions follow it), not a model field
+DATA_NAMES = {"block_size": "block_size"}
+
+
 def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs; every other key is a model field.
+    """``train.lr=...`` and ``data.vocab_size=...`` go to those configs, and nanoGPT's ``block_size`` to
+    ``data.block_size`` (:data:`DATA_NAMES`); every other key is a model field.
 
     Text values are parsed as YAML scalars/lists (``3``, ``0.1``, ``true``, ``[0,2,1]``), like the CLI's ``--set``;
     other values (the CLI's ``--compile``: ``True``) are taken as they are.
@@ -56,7 +64,11 @@ def split_overrides(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     for key, value in sets.items():
         value = parse_value(value, f"--set {key}") if isinstance(value, str) else value
         head, _, rest = key.partition(".")
-        if head == "train" and rest:
+        if key in DATA_NAMES:
+            if DATA_NAMES[key] in data or f"data.{DATA_NAMES[key]}" in sets:
+                raise ConfigError(f"{key} and data.{DATA_NAMES[key]} name the same setting; give one of them")
+            data[DATA_NAMES[key]] = value
+        elif head == "train" and rest:
             train[rest] = value
         elif head == "data" and rest:
             data[rest] = value
@@ -73,7 +85,9 @@ def with_defaults(spec: TaskSpec, sets: dict[str, Any]) -> dict[str, Any]:
 
 def initial_model(spec: TaskSpec, task: Any, model_cfg: dict[str, Any], seed: int) -> nn.Module:
     """A fresh run's model: built after ``torch.manual_seed(seed)``, so the initial weights depend on the seed
-    alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one)."""
+    alone, then the task's ``initialise`` hook (pretrained weights over the seeded ones, when it has one). A model
+    this machine cannot hold is refused first (:func:`~interlayer.checkpoint.check_buildable`)."""
+    check_buildable(lambda: spec.model_from_dict(model_cfg))
     torch.manual_seed(seed)
     model = spec.model_from_dict(model_cfg)
     spec.initialise(model, task)
@@ -140,7 +154,7 @@ def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Op
     if env.is_main:  # rank 0 prepares the run; a refusal here stops every rank (distributed.agree)
         try:
             prepared = _prepare(spec, preset, sets, seed, max_minutes, run_dir, resume, start_over, warn, lock,
-                                command)
+                                command, bool(options.get("allow_data_change")))
         except Exception as err:  # noqa: BLE001
             error = err
     distributed.agree(env, error)  # the other ranks read what rank 0 wrote
@@ -182,10 +196,11 @@ def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Op
 
 def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
              max_minutes: Optional[float], run_dir: Path, resume: bool, start_over: bool,
-             warn: Callable[[str], None], lock: contextlib.ExitStack, command: Optional[Sequence[str]]
-             ) -> tuple[Any, nn.Module, TrainConfig]:
+             warn: Callable[[str], None], lock: contextlib.ExitStack, command: Optional[Sequence[str]],
+             allow_data_change: bool = False) -> tuple[Any, nn.Module, TrainConfig]:
     """Rank 0's part before training: a fresh run resolved, built and checked before its directory is locked and
-    written (a refused run leaves no directory behind); a resumed one loaded (or started over) under the lock."""
+    written (a refused run leaves no directory behind); a resumed one loaded (or started over) under the lock, its
+    data compared with the run's (:func:`_check_data`; ``allow_data_change`` lets a difference through)."""
     fresh = None
     if not resume:
         _refuse_existing(run_dir)
@@ -201,21 +216,24 @@ def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: 
     if start_over:
         warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
              "nothing to resume: starting it from the beginning with its stored settings")
-        prepared = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn)
+        prepared = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn, allow_data_change)
     else:
-        prepared = _load_run(spec, run_dir, preset, sets, seed, max_minutes, warn, True)
+        prepared = _load_run(spec, run_dir, preset, sets, seed, max_minutes, warn, True, allow_data_change)
     check_before_training(*prepared)
     return prepared
 
 
 def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -> None:
     """What would stop the run after it started, refused before: the task's ``check_inputs(model)`` (inputs of
-    any split the model cannot read, naming file and line), and a first epoch too short for one optimiser step
+    any split the model cannot read, naming file and line), a model its own saved folder could not give back
+    (:func:`~interlayer.checkpoint.check_loadable`), and a first epoch too short for one optimiser step
     (``update_freq`` x processes batches). A fresh run calls this before ``run.json`` is written, so a refused run
     leaves no directory that would block its corrected re-run."""
     check = getattr(task, "check_inputs", None)
     if check is not None:
         check(model)
+    _check_id_ranges(task, model)
+    check_loadable(model)
     needed = train_cfg.update_freq * distributed.environment().world_size
     batches = len(task.train_batches(1, train_cfg.seed))
     if batches < needed:
@@ -223,6 +241,30 @@ def check_before_training(task: Any, model: nn.Module, train_cfg: TrainConfig) -
                           f"(train.update_freq={train_cfg.update_freq} x {needed // train_cfg.update_freq} "
                           f"process(es) = {needed}); lower train.update_freq or train.max_tokens / data.batch_size, "
                           "or run fewer processes")
+
+
+# The sizes a task's data decides that bound ids or classes (input tokens, targets, labels, answers): a model with
+# fewer (a --set below the data's) would index past a table, and the cross-entropy would read another row
+ID_RANGES = ("src_vocab_size", "tgt_vocab_size", "num_classes", "vocab_size", "num_answers")
+
+
+def _check_id_ranges(task: Any, model: nn.Module) -> None:
+    """Refuse a model with fewer tokens, classes or answers than the task's data holds, naming the key: the ids the
+    data loaders build on the host are checked against the data's own vocabularies and label sets, so this one
+    comparison keeps every id of every batch inside the model (no kernel reads out of bounds)."""
+    config = model.config
+    holders = [config, getattr(config, "encoder", None)]
+    for key, needed in task.model_fields().items():
+        holder = next((h for h in holders if h is not None and hasattr(h, key)), None)
+        if key not in ID_RANGES or not isinstance(needed, int) or holder is None:
+            continue
+        have = getattr(holder, key)
+        if key == "tgt_vocab_size" and have is None:  # one vocabulary for both sides
+            have, key = holder.src_vocab_size, "src_vocab_size"
+        if have < needed:
+            raise ConfigError(f"{key}={have} is smaller than the {needed} the data holds (the task sets it from its "
+                              f"data): ids {have}..{needed - 1} would index past the model's tables and its loss; "
+                              f"drop --set {key}, or give at least {needed}")
 
 
 @dataclasses.dataclass
@@ -265,8 +307,11 @@ def _resolve_new(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], se
     model_cfg = spec.resolve_model(preset, model_sets, task)
     model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
     check_before_training(task, model, train_cfg)
-    return _NewRun(task, model, train_cfg, {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(),
-                                            "train": asdict(train_cfg), "data": asdict(data_cfg)})
+    record = {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(), "train": asdict(train_cfg),
+              "data": asdict(data_cfg)}
+    if hasattr(task, "data_files"):
+        record["data_fingerprint"] = fingerprint(task.data_files())
+    return _NewRun(task, model, train_cfg, record)
 
 
 # What a run writes while it trains (engine, tasks, compare): cleared when a run that never reached its first
@@ -276,22 +321,27 @@ _PARTIAL_DIRS = ("tb", "best", "averaged")
 
 
 def _restart_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-                 max_minutes: Optional[float], warn: Callable[[str], None]) -> tuple[Any, nn.Module, TrainConfig]:
+                 max_minutes: Optional[float], warn: Callable[[str], None], allow_data_change: bool = False
+                 ) -> tuple[Any, nn.Module, TrainConfig]:
     """A run with ``run.json`` but no checkpoint, started again from its stored settings (plus the changes a
     resume allows): the partial logs go, the model is rebuilt from the seed as a fresh run builds it."""
     stored = _read_run(spec, run_dir)
+    notes: list[str] = []  # said once the data is known to be the run's: a refused resume prints one line
     train_cfg, data_cfg, model_dict, _ = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes,
-                                                           warn)
+                                                           notes.append)
+    task = spec.make_task(data_cfg, train_cfg, None)
+    stored = _check_data(run_dir, stored, task, allow_data_change, notes.append)
+    for note in notes:
+        warn(note)
     for name in _PARTIAL_FILES:
         (run_dir / name).unlink(missing_ok=True)
     for name in _PARTIAL_DIRS:
         shutil.rmtree(run_dir / name, ignore_errors=True)
     for path in run_dir.glob("checkpoint[0-9]*.pt"):
         path.unlink()
-    task = spec.make_task(data_cfg, train_cfg, None)
     model = initial_model(spec, task, model_dict, train_cfg.seed)
     task.save_assets(run_dir)
-    write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
+    write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg), "data": asdict(data_cfg)})
     return task, model, train_cfg
 
 
@@ -309,15 +359,44 @@ def _read_run(spec: TaskSpec, run_dir: Path) -> dict[str, Any]:
 
 
 def _load_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-              max_minutes: Optional[float], warn: Callable[[str], None], record: bool
+              max_minutes: Optional[float], warn: Callable[[str], None], record: bool, allow_data_change: bool = False
               ) -> tuple[Any, nn.Module, TrainConfig]:
     """Task, model and training settings of the run stored in ``run_dir`` (for --resume, and for ranks > 0), with
-    the changes a resume allows; ``record`` writes them to ``run.json``."""
+    the changes a resume allows; ``record`` (rank 0) compares the data with the run's (:func:`_check_data`) and
+    writes the changes to ``run.json``."""
     stored = _read_run(spec, run_dir)
-    train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes, warn)
-    if record and asdict(train_cfg) != stored["train"]:
-        write_json(run_dir / RUN_FILE, {**stored, "train": asdict(train_cfg)})
-    return spec.make_task(data_cfg, train_cfg, run_dir), model, train_cfg
+    notes: list[str] = []  # said once the data is known to be the run's: a refused resume prints one line
+    train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes,
+                                                      notes.append)
+    task = spec.make_task(data_cfg, train_cfg, run_dir)
+    if record:
+        checked = {**_check_data(run_dir, stored, task, allow_data_change, notes.append),
+                   "train": asdict(train_cfg), "data": asdict(data_cfg)}
+        if checked != stored:
+            write_json(run_dir / RUN_FILE, checked)
+    for note in notes:
+        warn(note)
+    return task, model, train_cfg
+
+
+def _check_data(run_dir: Path, stored: dict[str, Any], task: Any, allow: bool, warn: Callable[[str], None]
+                ) -> dict[str, Any]:
+    """``run.json``'s contents with the fingerprint of the data ``task`` reads now
+    (:mod:`interlayer.data.fingerprint`), after refusing data that differs from the run's (a folder replaced by
+    another corpus continued silently), naming each file, unless ``allow`` (``--allow-data-change``: then said
+    through ``warn`` and recorded). A run written before fingerprints gets its first."""
+    if not hasattr(task, "data_files"):
+        return stored
+    old = stored.get("data_fingerprint")
+    now = fingerprint(task.data_files(), known=old)
+    changed = changed_files(old, now) if isinstance(old, dict) else []
+    if changed and not allow:
+        raise ConfigError(f"--resume continues {run_dir} on the data it started with ({run_dir / RUN_FILE}'s "
+                          f"data_fingerprint), but the data differs: {'; '.join(changed)}. Restore the data, start "
+                          "a new run, or pass --allow-data-change to continue on these files")
+    if changed:
+        warn(f"interlayer: resuming {run_dir} on other data (--allow-data-change): {'; '.join(changed)}")
+    return {**stored, "data_fingerprint": now}
 
 
 def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], preset: Optional[str],
@@ -354,6 +433,8 @@ def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], pre
     if preset is not None and preset != stored.get("preset"):
         changes["--preset"] = (stored.get("preset"), preset)
     allowed = {f"train.{k}" for k in CHANGEABLE_ON_RESUME}
+    if "data_fingerprint" in stored:  # the folder moved: its files are compared by content (_check_data)
+        allowed.add("data.path")
     refused = {k: v for k, v in changes.items() if k not in allowed}
     shown = lambda items: ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(items.items()))  # noqa: E731
     if refused:

@@ -24,7 +24,9 @@ temporary name beside it and renamed, so a crash leaves the old file or the new 
 disk is reported as :class:`DiskFullError` naming the file and the free space, the old file intact; any other
 failure to write (a read-only file system, a missing permission) as :class:`WriteError` naming the file. A whole
 folder (an export) is written by :func:`atomic_directory`: into a temporary folder beside it, renamed into place
-when complete.
+when complete. Every file written either way gets the mode a new file gets from ``open`` (``0o666`` less the
+umask: ``0644`` usually), whoever wrote the temporary file: safetensors' writer makes its files ``0600``, which
+left checkpoints and exported weights unreadable to the group where every other file of the folder was not.
 """
 from __future__ import annotations
 
@@ -110,14 +112,37 @@ def _free_space(directory: Path) -> str:
         return "free space unknown"
 
 
+def umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (``/proc/self/status``); elsewhere set
+    and restored at once (``os.umask`` has no read-only form)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def _usual_mode(path: Path) -> None:
+    """Give the regular file ``path`` the mode ``open`` gives a new file (``0o666`` less the umask), whatever its
+    writer chose (module docstring)."""
+    if path.is_file() and not path.is_symlink():
+        os.chmod(path, 0o666 & ~umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """A temporary name beside ``path`` to write to; renamed onto ``path`` when the block ends without an error,
-    removed when it fails. A full disk raises :class:`DiskFullError` naming ``path`` and the free space."""
+    removed when it fails. A full disk raises :class:`DiskFullError` naming ``path`` and the free space. The file
+    gets the usual mode of a new file (module docstring)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         yield tmp
+        _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -134,7 +159,7 @@ def atomic_directory(path: PathLike, *, replace: bool = False) -> Iterator[Path]
     ends without an error, removed when it fails, so ``path`` never holds half a folder. ``path`` must not exist
     or be an empty folder, or, with ``replace``, may be any folder, whose contents are then replaced as a whole
     (the old folder is removed only after the new one is in place). A failure of the machine raises
-    :class:`WriteError` naming ``path``."""
+    :class:`WriteError` naming ``path``. Every file in it gets the usual mode of a new file (module docstring)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -142,6 +167,8 @@ def atomic_directory(path: PathLike, *, replace: bool = False) -> Iterator[Path]
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         yield tmp
+        for written in tmp.rglob("*"):
+            _usual_mode(written)
         if path.is_dir() and (replace or not any(path.iterdir())):
             os.rename(path, old)
         os.rename(tmp, path)

@@ -32,12 +32,19 @@ def train_tiny_lm(root: Path, *sets: str) -> Path:
     return run
 
 
+def saved_config(folder: Path) -> dict[str, Any]:
+    """The interlayer config a model folder's ``config.json`` holds (its ``interlayer`` section's, the layout
+    ``transformers`` reads)."""
+    return json.loads((folder / "config.json").read_text())["interlayer"]["config"]
+
+
 def copy_folder(folder: Path, destination: Path, **config: Any) -> Path:
-    """A copy of model folder ``folder`` at ``destination`` with ``config.json``'s keys ``config`` replaced (a
-    dict value replaces a method section)."""
+    """A copy of model folder ``folder`` at ``destination`` with its interlayer config's keys ``config`` replaced
+    (a dict value replaces a method section)."""
     shutil.copytree(folder, destination)
     data = json.loads((destination / "config.json").read_text())
-    (destination / "config.json").write_text(json.dumps({**data, **config}))
+    data["interlayer"]["config"].update(config)
+    (destination / "config.json").write_text(json.dumps(data))
     return destination
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
-from ..training.concurrency import DirectoryLock
+from ..training.concurrency import DirectoryLock, available_cores
+from .budget import check_budgets
 from .plan import Plan, Settings, build_plan, get_spec
 from .selection import Selection, check_selections, parse_selections
 from .variants import NAMED_VARIANTS, check_global_sets, describe_named, parse_variants
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
     from .runner import RunOutcome
 
 # The main job's budget (`make run` = `interlayer compare --default`), in one place: optimiser steps per run, seeds
-# per variant, and validations per learning curve (every steps // validations steps). Chosen (issue 30) so that the
-# baseline's validation loss on the held-out plays falls below 2.0 (measured with one seed and one thread, which do not
-# depend on the load: 2.005 after 1,500 steps, 1.907 after 2,000) with 3 seeds for the verdicts; the wall time
-# estimated from tokens/s is in docs/compare.md. Adjust it here after timing `make run` on a quiet machine
-# (5 seeds if it takes under 9 minutes).
+# per variant, and validations per learning curve (every steps // validations steps). The steps (issue 30) take the
+# baseline's validation loss on the held-out plays below 2.0 (1.907 after 2,000 steps with one seed and one thread).
+# The seeds were decided before the runs (issue 50): pilot runs on seeds 101-105 (docs/main-job-pilot.json, by
+# benchmarks/main_job_pilot.py) put PA's per-seed paired difference at -0.079 with a standard deviation of 0.038, and
+# the paired t-test at Holm's first level (0.05 / 4) needs 6 seeds for power 0.8 there (docs/compare.md; a test
+# checks this constant against that calculation).
 MAIN_JOB_STEPS = 2000
-MAIN_JOB_SEEDS = 3
+MAIN_JOB_SEEDS = 6
 MAIN_JOB_VALIDATIONS = 20
 
 # The README's comparison: a character-level language model on the bundled Shakespeare (validation and test on
@@ -49,15 +51,21 @@ DEFAULT_OUTPUT = "runs/compare/{task}"
 # (--seeds 100000000 ended in a MemoryError). 1,000 is beyond any comparison the statistics plan for
 # (compare/stats.py gives up there too).
 MAX_SEEDS = 1000
+# The most runs one compare may plan (variants x seeds): a typo in a loop that builds --variants or --seeds would
+# otherwise start days of training
+MAX_RUNS = 1000
 
 
 def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_minutes: Optional[float] = None,
                   preset: Optional[str] = None, baseline: Optional[str] = None,
-                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None) -> Settings:
+                  sets: Optional[dict[str, Any]] = None, budget_steps: Optional[int] = None,
+                  budget_flops: Optional[float] = None, budget_tokens: Optional[int] = None) -> Settings:
     """Check the command-line choices (not yet against the task's data) and fix them as :class:`Settings`.
 
     ``budget_steps`` (``--budget-steps``) is ``train.max_steps`` of every run, i.e. ``--set train.max_steps=N``:
-    a budget in optimiser steps, which unlike minutes does not depend on the machine or its load."""
+    a budget in optimiser steps, which unlike minutes does not depend on the machine or its load.
+    ``budget_flops`` / ``budget_tokens`` (``--budget-flops``, ``--budget-tokens``): training FLOPs or tokens per
+    run, each variant's steps computed from its cost per step (:mod:`.budget`)."""
     spec = get_spec(task)
     if not 1 <= seeds <= MAX_SEEDS:
         raise ConfigError(f"--seeds={seeds} must be 1..{MAX_SEEDS:,}: seeds count from 1 (--seeds N trains every "
@@ -66,6 +74,7 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
         raise ConfigError(f"--budget-minutes={budget_minutes} must be positive (leave it out for the task's epoch "
                           "limits)")
     sets = dict(sets or {})
+    check_budgets(budget_minutes, budget_steps, budget_flops, budget_tokens, sets)
     if budget_steps is not None:
         if budget_steps < 1:
             raise ConfigError(f"--budget-steps={budget_steps} must be a positive number of optimiser steps")
@@ -76,18 +85,25 @@ def make_settings(task: str, variants: Sequence[str], *, seeds: int = 1, budget_
     check_global_sets(sets)
     preset = preset or spec.default_preset
     parsed, baseline_name = parse_variants(list(variants), preset, baseline)
+    if len(parsed) * seeds > MAX_RUNS:
+        raise ConfigError(f"{len(parsed)} variants x {seeds} seeds are {len(parsed) * seeds:,} runs, more than "
+                          f"{MAX_RUNS:,} in one compare; compare fewer variants or seeds at a time (several "
+                          "--output folders)")
     return Settings(task=task, preset=preset, variants=[v.spec for v in parsed], baseline=baseline_name,
-                    seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets)
+                    seeds=list(range(1, seeds + 1)), budget_minutes=budget_minutes, sets=sets,
+                    budget_flops=budget_flops, budget_tokens=budget_tokens)
 
 
 @dataclass
 class CompareResult:
-    """What ``run_compare`` did: the plan, the report, how every run ended, and whether Ctrl-C stopped it."""
+    """What ``run_compare`` did: the plan, the report, how every run ended, and whether a signal stopped it (Ctrl-C's
+    SIGINT or a SIGTERM: ``signal``, for the exit code 128 + it)."""
 
     plan: Plan
     report: "Report"
     outcomes: list["RunOutcome"]
     interrupted: bool
+    signal: Optional[int] = None
 
     @property
     def failed(self) -> list[str]:
@@ -96,43 +112,63 @@ class CompareResult:
 
 def run_compare(settings: Settings, output: Path, *, command: Sequence[str], jobs: int = 1,
                 selections: Sequence[Selection] = (), margin: Optional[float] = None,
-                launcher: Optional["LauncherSettings"] = None, echo: Callable[[str], None] = print) -> CompareResult:
+                launcher: Optional["LauncherSettings"] = None, echo: Callable[[str], None] = print,
+                effect: Optional[float] = None) -> CompareResult:
     """Plan, train what is missing (``jobs`` runs at a time), report; Ctrl-C stops after the current runs save
     and still reports. ``selections`` (``--select``, :mod:`.selection`) are checked against the variants before
     any training and decided in the report; ``margin`` (``--margin``) is the equivalence margin of the verdicts,
-    absolute, in the metric's units (report only, like the selections). ``launcher`` (``--launcher submitit``):
-    each run is a cluster job instead (:mod:`.launcher`; ``jobs`` does not apply).
+    absolute, in the metric's units (report only, like the selections); ``effect`` (``--effect``) the smallest
+    difference of interest, stated before the runs, that an undecided verdict plans seeds for. ``launcher``
+    (``--launcher submitit``): each run is a cluster job instead (:mod:`.launcher`; ``jobs`` does not apply).
 
     The runner and the report (matplotlib) are imported here, not at module level, so that the run processes,
     which import this package on their way to :mod:`.child`, load neither. The output directory is locked for the
     whole command (:class:`~interlayer.training.concurrency.DirectoryLock`): a second ``compare`` on it is refused
-    naming this one, instead of training the same runs beside it.
+    naming this one, instead of training the same runs beside it. Nothing is written before everything that can
+    refuse the command was checked: the launcher (submitit, sbatch, its options) before the folder is made, and
+    every file of the folder the comparison reads back (:mod:`.readback`) before ``compare.json`` is updated.
     """
+    from ..training.cluster import JOBS_FILE, check_launcher, read_job_record
     from .environment import comparison_environment, load_average
     from .launcher import SubmititRunner
     from .plan import prepare_directory
+    from .records import summarize
     from .report import write_report
     from .runner import Runner
 
     started, load_at_start = time.perf_counter(), load_average()
     if jobs < 1:
         raise ConfigError(f"--jobs={jobs} must be at least 1 (the number of runs trained at once)")
+    if jobs > available_cores():
+        raise ConfigError(f"--jobs={jobs} is more than the {available_cores()} cores this process may use; give "
+                          f"1..{available_cores()} (runs trained at once: more only wait for a core)")
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin={margin} must be positive: the equivalence margin, absolute, in the units of the "
                           "task's metric (e.g. --margin 0.02 for a loss in nats)")
+    if effect is not None and not effect > 0:
+        raise ConfigError(f"--effect={effect} must be positive: the smallest difference of interest, absolute, in the "
+                          "units of the task's metric (e.g. --effect 0.05 for a loss in nats)")
     output = Path(output)
+    if launcher is not None:
+        check_launcher(launcher)
     echo(f"interlayer compare: checking {len(settings.variants)} variant(s) on task {settings.task!r} ...")
-    plan = build_plan(settings)
+    plan = build_plan(settings, processes=1 if launcher is None else launcher.tasks)
     check_selections(selections, [v.variant.name for v in plan.variants])
+
+    def check_files() -> None:  # every file the runners and the report read back, refused before anything is written
+        summarize(plan, output)
+        if launcher is not None:
+            read_job_record(output / JOBS_FILE, "runs")
+
     with DirectoryLock(output, "comparison"):
-        continued = prepare_directory(plan, output, list(command))
+        continued = prepare_directory(plan, output, list(command), before_writing=check_files)
         echo(f"{'continuing' if continued else 'writing'} {output} ({len(plan.runs())} runs)")
         runner = (Runner(plan, output, jobs=jobs, echo=echo) if launcher is None else
                   SubmititRunner(plan, output, launcher, echo=echo))
         outcomes, interrupted = runner.run_all()
         env = comparison_environment(plan, runner.threads, runner.jobs, time.perf_counter() - started, load_at_start,
                           None if launcher is None else launcher.describe())
-        report = write_report(plan, output, list(command), selections, margin, env)
+        report = write_report(plan, output, list(command), selections, margin, env, effect)
     echo("")
     for line in report.tests + report.verdicts:
         echo(line.replace("**", ""))
@@ -150,7 +186,7 @@ def run_compare(settings: Settings, output: Path, *, command: Sequence[str], job
         echo(f"note: {note}")
     state = "complete" if report.complete else "PARTIAL (run the same command again to continue)"
     echo(f"\nreport ({state}): {report.markdown} and {report.html}")
-    return CompareResult(plan, report, outcomes, interrupted)
+    return CompareResult(plan, report, outcomes, interrupted, runner.stop_signal)
 
 
 __all__ = ["CompareResult", "DEFAULT", "DEFAULT_OUTPUT", "NAMED_VARIANTS", "Settings", "build_plan",

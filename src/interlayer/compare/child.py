@@ -4,7 +4,8 @@ A process per run means a crash or an out-of-memory kill loses that run only, an
 the run's own: ``ru_maxrss`` of this process, taken when the run starts and again at the end; the growth between
 the two (the task's data, the model, optimiser state and activations) is recorded as ``peak_rss_growth_mb`` beside
 the absolute ``peak_rss_mb``. A resumed run records each segment in ``compare_memory.json`` and its results take
-the largest.
+the largest. Each segment also records its wall time and its process CPU time (user + system, all threads): the
+CPU seconds do not depend on how loaded the machine was, so a run's cost can be planned from them.
 
 Exit codes: 0 finished (``results.json`` written), 3 interrupted (Ctrl-C / SIGTERM: the engine saved
 ``checkpoint_last.safetensors`` and the run can resume), 4 interrupted before training began or while scoring; anything
@@ -28,6 +29,7 @@ from ..experiment import train
 from ..fileio import read_json, write_json
 from ..tasks import task_specs
 from ..training.concurrency import die_with_parent
+from .readback import check_results, read_memory
 
 FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING = 0, 3, 4
 MEMORY_FILE = "compare_memory.json"
@@ -35,13 +37,14 @@ RESULTS_FILE = "results.json"
 
 
 def read_results(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The run's ``results.json``; None when there is none. A damaged one (a crash of an older interlayer, which
-    wrote it in place, or a disk that filled) raises :class:`DamagedResults` naming the file, so that `compare`
-    counts the run as unfinished and finishes it again instead of failing on it."""
+    """The run's ``results.json``; None when there is none. One that is no JSON object (a crash of an older
+    interlayer, which wrote it in place, or a disk that filled) raises :class:`DamagedResults` naming the file, so
+    that `compare` counts the run as unfinished and finishes it again instead of failing on it; one whose fields are
+    not what a run writes is refused (:func:`~interlayer.compare.readback.check_results`, a ``DataError``)."""
     path = run_dir / RESULTS_FILE
     if not path.is_file():
         return None
-    return read_json(path, DamagedResults)
+    return check_results(read_json(path, DamagedResults), path)
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -57,7 +60,7 @@ def max_rss_mb() -> float:
 def _record_memory(run_dir: Path, segment: dict[str, Any]) -> dict[str, float]:
     """Append this segment's memory to ``compare_memory.json``; return the largest over all segments."""
     path = run_dir / MEMORY_FILE
-    segments = json.loads(path.read_text()) if path.is_file() else []
+    segments = read_memory(path)
     segments.append(segment)
     write_json(path, segments)
     return {key: max(s[key] for s in segments) for key in ("peak_rss_mb", "peak_rss_growth_mb")}
@@ -72,13 +75,14 @@ def run_job(job: dict[str, Any]) -> int:
     if job.get("threads"):  # the runner's share of the cores; a config's train.threads still wins in the engine
         torch.set_num_threads(job["threads"])
     run_dir = Path(job["run_dir"])
-    started, rss_before = time.perf_counter(), max_rss_mb()
+    started, cpu_started, rss_before = time.perf_counter(), time.process_time(), max_rss_mb()
     results = train(spec, preset=job["preset"], sets=job["sets"], seed=job["seed"], max_minutes=job["max_minutes"],
                     run_dir=run_dir, resume=job["resume"], progress=False)
     peak = max_rss_mb()
     memory = _record_memory(run_dir, {"peak_rss_mb": peak, "peak_rss_growth_mb": peak - rss_before,
                                       "resumed": job["resume"], "status": results["status"],
-                                      "wall_seconds": time.perf_counter() - started})
+                                      "wall_seconds": time.perf_counter() - started,
+                                      "cpu_seconds": time.process_time() - cpu_started})
     if results["status"] != "finished":
         print(json.dumps(results, indent=2))
         return INTERRUPTED

@@ -22,7 +22,6 @@ report is written from what has finished, and the same command follows the jobs 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,21 +29,26 @@ from typing import Any, Callable, Optional
 
 from ..fileio import write_json
 from ..training.cluster import (
+    JOBS_FILE,
     POLL_SECONDS,
     LauncherSettings,
     attach,
     job_body,
+    job_identity,
     job_result,
     job_state,
     make_executor,
+    read_job_record,
     refresh,
+    remove_stray_folder,
+    submit_all,
 )
 from ..training.concurrency import ForwardedInterrupts
 from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, read_results, run_job
 from .plan import Plan, PlannedVariant
-from .runner import LOGS, RUNS, STATUS_FILE, RunOutcome, read_status, run_name, run_state, save_status
+from .readback import read_status
+from .runner import LOGS, RUNS, STATUS_FILE, RunOutcome, run_name, run_state, save_status
 
-JOBS_FILE = "jobs.json"
 SUBMITIT_FOLDER = "slurm"
 MAX_SUBMISSIONS = 20  # per run and invocation: a run that keeps reaching its time limit resumes this often
 
@@ -81,14 +85,14 @@ class SubmititRunner:
         self.folder = self.output / SUBMITIT_FOLDER
         self.executor = make_executor(launcher, self.folder, f"compare-{self.output.resolve().name}")
         self.record_path = self.output / JOBS_FILE
-        self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
-                                       else {"runs": {}})
+        self.record: dict[str, Any] = read_job_record(self.record_path, "runs")
         self.status_path = self.output / STATUS_FILE
         self.status = read_status(self.status_path)
         # local jobs share this machine: one thread each; a cluster job uses its own cores (SLURM_CPUS_PER_TASK)
         self.threads = 1 if launcher.cluster == "local" else None
         self.jobs = launcher.array_parallelism or len(plan.runs())
         self.tracked: dict[str, _Tracked] = {}
+        self.stop_signal: Optional[int] = None  # the signal that stopped the waiting (SIGINT, SIGTERM), if one did
 
     def run_all(self) -> tuple[list[RunOutcome], bool]:
         """Submit or re-attach every unfinished run, wait for the jobs; the outcomes in the order the runs ended,
@@ -127,10 +131,12 @@ class SubmititRunner:
                 counts = self._progress(counts, len(runs), outcomes)
                 if self.tracked and not interrupts.requested:
                     time.sleep(POLL_SECONDS[self.launcher.cluster])
+        remove_stray_folder(self.folder)
         if interrupts.requested and self.tracked:
             ids = ", ".join(t.job.job_id for t in self.tracked.values())
             self.echo(f"compare: stopped waiting; {len(self.tracked)} job(s) go on ({ids}); the same command follows "
                       "them again (or cancel them: scancel)")
+        self.stop_signal = interrupts.signal
         return outcomes, interrupts.requested
 
     # -- submitting and re-attaching ---------------------------------------------------------------------------
@@ -139,7 +145,7 @@ class SubmititRunner:
         entry = self.record["runs"].get(name)
         if entry is None or entry.get("cluster", self.launcher.cluster) != self.launcher.cluster:
             return False  # never submitted, or on another cluster than this command's
-        job = attach(self.launcher, self.folder, entry["job_id"], entry.get("tasks", 1))
+        job = attach(self.launcher, self.folder, entry["job_id"], entry.get("tasks", 1), entry.get("identity"))
         state = job_state(job) if job is not None else "lost"
         if state not in ("pending", "running"):
             return False
@@ -160,22 +166,23 @@ class SubmititRunner:
             return
         budget = self.plan.settings.budget_minutes
         log_in_job = self.launcher.cluster != "debug"  # a debug job runs here: its output stays ours
-        jobs = []
-        with self.executor.batch():
-            for _label, variant, seed in items:
-                name = run_name(variant.variant.name, seed)
-                job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets,
-                       "seed": seed, "max_minutes": budget, "run_dir": str(self.output / RUNS / name),
-                       "threads": self.threads}
-                log = self._log(name)
-                log.parent.mkdir(parents=True, exist_ok=True)
-                with log.open("a") as handle:
-                    handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} submitted {name}\n")
-                jobs.append(self.executor.submit(job_body, train_in_job, job, str(log) if log_in_job else None))
+        calls = []
+        for _label, variant, seed in items:
+            name = run_name(variant.variant.name, seed)
+            job = {"task": self.plan.spec.name, "preset": variant.variant.preset, "sets": variant.sets,
+                   "seed": seed, "max_minutes": budget, "run_dir": str(self.output / RUNS / name),
+                   "threads": self.threads}
+            calls.append((job_body, train_in_job, job, str(self._log(name)) if log_in_job else None))
+        jobs = submit_all(self.executor, self.folder, calls)
         for (label, variant, seed), job in zip(items, jobs):
             name = run_name(variant.variant.name, seed)
+            log = self._log(name)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as handle:
+                handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} submitted {name}: job {job.job_id}\n")
             entry = self.record["runs"].setdefault(name, {"submissions": []})
-            entry.update(job_id=job.job_id, tasks=self.launcher.tasks, cluster=self.launcher.cluster)
+            entry.update(job_id=job.job_id, tasks=self.launcher.tasks, cluster=self.launcher.cluster,
+                         identity=job_identity(self.launcher, job))
             entry["submissions"].append({"job_id": job.job_id, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
             self.tracked[name] = _Tracked(name, label, self.output / RUNS / name, self._log(name), job, "pending",
                                           time.time())

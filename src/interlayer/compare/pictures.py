@@ -20,6 +20,7 @@ from ..training.config import TrainConfig
 from . import plots
 from .plan import Plan
 from .records import RunRecord, VariantSummary, csv_curve, curve_axis, metric_label
+from .stats import mean_std
 
 
 def _section(model: dict[str, Any], name: str) -> dict[str, Any]:
@@ -150,7 +151,8 @@ def figures(plan: Plan, summaries: list[VariantSummary], directory: Path) -> tup
         ("parameters", "parameters (count)", [float(s.planned.parameters) for s in summaries]),
         (f"MAdds @ {'/'.join(map(str, baseline.planned.lengths))}", "multiply-adds per forward pass",
          [float(s.planned.madds) for s in summaries]),
-        (f"training {units}/s (measured)", f"{units} per second", [s.speed for s in summaries]),
+        (f"training {units}/s (measured, mean ± std over seeds)", f"{units} per second", [s.speed for s in summaries],
+         [mean_std(list(s.speeds.values()))[1] for s in summaries]),
         ("peak memory growth", "MiB", [s.memory for s in summaries])], baseline.name, directory / "cost.png"))
     sg = {s.name: [csv_curve(r.run_dir / "train.csv", "step", "crossformer_sg") for r in s.runs] for s in summaries
           if _section(s.planned.model, "crossformer").get("soft")}

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -28,6 +29,8 @@ from ..fileio import write_json
 from ..methods.base import VariantContext
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
+from .budget import StepShape, Unit, run_train_config, step_shape, whole_steps
+from .readback import read_comparison
 from .variants import Variant, parse_variant, variant_overrides
 
 COMPARE_FILE = "compare.json"
@@ -45,6 +48,8 @@ class Settings:
     seeds: list[int]
     budget_minutes: Optional[float]  # train.max_minutes of every run; None keeps the task's epoch limits
     sets: dict[str, Any] = field(default_factory=dict)  # global --set (text, or a flag's typed value), every variant
+    budget_flops: Optional[float] = None  # training FLOPs per run, as each variant's max_steps (budget.py)
+    budget_tokens: Optional[int] = None  # training tokens per run, likewise
 
     def parsed_variants(self) -> list[Variant]:
         return [parse_variant(entry, self.preset) for entry in self.variants]
@@ -62,12 +67,13 @@ class PlannedVariant:
     madds: int
     lengths: list[int]  # the arguments of count_madds
     length_label: str
+    step: Optional[StepShape] = None  # tokens and FLOPs of an optimiser step, where the task fixes them (budget.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant.to_dict(), "description": self.variant.description, "own": self.own,
                 "sets": self.sets,
                 "model": self.model, "parameters": self.parameters, "madds": self.madds, "lengths": self.lengths,
-                "length_label": self.length_label}
+                "length_label": self.length_label, "step": None if self.step is None else asdict(self.step)}
 
 
 @dataclass
@@ -197,12 +203,37 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
                           lengths, label)
 
 
-def build_plan(settings: Settings) -> Plan:
-    """Check every variant against the task and count it; nothing is trained or written."""
+def set_steps(planned: list[PlannedVariant], unit: Unit, amount: float, task: str) -> None:
+    """Give every variant the whole steps ``amount`` FLOPs (or tokens) buy at its own cost per step
+    (:func:`~interlayer.compare.budget.whole_steps`) as its ``train.max_steps``; a variant with its own step limit
+    is refused."""
+    for v in planned:
+        if "train.max_steps" in v.own:
+            raise VariantError(f"variant {v.variant.name!r} sets train.max_steps, which --budget-{unit} decides "
+                               "for every variant")
+        v.sets["train.max_steps"] = whole_steps(unit, amount, v.step, v.variant.name, task)
+
+
+def apply_budget(settings: Settings, spec: TaskSpec, task: Any, planned: list[PlannedVariant], processes: int
+                 ) -> None:
+    """Record each variant's cost of a step (:mod:`.budget`; ``processes`` ranks per run) and, under a compute
+    budget, its steps."""
+    for v in planned:
+        v.step = step_shape(task, run_train_config(spec, v.sets), v.madds, v.lengths, processes)
+    if settings.budget_flops is not None:
+        set_steps(planned, "flops", settings.budget_flops, spec.name)
+    elif settings.budget_tokens is not None:
+        set_steps(planned, "tokens", settings.budget_tokens, spec.name)
+
+
+def build_plan(settings: Settings, processes: int = 1) -> Plan:
+    """Check every variant against the task and count it; nothing is trained or written. ``processes``: the
+    data-parallel ranks of each run, for the steps of a compute budget (:mod:`.budget`)."""
     spec = get_spec(settings.task)
     variants = settings.parsed_variants()
     task, _ = build_task(spec, settings.sets, settings.budget_minutes)
     planned = [resolve_variant(spec, task, variant, settings.sets, settings.budget_minutes) for variant in variants]
+    apply_budget(settings, spec, task, planned, processes)
     info = TaskInfo(metric=task.metric, higher_is_better=task.higher_is_better, units=units_of(planned[0].model),
                     extra_metrics=tuple(getattr(task, "extra_metrics", ())),
                     decimals=getattr(task, "metric_decimals", None))
@@ -268,21 +299,25 @@ def growth_problems(stored: dict[str, Any], identity: dict[str, Any]) -> list[st
     return problems
 
 
-def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
+def prepare_directory(plan: Plan, output: Path, command: list[str],
+                      before_writing: Callable[[], None] = lambda: None) -> bool:
     """Create ``output/compare.json``, or check that the existing one can be continued (the same settings, or a
-    grown version of them: :func:`growth_problems`; otherwise :class:`ConfigError` lists the differences) and
-    record this invocation. True if it existed."""
+    grown version of them: :func:`growth_problems`; otherwise :class:`ConfigError` lists the differences; a damaged
+    one is refused naming what is wrong, :func:`~interlayer.compare.readback.read_comparison`) and record this
+    invocation. ``before_writing`` runs once those checks passed, before anything is written (the caller's own
+    checks: every other file the comparison reads back). True if it existed."""
     path = output / COMPARE_FILE
     now = datetime.datetime.now().isoformat(timespec="seconds")
     invocation: dict[str, Any] = {"command": command, "cwd": str(Path.cwd()), "started": now}
     identity = _identity(plan)
-    if path.is_file():
-        stored = json.loads(path.read_text())
+    if os.path.lexists(path):
+        stored = read_comparison(path)
         problems = growth_problems(stored, identity)
         if problems:
             raise ConfigError(f"{output} holds a comparison with different settings; use another --output, or "
                               "repeat the original command (" + " ".join(stored["invocations"][0]["command"])
                               + "). Differences:\n  " + "\n  ".join(problems))
+        before_writing()
         grown = differences({k: stored[k] for k in identity}, identity)
         if grown:
             invocation["grew"] = grown
@@ -290,6 +325,7 @@ def prepare_directory(plan: Plan, output: Path, command: list[str]) -> bool:
         stored["invocations"].append(invocation)
         write_json(path, stored)
         return True
+    before_writing()
     output.mkdir(parents=True, exist_ok=True)
     write_json(path, {"format": FORMAT, **identity, "task": asdict(plan.task),
                        "variants": [v.to_dict() for v in plan.variants],

@@ -3,18 +3,21 @@ backend are never touched), each saved as a PNG of a fixed pixel size (``inches 
 
 * learning curves: the validation metric against training minutes, one line per variant (the mean over seeds,
   validation by validation, with the seeds' min-max band);
-* cost bars: parameters, MAdds, training throughput and peak memory per variant;
+* cost bars: parameters, MAdds, training throughput (the mean over seeds, with error bars of one standard
+  deviation over the seeds) and peak memory per variant;
 * Crossformer-SG: the soft-guidance regulariser (the ``crossformer_sg`` column of ``train.csv``, alpha applied)
   against the training step, per SG variant (log scale where it spans a decade);
 * PA attention maps (PA Fig. 2 / Fig. 8 style): for the task's sample input, each predicting encoder layer's
   combined map (the softmax of Eq. 4's mixed logits), the CNN-predicted and the layer's own self-attention map,
-  beside the baseline's map of the same layer when the baseline has one; every map is the mean over heads;
+  beside the baseline's map of the same layer when the baseline has one; every map is the mean over heads, two
+  maps to a line with the tokens as tick labels large enough to read (whitespace shown as visible signs);
 * MPT soft connections (MPT Fig. 5 style): the learned ``alpha_kj`` of Eq. 6, outer layer k against inner layer j.
 
 Each drawing function takes plain numbers or arrays, so it is testable without training.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -26,9 +29,12 @@ DPI = 100
 CURVE_SIZE = (8.0, 4.5)
 COST_SIZE = (11.0, 6.5)
 SG_SIZE = (8.0, 4.5)
-MAP_CELL = (3.2, 3.0)
+MAP_CELL = (5.6, 5.2)  # one attention map with its colour bar, in inches
+MAP_AXIS = (4.2, 4.2)  # about the map's own square in a cell (inches): what the tick labels share
+MAP_COLUMNS = 2
+TICK_FONT = 8  # points: 11 pixels at DPI 100
+TICK_SPACING = 1.15  # tick labels at least this many font heights apart
 SOFT_CELL = (3.8, 3.4)
-MAX_LABELLED_TOKENS = 40
 
 
 @dataclass(frozen=True)
@@ -102,19 +108,25 @@ def learning_curves(series: dict[str, list[list[tuple[float, float]]]], metric: 
                  "too), for the validations all seeds have; the band spans the seeds' minimum and maximum.")
 
 
-def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, str, Sequence[Optional[float]]]], baseline: str,
-              path: Path) -> Picture:
-    """One bar chart per (title, y-axis unit, value per variant); a missing value is drawn as 'n/a'."""
+def cost_bars(names: Sequence[str], panels: Sequence[tuple], baseline: str, path: Path) -> Picture:
+    """One bar chart per ``(title, y-axis unit, value per variant)``, or ``(title, unit, values, spreads)`` where
+    the value is a mean over seeds: the spreads (one sample standard deviation per variant, None where fewer than
+    two seeds measured it) are drawn as error bars. A missing value is drawn as 'n/a'."""
     fig = _figure(*COST_SIZE)
     axes = fig.subplots(2, 2).ravel()
     colors = ["tab:orange" if name == baseline else "tab:blue" for name in names]
-    for ax, (title, unit, values) in zip(axes, panels):
+    for ax, panel in zip(axes, panels):
+        title, unit, values, spreads = (*panel, None)[:4]
         heights = [v if v is not None else 0.0 for v in values]
+        errors = [0.0 if spreads is None or spreads[i] is None else spreads[i] for i in range(len(values))]
         bars = ax.bar(range(len(names)), heights, color=colors)
-        top = max(heights) if any(heights) else 1.0
-        for bar, value in zip(bars, values):
-            text = "n/a" if value is None else _short(value)
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.01 * top, text, ha="center",
+        if any(errors):
+            ax.errorbar(range(len(names)), heights, yerr=errors, fmt="none", ecolor="black", capsize=4,
+                        linewidth=1)
+        top = max(h + e for h, e in zip(heights, errors)) if any(heights) else 1.0
+        for bar, value, error in zip(bars, values, errors):
+            text = "n/a" if value is None else _short(value) + (f" ± {_short(error)}" if error else "")
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + error + 0.01 * top, text, ha="center",
                     va="bottom", fontsize=8)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -123,8 +135,10 @@ def cost_bars(names: Sequence[str], panels: Sequence[tuple[str, str, Sequence[Op
         ax.grid(axis="y", alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    spread = any(len(panel) > 3 and panel[3] is not None for panel in panels)
     return _save(fig, path, "Size and cost", "Parameters, MAdds of one forward pass, training throughput and peak "
-                 "memory per variant (the baseline in orange).")
+                 "memory per variant (the baseline in orange)" + ("; measured throughput as the mean over seeds "
+                 "with error bars of ± one sample standard deviation over the seeds" if spread else "") + ".")
 
 
 def _short(value: float) -> str:
@@ -152,30 +166,61 @@ def sg_curves(series: dict[str, list[list[tuple[float, float]]]], path: Path) ->
                  "Eq. 1-2, alpha included), as logged in train.csv, mean over seeds.")
 
 
+# How a token that prints nothing shows as a tick label (DejaVu Sans, matplotlib's default font, has each glyph)
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "⏎"}
+
+
+def token_label(token: str) -> str:
+    """A token as a readable tick label: spaces, line breaks and tabs as visible signs, other control characters as
+    ``·``, and an empty token as ``∅``."""
+    text = "".join(_VISIBLE.get(ch, "·" if not ch.isprintable() else ch) for ch in token)
+    return text or "∅"
+
+
+def _token_ticks(ax: Any, labels: Sequence[str], axis_inches: tuple[float, float]) -> None:
+    """Label the map's rows and columns with the tokens at :data:`TICK_FONT` points, every k-th token where the
+    axis has less than :data:`TICK_SPACING` font heights per token (so labels never overlap). Tokens of one
+    character stand upright below the map; longer ones are turned to read upwards."""
+    n = len(labels)
+    font_inches = TICK_FONT / 72
+    upright = max(len(label) for label in labels) <= 1
+    for axis, length in ((ax.xaxis, axis_inches[0]), (ax.yaxis, axis_inches[1])):
+        step = max(1, math.ceil(n * TICK_SPACING * font_inches / length))
+        ticks = list(range(0, n, step))
+        rotation = 90 if axis is ax.xaxis and not upright else 0
+        axis.set_ticks(ticks, [labels[i] for i in ticks], fontsize=TICK_FONT, rotation=rotation)
+    ax.tick_params(length=2, pad=1)
+
+
 def attention_maps(rows: Sequence[tuple[str, Sequence[tuple[str, np.ndarray]]]], tokens: Sequence[str],
                    title: str, path: Path, caption: str) -> Picture:
-    """A grid of (T, T) maps: ``rows`` = (row label, [(column title, map), ...])."""
-    n_cols = max(len(maps) for _, maps in rows)
-    fig = _figure(MAP_CELL[0] * n_cols, MAP_CELL[1] * len(rows) + 0.4)
-    axes = np.atleast_2d(fig.subplots(len(rows), n_cols, squeeze=False))
-    labels = list(tokens) if len(tokens) <= MAX_LABELLED_TOKENS else None
-    for r, (row_label, maps) in enumerate(rows):
-        for c in range(n_cols):
-            ax = axes[r, c]
-            if c >= len(maps):
-                ax.set_visible(False)
-                continue
-            column, matrix = maps[c]
-            image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(float(matrix.max()), 1e-9))
-            fig.colorbar(image, ax=ax, shrink=0.8, label="attention probability")
-            ax.set_title(f"{row_label}: {column}", fontsize=8)
-            if labels is not None and len(labels) == matrix.shape[-1]:
-                ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
-                ax.set_yticks(range(len(labels)), labels, fontsize=6)
-            else:
-                ax.set_xlabel("key position", fontsize=7)
-                ax.set_ylabel("query position", fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    """A grid of (T, T) maps: ``rows`` = (row label, [(column title, map), ...]), each row's maps set
+    :data:`MAP_COLUMNS` to a line (so the figure stays narrow enough to be shown at full size, where its token
+    labels are readable), every map with its colour bar and the tokens as tick labels (:func:`_token_ticks`)."""
+    panels = [(f"{row_label}: {column}", matrix) for row_label, maps in rows for column, matrix in maps]
+    lines_per_row = [math.ceil(len(maps) / MAP_COLUMNS) for _, maps in rows]
+    n_cols = min(MAP_COLUMNS, max(len(maps) for _, maps in rows))
+    fig = _figure(MAP_CELL[0] * n_cols, MAP_CELL[1] * sum(lines_per_row) + 0.4)
+    axes = np.atleast_2d(fig.subplots(sum(lines_per_row), n_cols, squeeze=False))
+    slots, line = [], 0
+    for (_, maps), count in zip(rows, lines_per_row):  # each row of maps starts on a line of its own
+        slots += [axes[line + i // n_cols, i % n_cols] for i in range(len(maps))]
+        line += count
+    for ax in axes.ravel():
+        ax.set_visible(any(ax is slot for slot in slots))
+    labels = [token_label(token) for token in tokens]
+    for ax, (panel_title, matrix) in zip(slots, panels):
+        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(float(matrix.max()), 1e-9))
+        fig.colorbar(image, ax=ax, shrink=0.8, label="attention probability")
+        ax.set_title(panel_title, fontsize=9)
+        if len(labels) == matrix.shape[-1]:
+            _token_ticks(ax, labels, MAP_AXIS)
+            ax.set_xlabel("key", fontsize=8)
+            ax.set_ylabel("query", fontsize=8)
+        else:
+            ax.set_xlabel("key position", fontsize=8)
+            ax.set_ylabel("query position", fontsize=8)
+    fig.suptitle(title, fontsize=11)
     return _save(fig, path, title, caption)
 
 

@@ -3,22 +3,22 @@
 A run is read from ``results.json`` (finished; a damaged one counts as unfinished), ``status.json`` (failed or
 cancelled), ``run.json`` (started), ``valid.csv`` (its learning curve and best validation metric), ``train.csv``
 (its throughput, the mean of the logged windows) and ``compare_memory.json`` (its peak memory growth), so a summary
-can be made at any time, also of an interrupted comparison. A variant's summary holds its runs, the finished runs'
+can be made at any time, also of an interrupted comparison. Every file is checked as it is read (:mod:`.readback`):
+one edited or damaged is refused naming it, never averaged in. A variant's summary holds its runs, the finished runs'
 test metric by seed and its comparison with the baseline (:mod:`interlayer.compare.stats`); the report
 (:mod:`.report`), the pictures (:mod:`.pictures`), the exports (:mod:`.exports`) and the ``--select`` choices
 (:mod:`.selection`) read these.
 """
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import DamagedResults
-from .child import MEMORY_FILE, read_results
+from .child import MEMORY_FILE, RESULTS_FILE, read_results
 from .plan import Plan, PlannedVariant
+from .readback import check_score, metric_range, read_columns, read_memory, read_status
 from .runner import RUNS, STATUS_FILE, run_name
 from .stats import Comparison, compare_to_baseline, mean_std
 
@@ -83,27 +83,11 @@ class VariantSummary:
         return [r for r in self.runs if r.state == "finished"]
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with path.open() as handle:
-        return list(csv.DictReader(handle))
-
-
-def _number(text: Optional[str]) -> Optional[float]:
-    try:
-        return float(text) if text not in (None, "") else None
-    except ValueError:
-        return None
-
-
 def csv_curve(path: Path, x_key: str, y_key: str) -> list[tuple[float, float]]:
-    points = []
-    for row in _read_csv(path):
-        x, y = _number(row.get(x_key)), _number(row.get(y_key))
-        if x is not None and y is not None:
-            points.append((x, y))
-    return points
+    """The points of a learning curve: ``x_key`` (steps or minutes, at least 0) and ``y_key`` (a metric, in its
+    range) of every row of the CSV log ``path`` that has both (:func:`~interlayer.compare.readback.read_columns`)."""
+    rows = read_columns(path, {x_key: (0.0, float("inf")), y_key: metric_range(y_key)})
+    return [(row[x_key], row[y_key]) for row in rows if x_key in row and y_key in row]
 
 
 def curve_axis(plan: Plan) -> tuple[str, str]:
@@ -126,16 +110,19 @@ def read_run(plan: Plan, output: Path, variant: str, seed: int, status: dict[str
     if record.curve:
         values = [y for _, y in record.curve]
         record.best_valid = max(values) if higher else min(values)
-    speeds = [s for s in (_number(r.get("units_per_s")) for r in _read_csv(run_dir / "train.csv")) if s is not None]
+    rows = read_columns(run_dir / "train.csv", {"units_per_s": (0.0, float("inf"))})
+    speeds = [row["units_per_s"] for row in rows if "units_per_s" in row]
     record.speed = sum(speeds) / len(speeds) if speeds else None
-    if (run_dir / MEMORY_FILE).is_file():
-        record.memory = max(s["peak_rss_growth_mb"] for s in json.loads((run_dir / MEMORY_FILE).read_text()))
+    memory = read_memory(run_dir / MEMORY_FILE)
+    record.memory = max(s["peak_rss_growth_mb"] for s in memory) if memory else None
     try:
         results = read_results(run_dir)
     except DamagedResults as err:
         results, record.detail = None, (f"{err}; counted as unfinished: the same compare command scores it "
                                         "again")
     if results is not None:
+        for scored in (metric, *extra_metrics(plan)):  # a score outside its metric's range is refused, not averaged
+            check_score(results, scored, run_dir / RESULTS_FILE, required=scored == metric)
         record.state, record.results = "finished", results
     elif status.get(record.name, {}).get("status") in ("failed", "cancelled"):
         record.state, record.detail = status[record.name]["status"], status[record.name].get("detail", "")
@@ -154,12 +141,12 @@ def _test_values(runs: list[RunRecord], metric: str) -> dict[int, float]:
             if isinstance(r.results.get(f"test_{metric}"), (int, float))}
 
 
-def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[VariantSummary]:
+def summarize(plan: Plan, output: Path, margin: Optional[float] = None,
+              effect: Optional[float] = None) -> list[VariantSummary]:
     """Every variant's :class:`VariantSummary`, in the plan's order, read from ``output``, with each variant compared to
-    the baseline on the finished runs' test metric (``margin``: the equivalence margin,
-    :mod:`interlayer.compare.stats`)."""
-    status_path = output / STATUS_FILE
-    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+    the baseline on the finished runs' test metric (``margin``: the equivalence margin; ``effect``: the difference
+    seeds are planned for; :mod:`interlayer.compare.stats`)."""
+    status = read_status(output / STATUS_FILE)
     summaries = []
     for planned in plan.variants:
         runs = [read_run(plan, output, planned.variant.name, seed, status) for seed in plan.settings.seeds]
@@ -172,7 +159,7 @@ def summarize(plan: Plan, output: Path, margin: Optional[float] = None) -> list[
                                         extra={m: list(_test_values(done, m).values()) for m in extra_metrics(plan)}))
     base = next(s for s in summaries if s.name == plan.settings.baseline)
     comparisons = compare_to_baseline({s.name: s.test_by_seed for s in summaries if s is not base},
-                                      base.test_by_seed, plan.task.higher_is_better, margin)
+                                      base.test_by_seed, plan.task.higher_is_better, margin, effect)
     for summary in summaries:
         summary.comparison = comparisons.get(summary.name)
     return summaries

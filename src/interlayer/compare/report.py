@@ -9,7 +9,9 @@ Columns: parameters (each tensor once) and MAdds of one forward pass at the task
 :func:`interlayer.compare.plan.typical_lengths`), training throughput (mean of the logged windows), peak memory
 (growth of the run process's maximum RSS from its start), the best validation metric and the test metric of the
 run's ``best/`` model as mean ± sample std over seeds, and the difference of the test mean to the baseline with
-its 95% interval, Holm-corrected p, detectable difference and verdict (:mod:`interlayer.compare.stats`).
+its 95% interval, Holm-corrected p, detectable difference and verdict (:mod:`interlayer.compare.stats`). Under it,
+the per-seed differences the paired test is computed from, and at the end every run's figures
+(:mod:`.seed_tables`); beside it, the table as CSV and as a compact LaTeX table (:mod:`.exports`).
 
 Above the table, a paragraph says in words what won (each verdict with the variant's cost beside it), the
 environment that produced the numbers (commit, torch, device, threads, wall time, load), and a warning when the
@@ -31,10 +33,12 @@ import numpy as np
 from ..fileio import write_atomic
 from ..tables import format_table, human
 from . import exports, plots
+from .compute import COMPUTE_HEADERS, COMPUTE_NOTE, budget_text, compute_rows
 from .environment import Environment
 from .pictures import figures
 from .plan import Plan
 from .records import METRIC_UNITS, VariantSummary, extra_metrics, summarize
+from .seed_tables import RUN_HEADERS, difference_headers, difference_rows, differences, run_rows
 from .selection import Choice, Selection, choice_lines, choose
 from .stats import POWER, SEED_SHARES, TEST_TITLES, Comparison, mean_std, ratio_range, rule, test_lines
 
@@ -121,14 +125,19 @@ def comparison_cells(c: Optional[Comparison], places: int) -> list[str]:
             c.words]
 
 
+def _places(plan: Plan, summaries: Sequence[VariantSummary]) -> int:
+    """The decimals of the differences: the task's, else by the size of the baseline's test mean."""
+    base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
+    return plan.task.decimals or (decimals(base_test) if base_test is not None else 2)
+
+
 def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice] = ()) -> list[list[str]]:
     """The results table's rows, one per variant: size, finished runs, validation and test metric (mean ± std over
     seeds, secondary metrics too), and the comparison with the baseline; the baseline's row and each ``--select``
     group's choice are marked."""
     chosen = {c.chosen: c.selection.group for c in choices if c.chosen}
     base_lengths = plan.variant(plan.settings.baseline).lengths
-    base_test = mean_std(next(s.test for s in summaries if s.name == plan.settings.baseline))[0]
-    places = plan.task.decimals or (decimals(base_test) if base_test is not None else 2)
+    places = _places(plan, summaries)
     rows = []
     for s in summaries:
         p = s.planned
@@ -140,20 +149,6 @@ def table_rows(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Ch
                      mean_pm(s.valid, plan.task.decimals), mean_pm(s.test, plan.task.decimals),
                      *(mean_pm(s.extra[m]) for m in extra_metrics(plan)), *comparison_cells(s.comparison, places)])
     return rows
-
-
-def run_rows(summaries: list[VariantSummary], metric: str) -> list[list[str]]:
-    rows = []
-    for s in summaries:
-        for r in s.runs:
-            res = r.results
-            rows.append([r.name, r.state + (f": {r.detail}" if r.detail else ""), str(res.get("epochs", "–")),
-                         str(res.get("steps", "–")), fmt(res.get("train_minutes")), res.get("stop_reason", "–"),
-                         fmt(r.best_valid), fmt(res.get(f"test_{metric}"))])
-    return rows
-
-
-RUN_HEADERS = ["run", "status", "epochs", "steps", "train min", "stop reason", "best valid", "test"]
 
 
 # -- what won, in words -----------------------------------------------------------------------------------------
@@ -187,8 +182,7 @@ def cost_words(s: VariantSummary, base: VariantSummary) -> str:
 def verdict_lines(plan: Plan, summaries: list[VariantSummary]) -> list[str]:
     """What won, one sentence per variant: the verdict, the difference with its interval, the cost beside it."""
     base = next(s for s in summaries if s.name == plan.settings.baseline)
-    base_mean = mean_std(base.test)[0]
-    places = plan.task.decimals or (decimals(base_mean) if base_mean is not None else 2)
+    places = _places(plan, summaries)
     lines = []
     for s in summaries:
         c = s.comparison
@@ -256,7 +250,10 @@ class Report:
 def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: list[VariantSummary]) -> list[str]:
     s = plan.settings
     missing = [r.name for v in summaries for r in v.runs if r.state != "finished"]
-    if s.budget_minutes:
+    compute = budget_text(s)
+    if compute:
+        budget = compute
+    elif s.budget_minutes:
         budget = f"{s.budget_minutes:g} min of training per run (validation excluded)"
     elif "train.max_steps" in s.sets:
         budget = f"{s.sets['train.max_steps']} optimiser steps per run"
@@ -275,7 +272,7 @@ def _header_lines(plan: Plan, command: list[str], complete: bool, summaries: lis
     return lines
 
 
-def _explanations(plan: Plan, margin: Optional[float]) -> list[str]:
+def _explanations(plan: Plan, margin: Optional[float], effect: Optional[float]) -> list[str]:
     base = plan.variant(plan.settings.baseline)
     return [f"MAdds: multiply-adds of one forward pass at {base.length_label}.",
             f"Throughput: training {plan.task.units} per second, each run's mean of the logged windows of train.csv,"
@@ -284,7 +281,7 @@ def _explanations(plan: Plan, margin: Optional[float]) -> list[str]:
             "machine and load).",
             "Peak memory: growth of the run process's maximum resident set size (ru_maxrss) from the start of the "
             "run, libraries already loaded, to its end (the largest over resumed segments).",
-            f"Verdicts: {rule(margin)} {SEED_SHARES} Both tests assume roughly normal results over seeds "
+            f"Verdicts: {rule(margin, effect)} {SEED_SHARES} Both tests assume roughly normal results over seeds "
             "(docs/compare.md). The intervals are per variant: one that just excludes 0 may still be undecided after "
             "Holm's correction.",
             f"Detectable Δ: the smallest difference these seeds would find with power {POWER} at the spread observed "
@@ -332,18 +329,26 @@ def opening(plan: Plan, summaries: list[VariantSummary], margin: Optional[float]
                    verdict_lines(plan, summaries), steep_warning(plan, summaries), environment_lines)
 
 
-def _markdown(plan: Plan, top: Opening, table: str, cost: str, runs: str, lines: list[str],
+def _differences_caption(plan: Plan) -> str:
+    return (f"Each seed's test {plan.task.metric} of the baseline and each variant's difference to it (variant - "
+            f"{plan.settings.baseline}, the same seed): the paired t-test's data. Its mean is the table's Δ, and its "
+            "standard deviation the spread behind the interval, the p-value and the detectable Δ (for a variant that "
+            "missed a seed, over the seeds both finished; its test is then Welch's, on all its seeds).")
+
+
+def _markdown(plan: Plan, top: Opening, table: str, differences: str, cost: str, runs: str, lines: list[str],
               pictures: list[plots.Picture], notes: list[str], directory: Path, chosen: list[str],
-              margin: Optional[float]) -> str:
+              margin: Optional[float], effect: Optional[float]) -> str:
     tests = [" ".join(top.tests)] if top.tests else []
     parts = [f"# Comparison on {plan.settings.task}", "## What won", top.intro, *tests,
              "\n".join(f"- {line}" for line in top.verdicts)]
     if top.warning:
         parts.append(top.warning)
     parts += ["## Set-up", "\n\n".join(lines), "## Environment", "\n".join(f"- {e}" for e in top.environment),
-              "## Results", table, f"The table as CSV and LaTeX: {exports.CSV_FILE}, {exports.LATEX_FILE}.",
+              "## Results", table, "### Per-seed differences", _differences_caption(plan), differences,
+              f"The tables as CSV (per-seed values included) and LaTeX: {exports.CSV_FILE}, {exports.LATEX_FILE}.",
               "## Measured cost", cost,
-              "\n".join(f"- {e}" for e in _explanations(plan, margin))]
+              "\n".join(f"- {e}" for e in _explanations(plan, margin, effect))]
     if chosen:
         parts += ["## Chosen on validation", "\n".join(f"- {line}" for line in chosen)]
     parts += ["## Variants", "\n".join(f"- {line}" for line in _variant_lines(plan)), "## Figures"]
@@ -399,7 +404,7 @@ def _bullets(items: Sequence[str]) -> str:
 
 
 def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list[str], pictures: list[plots.Picture],
-          notes: list[str], choices: Sequence[Choice], margin: Optional[float]) -> str:
+          notes: list[str], choices: Sequence[Choice], margin: Optional[float], effect: Optional[float]) -> str:
     figures_html = []
     for picture in pictures:
         data = base64.b64encode(picture.path.read_bytes()).decode("ascii")
@@ -413,9 +418,13 @@ def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list
             *([f"<p class=\"warning\">{_inline_markdown(top.warning)}</p>"] if top.warning else []),
             "<h2>Set-up</h2>", *(f"<p>{_inline_markdown(line)}</p>" for line in lines),
             "<h2>Environment</h2>", _bullets(top.environment), "<h2>Results</h2>",
-            _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h2>Measured cost</h2>",
-            _html_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline)),
-            _bullets(_explanations(plan, margin))]
+            _html_table(headers(plan), table_rows(plan, summaries, choices)), "<h3>Per-seed differences</h3>",
+            f"<p>{html.escape(_differences_caption(plan))}</p>",
+            _html_table(difference_headers(plan, summaries), difference_rows(plan, summaries)),
+            "<h2>Measured cost</h2>", _html_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline)),
+            *([_html_table(COMPUTE_HEADERS, rows), f"<p>{_inline_markdown(COMPUTE_NOTE)}</p>"]
+              if (rows := compute_rows(plan, summaries)) else []),
+            _bullets(_explanations(plan, margin, effect))]
     if choices:
         body.append("<h2>Chosen on validation</h2><ul>" + "".join(
             f"<li>{_inline_markdown(line)}</li>" for line in choice_lines(choices, plan.task.metric)) + "</ul>")
@@ -423,7 +432,7 @@ def _html(plan: Plan, top: Opening, summaries: list[VariantSummary], lines: list
             + "</ul>", "<h2>Figures</h2>", *figures_html]
     if notes:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-    body += ["<h2>Runs</h2>", _html_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))]
+    body += ["<h2>Runs</h2>", _html_table(RUN_HEADERS, run_rows(plan, summaries))]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>interlayer compare: "
             f"{html.escape(plan.settings.task)}</title><style>{_CSS}</style></head><body>{''.join(body)}"
             "</body></html>\n")
@@ -441,9 +450,10 @@ def _comparison_json(c: Optional[Comparison]) -> dict[str, Any]:
 
 
 def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence[Choice], margin: Optional[float],
-                  top: Opening) -> dict[str, Any]:
+                  effect: Optional[float], top: Opening) -> dict[str, Any]:
+    base = next(s for s in summaries if s.name == plan.settings.baseline)
     out = {"task": plan.settings.task, "metric": plan.task.metric, "baseline": plan.settings.baseline,
-           "rule": rule(margin), "margin": margin, "environment": top.environment,
+           "rule": rule(margin, effect), "margin": margin, "effect": effect, "environment": top.environment,
            "still_learning_warning": top.warning, "tests": top.tests, "variants": {},
            "selections": {c.selection.group: {"candidates": list(c.selection.candidates), "valid_means": c.valid,
                                               "chosen": c.chosen, "missing_runs": list(c.missing)}
@@ -455,7 +465,9 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence
             "parameters": s.planned.parameters, "madds": s.planned.madds, "madds_lengths": s.planned.lengths,
             "units_per_s": s.speed, "units_per_s_by_seed": {str(k): v for k, v in s.speeds.items()},
             "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()), "runs": len(s.runs), "test": s.test,
-            "test_by_seed": {str(k): v for k, v in s.test_by_seed.items()}, "test_mean": test_mean,
+            "test_by_seed": {str(k): v for k, v in s.test_by_seed.items()},
+            "differences_by_seed": {} if s is base else {str(k): v for k, v in differences(s, base).items()},
+            "test_mean": test_mean,
             "test_std": test_std, "valid": s.valid, "valid_mean": valid_mean, "valid_std": valid_std,
             **{f"test_{m}": v for m, v in s.extra.items()},
             **_comparison_json(s.comparison)}
@@ -463,20 +475,27 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence
 
 
 def write_report(plan: Plan, output: Path, command: list[str], selections: Sequence[Selection] = (),
-                 margin: Optional[float] = None, env: Optional[Environment] = None) -> Report:
-    """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json`` and ``figures/`` into ``output``;
-    ``selections`` are the ``--select`` groups, decided on validation (:mod:`.selection`); ``margin`` the
-    equivalence margin (``--margin``, in the metric's units); ``env`` what produced the runs
-    (:func:`~interlayer.compare.environment.comparison_environment`)."""
+                 margin: Optional[float] = None, env: Optional[Environment] = None,
+                 effect: Optional[float] = None) -> Report:
+    """Write ``report.md``, ``report.html`` (figures embedded), ``summary.json``, ``report.csv``, ``report.tex`` and
+    ``figures/`` into ``output``; ``selections`` are the ``--select`` groups, decided on validation
+    (:mod:`.selection`); ``margin`` the equivalence margin (``--margin``, in the metric's units); ``env`` what
+    produced the runs (:func:`~interlayer.compare.environment.comparison_environment`); ``effect`` the smallest
+    difference of interest (``--effect``) that an undecided verdict plans seeds for."""
     output = Path(output)
-    summaries = summarize(plan, output, margin)
+    summaries = summarize(plan, output, margin, effect)
     top = opening(plan, summaries, margin, env)
     complete = all(r.state == "finished" for s in summaries for r in s.runs)
     choices = [choose(selection, summaries, plan.task.higher_is_better) for selection in selections]
     pictures, notes = figures(plan, summaries, output / FIGURES)
     table = format_table(headers(plan), table_rows(plan, summaries, choices))
     cost = format_table(cost_headers(plan), cost_rows(summaries, plan.settings.baseline))
-    runs = format_table(RUN_HEADERS, run_rows(summaries, plan.task.metric))
+    compute = compute_rows(plan, summaries)  # the FLOPs and tokens each run trained, where the task's steps fix them
+    if compute:
+        cost += f"\n\n{format_table(COMPUTE_HEADERS, compute)}\n\n{COMPUTE_NOTE}"
+    runs = format_table(RUN_HEADERS, run_rows(plan, summaries))
+    md_differences = format_table([md_text(h) for h in difference_headers(plan, summaries)],
+                                  difference_rows(plan, summaries))
     lines = _header_lines(plan, command, complete, summaries)
     markdown = output / "report.md"
     # report.md gets the group names escaped, as report.html gets them through html.escape
@@ -484,13 +503,13 @@ def write_report(plan: Plan, output: Path, command: list[str], selections: Seque
                   for c in choices]
     md_table = format_table(headers(plan), [[md_text(str(cell)) for cell in row]
                                             for row in table_rows(plan, summaries, choices)])
-    write_atomic(markdown, _markdown(plan, top, md_table, cost, runs, lines, pictures, notes, output,
-                                     choice_lines(md_choices, plan.task.metric), margin))
+    write_atomic(markdown, _markdown(plan, top, md_table, md_differences, cost, runs, lines, pictures, notes, output,
+                                     choice_lines(md_choices, plan.task.metric), margin, effect))
     page = output / "report.html"
-    write_atomic(page, _html(plan, top, summaries, lines, pictures, notes, choices, margin))
-    write_atomic(output / "summary.json", json.dumps(_summary_json(plan, summaries, choices, margin, top), indent=2)
-                 + "\n")
-    tables = exports.write_tables(output, headers(plan), table_rows(plan, summaries, choices),
-                                  exports.csv_rows(plan, summaries), plan.settings.task)
+    write_atomic(page, _html(plan, top, summaries, lines, pictures, notes, choices, margin, effect))
+    write_atomic(output / "summary.json", json.dumps(_summary_json(plan, summaries, choices, margin, effect, top),
+                                                     indent=2) + "\n")
+    compact = exports.compact_table(plan, summaries, _places(plan, summaries), extra_metrics(plan))
+    tables = exports.write_tables(output, compact, exports.csv_rows(plan, summaries), plan.settings.task)
     return Report(table, cost, markdown, page, pictures, notes, complete, choice_lines(choices, plan.task.metric),
                   top.verdicts, top.warning, top.tests, tables)

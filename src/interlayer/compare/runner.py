@@ -32,7 +32,6 @@ SIGKILL when ``compare`` dies (:mod:`.server`), and each run SIGTERM when the se
 """
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -53,6 +52,7 @@ from ..training.engine import LAST, LEGACY_LAST
 from . import child
 from .child import FINISHED, INTERRUPTED, STOPPED_OUTSIDE_TRAINING, read_results
 from .plan import Plan, PlannedVariant
+from .readback import read_status
 
 RUNS, LOGS, STATUS_FILE = "runs", "logs", "status.json"
 RUN_FILE = "run.json"
@@ -160,6 +160,7 @@ class Runner:
         self.context = process_context()
         self.status_path = self.output / STATUS_FILE
         self.status = read_status(self.status_path)
+        self.stop_signal: Optional[int] = None  # the signal that stopped run_all (SIGINT, SIGTERM), if one did
 
     def run_dir(self, variant: str, seed: int) -> Path:
         return self.output / RUNS / run_name(variant, seed)
@@ -196,6 +197,7 @@ class Runner:
                                   f"{_minutes(overall_eta(left, self.jobs, sum(ran) / len(ran)))} left "
                                   f"({len(ran)} run(s) took {sum(ran) / len(ran):.0f} s on average, "
                                   f"{self.jobs} at a time)")
+        self.stop_signal = interrupts.signal
         return outcomes, interrupts.requested
 
     def _start(self, label: str, variant: PlannedVariant, seed: int, gpu: Optional[int] = None
@@ -248,10 +250,6 @@ class Runner:
 
     def _save_status(self, outcome: RunOutcome) -> None:
         save_status(self.status_path, self.status, outcome)
-
-
-def read_status(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def save_status(path: Path, status: dict[str, Any], outcome: RunOutcome) -> None:

@@ -23,16 +23,19 @@ values come keyed by seed, because a seed is shared across variants.
   gives (``--margin``, absolute, in the metric's own units: nats for a loss, points for a percentage): equivalent
   when the difference is shown to lie inside ``(-margin, +margin)``, i.e. the 90% interval lies inside the margin;
   the TOST p-values get their own Holm correction across the variants.
-* **Power at the alpha the verdict uses.** Holm's step-down compares the variant with the r-th smallest p (r from
-  0) with ``alpha / (m - r)``; the smallest difference the comparison could have detected with power 0.8, and the
-  seeds per variant that a given difference (the margin when one is given, else the difference observed) needs,
-  are computed at that alpha, for the design of the primary test: the one-sample t-test of the differences with
-  their standard deviation (paired), or the equal-variance two-sample t-test with equal seeds per side and the
-  pooled standard deviation (Welch's fallback: the textbook and G*Power calculation). Powers come from the
-  noncentral t distribution.
+* **Power at the alpha the verdict uses, prospective only.** Holm's step-down compares the variant with the r-th
+  smallest p (r from 0) with ``alpha / (m - r)``; the smallest difference the comparison could have detected with
+  power 0.8, and the seeds per variant that a *stated* difference needs (``--effect``, the smallest difference of
+  interest, else the ``--margin``), are computed at that alpha. Never for the difference observed: power computed
+  from the observed difference (post-hoc power) is a restatement of the p-value and plans nothing, so without a
+  stated difference an undecided verdict names no seeds. Both are computed for the design of the primary test: the
+  one-sample t-test of the differences with their standard deviation (paired), or the equal-variance two-sample
+  t-test with equal seeds per side and the pooled standard deviation (Welch's fallback: the textbook and G*Power
+  calculation). Powers come from the noncentral t distribution.
 
 The verdict: **better** or **worse** when the Holm-corrected p of the primary test is below 0.05; else
-**equivalent** when the Holm-corrected TOST p is below 0.05; else **undecided**, with the seeds to run. Below 3
+**equivalent** when the Holm-corrected TOST p is below 0.05; else **undecided** (with the seeds a stated difference
+needs). Below 3
 seeds on either side there is no verdict (one or two seeds say nothing about the spread that a test can trust); the
 numbers are still shown. SciPy's ``stats`` computes the t and noncentral t distributions.
 """
@@ -54,16 +57,21 @@ TestName = Literal["paired", "welch"]
 TEST_TITLES = {"paired": "paired t-test", "welch": "Welch's t-test"}
 
 
-def rule(margin: Optional[float]) -> str:
+def rule(margin: Optional[float], effect: Optional[float] = None) -> str:
     """The decision rule in one sentence, for every report."""
     equivalence = (f"else equivalent when two one-sided tests of the same kind (TOST, Holm-corrected) show "
                    f"|Δ| < {margin:g} (the --margin, in the metric's units)" if margin is not None else
                    "no equivalence test (give --margin to test 'no worse than the baseline')")
+    stated = effect if effect is not None else margin
+    planned = (f"with the seeds per variant that detect a difference of {stated:g} (the "
+               f"{'--effect' if effect is not None else '--margin'}, stated before the runs) with power {POWER} at "
+               "the alpha of the variant's Holm step" if stated is not None else
+               "naming no seeds to run: seeds are planned for a stated difference (--effect), never for the one "
+               "observed")
     return (f"Δ = variant mean - baseline mean over seeds with its 95% interval, from the paired t-test of the "
             f"per-seed differences when the variant ran exactly the baseline's seeds, else from Welch's unpaired "
             f"t-test (which is also shown as a check); better/worse when that test's two-sided p, Holm-corrected "
-            f"across the variants, is below {ALPHA}; {equivalence}; otherwise undecided, with the seeds per variant "
-            f"that detect the difference at power {POWER} at the alpha of the variant's Holm step. No verdict below "
+            f"across the variants, is below {ALPHA}; {equivalence}; otherwise undecided, {planned}. No verdict below "
             f"{MIN_SEEDS_FOR_VERDICT} seeds per variant: fewer cannot estimate the seed spread a test relies on.")
 
 
@@ -220,7 +228,7 @@ class Comparison:
     p_holm: Optional[float] = None
     p_equivalence_holm: Optional[float] = None  # TOST of the primary test, Holm-corrected; None without a margin
     detectable: Optional[float] = None  # smallest |delta| detectable at power 0.8, these seeds and spread, ``alpha``
-    target: Optional[float] = None  # the difference the seeds plan is for (the margin, else |delta|)
+    target: Optional[float] = None  # the stated difference the seeds plan is for (--effect, else --margin)
     seeds_for_target: Optional[int] = None  # seeds per variant that detect ``target`` at power 0.8 and ``alpha``
     verdict: Verdict = "no verdict"
     reason: str = ""  # why no verdict, or what to run for one
@@ -236,10 +244,10 @@ class Comparison:
         return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
 
 
-def _undecided_reason(n: int, needed: Optional[int], target: float, alpha: float) -> str:
+def _undecided_reason(n: int, needed: Optional[int], target: Optional[float], alpha: float) -> str:
     level = f"power {POWER} at α = {alpha:.3g}"
-    if target == 0.0:
-        return "no difference observed; give --margin to test equivalence"
+    if target is None:
+        return "no difference stated to plan seeds for (--effect)"
     if needed is None:
         return f"a difference of {target:.3g} needs more than {MAX_SEEDS_PLANNED} seeds"
     if needed <= n:  # the seeds had the power, but chance left the test short of its level
@@ -301,11 +309,16 @@ def test_lines(comparisons: Mapping[str, Comparison]) -> list[str]:
 
 
 def compare_to_baseline(variants: Mapping[str, Mapping[int, float]], baseline: Mapping[int, float],
-                        higher_is_better: bool, margin: Optional[float] = None) -> dict[str, Comparison]:
+                        higher_is_better: bool, margin: Optional[float] = None,
+                        effect: Optional[float] = None) -> dict[str, Comparison]:
     """Every variant's :class:`Comparison` with the baseline; the values are keyed by seed. Holm's correction runs
-    over the variants that have at least :data:`MIN_SEEDS_FOR_VERDICT` seeds (as does the baseline)."""
+    over the variants that have at least :data:`MIN_SEEDS_FOR_VERDICT` seeds (as does the baseline). ``effect``: the
+    smallest difference of interest, stated before the runs, that an undecided verdict plans seeds for (else the
+    ``margin``; with neither, no seeds are planned)."""
     if margin is not None and not margin > 0:
         raise ValueError(f"the equivalence margin must be positive, got {margin}")
+    if effect is not None and not effect > 0:
+        raise ValueError(f"the effect to plan seeds for must be positive, got {effect}")
     base_mean = mean_std(list(baseline.values()))[0]
     partial: dict[str, Comparison] = {}
     tests: dict[str, tuple[TestName, str, TStatistic, TStatistic]] = {}
@@ -316,9 +329,11 @@ def compare_to_baseline(variants: Mapping[str, Mapping[int, float]], baseline: M
         if mean is None or base_mean is None:
             partial[name] = Comparison(n, nb, None, reason="no finished run on one side")
             continue
-        if min(n, nb) < MIN_SEEDS_FOR_VERDICT:
-            interval = _primary(test, values, baseline).interval() if min(n, nb) >= 2 else None
-            partial[name] = Comparison(n, nb, mean - base_mean, interval, test=test, test_note=note, reason=(
+        if min(n, nb) < MIN_SEEDS_FOR_VERDICT:  # the interval only, from two seeds on; with one, no test ran
+            ran = min(n, nb) >= 2
+            interval = _primary(test, values, baseline).interval() if ran else None
+            partial[name] = Comparison(n, nb, mean - base_mean, interval, test=test if ran else None,
+                                       test_note=note if ran else "", reason=(
                 f"{min(n, nb)} seed(s); a verdict needs at least {MIN_SEEDS_FOR_VERDICT} per variant"))
             continue
         tests[name] = (test, note, _primary(test, values, baseline),
@@ -338,9 +353,9 @@ def compare_to_baseline(variants: Mapping[str, Mapping[int, float]], baseline: M
         is_paired = test == "paired"
         sd = _planning_sd(test, values, baseline)
         n_planned = min(len(values), len(baseline))
-        target = margin if margin is not None else abs(statistic.delta)
+        target = effect if effect is not None else margin  # stated before the runs; never the observed delta
         alpha = alphas[name]
-        needed = seeds_needed(target, sd, alpha=alpha, is_paired=is_paired)
+        needed = None if target is None else seeds_needed(target, sd, alpha=alpha, is_paired=is_paired)
         if p_holm[name] < ALPHA:
             verdict: Verdict = "better" if (statistic.delta > 0) == higher_is_better else "worse"
             reason = f"Holm p={p_holm[name]:.3g}"

@@ -460,14 +460,15 @@ class MultiHeadAttention(nn.Module):
                ) -> tuple[Tensor, AttentionIntermediates]:
         """The explicit path, with as few passes over the ``(B, H, Tq, Tk)`` maps as it can take: the scale is
         applied to the queries (``Tq x d`` numbers, not ``Tq x Tk``) and the mask is added as a ``0 / min`` bias
-        in fp32 before the softmax (``masked_fill`` with a broadcast mask costs several times an add on CPUs)."""
+        in fp32 before the softmax (``masked_fill`` with a broadcast mask costs several times an add on CPUs). The
+        softmax runs in fp32, or in the logits' own precision where it is higher (a float64 model stays float64)."""
         logits = torch.matmul(q * self.scale, k.transpose(-2, -1))
         if bias is not None:
             logits = logits + bias
         extras: dict[str, Tensor] = {}
         if self.logit_mixer is not None and prev_logits is not None:
             logits, extras = self.logit_mixer(logits, prev_logits, key_padding_mask, context=context)
-        masked = logits.float()
+        masked = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if allowed is not None:
             masked = masked + _mask_bias(allowed)
         probs = torch.softmax(masked, dim=-1).to(v.dtype)

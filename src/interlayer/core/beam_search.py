@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .generation import CausalModel, apply_repetition_penalty, left_align, position_ids
+from .generation import CausalModel, apply_repetition_penalty, counted, left_align, position_ids, uncounted_positions
 
 NEG = -1.0e9  # transformers' "impossible" score
 
@@ -76,6 +76,8 @@ def beam_search(model: CausalModel, prompts: Tensor, *, num_beams: int, max_new_
     padded = bool(mask.any())
     if padded and bool(mask.all(1).any()):
         raise ValueError("a prompt is all padding; every row needs at least one token to continue")
+    uncounted = uncounted_positions(mask, max_length).repeat_interleave(num_beams, dim=0) \
+        if padded and repetition_penalty != 1.0 else None
     tokens, mask = left_align(prompts, mask) if padded else (prompts, mask)
     device = prompts.device
     flat = tokens.repeat_interleave(num_beams, dim=0)
@@ -107,7 +109,8 @@ def beam_search(model: CausalModel, prompts: Tensor, *, num_beams: int, max_new_
                            position_ids=positions).logits[:, -1].float()
             log_probs = F.log_softmax(logits, dim=-1)
             if repetition_penalty != 1.0:
-                log_probs = apply_repetition_penalty(log_probs, sequences, repetition_penalty)
+                log_probs = apply_repetition_penalty(log_probs, counted(sequences, uncounted, log_probs.shape[-1]),
+                                                     repetition_penalty)
             vocab = log_probs.shape[-1]
             scores = (log_probs.view(batch, num_beams, vocab) + running_scores[:, :, None]).view(batch, -1)
             # c. the best `keep` continuations over all beams

@@ -21,6 +21,9 @@ from ..config_io import check_choices, check_finite
 from ..errors import ConfigError
 from .hf_names import HFConfigNames
 
+# The most positions a model reads: its position tables (sinusoidal, rotary, learned) hold a row for each
+MAX_POSITIONS = 2 ** 16
+MAX_LAYERS = 1024  # the most layers of a stack: enc_layers=10000000 built layers until the memory ran out
 Arch = Literal["encoder_decoder", "encoder_classifier", "causal_lm"]
 Positions = Literal["sinusoidal", "learned", "relative", "relative_2d", "rotary", "none"]
 # Absolute positions: "zero" numbers the tokens 0..T-1; "after_pad" numbers the non-padding tokens from pad_id + 1
@@ -48,9 +51,12 @@ class TransformerConfig(HFConfigNames):
     :mod:`interlayer.core.hf_names`.
     """
 
-    # Sizes no tensor of a saved model measures (sinusoidal/rotary positions have no table; the relative
-    # distance is unused by other positions): a saved config may give them up to checkpoint.UNMEASURED_LIMIT.
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("max_positions", "rel_max_distance")
+    # The options that are a dimension or a count of the saved tensors in every model: the weights bound them
+    # (checkpoint.py's size check). The others size a tensor only under another option (max_positions: a learned
+    # table; dec_layers: an encoder-decoder; d_ffn: no tensor is that wide when lightweight's G-FFN and G-IL share
+    # their groups; qk_dim, num_classes, ...) or none (n_heads splits the projections, whatever their number), and
+    # validate() bounds them.
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"src_vocab_size", "d_model", "enc_layers", "n_segments"})
 
     arch: Arch = "encoder_decoder"
     src_vocab_size: int = 8000
@@ -112,6 +118,14 @@ class TransformerConfig(HFConfigNames):
         for key in ("src_vocab_size", "d_model", "n_heads", "d_ffn", "max_positions"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}={getattr(self, key)} must be a positive integer")
+        if self.max_positions > MAX_POSITIONS:
+            raise ConfigError(f"max_positions={self.max_positions} is more than {MAX_POSITIONS:,}, the longest "
+                              "sequence interlayer builds position tables for (a table of every position is made "
+                              "with the model); give 1..65536")
+        for key in ("enc_layers", "dec_layers"):
+            if getattr(self, key) > MAX_LAYERS:
+                raise ConfigError(f"{key}={getattr(self, key)} is more than {MAX_LAYERS:,}, the deepest stack "
+                                  "interlayer builds (DeepNet's 1,000-layer model has 500 a stack); a typo?")
         if self.enc_layers < 1:
             raise ConfigError(f"enc_layers={self.enc_layers} must be at least 1")
         if self.arch == "encoder_decoder" and self.dec_layers < 1:

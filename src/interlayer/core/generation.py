@@ -2,10 +2,13 @@
 
 * **Choosing a token.** ``repetition_penalty`` p != 1 first divides the logit of every token already in the row (prompt
   included) by p where it is positive and multiplies it by p where negative (CTRL, Keskar et al. 2019, as
-  ``transformers``' ``RepetitionPenaltyLogitsProcessor``). ``temperature=0`` is greedy (argmax). Otherwise the logits
-  are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al. 2018) and then to the smallest set
-  whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020), and a token is drawn from what is left,
-  from ``generator`` when one is given (a seeded run is reproducible).
+  ``transformers``' ``RepetitionPenaltyLogitsProcessor``). A padded prompt's leading padding is not counted (as
+  ``transformers`` 5's ``generate``, whose ``prompt_ignore_length`` is the attention mask's leading zeros: a pad id
+  that is a real token, pad = EOS, is not penalised for it), padding after the first real token is, and an id
+  outside the vocabulary is never penalised (:func:`apply_repetition_penalty`). ``temperature=0`` is greedy
+  (argmax). Otherwise the logits are divided by the temperature, cut to the ``top_k`` most likely tokens (Fan et al.
+  2018) and then to the smallest set whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020),
+  and a token is drawn from what is left, from ``generator`` when one is given (a seeded run is reproducible).
 * **Batches of prompts of different lengths** come as one ``(B, T)`` tensor and a ``padding_mask`` (True at
   padding), padded on the left, on the right, or anywhere: each row's real tokens are first moved, in order, to
   the end of the row (left padding), so every row's next token is read from the last column and appended after
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache
@@ -150,10 +154,27 @@ def position_ids(padding_mask: Tensor) -> Tensor:
 
 def apply_repetition_penalty(scores: Tensor, seen: Tensor, penalty: float) -> Tensor:
     """``scores`` (B, V) with the entries of the tokens in ``seen`` (B, T) divided by ``penalty`` where positive,
-    multiplied where negative (``transformers``' ``RepetitionPenaltyLogitsProcessor``, in float32)."""
-    scores = scores.float()
+    multiplied where negative (``transformers``' ``RepetitionPenaltyLogitsProcessor``, in float32). An id of ``seen``
+    at or above V (a position left uncounted, :func:`uncounted_positions`, or a pad id outside the vocabulary)
+    penalises nothing: it lands in a column added for it and dropped, as ``transformers`` does."""
+    vocab = scores.shape[-1]
+    scores = F.pad(scores.float(), (0, 1))
+    seen = seen.clamp(max=vocab)
     picked = scores.gather(1, seen)
-    return scores.scatter(1, seen, torch.where(picked < 0, picked * penalty, picked / penalty))
+    return scores.scatter(1, seen, torch.where(picked < 0, picked * penalty, picked / penalty))[:, :vocab]
+
+
+def uncounted_positions(padding_mask: Tensor, columns: int) -> Tensor:
+    """(B, ``columns``) True at the positions of left-aligned rows (:func:`left_align`) that the repetition
+    penalty does not count: as many as the row's leading padding in ``padding_mask`` (B, T), the prompts as given
+    (``transformers``' ``prompt_ignore_length``); the stable alignment puts exactly those pads first."""
+    leading = (~padding_mask).int().argmax(dim=1)
+    return torch.arange(columns, device=padding_mask.device)[None, :] < leading[:, None]
+
+
+def counted(tokens: Tensor, uncounted: Optional[Tensor], vocab: int) -> Tensor:
+    """``tokens`` (B, T) with the :func:`uncounted_positions` (their first T columns) replaced by ``vocab``."""
+    return tokens if uncounted is None else tokens.masked_fill(uncounted[:, :tokens.shape[1]], vocab)
 
 
 def choose_tokens(logits: Tensor, options: SamplingOptions, generator: Optional[torch.Generator] = None,
@@ -412,6 +433,8 @@ def generate(model: CausalModel, prompts: Tensor, options: SamplingOptions = Sam
     padded = bool(padding_mask.any())
     tokens, mask = left_align(prompts, padding_mask) if padded else (prompts, None)
     sequence = Sequence(tokens, mask, wanted)
+    penalised = options.repetition_penalty != 1.0
+    uncounted = uncounted_positions(padding_mask, sequence.tokens.shape[1]) if padded and penalised else None
     decoder = decoder_for(model, sequence, options)
     finished = torch.zeros(batch, dtype=torch.bool, device=prompts.device)
     was_training = model.training
@@ -420,7 +443,7 @@ def generate(model: CausalModel, prompts: Tensor, options: SamplingOptions = Sam
         steps = 0
         logits = decoder.first()
         while steps < wanted:
-            seen = sequence.tokens[:, :sequence.length] if options.repetition_penalty != 1.0 else None
+            seen = counted(sequence.tokens[:, :sequence.length], uncounted, vocab) if penalised else None
             chosen = choose_tokens(logits, options, generator, seen=seen)
             if eos is not None:
                 chosen = chosen.masked_fill(finished, eos)

@@ -20,10 +20,18 @@ classes interlayer registers fall back to ``transformers``' own ``generate`` for
 
 One deliberate difference: with neither ``max_new_tokens`` nor ``max_length`` set anywhere, 20 tokens are added
 (``transformers``' default ``max_length=20`` counts the prompt, so a prompt of 20 tokens or more would get one).
+
+An ``eos_token_id`` outside the vocabulary (``GPT2Config(vocab_size=101)`` keeps GPT-2's 50256, as many small test
+configs do) is what ``transformers`` makes of it: a token the model never produces, so no row stops early; a
+warning says so once per id and vocabulary size (:func:`reachable_eos`). The typed
+:class:`~interlayer.core.generation.SamplingOptions` still refuse it: there the id is the caller's own. A prompt id
+outside the vocabulary where the model reads is refused naming its position (a character tokenizer's ``[UNK]``
+lies past the table: :mod:`interlayer.data.lm_tokenizers`); at padded positions any id stands (never read).
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
@@ -41,6 +49,7 @@ SUPPORTED = (*DEFAULTS, "max_new_tokens", "max_length", "eos_token_id", "pad_tok
 # GenerationConfig entries that say nothing about decoding (bookkeeping, or what interlayer models always do)
 IGNORED = ("transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash",
            "output_attentions", "output_hidden_states", "decoder_start_token_id", "is_assistant")
+_WARNED: set[tuple[int, int]] = set()  # (eos id, vocabulary size) pairs already warned about
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,20 @@ def resolve_settings(model_defaults: dict[str, Any], generation_config: Any, kwa
         return_dict_in_generate=bool(options["return_dict_in_generate"]))
 
 
+def reachable_eos(eos_token_id: Optional[int], vocab_size: int) -> Optional[int]:
+    """``eos_token_id``, or None when no logit can produce it (outside ``0 .. vocab_size - 1``), with a warning
+    the first time (module docstring)."""
+    if eos_token_id is None or 0 <= eos_token_id < vocab_size:
+        return eos_token_id
+    if (eos_token_id, vocab_size) not in _WARNED:
+        _WARNED.add((eos_token_id, vocab_size))
+        warnings.warn(f"eos_token_id={eos_token_id} is not a token of this model (ids 0..{vocab_size - 1}), so it is "
+                      "never generated and every row runs to its length, as in transformers; set the model's "
+                      "generation_config.eos_token_id (or pass eos_token_id=) to a token of the vocabulary",
+                      stacklevel=3)
+    return None
+
+
 def generate_like_hf(model: CausalModel, input_ids: Tensor, *, padding_mask: Optional[Tensor] = None,
                      generator: Optional[torch.Generator] = None, generation_config: Any = None,
                      **options: Any) -> Union[Tensor, GenerateOutput]:
@@ -174,6 +197,15 @@ def generate_like_hf(model: CausalModel, input_ids: Tensor, *, padding_mask: Opt
     search, the sequences' scores too).
     """
     settings = resolve_settings(model.generation_defaults(), generation_config, options, input_ids.shape[-1])
+    vocab = model.lm_head.out_features
+    settings = dataclasses.replace(settings, eos_token_id=reachable_eos(settings.eos_token_id, vocab))
+    read = input_ids if padding_mask is None else input_ids.masked_fill(padding_mask, 0)
+    outside = (read < 0) | (read >= vocab)
+    if bool(outside.any()):
+        row, column = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(f"input_ids[{row}, {column}] = {int(input_ids[row, column])} is not a token of this model "
+                         f"(ids 0..{vocab - 1}): a tokenizer's unknown token ([UNK] stands for a character the "
+                         "model's vocabulary lacks; remove it from the text) or another model's tokenizer")
     scores = None
     if settings.num_beams > 1:
         result = beam_search(model, input_ids, num_beams=settings.num_beams, max_new_tokens=settings.max_new_tokens,

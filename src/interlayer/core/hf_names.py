@@ -13,7 +13,9 @@ those names as properties:
   ``num_classes``, ``tie_word_embeddings`` = ``tie_output``, and GPT-2's names, which nanoGPT shares: ``n_layer``,
   ``n_head``, ``n_embd``, ``n_inner``, ``n_positions``. The same names are accepted as input wherever a config is
   given (a config file, ``--set``, ``create_model(..., n_layer=4)``): :data:`FIELD_ALIASES`, which the coercer
-  reads (:func:`interlayer.config_io.dataclass_from_dict`); a config is saved under its own field names. Read only:
+  reads (:func:`interlayer.config_io.dataclass_from_dict`); a config is saved under its own field names. As an
+  override (``--set``, ``create_model``'s keywords), ``n_embd`` also scales the FFN to 4 x ``n_embd`` as nanoGPT
+  and GPT-2 do, unless ``d_ffn`` (``n_inner``, ``intermediate_size``) is given too (:data:`FIELD_IMPLIED`); Read only:
   ``model_type`` (``"interlayer"``, what an interlayer folder's ``config.json`` says for ``transformers``),
   ``is_encoder_decoder``;
 * **settings a run or an import gives, not fields**: ``bos_token_id``, ``eos_token_id``, ``pad_token_id`` (by
@@ -48,6 +50,10 @@ FIELD_NAMES: dict[str, tuple[str, str]] = {
 }
 # The input keys the coercer accepts for a field besides its own name (name -> field)
 FIELD_ALIASES: dict[str, str] = {name: field for name, (field, _) in FIELD_NAMES.items()}
+# What an override under one of those names also sets, unless the field is given itself (under any name): nanoGPT's
+# MLP is always 4 x n_embd wide, and GPT-2's n_inner defaults to it, so `--set n_embd=32` scales the FFN as there
+# (interlayer's own d_model changes only the width). Read by interlayer.config_io.set_dotted.
+FIELD_IMPLIED: dict[str, Callable[[Any], dict[str, Any]]] = {"n_embd": lambda width: {"d_ffn": 4 * width}}
 SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id", "use_cache")
 
 
@@ -88,6 +94,7 @@ class HFConfigNames:
     """The module docstring's names as properties of a config dataclass with the core's fields."""
 
     FIELD_ALIASES = FIELD_ALIASES  # read by interlayer.config_io.dataclass_from_dict
+    FIELD_IMPLIED = FIELD_IMPLIED  # read by interlayer.config_io.set_dotted
     model_type = property(lambda self: MODEL_TYPE, doc="what transformers' AutoConfig knows interlayer models by")
     is_encoder_decoder = property(lambda self: self.arch == "encoder_decoder")
     bos_token_id = _setting("bos_token_id", lambda cfg: None, "the first token a language model generates from")

@@ -55,11 +55,14 @@ TIES_METADATA = "tied"  # the key of a state dict's metadata (its ``_metadata[pr
 
 def tied_aliases(module: nn.Module) -> dict[str, str]:
     """Every later name of a tied parameter -> its first name (``named_parameters`` order); what
-    :func:`interlayer.checkpoint.tie_map` groups the other way round."""
+    :func:`interlayer.checkpoint.tie_map` groups the other way round. The buffers of a module used in several places
+    count too (predictive's shared convolution keeps one warm-up counter: ``safetensors`` refused to save it twice,
+    issue 49)."""
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        canonical = first.setdefault(id(param), name)
+    for name, tensor in [*module.named_parameters(remove_duplicate=False),
+                         *module.named_buffers(remove_duplicate=False)]:
+        canonical = first.setdefault(id(tensor), name)
         if canonical != name:
             aliases[name] = canonical
     return aliases

@@ -48,7 +48,8 @@ class CausalLMOutput(HFOutputMixin):
     encoder: EncoderOutput  # the stack's output (hidden states, per-layer attentions on request)
     exit_logits: Optional[list[Tensor]] = None  # one per stack exit when the stack has several (Multi-Pass)
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
-    loss: Optional[Tensor] = None  # with ``labels``: the shifted next-token loss + exits + aux losses
+    loss: Optional[Tensor] = None  # with ``labels``: the shifted next-token loss + exits + aux losses (training mode)
+    lm_loss: Optional[Tensor] = None  # with ``labels``: the shifted next-token cross-entropy alone (perplexity's)
     hidden_states: Optional[tuple[Tensor, ...]] = None  # with ``output_hidden_states``
     attentions: Optional[tuple[Tensor, ...]] = None  # with ``output_attentions``
 
@@ -155,9 +156,12 @@ class CausalLM(nn.Module, PretrainedMixin):
         ``padding_mask`` (B, cached + T), True at padding, hides those keys (``attention_mask``, HF's form, is its
         negation: 1 where a token is read); ``position_ids`` (B, T) replace the absolute positions
         ``offset .. offset + T - 1`` (left-padded rows). Without a cache and with padding, a padded query row
-        attends to nothing and outputs zeros (its logits are meaningless and must be ignored). ``labels`` (B, T),
-        usually the input ids with -100 where no loss is wanted, give ``output.loss``: position t's logits
-        against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus the aux losses.
+        attends to nothing and outputs zeros (its logits are meaningless and must be ignored); the ids at padded
+        positions are never read, so they may be anything (a character tokenizer's ``[PAD]``, past the table).
+        ``labels`` (B, T), usually the input ids with -100 where no loss is wanted, give ``output.loss``: position
+        t's logits against label t + 1, as GPT2LMHeadModel and the ``lm`` task compute it, plus, in training mode
+        only, the aux losses and the other exits' losses (:func:`~interlayer.core.losses.labels_loss`), and
+        ``output.lm_loss``, that cross-entropy alone in either mode.
 
         ``transformers``' ``return_dict=False`` returns :meth:`~CausalLMOutput.to_tuple` (the loss first when
         labels are given); ``use_cache`` is accepted and changes nothing here: the key/value cache is interlayer's
@@ -165,6 +169,8 @@ class CausalLM(nn.Module, PretrainedMixin):
         """
         tokens = one_of(tokens, input_ids, "tokens", "input_ids")
         padding_mask = padding_from(attention_mask, padding_mask)
+        if padding_mask is not None:  # never read: any id may stand there (a tokenizer's [PAD] past the table)
+            tokens = tokens.masked_fill(padding_mask[:, -tokens.shape[1]:], 0)
         need_intermediates = need_intermediates or output_attentions
         offset = cache[0].length if cache else 0
         x = self.encoder.embed(tokens, offset=offset, position_ids=position_ids)
@@ -185,7 +191,7 @@ class CausalLM(nn.Module, PretrainedMixin):
                              hidden_states=hidden_states(enc) if output_hidden_states else None,
                              attentions=attentions(enc) if output_attentions else None)
         if labels is not None:
-            out.loss = labels_loss(out, labels, shift=True)
+            out.loss, out.lm_loss = labels_loss(out, labels, shift=True, training=self.training)
         return out.to_tuple() if return_dict is False else out
 
     def generate(self, input_ids: Optional[Tensor] = None, options: Optional[SamplingOptions] = None, *,

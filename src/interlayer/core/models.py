@@ -33,7 +33,7 @@ class Seq2SeqOutput(HFOutputMixin):
     decoder: DecoderOutput
     exit_logits: Optional[list[Tensor]] = None  # one per encoder exit when the encoder has several
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
-    loss: Optional[Tensor] = None  # with ``labels``: the target tokens' loss (-100 ignored) + exits + aux losses
+    loss: Optional[Tensor] = None  # with ``labels``: the target tokens' loss (-100 ignored) + exits + aux (training)
     hidden_states: Optional[tuple[Tensor, ...]] = None
     attentions: Optional[tuple[Tensor, ...]] = None
 
@@ -49,7 +49,7 @@ class ClassifierOutput(HFOutputMixin):
     pooled: Tensor  # (B, d)
     exit_logits: Optional[list[Tensor]] = None
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
-    loss: Optional[Tensor] = None  # with ``labels``: cross-entropy (-100 ignored) + exits + aux losses
+    loss: Optional[Tensor] = None  # with ``labels``: cross-entropy (-100 ignored) + exits + aux losses (training)
     hidden_states: Optional[tuple[Tensor, ...]] = None
     attentions: Optional[tuple[Tensor, ...]] = None
 
@@ -58,15 +58,16 @@ class ClassifierOutput(HFOutputMixin):
         """HF's name of ``pooled``: the pooled sentence vector (after the pooler, when the model has one)."""
         return self.pooled
 
-    def with_hf_extras(self, labels: Optional[Tensor], output_hidden_states: bool, output_attentions: bool
-                       ) -> "ClassifierOutput":
-        """Fill the fields HF users ask for by keyword (shared by the text and image classifiers)."""
+    def with_hf_extras(self, labels: Optional[Tensor], output_hidden_states: bool, output_attentions: bool,
+                       training: bool) -> "ClassifierOutput":
+        """Fill the fields HF users ask for by keyword (shared by the text and image classifiers); the loss holds
+        the aux losses in ``training`` mode only (:func:`~interlayer.core.losses.labels_loss`)."""
         if output_hidden_states:
             self.hidden_states = hidden_states(self.encoder)
         if output_attentions:
             self.attentions = attentions(self.encoder)
         if labels is not None:
-            self.loss = labels_loss(self, labels)
+            self.loss = labels_loss(self, labels, training=training)[0]
         return self
 
 
@@ -146,7 +147,7 @@ class EncoderDecoderModel(nn.Module, _AuxLossMixin, PretrainedMixin):
                             hidden_states=hidden_states(enc) if output_hidden_states else None,
                             attentions=attentions(enc) if output_attentions else None)
         if labels is not None:
-            out.loss = labels_loss(out, labels)
+            out.loss = labels_loss(out, labels, training=self.training)[0]
         return out.to_tuple() if return_dict is False else out
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -217,7 +218,7 @@ class EncoderClassifier(nn.Module, _AuxLossMixin, PretrainedMixin):
             exit_logits = [logits if e is enc.hidden else self.classify(e, enc.padding_mask)[0] for e in enc.exits]
         out = ClassifierOutput(logits=logits, encoder=enc, pooled=pooled, exit_logits=exit_logits,
                                aux_losses=self.compute_aux_losses())
-        out = out.with_hf_extras(labels, output_hidden_states, output_attentions)
+        out = out.with_hf_extras(labels, output_hidden_states, output_attentions, self.training)
         return out.to_tuple() if return_dict is False else out
 
     def get_input_embeddings(self) -> Optional[nn.Embedding]:

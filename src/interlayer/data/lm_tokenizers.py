@@ -22,6 +22,15 @@ vocabulary has: GPT-2's ``<|endoftext|>`` as bos/eos/unk) and ``special_tokens_m
 ``interlayer_tokenizer`` entry (``"char"``/``"bpe"``) tells interlayer which of the two it is. Folders written
 before this format (``tokenizer.json`` holding ``{"kind": ..., ...}``, interlayer's own wrapper) still load.
 
+A character vocabulary has no special token of its own, and ``transformers`` needs two: an unknown token (without
+one, an unseen character fails inside ``tokenizers`` with "WordLevel error: Missing [UNK] token") and a pad token
+(without one, ``pipeline`` refuses to batch). ``tokenizer.json`` therefore adds ``[UNK]`` and ``[PAD]`` after the
+characters (ids ``V`` and ``V + 1`` of a ``V``-character vocabulary, which the model's table does not have): padding
+is never read by an interlayer model (:class:`~interlayer.core.lm.CausalLM` reads any id there), and an ``[UNK]``
+it is asked to read is refused naming the id (:func:`~interlayer.core.hf_generation.generate_like_hf`).
+``split_special_tokens`` keeps a literal "[PAD]" in a text five characters, as interlayer encodes it. (A GPT-2
+export leaves them out, :func:`save_tokenizer`'s ``char_specials``: ``transformers``' GPT-2 reads every id.)
+
 Both tokenizers are callable as ``transformers``' are: ``tokenizer(texts, return_tensors="pt")`` gives
 ``input_ids`` and ``attention_mask`` (:meth:`LMTokenizerMixin.__call__`).
 """
@@ -46,6 +55,7 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 KIND_KEY = "interlayer_tokenizer"  # tokenizer_config.json: which interlayer tokenizer the folder holds
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's bos, eos and unk token
+CHAR_UNK, CHAR_PAD = "[UNK]", "[PAD]"  # a character tokenizer.json's unknown and pad tokens, after the characters
 Kind = Literal["char", "bpe"]
 
 
@@ -140,15 +150,25 @@ class CharTokenizer(LMTokenizerMixin):
     def byte_lengths(self) -> Tensor:
         return torch.tensor([len(c.encode("utf-8")) for c in self.chars], dtype=torch.long)
 
+    def special_id(self, token: str) -> Optional[int]:
+        """The id ``tokenizer.json`` gives ``[UNK]`` or ``[PAD]`` (module docstring): past the characters."""
+        return {CHAR_UNK: len(self.chars), CHAR_PAD: len(self.chars) + 1}.get(token)
+
     def to_json(self) -> dict:
         """The compact form a token folder's ``meta.json`` and ``prepare lm``'s workers carry."""
         return {"kind": self.kind, "chars": "".join(self.chars)}
 
-    def backend(self) -> Tokenizer:
-        """The same tokenisation as a ``tokenizers`` pipeline (module docstring), what ``tokenizer.json`` holds."""
-        backend = Tokenizer(models.WordLevel({c: i for i, c in enumerate(self.chars)}))
+    def backend(self, specials: bool = True) -> Tokenizer:
+        """The same tokenisation as a ``tokenizers`` pipeline (module docstring), what ``tokenizer.json`` holds;
+        ``specials``: with ``[UNK]`` and ``[PAD]`` after the characters."""
+        vocab = {c: i for i, c in enumerate(self.chars)}
+        if specials:
+            vocab.update({CHAR_UNK: len(self.chars), CHAR_PAD: len(self.chars) + 1})
+        backend = Tokenizer(models.WordLevel(vocab, unk_token=CHAR_UNK if specials else None))
         backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         backend.decoder = decoders.Fuse()
+        if specials:
+            backend.add_special_tokens([CHAR_UNK, CHAR_PAD])
         return backend
 
 
@@ -271,20 +291,28 @@ def train_tokenizer(kind: Kind, train: str, all_text: Sequence[str], vocab_size:
     return ByteBPETokenizer.train(CHUNK_BOUNDARY.split(train), vocab_size)
 
 
-def save_tokenizer(tokenizer: LMTokenizer, directory: Path, *, max_length: Optional[int] = None) -> None:
+def save_tokenizer(tokenizer: LMTokenizer, directory: Path, *, max_length: Optional[int] = None,
+                   char_specials: bool = True) -> None:
     """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` (module docstring);
-    ``max_length``: ``model_max_length`` (the model's positions), when known."""
+    ``max_length``: ``model_max_length`` (the model's positions), when known; ``char_specials``: a character
+    vocabulary's ``[UNK]`` and ``[PAD]`` (for a model that reads padding with any id)."""
     directory = Path(directory)
     if isinstance(tokenizer, IdTokenizer):  # ids without text (a token folder's): nothing transformers could load
         write_atomic(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_json()))
         return
-    specials = ({role: END_OF_TEXT for role in ("bos_token", "eos_token", "unk_token")}
-                if tokenizer.special_id(END_OF_TEXT) is not None else {})
+    specials: dict[str, str] = {}
+    if isinstance(tokenizer, CharTokenizer) and char_specials:
+        specials = {"unk_token": CHAR_UNK, "pad_token": CHAR_PAD}
+    elif tokenizer.special_id(END_OF_TEXT) is not None:
+        specials = {role: END_OF_TEXT for role in ("bos_token", "eos_token", "unk_token")}
     settings: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", KIND_KEY: tokenizer.kind,
                                 "clean_up_tokenization_spaces": False, "add_prefix_space": False, **specials}
+    if isinstance(tokenizer, CharTokenizer) and char_specials:
+        settings["split_special_tokens"] = True  # a literal "[PAD]" in a text is five characters (docstring)
     if max_length is not None:
         settings["model_max_length"] = max_length
-    write_atomic(directory / TOKENIZER_FILE, tokenizer.backend().to_str())
+    backend = tokenizer.backend(char_specials) if isinstance(tokenizer, CharTokenizer) else tokenizer.backend()
+    write_atomic(directory / TOKENIZER_FILE, backend.to_str())
     write_atomic(directory / TOKENIZER_CONFIG_FILE, json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
     write_atomic(directory / SPECIAL_TOKENS_FILE, json.dumps(specials, indent=2, ensure_ascii=False) + "\n")
 
@@ -323,7 +351,8 @@ def load_lm_tokenizer(directory: Path) -> LMTokenizer:
     backend = Tokenizer.from_str(json.dumps(data))
     if kind == "bpe":
         return ByteBPETokenizer(backend)
-    by_id = sorted(backend.get_vocab().items(), key=lambda item: item[1])
+    by_id = sorted(((token, index) for token, index in backend.get_vocab().items()
+                    if token not in (CHAR_UNK, CHAR_PAD)), key=lambda item: item[1])
     chars = [token for token, _ in by_id]
     if [index for _, index in by_id] != list(range(len(chars))) or chars != sorted(chars):
         raise DataError(f"{path}: a character vocabulary must number its characters 0.. in code-point order")
@@ -334,6 +363,8 @@ def tokenizer_from_json(data: dict, where: str) -> LMTokenizer:
     """The tokenizer :meth:`to_json` wrote (a run's ``tokenizer.json``, a token folder's ``meta.json``);
     ``where`` names the file in the error a malformed one raises."""
     kind = data.get("kind")
+    if kind == "char" and isinstance(data.get("chars"), str):
+        return chars_tokenizer(data["chars"], where)  # its characters in id order, checked
     try:
         if kind == "char":
             return CharTokenizer(list(data["chars"]))

@@ -21,15 +21,26 @@ a folder of files.
 
 Output (``layout``): nanoGPT's ``train.bin``, ``val.bin``, ``test.bin``, or llm.c shards
 ``tokens_{train,val,test}_NNNNNN.bin`` of at most ``shard_tokens`` ids each; and ``meta.json`` (vocabulary size,
-the tokenizer, token and character counts). Everything is written into a temporary folder beside ``output``,
-which is renamed to ``output`` when complete: an interrupted run leaves no partial corpus behind.
+the tokenizer, token and character counts), with, for a character vocabulary, nanoGPT's ``meta.pkl`` (its
+``sample.py`` decodes with it: :mod:`.nanogpt_meta`). Everything is written into a temporary folder beside ``output``,
+which is renamed to ``output`` when complete: an interrupted run leaves no partial corpus behind. Any exception
+stops the workers and removes the temporary folder: ``KeyboardInterrupt``, and on the command line SIGTERM
+(:func:`~interlayer.training.concurrency.sigterm_as_stop`); the main process waits for results a second at a time,
+so such a signal is met promptly. The workers ignore SIGINT, so that a Ctrl-C in a terminal, which reaches every
+process of the group, is one line and not a traceback per worker. A write the machine refuses (a full disk) is
+named with the file of ``output`` it was writing, not the temporary folder's.
+
+Bounds, so that a typo cannot start hours of work: ``workers`` at most this machine's cores, and no more than
+:data:`MAX_SHARDS` shard files (``--shard-tokens 1`` asked for one file per token).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -37,8 +48,8 @@ from typing import Any, Iterator, Optional, Union
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import ConfigError, DataError
-from ..fileio import write_atomic
+from ..errors import ConfigError, DataError, DiskFullError
+from ..fileio import write_failure
 from .corpus import (
     DOCUMENT_SEPARATOR,
     SPLITS,
@@ -51,12 +62,14 @@ from .corpus import (
     strip_gutenberg,
 )
 from .lm_tokenizers import CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer, tokenizer_from_json
+from .nanogpt_meta import write_meta_pkl
 from .token_files import MAX_VOCAB, META_FILE, NANOGPT_FILES, Layout, TokenWriter
 
 SHARD_NAMES = {"train": "train", "valid": "val", "test": "test"}
 SHARD_PREFIX = "tokens"
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's fineweb.py shard size
 DEFAULT_CHUNK_CHARS = 1 << 20
+MAX_SHARDS = 10_000  # shard files one prepare may write: llm.c's 10B-token FineWeb is 100
 
 
 @dataclass
@@ -77,7 +90,9 @@ class PrepareSettings:
     progress: bool = True
 
     def validate(self) -> None:
-        checks = [(self.workers >= 1, f"--workers={self.workers} must be at least 1"),
+        cores = os.cpu_count() or 1
+        checks = [(1 <= self.workers <= cores, f"--workers={self.workers} must be 1..{cores}, this machine's CPU "
+                                               "cores (more processes only wait for them)"),
                   (self.shard_tokens >= 1, f"--shard-tokens={self.shard_tokens} must be positive"),
                   (self.chunk_chars >= 1, f"chunk_chars={self.chunk_chars} must be positive"),
                   (self.tokenizer != "bpe" or 257 <= self.vocab_size <= MAX_VOCAB,
@@ -170,30 +185,32 @@ class SplitText:
 def chunks(pieces: Iterator[tuple[str, str]], size: int, cut_anywhere: bool) -> Iterator[tuple[str, str]]:
     """Each split's concatenated pieces in chunks of about ``size`` characters (``(split, chunk)``), each ending
     where the tokenizer cuts anyway (``cut_anywhere``: characters; else at :data:`CHUNK_BOUNDARY`, or later when a
-    chunk has none) or where its split ends."""
-    buffer, current = "", None
+    chunk has none) or where its split ends. The text is sliced from a moving start, never copied again after each
+    chunk (a file read as one piece of 100 MB was copied whole for every chunk: quadratic time)."""
+    buffer, start, current = "", 0, None
     for name, piece in pieces:
-        if name != current and buffer:
-            yield current, buffer
-            buffer = ""
-        buffer, current = buffer + piece, name
-        while len(buffer) >= size:
-            cut = size if cut_anywhere else _last_boundary(buffer, size)
+        if name != current and start < len(buffer):
+            yield current, buffer[start:]
+            buffer, start = "", 0
+        buffer, start, current = buffer[start:] + piece, 0, name
+        while len(buffer) - start >= size:
+            cut = size if cut_anywhere else _last_boundary(buffer, start, size)
             if cut is None:
                 break
-            yield name, buffer[:cut]
-            buffer = buffer[cut:]
-    if buffer:
-        yield current, buffer
+            yield name, buffer[start:start + cut]
+            start += cut
+    if start < len(buffer):
+        yield current, buffer[start:]
 
 
-def _last_boundary(text: str, size: int) -> Optional[int]:
-    """The last :data:`CHUNK_BOUNDARY` at or before ``size`` (else the first after it), never at 0."""
-    before = [m.start() for m in CHUNK_BOUNDARY.finditer(text, max(size // 2, 1), size + 1)]
+def _last_boundary(text: str, start: int, size: int) -> Optional[int]:
+    """The last :data:`CHUNK_BOUNDARY` of ``text[start:]`` at or before ``size`` (else the first after it), never at
+    0, as an offset from ``start``."""
+    before = [m.start() for m in CHUNK_BOUNDARY.finditer(text, start + max(size // 2, 1), start + size + 1)]
     if before:
-        return before[-1]
-    after = CHUNK_BOUNDARY.search(text, size)
-    return after.start() if after else None
+        return before[-1] - start
+    after = CHUNK_BOUNDARY.search(text, start + size)
+    return after.start() - start if after else None
 
 
 # -- the workers ---------------------------------------------------------------------------------------------
@@ -201,7 +218,9 @@ _WORKER_TOKENIZER: Optional[LMTokenizer] = None
 
 
 def _start_worker(tokenizer_json: dict[str, Any]) -> None:
+    """A worker's start: its tokenizer, and SIGINT ignored (the main process stops the pool; module docstring)."""
     global _WORKER_TOKENIZER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_TOKENIZER = tokenizer_from_json(tokenizer_json, "the tokenizer handed to the worker")
 
 
@@ -225,7 +244,14 @@ class _Encoder:
             for split, text in texts:
                 yield split, np.asarray(self.tokenizer.encode(text), dtype=np.int64), len(text)
         else:
-            yield from self.pool.imap(_encode, texts, chunksize=1)
+            results = self.pool.imap(_encode, texts, chunksize=1)
+            while True:
+                try:  # waits of a second at most: a signal's handler runs only between them (SIGTERM took 30 s)
+                    yield results.next(timeout=1.0)
+                except multiprocessing.TimeoutError:
+                    continue
+                except StopIteration:
+                    return
 
     def close(self) -> None:
         if self.pool is not None:
@@ -280,23 +306,71 @@ def _fresh_output(output: Path) -> None:
                               "another --output or remove it")
 
 
+def _check_shards(settings: PrepareSettings, text: SplitText) -> None:
+    """Refuse more than :data:`MAX_SHARDS` shard files: a split's tokens are at most its characters (characters),
+    or four times as many (byte-level BPE: up to 4 UTF-8 bytes a character)."""
+    if settings.layout != "shards":
+        return
+    per_char = 1 if settings.tokenizer == "char" else 4
+    files = sum(-(-count * per_char // settings.shard_tokens) for count in text.characters.values())
+    if files > MAX_SHARDS:
+        least = -(-sum(text.characters.values()) * per_char // MAX_SHARDS)
+        raise ConfigError(f"--shard-tokens={settings.shard_tokens} would write up to {files:,} shard files for "
+                          f"{sum(text.characters.values()):,} characters, more than {MAX_SHARDS:,}; give "
+                          f"--shard-tokens {least:,} or more")
+
+
+def _write_failure(output: Path, err: OSError, *, inside: bool = True) -> OSError:
+    """``err``, raised writing a file of the temporary folder (``inside``; else making the folder), as the error of
+    the file of ``output`` it becomes (the temporary folder is removed: nothing is left to name there)."""
+    name = Path(err.filename).name if inside and isinstance(getattr(err, "filename", None), str) else None
+    target = output / name if name else output
+    failure = write_failure(target, err)
+    if isinstance(failure, DiskFullError):
+        failure = DiskFullError(f"{target}: no space left on device while writing it ({_free(output.parent)} in "
+                                f"{output.parent}); nothing was written (the partial folder is removed): free "
+                                "some space and run prepare again")
+    return failure or err
+
+
+def _free(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2 ** 20:.1f} MiB free"
+    except OSError:
+        return "free space unknown"
+
+
 def prepare(settings: PrepareSettings) -> dict[str, Any]:
     """Tokenize ``settings.source`` into ``settings.output`` (module docstring); returns what ``meta.json`` holds."""
     settings.validate()
     output = Path(settings.output)
     _fresh_output(output)
     text = SplitText(settings.source, settings.valid_fraction, settings.test_fraction, settings.gutenberg)
+    _check_shards(settings, text)
     tokenizer = _tokenizer(settings, text)
     if len(tokenizer) > MAX_VOCAB:
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens; token files hold uint16 ids (at most "
                           f"{MAX_VOCAB})")
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.parent / f".{output.name}.tmp-{os.getpid()}"
-    temporary.mkdir()
-    encoder = _Encoder(tokenizer, settings.workers)
+    try:
+        temporary.mkdir()
+    except OSError as err:
+        raise _write_failure(output, err, inside=False) from None
+    try:
+        return _write(settings, output, temporary, text, tokenizer)
+    except OSError as err:
+        raise _write_failure(output, err) from None
+
+
+def _write(settings: PrepareSettings, output: Path, temporary: Path, text: SplitText, tokenizer: LMTokenizer
+           ) -> dict[str, Any]:
+    """Encode and write every split into ``temporary``, then rename it to ``output``; removed on any failure."""
+    encoder = None
     bar = tqdm(total=sum(text.characters.values()), unit="char", unit_scale=True, disable=not settings.progress,
                desc="prepare lm", dynamic_ncols=True)
     try:
+        encoder = _Encoder(tokenizer, settings.workers)
         writers = {split: _SplitWriter(temporary, split, settings.layout, settings.shard_tokens) for split in SPLITS}
         cut_anywhere = isinstance(tokenizer, CharTokenizer)
         for split, ids, characters in encoder.encode(chunks(text.pieces(), settings.chunk_chars, cut_anywhere)):
@@ -311,15 +385,33 @@ def prepare(settings: PrepareSettings) -> dict[str, Any]:
                 "written_by": "interlayer prepare lm"}
         if not meta["tokens"]["train"] or not meta["tokens"]["valid"]:
             raise DataError(f"{settings.source}: the training or validation split has no tokens")
-        write_atomic(temporary / META_FILE, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        with _naming(temporary / META_FILE):
+            (temporary / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
+            if isinstance(tokenizer, CharTokenizer):
+                write_meta_pkl(temporary, "".join(tokenizer.chars))
         _fresh_output(output)
         if output.exists():
             output.rmdir()
         os.replace(temporary, output)
     except BaseException:
+        if encoder is not None:
+            encoder.close()  # first: a worker still writing would keep the folder busy
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     finally:
-        encoder.close()
+        if encoder is not None:
+            encoder.close()
         bar.close()
     return meta
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` raised in the block without a file name (``write``'s full disk) names ``path``."""
+    try:
+        yield
+    except OSError as err:
+        if not getattr(err, "filename", None):
+            err.filename = str(path)
+        raise

@@ -7,9 +7,9 @@ the community's:
 * **nanoGPT** (``data/openwebtext/prepare.py``): a folder with ``train.bin`` and ``val.bin`` (``test.bin``
   optional, interlayer's addition), each the raw token ids as little-endian ``uint16``, nothing else. The
   vocabulary size is in no file (nanoGPT keeps it in a pickled ``meta.pkl``, or assumes GPT-2's): it comes from
-  ``--set data.vocab_size=N`` or from a small ``meta.json`` beside the files (below). A ``meta.pkl`` is never
-  unpickled (unpickling runs whatever code the file holds); its presence without another source is refused with
-  the way out.
+  ``--set data.vocab_size=N``, from a small ``meta.json`` beside the files (below), or from nanoGPT's
+  ``meta.pkl``, read as plain data by an unpickler that refuses every global (:mod:`.nanogpt_meta`), when there is
+  no ``meta.json``.
 * **llm.c / modded-nanogpt shards** (``dev/data/data_common.py``'s ``write_datafile``): files named
   ``*_train_*.bin``, ``*_val_*.bin`` (and ``*_test_*.bin``), in name order; each starts with a header of 256
   little-endian ``int32``: the magic number 20240520, the version 1, the number of tokens, then zeros; then the
@@ -24,11 +24,20 @@ text samples; without one it has the ids alone (:class:`~interlayer.data.lm_toke
 A split is one sequence of ids (its files in order, as if concatenated). :meth:`TokenSplit.windows` reads the rows
 of a batch: it opens the memory maps anew for each call, as nanoGPT's ``get_batch`` does, so the pages a long run
 has touched are not kept mapped by the process (numpy issue: a memmap's resident pages grow for as long as it
-lives), and it checks that every id read is below the vocabulary size (a CPU-side check on the rows just read: an
-out-of-range id would otherwise fail inside the embedding, on a GPU as an opaque device assertion).
+lives), checking first that each file it maps still has the size it had when the run began (a file shrunk during a
+run is named, not numpy's "mmap length is greater than file size"), and it checks that every id read is below the
+vocabulary size (a CPU-side check on the rows just read: an out-of-range id would otherwise fail inside the
+embedding, on a GPU as an opaque device assertion). :meth:`TokenSplit.check_ids` reads a whole split once for the
+same check, before a run starts.
+
+What ``meta.json`` says of the files is compared with them when the folder is opened (:func:`open_token_corpus`):
+the layout, the id type, each split's files and token counts (``interlayer prepare lm`` writes them), and the
+vocabulary's size against its tokenizer or characters (:func:`check_vocabulary`): a disagreement is refused naming
+the key and the file, before anything is written.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -40,6 +49,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from .nanogpt_meta import PICKLED_META, read_meta_pkl
 
 Layout = Literal["nanogpt", "shards"]
 SPLITS = ("train", "valid", "test")
@@ -51,8 +61,8 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 MAX_VOCAB = 1 << 16  # uint16 ids
+CHECK_CHUNK = 1 << 24  # ids read at once by TokenSplit.check_ids
 META_FILE = "meta.json"
-PICKLED_META = "meta.pkl"
 
 
 @dataclass(frozen=True)
@@ -114,9 +124,8 @@ class TokenSplit:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def _maps(self) -> list[np.memmap]:
-        return [np.memmap(f.path, dtype=TOKEN_DTYPE, mode="r", offset=f.offset, shape=(f.tokens,))
-                for f in self.files]
+    def _maps(self) -> list["_LazyMap"]:
+        return [_LazyMap(f) for f in self.files]
 
     def __getitem__(self, index: slice) -> Tensor:
         """A contiguous span (``ids[:32]``) as int64, as a text split's tensor would give it."""
@@ -154,6 +163,18 @@ class TokenSplit:
             yield maps[index][start - self.starts[index]:end - self.starts[index]]
             start, index = end, index + 1
 
+    def check_ids(self) -> None:
+        """Every id of the split below ``vocab_size``, read once in chunks (:meth:`windows` checks the rows it
+        reads; this is the same check of the whole split, before a run starts)."""
+        if self.vocab_size is None:
+            return
+        for index, file in enumerate(self.files):
+            ids = _LazyMap(file)[:]
+            for start in range(0, file.tokens, CHECK_CHUNK):
+                chunk = ids[start:start + CHECK_CHUNK]
+                if chunk.max() >= self.vocab_size:
+                    self._check_ids(chunk[None].astype(np.int64), np.array([self.starts[index] + start]))
+
     def _check_ids(self, rows: np.ndarray, starts: np.ndarray) -> None:
         if self.vocab_size is None or rows.size == 0 or rows.max() < self.vocab_size:
             return
@@ -173,6 +194,25 @@ class TokenSplit:
         return f"{names}: {len(self):,} tokens"
 
 
+class _LazyMap:
+    """One token file's memory map, opened on first use after checking the file still has its size."""
+
+    def __init__(self, file: TokenFile) -> None:
+        self.file, self.map = file, None
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if self.map is None:
+            expected = self.file.offset + self.file.tokens * TOKEN_DTYPE.itemsize
+            size = _size(self.file.path)
+            if size != expected:
+                raise DataError(f"{self.file.path}: {size:,} bytes now, {expected:,} when the run opened it "
+                                f"({self.file.tokens:,} tokens); the file changed during the run: restore it, or "
+                                "start a new run on the new files")
+            self.map = np.memmap(self.file.path, dtype=TOKEN_DTYPE, mode="r", offset=self.file.offset,
+                                 shape=(self.file.tokens,))
+        return self.map[index]
+
+
 @dataclass
 class TokenCorpus:
     """The splits of a token folder (``test`` may be empty) and what ``meta.json`` says about them."""
@@ -181,6 +221,12 @@ class TokenCorpus:
     root: Path
     splits: dict[str, TokenSplit]
     meta: dict[str, Any]  # meta.json's contents ({} without one)
+
+    def files(self) -> list[tuple[str, Path]]:
+        """Every file the corpus reads, by name (:mod:`interlayer.data.fingerprint`): the token files, and
+        ``meta.json`` (its vocabulary decides what the ids mean)."""
+        out = [(f.path.name, f.path) for split in self.splits.values() for f in split.files]
+        return out + ([(META_FILE, self.root / META_FILE)] if self.meta else [])
 
     @property
     def description(self) -> str:
@@ -215,15 +261,55 @@ def open_token_corpus(root: Path) -> TokenCorpus:
         missing = "*_val_*.bin shard"
     if not files["valid"]:
         raise DataError(f"{root} has training tokens but no {missing}; add the validation split")
-    return TokenCorpus(layout, root, {name: TokenSplit(files[name]) for name in SPLITS}, read_meta(root))
+    corpus = TokenCorpus(layout, root, {name: TokenSplit(files[name]) for name in SPLITS}, read_meta(root))
+    _check_meta(corpus)
+    return corpus
+
+
+def _check_meta(corpus: TokenCorpus) -> None:
+    """What ``meta.json`` says of the files (``interlayer prepare lm`` writes all of it; a hand-written one may say
+    less), compared with the files found: the layout, the id type, each split's files in order and its tokens."""
+    meta, where = corpus.meta, corpus.root / META_FILE
+    if meta.get("layout", corpus.layout) != corpus.layout:
+        raise DataError(f"{where}: layout={meta['layout']!r}, but the folder holds {corpus.layout} files; the "
+                        "meta.json belongs to another folder")
+    if meta.get("dtype", "uint16") != "uint16":
+        raise DataError(f"{where}: dtype={meta['dtype']!r}; interlayer's token files hold uint16 ids")
+    for key, found in (("files", lambda split: [f.path.name for f in split.files]), ("tokens", len)):
+        declared = meta.get(key, {})
+        if not isinstance(declared, dict):
+            raise DataError(f"{where}: {key} must be a JSON object by split (train, valid, test)")
+        for name, split in corpus.splits.items():
+            if name in declared and declared[name] != found(split):
+                raise DataError(f"{where}: {key}.{name}={_short(declared[name])}, but the folder's {name} split "
+                                f"has {_short(found(split))}; files were added, removed or replaced since "
+                                "meta.json was written: restore them, or prepare the folder again")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 120 else text[:100] + f"... ({len(value)} entries)"
+
+
+def check_vocabulary(meta: dict[str, Any], tokenizer_size: Optional[int], chars: Optional[str], where: Path) -> None:
+    """``meta.json``'s ``vocab_size`` against the size of the tokenizer it holds, and its ``chars`` against that
+    tokenizer's characters (the same characters in the same order: an id means one character)."""
+    size = meta.get("vocab_size")
+    if size is not None and tokenizer_size is not None and size != tokenizer_size:
+        raise DataError(f"{where}: vocab_size={size}, but its tokenizer has {tokenizer_size} tokens; one of them "
+                        "was edited: the ids cannot mean both")
+    if chars is not None and "chars" in meta and meta["chars"] != chars:
+        raise DataError(f"{where}: chars lists {len(meta['chars'])} characters that differ from its tokenizer's "
+                        f"{len(chars)} (or their order); ids would decode to other characters: keep one of them")
 
 
 def read_meta(root: Path) -> dict[str, Any]:
     """``meta.json`` beside the token files, its keys checked: ``vocab_size`` (1 to 65536), ``tokenizer`` (an
-    object), ``chars`` (a string); {} when there is none."""
+    object), ``chars`` (a string); else nanoGPT's ``meta.pkl`` read as plain data (:mod:`.nanogpt_meta`); {} when
+    there is neither."""
     path = root / META_FILE
     if not path.is_file():
-        return {}
+        return read_meta_pkl(root) if os.path.lexists(root / PICKLED_META) else {}
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -237,15 +323,6 @@ def read_meta(root: Path) -> dict[str, Any]:
         if key in meta and not isinstance(meta[key], kind):
             raise DataError(f"{path}: {key} must be a JSON {'object' if kind is dict else 'string'}")
     return meta
-
-
-def pickle_refusal(root: Path) -> str:
-    """Why a folder whose only vocabulary source is nanoGPT's ``meta.pkl`` is refused, and what to do."""
-    return (f"{root / PICKLED_META} holds the vocabulary in a pickle, which interlayer never loads (unpickling runs "
-            f"whatever code the file contains); give the vocabulary size with --set data.vocab_size=N, or write "
-            f"{root / META_FILE} as {{\"vocab_size\": N}} (for a character corpus also \"chars\": the characters in "
-            "id order, for text samples and bits per character); nanoGPT's own meta.pkl holds them as "
-            "vocab_size and itos, if you trust it enough to unpickle it yourself")
 
 
 # -- writing ---------------------------------------------------------------------------------------------------
@@ -270,16 +347,29 @@ class TokenWriter:
         if len(ids) and (ids.min() < 0 or ids.max() >= MAX_VOCAB):
             raise DataError(f"{self.path}: token id {int(ids.max())} does not fit uint16 (vocabularies up to "
                             f"{MAX_VOCAB} ids)")
-        self.handle.write(np.asarray(ids).astype(TOKEN_DTYPE).tobytes())
+        try:
+            self.handle.write(np.asarray(ids).astype(TOKEN_DTYPE).tobytes())
+        except OSError as err:  # a full disk's error names no file: this one
+            raise self._named(err) from None
         self.tokens += len(ids)
 
     def close(self) -> None:
-        if self.layout == "shards":
-            self.handle.seek(0)
-            self.handle.write(shard_header(self.tokens))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        try:
+            if self.layout == "shards":
+                self.handle.seek(0)
+                self.handle.write(shard_header(self.tokens))
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+        except OSError as err:
+            with contextlib.suppress(OSError):  # closing flushes what is left, and fails the same way
+                self.handle.close()
+            raise self._named(err) from None
         self.handle.close()
+
+    def _named(self, err: OSError) -> OSError:
+        named = OSError(err.errno, err.strerror or str(err))
+        named.filename = str(self.path)
+        return named
 
 
 Ids = Union[Tensor, TokenSplit]

@@ -219,7 +219,7 @@ class FeatureStore(Protocol):
     def __getitem__(self, key: str) -> np.ndarray: ...
 
 
-def _as_regions(array: np.ndarray, feature_dim: int, where: str) -> np.ndarray:
+def as_regions(array: np.ndarray, feature_dim: int, where: str) -> np.ndarray:
     """(regions, feature_dim) float32 from (regions, dim) or MCAN's transposed (dim, regions)."""
     if array.ndim != 2:
         raise DataError(f"{where}: features of shape {array.shape}; expected (regions, {feature_dim})")
@@ -273,7 +273,7 @@ class NpzDirectory:
                 array = data[name]
         except (OSError, ValueError) as err:
             raise DataError(f"{path}: not a readable .npz file ({err})") from None
-        return _as_regions(array, self.feature_dim, str(path))
+        return as_regions(array, self.feature_dim, str(path))
 
 
 class TsvFeatures:
@@ -317,7 +317,7 @@ class TsvFeatures:
         if boxes <= 0 or flat.size != boxes * self.feature_dim:
             raise DataError(f"{where}: {flat.size} feature values for num_boxes={boxes} and data.feature_dim="
                             f"{self.feature_dim} (expected {boxes * self.feature_dim})")
-        return _as_regions(flat.reshape(boxes, self.feature_dim), self.feature_dim, where)
+        return as_regions(flat.reshape(boxes, self.feature_dim), self.feature_dim, where)
 
 
 def _load_h5(path: Path) -> Any:
@@ -355,7 +355,7 @@ class ArrayFeatures:
         array = np.asarray(self.array[int(key)])
         if array.ndim == 3:  # a grid (C, H, W): one region per cell
             array = array.reshape(array.shape[0], -1).T
-        return _as_regions(array, self.feature_dim, f"{self.path}: image {key}")
+        return as_regions(array, self.feature_dim, f"{self.path}: image {key}")
 
 
 def open_features(path: Path, feature_dim: int) -> FeatureStore:
@@ -373,7 +373,7 @@ def open_features(path: Path, feature_dim: int) -> FeatureStore:
 
 def check_images(items: Sequence[VQAItem], store: FeatureStore, source: str) -> None:
     """Every question's image has features, and every image's features are read once and checked (shape, real
-    numbers, finite values: :func:`_as_regions`), before training instead of when a batch first draws them: a NaN
+    numbers, finite values: :func:`as_regions`), before training instead of when a batch first draws them: a NaN
     at image 177 stopped a run at step 5, and a short run that never drew it "finished". One image at a time, so
     that VQA v2's features need no more memory than one image's; errors name the file and record."""
     for item in items:

@@ -33,11 +33,17 @@ from .dispatch import use_triton
 
 def reference(logits: Tensor, target: Tensor, smoothing: float, ignore_index: int) -> tuple[Tensor, Tensor]:
     """Per-token ``(loss, nll)`` in fp32, zero where ``target == ignore_index``: one fp32 log-softmax over the
-    logits (what the compiled step fuses, and the path everywhere the kernel does not run)."""
-    lprobs = F.log_softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
+    logits (what the compiled step fuses, and the path everywhere the kernel does not run). A target outside
+    ``[0, V)`` reads no class (``gather`` of class 0 scored -5 as class 0, and raised for V) and gives NaN, as in
+    the kernel: the host refuses such labels before a step (``core.losses.check_labels``), and a NaN loss stops a
+    compiled run at its next log instead of training on another class's logit."""
+    classes = logits.shape[-1]
+    lprobs = F.log_softmax(logits.reshape(-1, classes).float(), dim=-1)
     target = target.reshape(-1)
     keep = target.ne(ignore_index)
-    nll = -lprobs.gather(1, target.clamp_min(0)[:, None]).squeeze(1)
+    inside = target.ge(0) & target.lt(classes)
+    nll = -lprobs.gather(1, target.where(inside, 0)[:, None]).squeeze(1)
+    nll = nll.masked_fill(keep & ~inside, float("nan"))
     loss = nll if not smoothing else (1.0 - smoothing) * nll - smoothing * lprobs.mean(-1)
     return loss.masked_fill(~keep, 0.0), nll.detach().masked_fill(~keep, 0.0)
 

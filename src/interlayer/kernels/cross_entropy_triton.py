@@ -2,7 +2,9 @@
 
 Forward: an online log-sum-exp (running maximum ``m`` and rescaled sum ``s``) with the sum of the logits, all in
 fp32; the target's logit read once. Backward: ``(exp(x - lse) - (1 - eps) [v = t] - eps / V) * g`` written in the
-logits' dtype; an ignored row's gradient is zero.
+logits' dtype; an ignored row's gradient is zero. A target outside ``[0, V)`` (other than the ignored one) reads
+nothing: its load is masked and its loss is NaN, as the reference gives (a label equal to V read the next row's first
+logit, or past the tensor).
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from torch import Tensor
 @triton.jit
 def _row(x_ptr, t_ptr, rows_per_batch, sxb, sxt, stb, stt):
     """This program's row (batch b, position t, of strided ``(B, T, V)`` logits): its index, its logits' address and
-    its target class."""
+    its target class (in the targets' own 64 bits: a cast first would wrap 2^32 + 5 into class 5)."""
     row = tl.program_id(0)
     b = row // rows_per_batch
     t = row % rows_per_batch
     base = x_ptr + b.to(tl.int64) * sxb + t.to(tl.int64) * sxt
-    return row, base, tl.load(t_ptr + b * stb + t * stt).to(tl.int32)
+    return row, base, tl.load(t_ptr + b * stb + t * stt)
 
 
 @triton.jit
@@ -43,8 +45,8 @@ def _forward(x_ptr, t_ptr, lse_ptr, loss_ptr, nll_ptr, rows_per_batch, V, sxb, s
     s_row = tl.sum(s * tl.exp(m - m_row), 0)
     lse = m_row + tl.log(s_row)
     keep = target != ignore_index
-    safe = tl.where(keep, target, 0)
-    x_t = tl.load(base + safe).to(tl.float32)
+    inside = (target >= 0) & (target < V)
+    x_t = tl.load(base + tl.where(inside, target, 0), mask=keep & inside, other=float("nan")).to(tl.float32)
     nll = lse - x_t
     loss = (1.0 - smoothing) * nll + smoothing * (lse - tl.sum(total, 0) / V)
     tl.store(lse_ptr + row, lse)

@@ -18,19 +18,32 @@ from typing import Iterator, Literal, Optional
 
 from torch import Tensor
 
+from ..errors import ConfigError, KernelUnavailable
+
 KernelMode = Literal["auto", "triton", "reference"]
 MODES: tuple[KernelMode, ...] = ("auto", "triton", "reference")
 _override: Optional[KernelMode] = None
 
 
 def current_mode() -> KernelMode:
-    """The mode in force: :func:`kernel_mode`'s, else ``INTERLAYER_KERNELS``, else ``auto``."""
+    """The mode in force: :func:`kernel_mode`'s, else ``INTERLAYER_KERNELS``, else ``auto``. A value that is no
+    mode raises :class:`~interlayer.errors.ConfigError`; the command line checks it before any command
+    (:func:`check_environment`), so that a run is never stopped by it after its folder was written."""
     if _override is not None:
         return _override
     mode = os.environ.get("INTERLAYER_KERNELS", "auto").strip().lower()
     if mode not in MODES:
-        raise ValueError(f"INTERLAYER_KERNELS={mode!r} is not a kernel mode; use one of {', '.join(MODES)}")
+        raise ConfigError(f"INTERLAYER_KERNELS={mode!r} is not a kernel mode; use one of {', '.join(MODES)} (or "
+                          "unset it for auto)")
     return mode  # type: ignore[return-value]
+
+
+def check_environment() -> None:
+    """Refuse, before a command does anything, an ``INTERLAYER_KERNELS`` that is no mode, and ``triton`` where
+    Triton is not installed (every kernel would refuse to run, after the run was written)."""
+    if current_mode() == "triton" and not triton_available():
+        raise KernelUnavailable("INTERLAYER_KERNELS=triton asks for the Triton kernels, but Triton is not installed "
+                                "(pip install triton); unset it, or use auto or reference")
 
 
 @contextlib.contextmanager
@@ -64,8 +77,9 @@ VALIDATED: frozenset[str] = frozenset({"cross-entropy"})
 
 
 def interpreting() -> bool:
-    """Whether Triton runs its kernels on the CPU through its interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton runs its kernels on the CPU through its interpreter (``TRITON_INTERPRET=1``, or ``true`` /
+    ``on``, which Triton reads the same way)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on")
 
 
 def use_triton(*tensors: Tensor, covered: bool = True, kernel: str = "kernel") -> bool:
@@ -84,6 +98,6 @@ def use_triton(*tensors: Tensor, covered: bool = True, kernel: str = "kernel") -
                                      "TRITON_INTERPRET=1)", not where),
                                     ("it does not cover this case (shape, dtype or option)", not covered)) if bad]
     if reasons and mode == "triton":
-        raise RuntimeError(f"INTERLAYER_KERNELS=triton asks for the {kernel} kernel, but it cannot run: "
-                           + "; ".join(reasons))
+        raise KernelUnavailable(f"INTERLAYER_KERNELS=triton asks for the {kernel} kernel, but it cannot run: "
+                                + "; ".join(reasons) + "; unset it, or use auto or reference")
     return not reasons

@@ -1,75 +1,28 @@
-"""Hyper-connection mixes: the reference path (today's PyTorch), the fused Triton path, and the one rule between them.
+"""Hyper-connection mixes: the reference path (PyTorch), the fused Triton path, and the one rule between them.
 
-What is computed (Zhu et al., arXiv 2409.19606; notation of ``methods/hyper_connections.py``). The stack state is
-``H``, n streams of width d, stacked first: ``(n, ..., d)``. Around sublayer ``T`` (attention, FFN, ...):
+What is computed (Zhu et al., arXiv 2409.19606; notation of ``methods/hyper_connections.py``): the stack state is
+``H``, n streams of width d stacked first, ``(n, ..., d)``. Around a sublayer ``T``: the width connection ``h0 =
+sum_j a[j] H_j`` (what ``T`` reads) and ``kept_i = sum_j A[j, i] H_j``; the depth connection ``H'_i = b_i y + kept_i``
+with ``y = T(h0)``. Static HC: ``[a | A | b]`` are parameters; dynamic (Eq. 10-13): per position, ``S + [s_alpha ..
+s_alpha, s_beta] * tanh(LN(H_j) W)`` row by row.
 
-* width connection (Eq. 3-4, split): ``h0 = sum_j a[j] H_j`` is what ``T`` reads, ``kept_i = sum_j A[j, i] H_j``;
-* depth connection (Eq. 5, combine): ``H'_i = b_i y + kept_i`` with ``y = T(h0)``;
-* static (Sec. 2.1): ``[a | A | b]`` are parameters; dynamic (Eq. 10-13): per position,
-  ``[a | A | b] = S + [s_alpha .. s_alpha, s_beta] * tanh(LN(H_j) W)`` row by row, ``W`` (d x (n+2)).
+**The interface, shared with other multi-stream residuals (mHC).** One sublayer's coefficients are ``coef``
+``(positions, n, n + 2)``, row j being source stream j: ``coef[p, j, 0] = a_j`` (mHC's ``H_pre[j]``), ``coef[p, j,
+1 + i] = A[j, i]`` (mHC's ``H_res[i, j]``), ``coef[p, j, n + 1] = b_j`` (mHC's ``H_post[j]``); static coefficients
+are expanded over positions (stride 0). :func:`width_connection` (HC's parameters) and :func:`width_mix` (given
+coefficients) return ``(h0, carry)``, :func:`depth_connection` the next state, :func:`stream_sum` the streams' sum;
+the kernel path runs the ``torch.library`` operators :func:`hc_mix` and :func:`hc_dynamic` (kept whole by
+``torch.compile``, hand-written backward); the reference path writes every mix as n scaled streams added, which
+inductor fuses (a batched product of inner size n would be a library call of its own).
 
-**The interface (shared with other multi-stream residuals such as mHC).** The kernels see one sublayer's
-coefficients as a tensor ``coef`` of shape ``(positions, n, n + 2)``, row j being source stream j:
-``coef[p, j, 0] = a_j`` (the width mix, mHC's ``H_pre[j]``), ``coef[p, j, 1 + i] = A[j, i]`` (stream j into
-stream i, i.e. mHC's ``H_res[i, j]``), ``coef[p, j, n + 1] = b_j`` (mHC's ``H_post[j]``). Static coefficients are
-the same tensor expanded over positions (stride 0), so one kernel serves both. Two operators (``torch.library``
-custom ops, so ``torch.compile`` keeps each whole, with a hand-written backward):
+**Pending state.** On the kernel path ``combine`` returns a :class:`Pending` ``(H, coef, y)``: the next width
+connection's kernel writes ``H'`` and the next ``h0`` in one pass (``H'`` never read back), the stack's end sums it
+unwritten; the backward does the same in reverse, recomputing ``H'`` from ``H`` and ``y``. Costs (bytes per
+position, against the plain residual) and the kernels' machine-code audit: docs/methods/hyper_connections.md.
 
-* :func:`hc_mix` ``(streams (n, P, d), branch (P, d)?, carry (P, n, n+2)?, coef (P, n, n+2)?, keep_mixed)``
-  -> ``(mixed, h0)``: with ``branch``, first the pending depth connection ``Z_i = carry[i, n+1] y +
-  sum_j carry[j, 1+i] H_j`` (written as ``mixed`` when ``keep_mixed``), else ``Z = H``; then, with ``coef``,
-  ``h0 = sum_j coef[j, 0] Z_j``. Any coefficients: static HC, and mHC's sigmoid/Sinkhorn ones computed outside.
-* :func:`hc_dynamic`: the same with DHC's coefficients computed in the kernel from ``Z`` (Eq. 10-13) and returned
-  ``(P, n, n+2)`` fp32 for the next depth connection.
-
-**Pending state: the depth connection fused with the next width connection.** ``combine`` does not compute
-``H'``: it returns a :class:`Pending` ``(H, coef, y)``; the next sublayer's ``split`` runs one kernel that reads
-``H`` and ``y``, writes ``H'`` (the state the next one reads) and the next ``h0`` (and coefficients), with ``H'``
-never read back. The stack's end sums a pending state without writing it. The backward kernel does the same in
-reverse (the next width connection's backward, then this depth connection's) and recomputes ``H'`` from ``H`` and
-``y`` instead of reading it. mHC's fused kernel (arXiv 2512.24880, Sec. 4.3) applies ``H_post`` and ``H_res`` with
-the residual merge, cutting the reads per token from (3n+1)C to (n+1)C; the pending state also folds the next
-width connection into that pass, so nothing reads the stream state twice.
-
-**Cost model.** Memory-bound: the bytes each pass must move, per position and sublayer, at n = 4, d = C = 768,
-fp32 streams and a bf16 sublayer output ``y``, forward + backward. Counted operator by operator, each reading its
-inputs and writing its outputs once (the eager traffic), with the sublayer's own LayerNorm and the bf16 cast for its
-matmul included as every residual has them; ``tests/test_kernels_hyper_connections.py`` recounts these figures.
-Per step: 8 x 1,024 tokens x 24 sublayers (GPT-2 small); the time is the bytes over an H100 SXM's 3.35 TB/s:
-
-=====================================  ==========  ==========  ====================
-path                                   bytes / C   per step    at 3.35 TB/s
-=====================================  ==========  ==========  ====================
-plain pre-LN residual                  60          9.1 GB      2.7 ms
-static HC, today's path                434         65.5 GB     19.6 ms
-dynamic HC, today's path               1758        265 GB      79.2 ms
-stack records, today (both)            +20         +3.0 GB     +0.9 ms
-static HC, kernels                     126.8       19.1 GB     5.7 ms
-dynamic HC, kernels                    126.6       19.1 GB     5.7 ms
-=====================================  ==========  ==========  ====================
-
-The kernels' share, 94C: forward ``16C`` read (``H``) + ``2C`` (``y``), ``16C`` (``H'``) + ``4C`` (``h0``)
-written; backward ``16C + 4C`` read (the gradients of ``H'`` and ``h0``) + ``16C + 2C`` (``H``, ``y``),
-``16C + 2C`` written (the gradients of ``H`` and ``y``); the coefficients, ``n (n+2)`` floats a position, under 1C.
-The rest is the sublayer's LayerNorm (8C + 12C) and cast (6C + 6C). So HC's extra over the plain residual is 67C
-eager: 10.1 GB, 3.0 ms a step. Compiled, inductor fuses the plain residual's addition, LayerNorm and cast into one
-pass each way (about 12C forward, 16C backward by the same accounting, an estimate), and HC's LayerNorm with its cast
-(6C + 10C), so HC's extra is about 82C: 12.4 GB, 3.7 ms a step, i.e. a bound of ``1 + 3.7 ms / T`` on the time
-ratio for a compiled plain step of T ms (1.10x needs T >= 37 ms at full bandwidth). What remains is the floor of
-fp32 streams: four streams read and written each way (64C) is what any implementation keeping them must move (bf16
-streams would halve it by rounding the residual at every sublayer, which this library does not do). Fusing the
-sublayer's LayerNorm into the kernels would save the ``h0`` round trip and the LayerNorm's own backward reads
-eager (about 20C) but about 4C compiled, where inductor fuses the LayerNorm with the cast already: not done.
-Dynamic HC moves the same bytes as static HC (its LayerNorm, projection and tanh run on the tile in registers): the
-two differ in arithmetic only. The stack's records (the stream sums, ``states``/``mids``) are computed when read
-(``core.encoder.StateViews``), no longer at every layer.
-
-**Dispatch.** :func:`width_connection` / :func:`depth_connection` / :func:`stream_sum` take the Triton path when
-:func:`interlayer.kernels.dispatch.use_triton` says so (CUDA tensors, Triton installed, ``INTERLAYER_KERNELS`` not
-``reference``) and the case is covered (fp32/fp16/bf16 streams, ``n`` and ``d`` whose ``(n, d)`` register tile has
-at most 8192 elements: d <= 2048 at n = 4), and today's path otherwise; ``INTERLAYER_KERNELS=triton`` makes an
-uncovered case an error instead. Both paths give the same numbers up to rounding: the kernels compute in fp32 where
-autocast runs the dynamic projection in bf16.
+**Dispatch.** The Triton path where :func:`interlayer.kernels.dispatch.use_triton` says so and :func:`covers` the
+case, the reference path otherwise (``INTERLAYER_KERNELS=triton``: an error). The stack state keeps its dtype
+(16-bit streams are an option of the methods); the kernels compute in fp32.
 """
 from __future__ import annotations
 
@@ -88,24 +41,28 @@ MAX_TILE = 8192  # elements of one (n, d) register tile, rounded up to powers of
 
 
 def tile_shape(n: int, d: int) -> tuple[int, int, int]:
-    """``(NP, NC, BLOCK_D)``: the kernels' register tiles, ``n`` streams, ``n + 2`` coefficient columns and ``d``
-    each rounded up to a power of two (``NP >= 2``, ``BLOCK_D >= 16``)."""
+    """``(NP, NK, BLOCK_D)``: the kernels' register tiles, ``n`` streams, ``n + 2`` coefficient columns and ``d``
+    channels, each rounded up to a power of two (``NP >= 2``, ``BLOCK_D >= 16``)."""
     def pow2(x: int) -> int:
         return 1 << max(0, (x - 1).bit_length())
-    return max(2, pow2(n)), max(4, pow2(n + 2)), max(16, pow2(d))
+    return max(2, pow2(n)), pow2(n + 2), max(16, pow2(d))
 
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def covers(streams: Tensor, branch: Optional[Tensor] = None) -> bool:
-    """Whether the kernels handle these streams ``(n, ..., d)`` (and a pending sublayer output ``branch``)."""
+    """Whether the kernels handle these streams ``(n, ..., d)`` (and a pending sublayer output ``branch``):
+    fp32/fp16/bf16, an ``(n, d)`` register tile of at most 8,192 elements (``d <= 2048`` at n = 4), and a
+    position's coefficients along its channels (``max(n, 2) (n + 2) <= d`` rounded up to a power of two)."""
     if streams.dim() < 2 or streams.numel() == 0 or streams.dtype not in FLOATS:
         return False
     if branch is not None and branch.dtype not in FLOATS:
         return False
-    np_, _, block_d = tile_shape(streams.shape[0], streams.shape[-1])
-    return np_ * block_d <= MAX_TILE
+    n = streams.shape[0]
+    np_, _, block_d = tile_shape(n, streams.shape[-1])
+    # a position's coefficients (and DHC's two sums per column) fit along its channels
+    return np_ * block_d <= MAX_TILE and max(n, 2) * (n + 2) <= block_d
 
 
 class HCParams(NamedTuple):
@@ -136,7 +93,8 @@ def reference_width(streams: Tensor, params: HCParams) -> tuple[Tensor, Tensor, 
         mixed = (params.static_alpha.to(streams.dtype).t() @ streams.reshape(n, -1)).view(n + 1, *streams.shape[1:])
     beta = params.static_beta.to(streams.dtype).view(n, *([1] * (streams.dim() - 1)))
     if params.weight is not None:
-        normed = F.layer_norm(streams, streams.shape[-1:], params.norm_weight, params.norm_bias, params.eps)
+        normed = F.layer_norm(streams.to(params.weight.dtype), streams.shape[-1:], params.norm_weight, params.norm_bias,
+                              params.eps)  # 16-bit streams: the projection in the parameters' dtype
         w = torch.tanh(normed @ params.weight)  # Eq. 10-13: tanh(norm(H) W), (n, ..., n+2)
         coefficients = (params.alpha_scale * w[..., :n + 1]).to(streams.dtype).movedim(-1, 1).unsqueeze(-1)
         for j in range(n):
@@ -146,17 +104,34 @@ def reference_width(streams: Tensor, params: HCParams) -> tuple[Tensor, Tensor, 
 
 
 def reference_depth(kept: Tensor, beta: Tensor, branch: Tensor) -> Tensor:
-    """Eq. 5: ``B^T y + H'``, the sublayer's output scaled into every stream."""
-    return beta * branch + kept
+    """Eq. 5: ``B^T y + H'``, the sublayer's output scaled into every stream (in the streams' dtype)."""
+    return (beta * branch + kept).to(kept.dtype)
+
+
+def reference_mix(streams: Tensor, coef: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(h0, kept (n, ..., d), beta (n, ..., 1))`` for given coefficients ``coef``, packed as the kernels take them,
+    ``(..., n, n+2)`` per position or ``(n, n+2)`` for every position: ``h0 = sum_j coef[j, 0] H_j``, ``kept_i =
+    sum_j coef[j, 1+i] H_j``, ``beta_i = coef[i, n+1]``, each n scaled streams added, in the coefficients' precision,
+    then in the streams' dtype."""
+    n = streams.shape[0]
+    coef = coef.expand(*streams.shape[1:-1], n, n + 2)  # a view where the coefficients serve every position
+    c = coef.movedim(-2, 0).unsqueeze(-1)  # (n, ..., n+2, 1): c[j, ..., k] is source stream j's column k
+
+    def mix(k: int) -> Tensor:
+        total = c[0, ..., k, :] * streams[0]
+        for j in range(1, n):
+            total = total + c[j, ..., k, :] * streams[j]
+        return total.to(streams.dtype)
+
+    return mix(0), torch.stack([mix(1 + i) for i in range(n)]), c[:, ..., n + 1, :].to(streams.dtype)
 
 
 def _reference_pending(state: "Pending") -> Tensor:
     """A pending depth connection written out: ``Z_i = b_i y + sum_j A[j, i] H_j`` from the packed coefficients
-    (only where a kernel's pending state meets the reference path, e.g. the mode changed within a forward)."""
-    n, d = state.streams.shape[0], state.streams.shape[-1]
-    coef = state.coef.view(*state.streams.shape[1:-1], n, n + 2).movedim(-2, 0)  # (n, ..., n+2)
-    mixed = torch.einsum("j...i,j...d->i...d", coef[..., 1:n + 1], state.streams)
-    return mixed + coef[..., n + 1].unsqueeze(-1) * state.branch.reshape(1, *state.streams.shape[1:-1], d)
+    (where a kernel's pending state meets the reference path, e.g. the mode changed within a forward)."""
+    n = state.streams.shape[0]
+    _, kept, beta = reference_mix(state.streams, state.coef.view(*state.streams.shape[1:-1], n, n + 2))
+    return reference_depth(kept, beta, state.branch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,25 +152,22 @@ def hc_mix(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], c
            keep_mixed: bool) -> tuple[Tensor, Tensor]:
     """``(mixed, h0)`` from given coefficients (see the module docstring); an output not computed is empty."""
     from . import hyper_connections_triton as triton_kernels
-    mixed, h0, _ = triton_kernels.forward(streams, branch, carry, coef, None, keep_mixed,
-                                          tile_shape(streams.shape[0], streams.shape[-1]))
+    mixed, h0, _ = triton_kernels.forward(streams, branch, carry, coef, None, keep_mixed)
     return mixed, h0
 
 
 @hc_mix.register_fake
 def _(streams, branch, carry, coef, keep_mixed):
     n, positions, d = streams.shape
-    dtype = torch.promote_types(streams.dtype, branch.dtype) if branch is not None else streams.dtype
-    mixed = streams.new_empty((n, positions, d) if branch is not None and keep_mixed else (0,), dtype=dtype)
-    return mixed, streams.new_empty((positions, d) if coef is not None else (0,), dtype=dtype)
+    mixed = streams.new_empty((n, positions, d) if branch is not None and keep_mixed else (0,))
+    return mixed, streams.new_empty((positions, d) if coef is not None else (0,))
 
 
 @torch.library.custom_op("interlayer::hc_mix_backward", mutates_args=())
 def hc_mix_backward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], coef: Optional[Tensor],
                     dmixed: Optional[Tensor], dh0: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from . import hyper_connections_triton as triton_kernels
-    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(
-        streams, branch, carry, coef, None, dmixed, dh0, None, tile_shape(streams.shape[0], streams.shape[-1]))
+    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(streams, branch, carry, coef, None, dmixed, dh0, None)
     return tuple(g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, dcoef))
 
 
@@ -227,18 +199,15 @@ def hc_dynamic(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor
     from . import hyper_connections_triton as triton_kernels
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)
-    return triton_kernels.forward(streams, branch, carry, None, dynamic, True,
-                                  tile_shape(streams.shape[0], streams.shape[-1]))
+    return triton_kernels.forward(streams, branch, carry, None, dynamic, True)
 
 
 @hc_dynamic.register_fake
 def _(streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale, beta_scale,
       eps):
     n, positions, d = streams.shape
-    dtype = torch.promote_types(streams.dtype, branch.dtype) if branch is not None else streams.dtype
-    mixed = streams.new_empty((n, positions, d) if branch is not None else (0,), dtype=dtype)
-    return (mixed, streams.new_empty((positions, d), dtype=dtype),
-            streams.new_empty((positions, n, n + 2), dtype=torch.float32))
+    mixed = streams.new_empty((n, positions, d) if branch is not None else (0,))
+    return mixed, streams.new_empty((positions, d)), streams.new_empty((positions, n, n + 2), dtype=torch.float32)
 
 
 @torch.library.custom_op("interlayer::hc_dynamic_backward", mutates_args=())
@@ -252,8 +221,8 @@ def hc_dynamic_backward(streams: Tensor, branch: Optional[Tensor], carry: Option
     from . import hyper_connections_triton as triton_kernels
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)
-    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(
-        streams, branch, carry, None, dynamic, dmixed, dh0, dcoef, tile_shape(streams.shape[0], streams.shape[-1]))
+    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(streams, branch, carry, None, dynamic, dmixed, dh0,
+                                                                   dcoef)
     return [g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, *params)]
 
 
@@ -309,11 +278,37 @@ def width_connection(state: State, params: HCParams) -> tuple[Tensor, Any]:
     """``(h0, carry)``: the sublayer's input (before its own norm) and what :func:`depth_connection` needs."""
     streams, branch = (state.streams, state.branch) if isinstance(state, Pending) else (state, None)
     if use_triton(streams, params.static_alpha, covered=covers(streams, branch), kernel=KERNEL):
-        return _kernel_width(state, params)
+        if params.weight is None:
+            return _kernel_mix(state, torch.cat([params.static_alpha, params.static_beta[:, None]], dim=1))
+        return _kernel_dynamic(state, params)
     if isinstance(state, Pending):
         state = _reference_pending(state)
     h0, kept, beta = reference_width(state, params)
     return h0, (kept, beta)
+
+
+def width_mix(state: State, coef: Tensor) -> tuple[Tensor, Any]:
+    """:func:`width_connection` with given coefficients (another multi-stream residual's, e.g. mHC's), packed as
+    the kernels take them: ``(..., n, n+2)`` per position or ``(n, n+2)`` for every position."""
+    streams, branch = (state.streams, state.branch) if isinstance(state, Pending) else (state, None)
+    if use_triton(streams, coef, covered=covers(streams, branch), kernel=KERNEL):
+        return _kernel_mix(state, coef)
+    if isinstance(state, Pending):
+        state = _reference_pending(state)
+    h0, kept, beta = reference_mix(state, coef)
+    return h0, (kept, beta)
+
+
+def materialize(state: State) -> Tensor:
+    """The stack state as streams ``(n, ..., d)``: a pending depth connection written (one kernel pass on the kernel
+    path), for a method that reads the streams before its width connection (mHC's dynamic coefficients)."""
+    if not isinstance(state, Pending):
+        return state
+    if not use_triton(state.streams, covered=covers(state.streams, state.branch), kernel=KERNEL):
+        return _reference_pending(state)
+    n, d = state.streams.shape[0], state.streams.shape[-1]
+    mixed, _ = hc_mix(state.streams.reshape(n, -1, d), state.branch.reshape(-1, d), state.coef, None, True)
+    return mixed.view(state.streams.shape)
 
 
 def depth_connection(carry: Any, branch: Tensor) -> State:
@@ -338,23 +333,32 @@ def stream_sum(state: State) -> Tensor:
     return total.view(state.branch.shape)
 
 
-def _kernel_width(state: State, params: HCParams) -> tuple[Tensor, KernelCarry]:
-    """The kernel path's width connection, with the pending depth connection of the previous sublayer (if any) in
-    the same pass."""
-    if isinstance(state, Pending):
-        streams, branch, carry = state.streams, state.branch, state.coef
-    else:
-        streams, branch, carry = state, None, None
+def _kernel_args(state: State) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], int]:
+    """The kernels' ``(streams (n, positions, d), branch (positions, d) or None, carry or None, positions)``."""
+    streams, branch, carry = (state.streams, state.branch, state.coef) if isinstance(state, Pending) else \
+        (state, None, None)
     n, d = streams.shape[0], streams.shape[-1]
     flat = streams.reshape(n, -1, d)
-    positions = flat.shape[1]
-    flat_branch = branch.reshape(positions, d) if branch is not None else None
-    if params.weight is None:
-        coef = torch.cat([params.static_alpha, params.static_beta[:, None]], dim=1).expand(positions, n, n + 2)
-        mixed, h0 = hc_mix(flat, flat_branch, carry, coef, True)
-    else:
-        mixed, h0, coef = hc_dynamic(flat, flat_branch, carry, params.static_alpha, params.static_beta,
-                                     params.weight, params.norm_weight, params.norm_bias, params.alpha_scale,
-                                     params.beta_scale, params.eps)
-    new_streams = mixed.view(streams.shape) if branch is not None else streams
-    return h0.view(streams.shape[1:]), KernelCarry(new_streams, coef)
+    return flat, branch.reshape(-1, d) if branch is not None else None, carry, flat.shape[1]
+
+
+def _kernel_mix(state: State, coef: Tensor) -> tuple[Tensor, KernelCarry]:
+    """The kernel path's width connection with given coefficients, the pending depth connection of the previous
+    sublayer (if any) in the same pass."""
+    streams = state.streams if isinstance(state, Pending) else state
+    flat, branch, carry, positions = _kernel_args(state)
+    n = flat.shape[0]
+    coef = coef.reshape(positions, n, n + 2) if coef.dim() > 2 else coef.expand(positions, n, n + 2)
+    mixed, h0 = hc_mix(flat, branch, carry, coef, True)
+    return h0.view(streams.shape[1:]), KernelCarry(mixed.view(streams.shape) if branch is not None else streams, coef)
+
+
+def _kernel_dynamic(state: State, params: HCParams) -> tuple[Tensor, KernelCarry]:
+    """The kernel path's dynamic width connection (the coefficients computed in the kernel), the pending depth
+    connection of the previous sublayer (if any) in the same pass."""
+    streams = state.streams if isinstance(state, Pending) else state
+    flat, branch, carry, _ = _kernel_args(state)
+    mixed, h0, coef = hc_dynamic(flat, branch, carry, params.static_alpha, params.static_beta, params.weight,
+                                 params.norm_weight, params.norm_bias, params.alpha_scale, params.beta_scale,
+                                 params.eps)
+    return h0.view(streams.shape[1:]), KernelCarry(mixed.view(streams.shape) if branch is not None else streams, coef)

@@ -40,10 +40,10 @@ def allowed_cells(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal
 
 
 def reference(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> Tensor:
-    """The core's eager attention over ``logits`` ``(B, H, Tq, Tk)``: fp32 masked softmax, probabilities in ``v``'s
-    dtype, a row with no allowed key set to zero."""
+    """The core's eager attention over ``logits`` ``(B, H, Tq, Tk)``: masked softmax in fp32 (float64 for float64
+    logits), probabilities in ``v``'s dtype, a row with no allowed key set to zero."""
     allowed = allowed_cells(key_padding_mask, logits.shape[-2], logits.shape[-1], causal, logits.device)
-    masked = logits.float()
+    masked = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if allowed is not None:
         masked = masked.masked_fill(~allowed, torch.finfo(torch.float32).min)
     out = torch.softmax(masked, dim=-1).to(v.dtype) @ v

@@ -60,13 +60,14 @@ class VariantContext:
         return self.base.get("model_type") == "gat"
 
     def transformer_fields(self, method: str) -> dict[str, Any]:
-        """The Transformer fields of the base config: the config itself, or a vision model's ``encoder``; an MCAN
-        config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections take the same keys. Raises
-        :class:`VariantError` naming ``method`` for a model without them."""
+        """The Transformer fields of the base config: the config itself, a vision model's ``encoder`` or a region
+        model's ``transformer``; an MCAN config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections
+        take the same keys. Raises :class:`VariantError` naming ``method`` for a model without them."""
         if "enc_layers" in self.base or self.is_mcan:
             return self.base
-        if isinstance(self.base.get("encoder"), dict) and "enc_layers" in self.base["encoder"]:
-            return self.base["encoder"]
+        for nested in ("encoder", "transformer"):
+            if isinstance(self.base.get(nested), dict) and "enc_layers" in self.base[nested]:
+                return self.base[nested]
         kind = self.base.get("model_type", "non-Transformer")
         raise VariantError(f"the {method} variants add a method section to a Transformer, but task {self.task!r} "
                            f"trains a {kind} model (preset {self.preset!r}) that has none; compare that model's own "
@@ -172,6 +173,18 @@ class MethodBase:
 
 
 # -- helpers the methods share ------------------------------------------------------------------------------------
+# The most a method's multiplier of a step's activations or time may be (hyper-connections' and mHC's rate,
+# Multi-Pass's passes, LW's query/key expansion): the papers use at most 8, and a typo (rate=400) would fill the
+# device's memory, or run for days, before any message
+MAX_MULTIPLIER = 64
+
+
+def check_at_most(key: str, value: int, limit: int, what: str) -> None:
+    """Refuse ``value`` of option ``key`` above ``limit`` (:class:`ConfigError` saying ``what`` it multiplies)."""
+    if value > limit:
+        raise ConfigError(f"{key}={value} is more than {limit:,}, the most interlayer allows: {what}; a typo?")
+
+
 def stack_sides(key: str, sides: Optional[Sequence[str]], cfg: ComposedConfig, *,
                 decoder_refused: Optional[str] = None) -> list[str]:
     """The stacks a method's ``sides`` option names, checked (``key`` is the section, for the error): ``None`` is

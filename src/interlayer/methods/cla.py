@@ -30,7 +30,7 @@ Readings where the paper leaves room (each with its reason):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 from torch import Tensor, nn
 
@@ -62,6 +62,8 @@ class CLAConfig:
     ``short_group``: where the group of fewer layers goes when the factor does not divide the depth (Fig. 2: first).
     ``separate_kv_norm``: the K/V projections' own layer-norm parameters (Sec. 3.1; None: where a pre-norm is).
     ``sides``: the self-attention stacks (None: all of the model's)."""
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     sharing_factor: int = 2
     short_group: ShortGroup = "first"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,9 @@ from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, 
 @dataclass
 class ConvBranchConfig:
     """Half self-attention, half convolution (PA App. B.1); every field's reading is argued in the module doc."""
+
+    # sizes of the saved tensors in every model (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"attn_dim", "kernel_size"})
 
     heads: int = 4  # App. B.1: "The head number of self-attention is set as 4"
     attn_dim: Optional[int] = None  # width of the attention half; None: d_model // 2 (App. B.1 "one half")
@@ -84,17 +87,23 @@ class ConvBranchConfig:
             raise ConfigError(f"qk_dim={cfg.qk_dim} scaled to the attention half (qk_dim * attn_dim / d_model = "
                               f"{qk_total / cfg.d_model:g}) must be an integer divisible by conv_branch.heads="
                               f"{self.heads}")
-        check_kernel("conv_branch.kernel_size", self.kernel_size)
+        check_kernel("conv_branch.kernel_size", self.kernel_size, cfg.max_positions)
         if (cfg.grid_height > 0) != (cfg.grid_width > 0):
             raise ConfigError(f"conv_branch runs a 2-D convolution over the token grid, which needs both "
                               f"grid_height and grid_width; got {cfg.grid_height}x{cfg.grid_width} (set both, or "
                               f"both to 0 for the 1-D text convolution)")
 
 
-def check_kernel(key: str, size: int) -> None:
+def check_kernel(key: str, size: int, positions: Optional[int] = None) -> None:
+    """A kernel ``size`` that centres every position (odd), and reaches no farther than ``positions`` (a model's
+    ``max_positions``: ``2 positions - 1`` covers every offset; kernel_size=1000001 padded each sequence by 500,000
+    and its weights filled the memory)."""
     if size < 1 or size % 2 == 0:
         raise ConfigError(f"{key}={size} must be a positive odd number (3, 5, ...) so that 'same' padding keeps "
                           "every position centred")
+    if positions is not None and size > 2 * positions - 1:
+        raise ConfigError(f"{key}={size} is wider than 2 x max_positions - 1 = {2 * positions - 1}, which already "
+                          "reaches every position from every other; give a smaller odd size")
 
 
 def attention_heads(cfg: ComposedConfig) -> int:

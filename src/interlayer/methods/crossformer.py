@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
+from typing import Any, Callable, ClassVar, Literal, NamedTuple, Optional, get_args
 
 import torch
 from torch import Tensor, nn
@@ -69,6 +69,8 @@ class CrossformerConfig:
     their outputs in the forward pass (``states``, Eq. 1 read literally). docs/methods/crossformer.md argues every
     reading and its reason.
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     hard: list[Pair] = field(default_factory=list)
     soft: list[Pair] = field(default_factory=list)

@@ -1,7 +1,6 @@
 """Hyper-connections (Zhu et al., "Hyper-Connections", ICLR 2025, arXiv 2409.19606): the residual stream widened to
 n streams, with learned static or input-dependent ("dynamic") weights deciding what each sublayer reads and where
-its output goes. Every reading below is argued in docs/methods/hyper_connections.md (and the kernels' cost model in
-:mod:`interlayer.kernels.hyper_connections`).
+its output goes. Every reading below is argued in docs/methods/hyper_connections.md (with the kernels' costs).
 
 Paper map (arXiv v3 numbers):
 
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +35,7 @@ from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
 from .base import (
+    MAX_MULTIPLIER,
     STACK_MCAN,
     ComposedConfig,
     CompositionExample,
@@ -43,10 +43,14 @@ from .base import (
     MethodBase,
     NamedVariant,
     VariantContext,
+    check_at_most,
     section_variant,
 )
 
 InputIndex = Literal["sublayer", "layer"]
+StreamDtype = Literal["bfloat16", "float16"]
+STREAM_DTYPES: dict[Optional[str], Optional[torch.dtype]] = {None: None, "bfloat16": torch.bfloat16,
+                                                             "float16": torch.float16}
 SUBLAYERS: dict[StackSide, tuple[SublayerKind, ...]] = {"encoder": ("attn", "ffn"), "decoder": ("attn", "cross", "ffn")}
 
 
@@ -67,17 +71,25 @@ class HyperConnectionsConfig:
     * ``dynamic``: DHC (Sec. 2.2) or SHC (Sec. 2.1).
     * ``scale_init``: the initial ``s_alpha`` and ``s_beta`` (0.01, the paper's pseudo-code).
     * ``input_index``: what k of ``A_m = e_{k mod n}`` counts: ``sublayer`` (the paper's layers T^k) or ``layer``.
+    * ``stream_dtype``: the n streams' storage, None (the default, the paper's) for the embedded input's dtype
+      (float32 in training), or 16 bits: half the streams' traffic, but the residual rounded at every sublayer (the
+      mixes compute in float32 either way); docs/methods/hyper_connections.md gives the error measured.
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
 
     rate: int = 4
     dynamic: bool = True
     scale_init: float = 0.01
     input_index: InputIndex = "sublayer"
+    stream_dtype: Optional[StreamDtype] = None
 
     def validate(self, cfg: ComposedConfig) -> None:
         if isinstance(self.rate, bool) or not isinstance(self.rate, int) or self.rate < 1:
             raise ConfigError(f"hyper_connections.rate={self.rate!r} must be an integer >= 1 (the expansion rate "
                               "n; the paper uses 2, 4, 8)")
+        check_at_most("hyper_connections.rate", self.rate, MAX_MULTIPLIER,
+                      "every layer keeps that many copies of the residual stream (the paper uses 1 to 8)")
         if not math.isfinite(self.scale_init):
             raise ConfigError(f"hyper_connections.scale_init={self.scale_init!r} must be a finite number "
                               "(the paper's 0.01)")
@@ -131,7 +143,7 @@ class HyperConnection(nn.Module):
         h0, carry = width_connection(streams, self.params())
         if branch_add is not None:
             h0 = h0 + branch_add
-        return self.norm(h0), carry
+        return self.norm(h0.to(self.norm.weight.dtype)), carry  # 16-bit streams: the norm reads its own dtype
 
     def combine(self, carry: Any, branch_out: Tensor) -> State:
         """Eq. 5: ``B^T T(h_0) + H'``, the sublayer's output scaled into every stream (on the kernel path, pending
@@ -150,17 +162,19 @@ class HyperConnection(nn.Module):
 
 class Streams(DepthConnection):
     """Enter the n streams (copies of the embedded input) and leave them by their sum (Sec. 2.1, Algorithm 1). The
-    streams are stacked first, ``(n, ..., d)``, so a stream is a contiguous ``(..., d)`` tensor."""
+    streams are stacked first, ``(n, ..., d)``, so a stream is a contiguous ``(..., d)`` tensor; ``dtype`` (None:
+    the input's) is their storage, the sum leaves in the input's dtype. Hyper-connections' and mHC's."""
 
-    def __init__(self, rate: int) -> None:
+    def __init__(self, rate: int, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         self.rate = rate
+        self.dtype = dtype
 
     def start(self, x: Tensor) -> tuple[Tensor, Any]:
-        return x.unsqueeze(0).expand(self.rate, *x.shape), None
+        return x.to(self.dtype or x.dtype).unsqueeze(0).expand(self.rate, *x.shape), x.dtype
 
     def finish(self, h: State, state: Any) -> Tensor:
-        return stream_sum(h)
+        return stream_sum(h).to(state)
 
     def view(self, h: State) -> Tensor:
         return stream_sum(h)
@@ -207,7 +221,7 @@ class _HyperConnectionsMethod(MethodBase):
                                    bias=cfg.bias)
 
         components.residual = residual
-        components.depth_connection = lambda side: Streams(section.rate)
+        components.depth_connection = lambda side: Streams(section.rate, STREAM_DTYPES[section.stream_dtype])
 
 
 METHOD = _HyperConnectionsMethod()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 from torch import nn
 
@@ -62,6 +62,8 @@ class LayerSharingConfig:
       MobileLLM Fig. 6. Irrelevant with one block.
     * ``sides``: the stacks to share (``encoder``, ``decoder``); ``None`` = every stack of the model.
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     share: Share = "all"
     repeats: Optional[int] = None

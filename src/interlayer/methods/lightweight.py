@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,16 @@ from ..core.components import Components, StackSide
 from ..core.config import TransformerConfig
 from ..core.feedforward import FeedForward
 from ..errors import ConfigError
-from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
+from .base import (
+    MAX_MULTIPLIER,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_at_most,
+)
 
 QKV_GAIN = 1 / math.sqrt(2)  # the core's (fairseq's) Xavier gain for q/k/v; 1 for the merge and the FFN
 
@@ -55,7 +64,12 @@ class LightweightConfig:
     * ``qk_expansion``: n of "LW-Transformer n x": query/key width per head ``n * d_model / n_heads``.
     * ``group_merge``: G-LML (Table III), the attention's linear merge ``W_O`` group-wise.
     * ``group_intermediate``: G-IL (Table III), the FFN's expanding layer ``W1`` group-wise ("mini" = G-IL).
+    * ``straddle_heads``: let a head take features of two groups' projections (the grouped q/k/v followed by the
+      usual head split), so ``k`` need not divide the heads: Swin-T's 3-head first stage (Table IX, Sec. IV-A).
     """
+
+    # sizes of the saved tensors in every model (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"groups", "qk_expansion"})
 
     groups: int = 2
     attention: bool = True
@@ -64,6 +78,7 @@ class LightweightConfig:
     qk_expansion: int = 1
     group_merge: bool = False
     group_intermediate: bool = False
+    straddle_heads: bool = False
 
     @property
     def replaces_attention(self) -> bool:
@@ -79,9 +94,10 @@ class LightweightConfig:
         if k < 1:
             raise ConfigError(f"lightweight.groups={k} must be at least 1 (1 is the plain Transformer)")
         valid = _valid_groups(cfg, self)
-        if self.attention and cfg.n_heads % k:
+        if self.attention and not self.straddle_heads and cfg.n_heads % k:
             raise ConfigError(f"lightweight.groups={k} does not divide n_heads={cfg.n_heads}: G-MHA gives each "
-                              f"group n_heads/groups whole heads (Eq. 6); valid groups: {valid}")
+                              f"group n_heads/groups whole heads (Eq. 6); valid groups: {valid} (or set "
+                              "lightweight.straddle_heads=true)")
         if cfg.d_model % k:
             raise ConfigError(f"lightweight.groups={k} does not divide d_model={cfg.d_model}: each group holds "
                               f"d_model/groups features (Eq. 5); valid groups: {valid}")
@@ -91,6 +107,8 @@ class LightweightConfig:
         if self.qk_expansion < 1:
             raise ConfigError(f"lightweight.qk_expansion={self.qk_expansion} must be an integer >= 1 (the n of "
                               "'LW-Transformer n x', Table I; 1 keeps the baseline query/key width)")
+        check_at_most("lightweight.qk_expansion", self.qk_expansion, MAX_MULTIPLIER,
+                      "queries and keys are that many times d_model wide (Table I's n x)")
         if cfg.qk_dim is not None:
             hint = (f"lightweight.qk_expansion={cfg.qk_dim // cfg.d_model}" if cfg.qk_dim % cfg.d_model == 0
                     else "lightweight.qk_expansion (an integer multiple of d_model)")
@@ -106,7 +124,7 @@ class LightweightConfig:
 def _valid_groups(cfg: TransformerConfig, section: LightweightConfig) -> list[int]:
     """Group counts that divide every width the enabled options split."""
     widths = [cfg.d_model]
-    if section.attention:
+    if section.attention and not section.straddle_heads:
         widths.append(cfg.n_heads)
     if section.replaces_ffn:
         widths.append(cfg.d_ffn)
@@ -189,20 +207,23 @@ class GroupedMultiHeadAttention(MultiHeadAttention):
     Group ``i`` of the input (and of the memory, in cross-attention) is projected by its own (or, with weight
     sharing, the common) matrices into the queries, keys and values of heads ``i*h/k .. (i+1)*h/k - 1``, so
     every head attends within one group exactly as ``MHA(X_i)`` in Eq. 6, and concatenating the heads is
-    ``[tau(X_1), ..., tau(X_k)]``. ``W_O`` (Eq. 3) stays dense unless ``merge_groups > 1`` (G-LML, Table III).
+    ``[tau(X_1), ..., tau(X_k)]`` (with ``whole_heads=False`` a head may straddle two groups' features, where ``k``
+    does not divide ``h``). ``W_O`` (Eq. 3) stays dense unless ``merge_groups > 1`` (G-LML, Table III).
     Queries and keys are ``qk_expansion`` times wider than values (n x, Table I). Everything after the
     projections (relative positions, logit mixer, masking, fused/eager paths, KV cache) is the core's.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, groups: int = 1, merge_groups: int = 1,
-                 share_weights: bool = False, qk_expansion: int = 1, kv_dim: Optional[int] = None,
+                 share_weights: bool = False, qk_expansion: int = 1, whole_heads: bool = True,
+                 kv_dim: Optional[int] = None,
                  dropout: float = 0.0, bias: bool = True, relative: Optional[nn.Module] = None,
                  logit_mixer: Optional[nn.Module] = None, force_eager: bool = False) -> None:
         # The core builds dense projections first; they are replaced below before any use.
         super().__init__(d_model, n_heads, kv_dim=kv_dim, qk_dim=qk_expansion * d_model, dropout=dropout,
                          bias=bias, relative=relative, logit_mixer=logit_mixer, force_eager=force_eager)
-        if n_heads % groups:
-            raise ValueError(f"groups={groups} must divide n_heads={n_heads}")
+        if whole_heads and n_heads % groups:
+            raise ValueError(f"groups={groups} must divide n_heads={n_heads} (or heads may straddle groups: "
+                             "whole_heads=False)")
         self.groups, self.merge_groups = groups, merge_groups
 
         def grouped(width_in: int, width_out: int, k: int, gain: float) -> GroupedLinear:
@@ -251,7 +272,8 @@ def _attention(section: LightweightConfig, cfg: TransformerConfig, relative: Opt
     k = section.groups
     return GroupedMultiHeadAttention(
         cfg.d_model, cfg.n_heads, groups=k if section.attention else 1, merge_groups=k if section.group_merge else 1,
-        share_weights=section.share_weights, qk_expansion=section.qk_expansion, dropout=cfg.attn_dropout,
+        share_weights=section.share_weights, qk_expansion=section.qk_expansion,
+        whole_heads=not section.straddle_heads, dropout=cfg.attn_dropout,
         bias=cfg.bias, relative=relative, logit_mixer=logit_mixer, force_eager=cfg.attn_impl == "eager")
 
 

@@ -29,11 +29,23 @@ import torch
 from torch import Tensor, nn
 
 from ..core.components import Components, StackSide, SublayerKind
-from ..core.layers import DepthConnection
 from ..errors import ConfigError
+from ..kernels.hyper_connections import State, depth_connection, materialize, width_mix
 from ..kernels.precision import fp32_island
-from .base import STACK_MCAN, ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, section_variant
-from .hyper_connections import SUBLAYERS, stream_traffic
+from .base import (
+    MAX_MULTIPLIER,
+    STACK_MCAN,
+    ComposedConfig,
+    CompositionExample,
+    Conflict,
+    MethodBase,
+    NamedVariant,
+    check_at_most,
+    section_variant,
+)
+from .hyper_connections import STREAM_DTYPES, SUBLAYERS, StreamDtype, Streams, stream_traffic
+
+MAX_SINKHORN_ITERS = 1000  # fifty times Table 5's 20: more only costs time
 
 
 @dataclass
@@ -46,15 +58,17 @@ class MHCConfig:
     * ``scale_init``: the gating factors ``alpha`` at initialisation (Table 5: 0.01).
     * ``norm_eps``: the epsilon of Eq. 7's RMSNorm (Table 5: 1e-20).
     * ``init_epsilon``: how far ``H_pre`` and ``H_res`` start from HC's one-hot and identity (see the docstring).
+    * ``stream_dtype``: the n streams' storage, as hyper-connections' (None, the default: the embedded input's).
     """
 
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("sinkhorn_iters",)  # iterations, no size (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"rate"})  # sizes the saved tensors (checkpoint.py)
     rate: int = 4
     dynamic: bool = True
     sinkhorn_iters: int = 20
     scale_init: float = 0.01
     norm_eps: float = 1e-20
     init_epsilon: float = 0.01
+    stream_dtype: Optional[StreamDtype] = None
 
     def validate(self, cfg: ComposedConfig) -> None:
         for key, low in (("rate", 1), ("sinkhorn_iters", 1)):
@@ -62,6 +76,10 @@ class MHCConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"mhc.{key}={value!r} must be an integer >= {low} (the paper: rate 4, "
                                   "sinkhorn_iters 20)")
+        check_at_most("mhc.rate", self.rate, MAX_MULTIPLIER,
+                      "every layer keeps that many copies of the residual stream (Table 5: 4)")
+        check_at_most("mhc.sinkhorn_iters", self.sinkhorn_iters, MAX_SINKHORN_ITERS,
+                      "every layer of every forward pass runs that many normalisations (Table 5: 20)")
         if not self.norm_eps > 0:
             raise ConfigError(f"mhc.norm_eps={self.norm_eps!r} must be > 0 (Table 5: 1e-20)")
         if not 0 < self.init_epsilon < 1 / self.rate:
@@ -89,8 +107,10 @@ def sinkhorn_knopp(logits: Tensor, iters: int) -> Tensor:
 
 class ManifoldHyperConnection(nn.Module):
     """The residual module of one sublayer (``Components.residual``): :meth:`split` computes ``H_pre, H_post,
-    H_res`` (Eq. 7-9) and the sublayer's input ``H_pre x_l`` with the kept streams ``H_res x_l``, :meth:`combine`
-    adds ``H_post^T F`` (Eq. 3). Streams are ``(..., n, C)``.
+    H_res`` (Eq. 7-9) and the sublayer's input ``H_pre x_l``, :meth:`combine` adds ``H_post^T F`` to the kept
+    ``H_res x_l`` (Eq. 3). Streams are stacked first, ``(n, ..., C)``, as hyper-connections', and the mixes go
+    through the same interface (:func:`interlayer.kernels.hyper_connections.width_mix`): HC's fused kernels on a GPU,
+    element-wise sums elsewhere (which inductor fuses; a batched product of inner size n it could not).
 
     Parameters: ``phi`` ``[phi_pre | phi_post | phi_res]`` (``nC x (n^2 + 2n)``; dynamic only), ``alpha`` (``alpha_pre,
     alpha_post, alpha_res``; dynamic only), ``static`` ``[b_pre | b_post | vec(b_res)]`` (``n^2 + 2n``).
@@ -120,37 +140,42 @@ class ManifoldHyperConnection(nn.Module):
 
     def mappings(self, streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``H_pre`` ``(..., n)``, ``H_post`` ``(..., n)``, ``H_res`` ``(..., n, n)`` at every position of ``streams``
-        ``(..., n, C)`` (static: ``(n,)``, ``(n,)``, ``(n, n)``), in float32 (float64 for float64 streams)."""
+        ``(n, ..., C)`` (static: ``(n,)``, ``(n,)``, ``(n, n)``), in float32 (float64 for float64 streams)."""
         n = self.rate
         dtype = torch.promote_types(streams.dtype, torch.float32)
         with fp32_island(streams.device):
             coefficients = self.static.to(dtype)
             if self.dynamic:
-                flat = streams.flatten(-2).to(dtype)  # vec(x_l), (..., nC)
-                inv_r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # 1/r, Eq. 15
-                scaled = (flat @ self.phi.to(dtype)) * inv_r  # Eq. 14, then Eq. 16's 1/r
-                coefficients = self.alpha.to(dtype)[self.alpha_index] * scaled + coefficients
+                x = streams.to(dtype)
+                width = x.shape[-1]
+                inv_r = torch.rsqrt(x.pow(2).sum((0, -1)) / (n * width) + self.norm_eps)  # 1/r, Eq. 15
+                phi = self.phi.to(dtype)
+                scaled = x[0] @ phi[:width]  # Eq. 14, vec(x_l) phi as n products (vec(x_l) is stream j's rows j*C..)
+                for j in range(1, n):
+                    scaled = scaled + x[j] @ phi[j * width:(j + 1) * width]
+                coefficients = self.alpha.to(dtype)[self.alpha_index] * (scaled * inv_r[..., None]) + coefficients
             pre = torch.sigmoid(coefficients[..., :n])
             post = 2 * torch.sigmoid(coefficients[..., n:2 * n])
             res = sinkhorn_knopp(coefficients[..., 2 * n:].unflatten(-1, (n, n)), self.sinkhorn_iters)
         return pre, post, res
 
-    def split(self, streams: Tensor, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
-        """``[H_pre; H_res] x_l`` as one batched ``(n+1, n) x (n, C)`` product per position (autocast off): row 0 is
-        the sublayer's input, rows 1.. the kept streams. Returns the normed input and ``(H_res x_l, H_post)``."""
-        pre, post, res = self.mappings(streams)
-        mix = torch.cat([pre.unsqueeze(-2), res], dim=-2).to(streams.dtype)
-        with fp32_island(streams.device):
-            mixed = mix @ streams
-        h_in = mixed[..., 0, :]
+    def split(self, streams: State, branch_add: Optional[Tensor] = None) -> tuple[Tensor, Any]:
+        """``H_pre x_l`` (then the sublayer's pre-norm) and the carry for :meth:`combine` (``H_res x_l``, ``H_post``).
+        The coefficients are packed as the hyper-connection kernels take them: row j is ``[H_pre[j] | H_res[:, j] |
+        H_post[j]]``. Dynamic coefficients read the streams, so a pending state is written first; static ones do
+        not, and the previous sublayer's pending depth connection is applied in the same pass."""
+        state = materialize(streams) if self.dynamic else streams
+        pre, post, res = self.mappings(state if isinstance(state, Tensor) else state.streams)
+        coef = torch.cat([pre.unsqueeze(-1), res.transpose(-1, -2), post.unsqueeze(-1)], dim=-1)
+        h_in, carry = width_mix(state, coef)
         if branch_add is not None:
             h_in = h_in + branch_add
-        return self.norm(h_in), (mixed[..., 1:, :], post.to(streams.dtype))
+        return self.norm(h_in.to(self.norm.weight.dtype)), carry
 
-    def combine(self, carry: Any, branch_out: Tensor) -> Tensor:
-        """Eq. 3: ``H_res x_l + H_post^T F(H_pre x_l)``."""
-        kept, post = carry
-        return kept + post.unsqueeze(-1) * self.dropout(branch_out).unsqueeze(-2)
+    def combine(self, carry: Any, branch_out: Tensor) -> State:
+        """Eq. 3: ``H_res x_l + H_post^T F(H_pre x_l)`` (on the kernel path, pending until the next width mix or
+        the streams' sum)."""
+        return depth_connection(carry, self.dropout(branch_out))
 
     def traffic(self, batch: int, length: int, width: int) -> dict[str, float]:
         return stream_traffic(self.rate, self.norm.normalized_shape[0], batch * length, width)
@@ -160,24 +185,6 @@ class ManifoldHyperConnection(nn.Module):
         the residual sum are element-wise, not counted, as residual additions are not)."""
         n, d = self.rate, self.norm.normalized_shape[0]
         return t * (n + 1) * n * d + (t * n * d * (n * n + 2 * n) if self.dynamic else 0)
-
-
-class ManifoldStreams(DepthConnection):
-    """Enter the n streams (copies of the embedded input, ``(..., n, C)``) and leave them by their sum (HC's
-    Algorithm 1, which mHC follows)."""
-
-    def __init__(self, rate: int) -> None:
-        super().__init__()
-        self.rate = rate
-
-    def start(self, x: Tensor) -> tuple[Tensor, Any]:
-        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1]), None
-
-    def finish(self, h: Tensor, state: Any) -> Tensor:
-        return h.sum(-2)
-
-    def view(self, h: Tensor) -> Tensor:
-        return h.sum(-2)
 
 
 def composite_gain(mappings: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -224,7 +231,7 @@ class _MHCMethod(MethodBase):
                 init_epsilon=section.init_epsilon, dropout=cfg.dropout, eps=cfg.layer_norm_eps, bias=cfg.bias)
 
         components.residual = residual
-        components.depth_connection = lambda side: ManifoldStreams(section.rate)
+        components.depth_connection = lambda side: Streams(section.rate, STREAM_DTYPES[section.stream_dtype])
 
 
 METHOD = _MHCMethod()

@@ -24,7 +24,7 @@ every stack has its own DAs, post-LN blocks are aggregated alike, Multi-Pass com
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,8 @@ class MUDDFormerConfig:
     * ``prepost_norm``: PrePostDANorm (Sec. 2.5, Eq. 10), for deep-and-narrow models.
     * ``ffn_reallocation``: the FFN width grows with depth, 0.5 to 1.5 times ``d_ffn`` (Sec. 2.4, Eq. 9).
     """
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     dynamic: bool = True
     multiway: bool = True

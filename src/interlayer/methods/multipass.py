@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, ClassVar, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +37,15 @@ from ..core.components import Components
 from ..core.config import TransformerConfig
 from ..core.encoder import Encoder, EncoderOutput, Injector
 from ..errors import ConfigError, VariantError
-from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext
+from .base import (
+    MAX_MULTIPLIER,
+    ComposedConfig,
+    CompositionExample,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_at_most,
+)
 
 Connection = Literal["default", "soft", "hard", "tied_stack"]
 Routing = Literal["a", "b", "c", "d"]
@@ -60,6 +68,8 @@ class MultiPassConfig:
     * ``share_soft_weights``: one soft weight matrix for every transition (only matters for P >= 3).
     """
 
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
+
     passes: int = 2
     connection: Connection = "default"
     permutation: Optional[list[int]] = None
@@ -74,6 +84,8 @@ class MultiPassConfig:
         if self.passes < 1:
             raise ConfigError(f"multipass.passes={self.passes} must be at least 1 (1 is the plain encoder; the "
                               "paper uses 2, Sec. 5 also tries 3)")
+        check_at_most("multipass.passes", self.passes, MAX_MULTIPLIER,
+                      "each pass runs the whole encoder again (the paper uses 2; Sec. 5 also 3)")
         if self.exit_pass is not None and not 1 <= self.exit_pass <= self.passes:
             raise ConfigError(f"multipass.exit_pass={self.exit_pass} must lie in 1..{self.passes} "
                               f"(multipass.passes={self.passes}), or be null for the last pass")

@@ -33,7 +33,16 @@ from ..errors import ConfigError
 from ..kernels import predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
-from .base import ComposedConfig, CompositionExample, MethodBase, NamedVariant, VariantContext, stack_sides
+from .base import (
+    MAX_MULTIPLIER,
+    ComposedConfig,
+    CompositionExample,
+    MethodBase,
+    NamedVariant,
+    VariantContext,
+    check_at_most,
+    stack_sides,
+)
 from .conv_branch import attention_heads, check_kernel
 
 
@@ -41,7 +50,8 @@ from .conv_branch import attention_heads, check_kernel
 class PredictiveConfig:
     """Eq. 4 mixing weight and the prediction CNN (PA Sec. 3.3, Table 5)."""
 
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("alpha_warmup_steps",)  # a schedule, no size (checkpoint.py)
+    # the options that size the saved tensors in every model (checkpoint.py); kernel_size does only with conv_layers
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"conv_layers"})
     alpha: float = 0.1  # Sec. 4.1.1: 0.1 on SST, Yelp and IWSLT'14 De-En
     conv_layers: int = 1  # Sec. 4.1.1 / Table 5: one 3x3 layer; 0 = Res-Transformer
     kernel_size: int = 3  # Sec. 3.3: 3 x 3 kernels
@@ -73,10 +83,12 @@ class PredictiveConfig:
         if self.conv_layers < 0:
             raise ConfigError(f"predictive.conv_layers={self.conv_layers} must be >= 0 (0 is the Res-Transformer "
                               "of PA Table 5, 1 the paper's default)")
+        check_at_most("predictive.conv_layers", self.conv_layers, MAX_MULTIPLIER,
+                      "every layer runs that many convolutions over its attention maps (the paper's default: 1)")
         if self.beta is not None and not 0.0 <= self.beta <= 1.0:
             raise ConfigError(f"predictive.beta={self.beta} must lie in [0, 1] (Evolving Attention's weight of the "
                               "previous layer's map in the CNN's input), or be null for PA's Eq. 4")
-        check_kernel("predictive.kernel_size", self.kernel_size)
+        check_kernel("predictive.kernel_size", self.kernel_size, cfg.max_positions)
         if cfg.arch == "causal_lm" and self.kernel == "symmetric":
             raise ConfigError("predictive.kernel='symmetric' cannot be used in a causal language model: the centred "
                               f"{self.kernel_size}x{self.kernel_size} kernel reads the next query's row of the "

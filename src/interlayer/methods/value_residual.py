@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +66,8 @@ class ValueResidualConfig:
     head; ``sides``: the self-attention stacks (None: all of the model's); ``lambda_warmup_steps``: ramp the pair
     from the plain model's 0 and 1 over that many optimiser steps (0: none), so a pretrained model starts exactly
     (module doc)."""
+
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset()  # no option sizes a saved tensor (checkpoint.py)
 
     mode: Mode = "resformer"
     lambda_1: float = DEFAULT_LAMBDA

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,10 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 class CNNTextConfig(ConfigFile):
     """Field names follow :class:`~interlayer.core.config.TransformerConfig`, so ``--set d_model=128`` and the
     task's data-decided fields (``src_vocab_size``, ``num_classes``, ``n_segments``, ``pad_id``) mean the same."""
+
+    # sizes of the saved tensors (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"src_vocab_size", "num_classes", "n_segments", "d_model",
+                                                        "d_ffn", "enc_layers", "kernel_size"})
 
     model_type: Literal["cnn_text"] = MODEL_TYPE
     src_vocab_size: int = 16000

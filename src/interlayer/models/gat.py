@@ -79,7 +79,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +106,9 @@ SHARING: dict[str, dict[str, str]] = {
 @dataclass
 class GATConfig(ConfigFile):
     """The two-layer transductive GAT (Sec. 3.3 of the GAT paper); defaults are its Cora model."""
+
+    # sizes of the saved tensors (checkpoint.py)
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"in_features", "num_classes", "hidden", "heads", "out_heads"})
 
     model_type: Literal["gat"] = MODEL_TYPE
     in_features: int = 1433  # decided by the data

@@ -95,8 +95,11 @@ class MCANConfig(ConfigFile):
     the image SA and the guided attention.
     """
 
-    # The input's geometry: no tensor of a saved model measures it (checkpoint.py's size check)
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_size", "max_regions", "max_question_len")
+    # The options that size the saved tensors in every model (checkpoint.py's size check); the input's geometry, the
+    # pixel stem's settings (pixels only), n_heads and d_ffn (lightweight's shared groups) are no such size
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({
+        "vocab_size", "num_answers", "word_dim", "feature_dim", "d_model", "layers", "flat_mlp", "flat_glimpses",
+        "fused_dim"})
 
     vocab_size: int = 20000
     num_answers: int = 3129

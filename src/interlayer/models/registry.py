@@ -195,12 +195,13 @@ def build_saved(model_type: str, config: dict[str, Any], source: str, *, saved: 
     kind = _MODEL_TYPES[model_type]
     try:
         if saved is None:
-            return kind.build(kind.from_dict(config, "config"))
-        checked = size_checked_config(saved, kind.config_class, lambda data: kind.from_dict(data, "config"),
+            return kind.build(kind.from_dict(config, source))
+        checked = size_checked_config(saved, kind.config_class, lambda data: kind.from_dict(data, source),
                                       kind.build)
         return kind.build(checked)
-    except ConfigError as err:
-        raise CheckpointError(f"{source}: {err}") from None
+    except ConfigError as err:  # the config's own errors name the file already; a build's may not
+        named = str(err) if str(err).startswith(f"{source}: ") else f"{source}: {err}"
+        raise CheckpointError(named + ("; refused before any model was built" if saved is not None else "")) from None
 
 
 def _resolve(source: Any, family_name: Optional[str]) -> tuple[Family, Any]:

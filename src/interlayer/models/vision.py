@@ -69,6 +69,7 @@ from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
 from ..errors import ConfigError
 from ..methods.conv_branch import TokenConv, check_kernel
+from .image_input import PixelNorm, check_pixels
 from .registry import Family, register_family, register_presets
 
 Backbone = Literal["vit", "conv_transformer"]
@@ -89,8 +90,9 @@ class VisionConfig(ConfigFile):
     ``patch_size=7`` reaches the right place (``encoder.KEY`` also works).
     """
 
-    # The input's geometry: no tensor of a saved model measures it (checkpoint.py's size check)
-    UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_height", "image_width", "input_size")
+    # The options that size the saved tensors of every backbone (checkpoint.py's size check); the input's geometry
+    # and each backbone's own settings are no such size
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"channels"})
 
     backbone: Backbone = "vit"
     image_height: int = 28
@@ -122,6 +124,11 @@ class VisionConfig(ConfigFile):
         return self.image_height // self.down_sampling, self.image_width // self.down_sampling
 
     @property
+    def num_classes(self) -> int:
+        """The encoder's classes (what every image model's config says as ``num_classes``)."""
+        return self.encoder.num_classes
+
+    @property
     def has_cls_token(self) -> bool:
         return self.backbone == "vit" and self.encoder.pooling == "cls"
 
@@ -138,15 +145,7 @@ class VisionConfig(ConfigFile):
     def validate(self) -> None:
         """Raise :class:`ConfigError` on the first setting that cannot work, naming the key (``backbone`` is
         checked by its ``Literal`` type when the config is read)."""
-        for key in ("image_height", "image_width", "channels"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}={getattr(self, key)} must be a positive integer")
-        for key in ("pixel_mean", "pixel_std"):
-            if len(getattr(self, key)) != self.channels:
-                raise ConfigError(f"{key}={getattr(self, key)} needs one value per channel (channels="
-                                  f"{self.channels})")
-        if any(s <= 0 for s in self.pixel_std):
-            raise ConfigError(f"pixel_std={self.pixel_std} must be positive")
+        check_pixels(self)
         if self.input_size and (len(self.input_size) != 3 or min(self.input_size) < 1
                                 or self.input_size[0] not in (1, self.channels)):
             raise ConfigError(f"input_size={self.input_size} must be [channels, height, width] of positive sizes with "
@@ -235,7 +234,7 @@ def _apply(data: dict[str, Any], overrides: dict[str, Any]) -> VisionConfig:
             raise ConfigError(f"{key} is derived from the image size and the down-sampling (patch_size or "
                               "stage_widths) and cannot be set")
     data = set_dotted(copy.deepcopy(data), overrides, is_section=is_section, nested=("encoder",),
-                      aliases=ModelConfig.FIELD_ALIASES)
+                      aliases=ModelConfig.FIELD_ALIASES, implied=ModelConfig.FIELD_IMPLIED)
     cfg = dataclass_from_dict(VisionConfig, data)
     cfg.derive_geometry()  # the encoder's pooling decides whether a CLS token adds a position
     cfg.validate()
@@ -252,19 +251,6 @@ def _from_dict(data: dict[str, Any], source: str) -> VisionConfig:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Modules
-class PixelNorm(nn.Module):
-    """``(x - mean) / std`` per channel, after mapping uint8 pixels to ``[0, 1]``; constants from the config."""
-
-    def __init__(self, mean: list[float], std: list[float]) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
-
-    def forward(self, images: Tensor) -> Tensor:
-        x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-        return (x - self.mean) / self.std
-
-
 class ConvMixer(nn.Module):
     """A ``k x k`` convolution + ReLU over the token grid in the place of self-attention: the CNN block.
 

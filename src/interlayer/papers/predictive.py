@@ -4,13 +4,20 @@ Res-Transformer, and the Conv-Transformer of Sec. 3.5 (:mod:`interlayer.methods.
 (:data:`interlayer.papers.transformer.TEXT_CLS`: M=3 blocks, d=256, 8 heads, FFN 1024, Shaw et al. relative
 positions, Sec. 4.1.1 and App. B.2.1). PA's image models (Sec. 4.2.1, Table 3) are image-family presets
 (:mod:`interlayer.models.vision`) at Fashion-MNIST scale, and PA on MCAN a VQA one (:mod:`interlayer.models.mcan`).
+Table 4's PA-AA-ResNets are attention-augmented ResNet presets (:mod:`interlayer.models.aa_resnet`) with the
+``predictive`` section across their augmented layers; ``interlayer tables`` prints Table 4 beside our builds.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from ..accounting import count_parameters
+from ..models.aa_resnet import AA_FASHION_MNIST, AA_PRESETS
+from ..models.aa_resnet import MODEL_TYPE as AA_RESNET
 from ..models.mcan import MODEL_TYPE as MCAN
-from ..models.registry import register_presets
+from ..models.registry import create_model, register_presets
 from ..models.vision import VIT, with_encoder
 from .transformer import TEXT_CLS
 
@@ -77,3 +84,58 @@ MCAN_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 register_presets("transformer", PRESETS)
 register_presets("image", IMAGE_PRESETS)
 register_presets(MCAN, MCAN_PRESETS)
+
+# Table 4 (ImageNet, 224 x 224): ResNets, AA-ResNets and PA-AA-ResNets. Sec. 4.2.2 sets alpha = 0.5 and one
+# convolution per prediction module (App. B.3.2 reports the final numbers with two); the AA-ResNets are the AA
+# paper's (Sec. 4.2, models/aa_resnet.py). FLOPs in the paper are 2 x MAdds (ResNet-50: 8.2 GFLOPs, 4.1G MAdds).
+_PA_AA = dict(alpha=0.5, conv_layers=1)
+_PLAIN = dict(augmented=[False] * 4, attention_pool=[False] * 4)
+# (base AA preset, row, overrides, paper params in M, paper GFLOPs)
+_TABLE_4: list[tuple[str, str, dict[str, Any], float, float]] = []
+for depth, (plain, aa, pa) in {34: ((21.8, 7.4), (20.7, 7.1), (20.7, 7.9)), 50: ((25.6, 8.2), (25.8, 8.3), (25.8, 8.7)),
+                               101: ((44.5, 15.6), (45.4, 16.1), (45.4, 17.2))}.items():
+    base = f"aa_resnet{depth}"
+    _TABLE_4 += [(base, f"ResNet-{depth}", dict(_PLAIN), *plain), (base, f"AA-ResNet-{depth}", {}, *aa),
+                 (f"pa_{base}", f"PA-AA-ResNet-{depth}", {}, *pa)]
+_TABLE_4.insert(3, ("pa_aa_resnet34", "PA-AA-ResNet-34, 2 convolutions (App. B.3.2)",
+                    dict(predictive=dict(_PA_AA, conv_layers=2)), 20.7, 7.9))
+
+
+def _table_4_rows() -> list[list]:
+    rows = []
+    for preset, row, overrides, paper_params, paper_gflops in _TABLE_4:
+        with torch.device("meta"):
+            model = create_model(preset, family=AA_RESNET, **overrides)
+        params, gflops = count_parameters(model), 2 * model.madds() / 1e9
+        rows.append([f"{row} [{preset}{' + overrides' if overrides else ''}]", f"{params:,}", f"{paper_params}M",
+                     f"{(params / 1e6 - paper_params) / paper_params:+.1%}", f"{gflops:.2f}", f"{paper_gflops}",
+                     f"{(gflops - paper_gflops) / paper_gflops:+.1%}"])
+    return rows
+
+
+def paper_tables() -> list[tuple[str, list[str], list[list]]]:
+    """PA Table 4 beside our builds (whole networks; GFLOPs = 2 x MAdds, as the paper counts ResNet-50's 8.2).
+
+    The plain ResNets agree within 1%. The AA rows do not: they are the AA paper's own (AA-ResNet-50: 25.8M, 8.3
+    GFLOPs), and our AA-ResNet-50 with its kappa = 2 upsilon = 0.2 (0.2 / 0.1) has 25.1M and 8.05 GFLOPs, while
+    PA App. B.3.2's "k = 2 and v = 0.2" read literally (2 / 0.2) gives 28.7M; the AA paper's rounding of ``d_k``,
+    ``d_v`` and its exact augmented layers are not given. PA's own increments match ours: one convolution per
+    prediction module adds 0.41 GFLOPs to AA-ResNet-50 (paper +0.4) and 1.16 to AA-ResNet-101 (paper +1.1); the
+    paper's +0.8 for AA-ResNet-34 is what two convolutions add (App. B.3.2's setting). Parameters: PA adds the
+    prediction convolutions only (7,008 for ResNet-50's 13 augmented layers; the paper's table shows none).
+    """
+    return [("PA Table 4: ResNets, AA-ResNets and PA-AA-ResNets on ImageNet (224x224, 1,000 classes)",
+             ["model [AA-ResNet preset]", "params (ours)", "paper", "diff", "GFLOPs (ours)", "paper", "diff"],
+             _table_4_rows())]
+
+
+register_presets(AA_RESNET, {
+    f"pa_{name}": (f"PA-{AA_PRESETS[name][0].split(' (')[0]} (PA Sec. 4.2.2, Table 4): predictive attention across "
+                   "the augmented layers, alpha=0.5, one 3x3 convolution per prediction module",
+                   dict(AA_PRESETS[name][1], predictive=dict(_PA_AA)))
+    for name in ("aa_resnet34", "aa_resnet50", "aa_resnet101")})
+register_presets(AA_RESNET, {
+    "pa_aa_resnet_fashion_mnist": (
+        "PA-AA-ResNet for 28x28 grey images: the CPU AA-ResNet with PA across its 4 augmented layers (7x7 maps), "
+        "alpha=0.5, one 3x3 convolution", dict(AA_FASHION_MNIST, predictive=dict(_PA_AA))),
+})

@@ -47,7 +47,7 @@ from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import ModelConfig
 from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
-from ..data.lm_tokenizers import ByteBPETokenizer, CharTokenizer
+from ..data.lm_tokenizers import CHAR_PAD, ByteBPETokenizer, CharTokenizer
 from ..data.lm_tokenizers import save_tokenizer as save_lm_tokenizer
 from ..errors import PretrainedError
 from ..models.vision import ImageClassifier
@@ -148,10 +148,13 @@ def _write_interlayer(model: nn.Module, directory: Path, assets: RunAssets,
     if with_code:
         config["auto_map"] = write_remote_code(directory, config["interlayer"]["model_type"], model_kind(model))
     save_for_transformers(model, directory, config)
-    if language_model:
+    if language_model:  # the special ids the vocabulary has: pad = EOS (GPT-2's habit), or a character tokenizer's
+        # [PAD], past the model's table (so not in config.json, whose special ids transformers checks against it)
         generation = {key: config[key] for key in ("bos_token_id", "eos_token_id") if config.get(key) is not None}
         if "eos_token_id" in generation:
             generation["pad_token_id"] = generation["eos_token_id"]
+        elif isinstance(chosen, CharTokenizer):
+            generation["pad_token_id"] = chosen.special_id(CHAR_PAD)
         (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if chosen is not None:
         _save_tokenizer(chosen, directory, core)
@@ -257,8 +260,8 @@ def _save_tokenizer(tokenizer: AnyTokenizer, directory: Path, cfg: ModelConfig, 
     checkpoint tokenizer's own."""
     if isinstance(tokenizer, ByteBPETokenizer) and gpt2:
         save_gpt2_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
-    elif isinstance(tokenizer, (ByteBPETokenizer, CharTokenizer)):
-        save_lm_tokenizer(tokenizer, directory, max_length=cfg.max_positions)
+    elif isinstance(tokenizer, (ByteBPETokenizer, CharTokenizer)):  # no [PAD]/[UNK] past GPT-2's table
+        save_lm_tokenizer(tokenizer, directory, max_length=cfg.max_positions, char_specials=not gpt2)
     else:
         tokenizer.save_pretrained(directory)
 
@@ -287,8 +290,23 @@ def _family_for(model: nn.Module, name: Optional[str]) -> HFFamily:
     fitting = [f for f in candidates if not mismatches[f.title]]
     if fitting:
         return fitting[0]
-    reasons = "; ".join(f"not {title}: {problems[0]}" for title, problems in mismatches.items())
-    raise PretrainedError(f"no Hugging Face family computes this model ({reasons}); {OWN_FORMAT}")
+    core = "; ".join(f"not {title}: {problems[0]}" + (f" and {len(problems) - 1} more" if len(problems) > 1 else "")
+                     for title, problems in mismatches.items())
+    methods = _computing_methods(cfg)
+    if methods:  # what the user chose and no family has comes first; the core's differences after it
+        raise PretrainedError(f"no Hugging Face family computes {methods} (nor this core: {core}); {OWN_FORMAT}")
+    raise PretrainedError(f"no Hugging Face family computes this model ({core}); {OWN_FORMAT}")
+
+
+def _computing_methods(cfg: ModelConfig) -> str:
+    """The method sections that change the computation (a ties-only one, Crossformer or layer sharing, computes the
+    plain model), named for a message: ``"the predictive section"``, ``"the predictive and mhc sections"``, or
+    ``""``."""
+    names = [m.name for m, _ in cfg.sections() if not getattr(m, "ties_only", False)]
+    if not names:
+        return ""
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"the {listed} section{'s' if len(names) > 1 else ''}"
 
 
 def _field_problems(family: HFFamily, cfg: ModelConfig) -> list[str]:
@@ -314,8 +332,9 @@ def _problems(family: HFFamily, model: nn.Module, cfg: ModelConfig) -> list[str]
         problems.append(f"backbone={model.config.backbone!r}")
     # A method that only ties weights (Crossformer, layer sharing) computes the plain model: the export writes each
     # tied tensor under every name it has, which is how a family without ties stores them.
-    problems += [f"the {m.name} section ({family.title} has no such computation)" for m, _ in cfg.sections()
-                 if not getattr(m, "ties_only", False)]
+    methods = _computing_methods(cfg)
+    if methods:
+        problems.insert(0, f"{methods} ({family.title} has no such computation)")
     if cfg.classifier_hidden and not family.has_pooler:
         problems.append(f"classifier_hidden={cfg.classifier_hidden} ({family.title} has no pooler)")
     elif cfg.classifier_hidden and family.modality == "text" and cfg.classifier_hidden != cfg.d_model:

@@ -15,7 +15,8 @@ code written for ``transformers`` (``AutoModelForCausalLM.from_pretrained``, ``p
   ``save_pretrained`` are interlayer's, not ``transformers``' generic ones: the model is built on the CPU as
   interlayer builds it (``transformers`` would build it on the meta device and then lose the buffers interlayer
   computes at construction) and ``state_dict()`` loads into it; ``interlayer.load_pretrained`` reads the same
-  folder;
+  folder, and ``from_pretrained`` reads the folders of ``interlayer.save_pretrained`` (``model.save_pretrained``:
+  the same ``config.json``, the tensors under interlayer's own names);
 * **generation**: :meth:`InterlayerForCausalLM.generate` runs interlayer's own decoding (with its key/value
   cache and beam search, token for token what ``transformers`` does: :mod:`interlayer.core.hf_generation`) for
   the options it implements, and ``transformers``' own ``generate`` for any other (logits processors, stop
@@ -48,7 +49,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..build import build_model
-from ..checkpoint import model_kind, save_for_transformers, transformers_config
+from ..checkpoint import HF_PREFIX, model_kind, save_for_transformers, transformers_config
 from ..config import config_from_dict
 from ..core.hf_generation import GenerateOutput, generate_like_hf
 from ..errors import UnsupportedGenerationOption
@@ -154,6 +155,12 @@ class InterlayerPreTrainedModel(PreTrainedModel):
     def is_gradient_checkpointing(self) -> bool:  # type: ignore[override]
         return self.interlayer.is_gradient_checkpointing
 
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """The interlayer model's count (each tied tensor once): ``exclude_embeddings`` leaves out its token and
+        learned position tables, as GPT-2's ``wte`` and ``wpe`` (``transformers``' own count knows only
+        ``nn.Embedding`` modules, and interlayer's position table is not one)."""
+        return self.interlayer.num_parameters(only_trainable=only_trainable, exclude_embeddings=exclude_embeddings)
+
     def get_input_embeddings(self) -> nn.Module:
         return self.interlayer.get_input_embeddings()
 
@@ -201,6 +208,8 @@ class InterlayerPreTrainedModel(PreTrainedModel):
         if not weights.is_file():
             raise OSError(f"{directory} has no {WEIGHTS_NAME}")
         state = load_file(str(weights))
+        if state and not any(name.startswith(HF_PREFIX) for name in state):  # interlayer.save_pretrained's names
+            state = {HF_PREFIX + name: tensor for name, tensor in state.items()}
         try:
             model.load_state_dict(state)
         except RuntimeError as err:
@@ -240,7 +249,8 @@ class InterlayerPreTrainedModel(PreTrainedModel):
 # -- outputs: transformers' classes, plus the interlayer terms a loss is made of ------------------------------------
 @dataclass
 class InterlayerCausalLMOutput(CausalLMOutputWithPast):
-    aux_losses: Optional[dict[str, Tensor]] = None  # auxiliary losses (Crossformer-SG, ...), in ``loss`` already
+    aux_losses: Optional[dict[str, Tensor]] = None  # auxiliary losses (Crossformer-SG, ...), in a training ``loss``
+    lm_loss: Optional[Tensor] = None  # with labels: the next-token cross-entropy alone (``loss`` in eval mode)
 
 
 @dataclass
@@ -335,8 +345,8 @@ class InterlayerForCausalLM(InterlayerPreTrainedModel, GenerationMixin):
         elif isinstance(logits_to_keep, Tensor):
             logits = logits[:, logits_to_keep]
         return _finish(InterlayerCausalLMOutput(loss=out.loss, logits=logits, hidden_states=out.hidden_states,
-                                                attentions=out.attentions, aux_losses=out.aux_losses or None),
-                       return_dict)
+                                                attentions=out.attentions, aux_losses=out.aux_losses or None,
+                                                lm_loss=out.lm_loss), return_dict)
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, **kwargs: Any) -> dict[str, Any]:
         """The whole sequence at every step (``transformers``' own ``generate``, the fallback of :meth:`generate`,

@@ -10,7 +10,9 @@ batch, the pad id and length limit, the tokens by id, and writing the files back
 Which one a folder needs (:func:`tokenizer_kind`): ``tokenizer_config.json``'s ``tokenizer_class`` when it names
 a known class, else the files present (``vocab.txt`` or a WordPiece ``tokenizer.json`` is WordPiece;
 ``vocab.json`` + ``merges.txt`` or a BPE ``tokenizer.json`` is BPE). Other tokenizers (XLM-R's SentencePiece
-Unigram) have no pipeline here.
+Unigram) have no pipeline here. A folder whose ``tokenizer_config.json`` asks for its own tokenizer code
+(``auto_map``, which ``AutoTokenizer.from_pretrained(..., trust_remote_code=True)`` would import and run) is refused:
+interlayer never runs a folder's code, and its files alone do not say what that code does to a text.
 """
 from __future__ import annotations
 
@@ -219,6 +221,12 @@ def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
     when it is a language-model tokenizer interlayer wrote (:mod:`interlayer.data.lm_tokenizers`)."""
     directory = Path(directory)
     settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
+    if "auto_map" in settings:
+        code = json.dumps(settings["auto_map"])
+        raise TokenizerError(f"{directory / TOKENIZER_CONFIG_FILE}: auto_map asks for the folder's own tokenizer code "
+                             f"({code[:120]}), which interlayer never runs (a folder's code can do anything) and "
+                             "cannot stand in for: refused. interlayer reads tokenizers defined by their files "
+                             "(vocab.txt, vocab.json + merges.txt, tokenizer.json)")
     if settings.get(LM_KIND_KEY):
         return None
     declared = str(settings.get("tokenizer_class", ""))

@@ -15,7 +15,6 @@ stops the driver, not the jobs.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
@@ -26,16 +25,23 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import TrialState
 
+from ..errors import ConfigError
 from ..fileio import write_json
 from ..training.cluster import (
+    JOBS_FILE,
     POLL_SECONDS,
     LauncherSettings,
     attach,
+    check_launcher,
     job_body,
+    job_identity,
     job_result,
     job_state,
     make_executor,
+    read_job_record,
     refresh,
+    remove_stray_folder,
+    submit_all,
 )
 from ..training.concurrency import ForwardedInterrupts
 from .mpt import (
@@ -55,17 +61,20 @@ from .mpt import (
 from .policy import decode
 from .sampler import PARAM, PHASE_ATTR, Definition
 
-JOBS_FILE = "jobs.json"
 SUBMITIT_FOLDER = "slurm"
 
 
 def run_search_jobs(settings: SearchSettings, launcher: LauncherSettings, objective: Objective = train_trial,
                     definition: Optional[Definition] = None) -> SearchOutcome:
     """``search mpt --launcher submitit``: :func:`~interlayer.search.mpt.run_search` with every trial a job
-    (module docstring); ``objective`` must be importable by the jobs (a module-level function or class)."""
+    (module docstring); ``objective`` must be importable by the jobs (a module-level function or class). What can
+    refuse the launcher and the job record is checked before the study is made or opened."""
+    check_launcher(launcher)
+    read_job_record(Path(settings.output) / JOBS_FILE, "trials")
     settings, stored = start_study(settings, definition)
-    status = TrialJobs(settings, launcher, objective).run(stored)
-    return SearchOutcome(status, write_report(settings))
+    jobs = TrialJobs(settings, launcher, objective)
+    status = jobs.run(stored)
+    return SearchOutcome(status, write_report(settings), signal=jobs.stop_signal)
 
 
 def trial_in_job(job: dict[str, Any]) -> Optional[TrialResult]:
@@ -93,10 +102,10 @@ class TrialJobs:
         self.folder = self.output / SUBMITIT_FOLDER
         self.executor = make_executor(launcher, self.folder, f"search-{settings.study}")
         self.record_path = self.output / JOBS_FILE
-        self.record: dict[str, Any] = (json.loads(self.record_path.read_text()) if self.record_path.is_file()
-                                       else {"trials": {}})
+        self.record: dict[str, Any] = read_job_record(self.record_path, "trials")
         self.flight: dict[int, _InFlight] = {}
         self.exhausted = False  # every pattern is queued, running or complete
+        self.stop_signal: Optional[int] = None  # the signal that stopped the driver (SIGINT, SIGTERM), if one did
 
     def run(self, definition: Optional[Definition] = None) -> str:
         """Drive the study until ``settings.trials`` trials are complete: ``"done"`` or ``"interrupted"``."""
@@ -121,6 +130,8 @@ class TrialJobs:
                         del self.flight[number]
                 if self.flight and not interrupts.requested:
                     time.sleep(POLL_SECONDS[self.launcher.cluster])
+        self.stop_signal = interrupts.signal
+        remove_stray_folder(self.folder)
         if self.flight:
             print(f"[search] stopped waiting; {len(self.flight)} trial job(s) go on; the same command follows them "
                   "again", flush=True)
@@ -151,15 +162,21 @@ class TrialJobs:
         if not requests:
             return
         log_in_job = self.launcher.cluster != "debug"
-        with self.executor.batch():
-            jobs = [self.executor.submit(job_body, trial_in_job, {"request": request, "objective": self.objective},
-                                         str(self.output / "logs" / f"trial-{trial.number}.log") if log_in_job
-                                         else None)
-                    for trial, request in requests]
+        try:
+            jobs = submit_all(self.executor, self.folder, [
+                (job_body, trial_in_job, {"request": request, "objective": self.objective},
+                 str(self.output / "logs" / f"trial-{trial.number}.log") if log_in_job else None)
+                for trial, request in requests])
+        except ConfigError:  # the cluster refused them: the trials end FAIL, their patterns free again
+            for trial, _ in requests:
+                trial.set_user_attr("error", "the cluster refused the submission")
+                self.study.tell(trial, state=TrialState.FAIL)
+            raise
         for (trial, _), job in zip(requests, jobs):
             trial.set_user_attr("job_id", job.job_id)
             self.record["trials"][str(trial.number)] = {"job_id": job.job_id, "tasks": self.launcher.tasks,
-                                                        "cluster": self.launcher.cluster}
+                                                        "cluster": self.launcher.cluster,
+                                                        "identity": job_identity(self.launcher, job)}
             self.flight[trial.number] = _InFlight(trial, job, "pending")
         write_json(self.record_path, self.record)
         print(f"[search] submitted trial(s) {', '.join(str(t.number) for t, _ in requests)} "
@@ -171,7 +188,7 @@ class TrialJobs:
             entry = self.record["trials"].get(str(trial.number))
             if entry is None or entry.get("cluster", self.launcher.cluster) != self.launcher.cluster:
                 continue  # a local worker's trial, or a job on another cluster than this command's
-            job = attach(self.launcher, self.folder, entry["job_id"], entry["tasks"])
+            job = attach(self.launcher, self.folder, entry["job_id"], entry["tasks"], entry.get("identity"))
             if job is None:
                 continue
             live = optuna.trial.Trial(study, trial._trial_id)

@@ -41,22 +41,27 @@ import os
 import signal
 import socket
 import sys
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import optuna
-import sqlalchemy
 from optuna.samplers import BaseSampler
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ..config_io import dataclass_from_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, SignalStop
 from ..fileio import write_atomic
-from ..training.concurrency import ForwardedInterrupts, die_with_parent, threads_per_run
+from ..training.concurrency import (
+    ForwardedInterrupts,
+    StopSignals,
+    available_cores,
+    die_with_parent,
+    stop_code,
+    threads_per_run,
+)
 from ..training.config import TrainConfig
 from .policy import Strategy, decode, encode
 from .report import draw_pattern, report_text
@@ -70,6 +75,7 @@ from .sampler import (
     MPTSearchSampler,
     trial_pattern,
 )
+from .storage import check_study_file, make_storage, redact
 
 DEFAULT_STUDY = "mpt-search"
 DEFAULT_OUTPUT = "runs/search/mpt-{task}"
@@ -100,7 +106,9 @@ class SearchSettings:
 
     def validate(self) -> None:
         checks = [(self.trials >= 1, f"--trials={self.trials} must be at least 1"),
-                  (self.workers >= 1, f"--workers={self.workers} must be at least 1"),
+                  (1 <= self.workers <= available_cores(),
+                   f"--workers={self.workers} must be 1..{available_cores()} (processes training at once, at most one "
+                   "a core this process may use)"),
                   (self.retry_lost >= 0, f"--retry-lost={self.retry_lost} must not be negative"),
                   (self.heartbeat_seconds >= 1, f"--heartbeat={self.heartbeat_seconds} must be at least 1 second"),
                   (self.budget_minutes is None or self.budget_minutes > 0,
@@ -163,56 +171,6 @@ def resolve_definition(settings: SearchSettings) -> Definition:
     return Definition(n_layers, task.metric, bool(task.higher_is_better))
 
 
-def make_storage(settings: SearchSettings) -> RDBStorage:
-    """An RDB storage with heartbeats: a RUNNING trial silent for 2 heartbeats turns FAIL (and is retried
-    ``retry_lost`` times).
-
-    SQLite ignores the row locks (``SELECT ... FOR UPDATE``) Optuna relies on, so two workers could pop the same
-    queued trial; every SQLite transaction therefore starts with ``BEGIN IMMEDIATE`` (SQLAlchemy's recipe for
-    serialisable pysqlite transactions), serialising the workers' short reads and writes, and waits up to a minute
-    for the lock. PostgreSQL needs none of this.
-    """
-    url = settings.storage_url
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the search prints its own lines; errors propagate
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
-    sqlite = url.startswith("sqlite")
-    engine = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=settings.retry_lost) if settings.retry_lost else None
-    try:
-        storage = RDBStorage(url, engine_kwargs=engine, heartbeat_interval=settings.heartbeat_seconds,
-                             grace_period=2 * settings.heartbeat_seconds, heartbeat_stale_trial_callback=retry)
-    except ModuleNotFoundError as err:
-        raise ConfigError(f"--storage {redact(url)} needs the database driver {err.name!r} (PostgreSQL: pip install "
-                          "psycopg2-binary)") from err
-    except Exception as err:  # sqlalchemy: bad URL, unreachable server, wrong password, a damaged file
-        raise storage_error(settings, err) from err
-    if sqlite:
-        sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
-    return storage
-
-
-def storage_error(settings: SearchSettings, err: Exception) -> ConfigError:
-    """``err``, met opening the storage, in one line: the database's own complaint (SQLAlchemy wraps it with the
-    SQL statement and a link), and for the default SQLite file what to do with it."""
-    reason = getattr(err, "orig", None) or err  # the DBAPI error inside SQLAlchemy's
-    text = " ".join(str(reason).split()) or type(reason).__name__
-    if settings.storage is None:
-        path = Path(settings.output) / "study.db"
-        return ConfigError(f"{path} is not a readable study database ({text}); it is damaged or another program's: "
-                           "move it away to start the search afresh (its trials are lost), or restore it from a copy")
-    return ConfigError(f"--storage {redact(settings.storage_url)}: {type(reason).__name__}: {text}")
-
-
-def redact(url: str) -> str:
-    """The storage URL without its password (it goes into reports and logs)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL sqlalchemy understands: show the scheme only
-        return url.split("://", 1)[0] + "://..."
-
-
 def _load(storage: RDBStorage, name: str, sampler: Optional[BaseSampler] = None) -> Optional[optuna.Study]:
     try:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
@@ -246,6 +204,8 @@ def open_study(settings: SearchSettings, definition: Optional[Definition] = None
     """
     settings = with_preset(settings)
     output = Path(settings.output)
+    if settings.storage_url.startswith("sqlite"):
+        check_study_file(settings)  # another program's database: refused before the lock file is made beside it
     if settings.storage is None and not os.path.lexists(output / "study.db"):
         # a new study in the default SQLite file: whatever can refuse it is checked before the file, and the lock
         # beside it, are made, so that a refused command leaves neither behind
@@ -352,8 +312,8 @@ def train_trial(request: TrialRequest) -> TrialResult:
     sets = {**s.sets, "multipass.connection": "hard", "multipass.permutation": json.dumps(request.permutation)}
     results = train(task_spec(s.task), preset=s.preset, sets=sets, seed=s.seed, max_minutes=s.budget_minutes,
                     run_dir=request.run_dir, progress=False, score_test=False)
-    if results["status"] != "finished":
-        raise KeyboardInterrupt(f"trial {request.number} stopped by a signal ({results.get('stop_reason')})")
+    if results["status"] != "finished":  # the engine saved and stopped on SIGINT/SIGTERM: stop as Ctrl-C does
+        raise SignalStop(signal.Signals[results.get("signal", "SIGINT")])
     valid = results["best_valid"]
     return TrialResult(float(valid[request.definition.metric]), valid, results["train_minutes"],
                        results["stop_reason"])
@@ -426,9 +386,10 @@ def completed_count(study: optuna.Study) -> int:
 
 
 def run_worker(settings: SearchSettings, objective: Objective = train_trial, *, threads: Optional[int] = None
-               ) -> str:
-    """One worker: run trials until the study has ``settings.trials`` complete ones; ``"done"`` or
-    ``"interrupted"`` (Ctrl-C/SIGTERM: the running trial ends FAIL and its pattern is free again).
+               ) -> tuple[str, Optional[int]]:
+    """One worker: run trials until the study has ``settings.trials`` complete ones; ``("done", None)`` or
+    ``("interrupted", SIGNAL)`` (Ctrl-C's SIGINT or a SIGTERM, between trials or inside one: the running trial ends
+    FAIL and its pattern is free again; :class:`~interlayer.training.concurrency.StopSignals`).
 
     Stopping counts COMPLETE trials only (``MaxTrialsCallback``), so a trial lost by another worker never stops
     the study short; trials other workers are running when the count is reached still finish and are kept.
@@ -437,28 +398,33 @@ def run_worker(settings: SearchSettings, objective: Objective = train_trial, *, 
         import torch
 
         torch.set_num_threads(threads)
-    study, definition = open_study(settings)
-    if completed_count(study) >= settings.trials:
-        return "done"
-    sampler: MPTSearchSampler = study.sampler  # type: ignore[assignment]
-    callbacks = [MaxTrialsCallback(settings.trials, states=(TrialState.COMPLETE,)), _announcer(settings, definition)]
-    while True:
+    with StopSignals():
         try:
-            study.optimize(lambda t: _run_trial(t, settings, definition, objective, sampler.choices),
-                           callbacks=callbacks, gc_after_trial=True)
-        except KeyboardInterrupt:
-            return "interrupted"
-        except optuna.exceptions.UpdateFinishedTrialError as err:  # our heartbeat was late: declared lost
-            print(f"[search] {err}: another worker declared this trial lost (its heartbeats stopped for over "
-                  f"{2 * settings.heartbeat_seconds} s); its result is dropped, the worker goes on", flush=True)
-            continue
-        return "done"
+            study, definition = open_study(settings)
+            if completed_count(study) >= settings.trials:
+                return "done", None
+            sampler: MPTSearchSampler = study.sampler  # type: ignore[assignment]
+            callbacks = [MaxTrialsCallback(settings.trials, states=(TrialState.COMPLETE,)),
+                         _announcer(settings, definition)]
+            while True:
+                try:
+                    study.optimize(lambda t: _run_trial(t, settings, definition, objective, sampler.choices),
+                                   callbacks=callbacks, gc_after_trial=True)
+                except optuna.exceptions.UpdateFinishedTrialError as err:  # our heartbeat was late: declared lost
+                    print(f"[search] {err}: another worker declared this trial lost (its heartbeats stopped for "
+                          f"over {2 * settings.heartbeat_seconds} s); its result is dropped, the worker goes on",
+                          flush=True)
+                    continue
+                return "done", None
+        except KeyboardInterrupt as stop:
+            return "interrupted", getattr(stop, "signal", signal.SIGINT)
 
 
 def _worker_process(settings: SearchSettings, objective: Objective, threads: Optional[int]) -> None:
     # A SIGKILLed search forwards nothing: the kernel then sends SIGINT, which ends the trial as Ctrl-C does
     die_with_parent(signal.SIGINT)
-    sys.exit(130 if run_worker(settings, objective, threads=threads) == "interrupted" else 0)
+    status, stopped = run_worker(settings, objective, threads=threads)
+    sys.exit(stop_code(stopped) if status == "interrupted" else 0)
 
 
 @dataclass
@@ -466,6 +432,7 @@ class SearchOutcome:
     status: str  # done | interrupted | failed
     report: str
     worker_exit_codes: list[int] = field(default_factory=list)
+    signal: Optional[int] = None  # what stopped an interrupted search (SIGINT, SIGTERM): the exit code 128 + it
 
 
 def start_study(settings: SearchSettings, definition: Optional[Definition] = None
@@ -492,13 +459,15 @@ def run_search(settings: SearchSettings, objective: Objective = train_trial,
     """
     settings, _ = start_study(settings, definition)
     if settings.workers == 1:
-        status, codes = run_worker(settings, objective), []
+        (status, stopped), codes = run_worker(settings, objective), []
     else:
-        status, codes = _run_processes(settings, objective)
-    return SearchOutcome(status, write_report(settings), codes)
+        status, codes, stopped = _run_processes(settings, objective)
+    return SearchOutcome(status, write_report(settings), codes, stopped)
 
 
-def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str, list[int]]:
+def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str, list[int], Optional[int]]:
+    """The workers as processes: the status, their exit codes, and the signal that stopped the search (this
+    process's, else a worker's own: ``kill WORKER``)."""
     threads = None if "train.threads" in settings.sets else threads_per_run(settings.workers)
     context = multiprocessing.get_context("spawn")  # no forked copies of torch/sqlalchemy state
     workers = [context.Process(target=_worker_process, args=(settings, objective, threads),
@@ -511,11 +480,11 @@ def _run_processes(settings: SearchSettings, objective: Objective) -> tuple[str,
         interrupts.processes = workers
         for worker in workers:
             worker.join()
-    interrupted = interrupts.requested
     codes = [w.exitcode for w in workers]
-    if interrupted or 130 in codes:
-        return "interrupted", codes
-    return ("failed" if any(codes) else "done"), codes
+    stopped = interrupts.signal or next((code - 128 for code in codes if code in (130, 143)), None)
+    if stopped is not None:
+        return "interrupted", codes, stopped
+    return ("failed" if any(codes) else "done"), codes, None
 
 
 def write_report(settings: SearchSettings) -> str:

@@ -84,11 +84,20 @@ class Strategy:
                               "storage). Set enc_layers (the paper searches N=6)")
         if self.coarse < 0:
             raise ConfigError(f"--coarse={self.coarse} must not be negative")
-        if self.top_k < 1:
-            raise ConfigError(f"--top-k={self.top_k} must be at least 1")
+        patterns = math.factorial(self.n_layers)
+        if not 1 <= self.top_k <= patterns:
+            raise ConfigError(f"--top-k={_quoted(self.top_k)} must be 1..{patterns:,}: N={self.n_layers} encoder "
+                              f"layers have {patterns:,} patterns, and the refinement works around the K best "
+                              "completed ones (default 3)")
         if not 0.0 <= self.poor_fraction < 1.0:
             raise ConfigError(f"--poor-fraction={self.poor_fraction} must lie in [0, 1): the share of completed "
                               "trials whose neighbours are skipped")
+
+
+def _quoted(number: int) -> str:
+    """``number`` as a message shows it: its digits when it has few, else how many it has."""
+    text = str(number)
+    return text if len(text) <= 12 else f"{'-' if number < 0 else ''}(a number of {len(text.lstrip('-'))} digits)"
 
 
 def rank_completed(records: Sequence[Record], higher_is_better: bool) -> list[Record]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from ..plugins import import_modules
-from .base import SampleInput, TaskSpec
+from .base import SampleInput, TaskCommand, TaskSpec
 
 
 def task_specs() -> dict[str, TaskSpec]:
@@ -23,4 +23,15 @@ def task_specs() -> dict[str, TaskSpec]:
     return dict(sorted(specs.items()))
 
 
-__all__ = ["SampleInput", "TaskSpec", "task_specs"]
+def task_commands() -> dict[str, TaskCommand]:
+    """Every task's own commands (:meth:`TaskSpec.commands`), by name; a name two tasks give is an error."""
+    commands: dict[str, TaskCommand] = {}
+    for spec in task_specs().values():
+        for name, command in spec.commands().items():
+            if name in commands:
+                raise RuntimeError(f"two tasks define the command {name!r}")
+            commands[name] = command
+    return commands
+
+
+__all__ = ["SampleInput", "TaskCommand", "TaskSpec", "task_commands", "task_specs"]

@@ -21,9 +21,10 @@ is, methods are hooks with defaults that a task overrides where it differs::
             return {"test_accuracy": ...}
 
 Every other hook is optional: ``add_arguments``/``options_from_args`` (flags of ``interlayer train mytask``),
-``evaluate`` (``interlayer evaluate``), ``sample_input`` (attention-map pictures in ``compare``), ``resolve_model`` (a
-model other than the interlayer Transformer; the registry rebuilds it from its saved config), ``defaults_for`` (defaults
-that depend on the user's ``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old
+``evaluate`` (``interlayer evaluate``), ``commands`` (commands of the task's own: ``interlayer caption``),
+``sample_input`` (attention-map pictures in ``compare``), ``resolve_model`` (a model other than the interlayer
+Transformer; the registry rebuilds it from its saved config), ``defaults_for`` (defaults that depend on the user's
+``--set``) and ``initialise`` (pretrained weights over a fresh model). Converting an old
 record ``SPEC = TaskSpec(name=..., make_task=f, ...)``: each keyword becomes a class attribute or a method of the same
 name taking ``self`` first.
 """
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import abc
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
 from torch import nn
 
@@ -47,6 +49,18 @@ if TYPE_CHECKING:
 
 # (model args, model kwargs, token labels) of one validation example, for attention-map pictures
 SampleInput = tuple[tuple, dict[str, Any], list[str]]
+
+
+@dataclass(frozen=True)
+class TaskCommand:
+    """A command of a task's own beside ``train NAME`` (``interlayer caption``, ``interlayer convert-refer``): the
+    command line registers every task's (:func:`interlayer.tasks.task_commands`), so adding one edits no CLI code.
+    ``run(args, argv)`` returns the exit code (None: 0), as the CLI's own handlers."""
+
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Sequence[str]], Optional[int]]
 
 
 class TaskSpec(abc.ABC):
@@ -80,6 +94,10 @@ class TaskSpec(abc.ABC):
         """``interlayer evaluate``: the printed report of the saved model folder ``directory`` (its task.json names
         this task)."""
         raise ConfigError(f"task {self.name!r} has no evaluate command")
+
+    def commands(self) -> dict[str, TaskCommand]:
+        """Commands of the task's own, by name (``interlayer NAME``); none by default."""
+        return {}
 
     def sample_input(self, task: Any) -> Optional[SampleInput]:
         """One validation example as model inputs with its token labels (attention-map pictures), or None when the

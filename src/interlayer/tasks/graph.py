@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds, count_parameters
 from ..core.losses import label_smoothed_nll, total_loss
+from ..data.parallel import resolve_path
 from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..errors import ConfigError
 from ..fileio import write_atomic
@@ -87,6 +88,13 @@ class NodeClassificationTask:
         self.name, self.data, self.train_cfg = name, data, train
         self.graph = load_planetoid(data.source)
         self.inputs = GraphInputs(self.graph, data.normalize_features)
+
+    def data_files(self) -> list[tuple[str, Path]]:
+        """The ``.npz``, or the raw Planetoid files of the prefix by their suffix (the run's data fingerprint)."""
+        path = resolve_path(self.data.source)
+        if path.suffix == ".npz":
+            return [("graph", path)]
+        return sorted((p.name[len(path.name) + 1:], p) for p in path.parent.glob(f"{path.name}.*") if p.is_file())
 
     def model_fields(self) -> dict[str, Any]:
         """The data decides the input width and the number of classes."""

@@ -59,9 +59,10 @@ from ..config import ModelConfig
 from ..config_io import check_choices
 from ..core.generation import SamplingOptions
 from ..core.losses import label_smoothed_nll, total_loss
-from ..data.corpus import load_corpus, read_corpus_text, resolve
+from ..data.corpus import corpus_files, corpus_roles, load_corpus, read_corpus_text, resolve
 from ..data.lm_tokenizers import (
     TOKENIZER_FILE,
+    CharTokenizer,
     IdTokenizer,
     Kind,
     LMTokenizer,
@@ -71,7 +72,16 @@ from ..data.lm_tokenizers import (
     tokenizer_from_json,
     train_tokenizer,
 )
-from ..data.token_files import META_FILE, PICKLED_META, Ids, find_layout, open_token_corpus, pickle_refusal, windows
+from ..data.token_files import (
+    META_FILE,
+    Ids,
+    TokenSplit,
+    check_vocabulary,
+    find_layout,
+    open_token_corpus,
+    read_meta,
+    windows,
+)
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
 from ..models.registry import load_pretrained
@@ -163,31 +173,36 @@ class Batches(Sequence):
 
 
 def _token_corpus(root: Path, data: LMData, tokenizer: Optional[LMTokenizer]
-                  ) -> tuple[LMTokenizer, dict[str, Ids], str]:
-    """The tokenizer, splits and description of a token folder. The vocabulary: ``meta.json``'s tokenizer (or its
-    ``chars``), else ``tokenizer`` (a resumed run's, a fine-tuned checkpoint's; it wins), else ids alone, of
-    ``meta.json``'s ``vocab_size`` or ``data.vocab_size``, which must agree where both are given."""
+                  ) -> tuple[LMTokenizer, dict[str, Ids], str, list[tuple[str, Path]]]:
+    """The tokenizer, splits, description and files of a token folder. The vocabulary: ``meta.json``'s tokenizer
+    (or its ``chars``), else ``tokenizer`` (a resumed run's, a fine-tuned checkpoint's; it wins), else ids alone, of
+    ``meta.json``'s ``vocab_size`` or ``data.vocab_size``, which must agree where both are given; ``meta.json``'s
+    own tokenizer, characters and size must agree with each other (``check_vocabulary``)."""
     corpus = open_token_corpus(root)
     meta, where = corpus.meta, str(root / META_FILE)
     declared = [size for size in (meta.get("vocab_size"), data.vocab_size) if size is not None]
     if len(set(declared)) > 1:
         raise ConfigError(f"data.vocab_size={data.vocab_size} disagrees with {where}'s vocab_size="
                           f"{meta['vocab_size']}; leave data.vocab_size out, or correct the file")
-    if tokenizer is None and "tokenizer" in meta:
-        tokenizer = tokenizer_from_json(meta["tokenizer"], where)
-    elif tokenizer is None and "chars" in meta:
-        tokenizer = chars_tokenizer(meta["chars"], where)
+    own = tokenizer_from_json(meta["tokenizer"], where) if "tokenizer" in meta else (
+        chars_tokenizer(meta["chars"], where) if "chars" in meta else None)
+    if own is not None:
+        check_vocabulary(meta, len(own), "".join(own.chars) if isinstance(own, CharTokenizer) else None,
+                         root / META_FILE)
+    if tokenizer is not None and own is not None and len(tokenizer) != len(own):
+        raise DataError(f"{root}: the ids come from {where}'s {own.kind} tokenizer of {len(own)} tokens, but this run "
+                        f"reads them with a {tokenizer.kind} tokenizer of {len(tokenizer)}; they cannot be the same")
+    tokenizer = tokenizer or own
     if tokenizer is None and not declared:
-        unknown = (f"{root}: the vocabulary size of these token ids is unknown; give it with --set "
-                   f"data.vocab_size=N (GPT-2's: 50257), or write {where} as {{\"vocab_size\": N}}")
-        raise DataError(pickle_refusal(root) if (root / PICKLED_META).is_file() else unknown)
+        raise DataError(f"{root}: the vocabulary size of these token ids is unknown; give it with --set "
+                        f"data.vocab_size=N (GPT-2's: 50257), or write {where} as {{\"vocab_size\": N}}")
     tokenizer = tokenizer or IdTokenizer(declared[0])
     if declared and declared[0] > len(tokenizer):
         raise DataError(f"{root}: the ids come from a vocabulary of {declared[0]}, but the tokenizer has "
                         f"{len(tokenizer)} tokens; they cannot be the same")
     for split in corpus.splits.values():
         split.vocab_size = len(tokenizer)
-    return tokenizer, dict(corpus.splits), corpus.description
+    return tokenizer, dict(corpus.splits), corpus.description, corpus.files()
 
 
 class LanguageModelingTask:
@@ -217,8 +232,9 @@ class LanguageModelingTask:
         root = resolve(data.path)
         self.ids: dict[str, Ids]
         if find_layout(root) is not None:
-            self.tokenizer, self.ids, self.corpus_description = _token_corpus(root, data, tokenizer)
+            self.tokenizer, self.ids, self.corpus_description, self.files = _token_corpus(root, data, tokenizer)
         else:
+            self.files = corpus_roles(corpus_files(data.path))
             corpus = load_corpus(data.path, valid_fraction=data.valid_fraction, test_fraction=data.test_fraction,
                                  gutenberg=data.strip_gutenberg)
             self.corpus_description = corpus.description
@@ -236,11 +252,28 @@ class LanguageModelingTask:
         self.byte_lengths = self.tokenizer.byte_lengths()
         self.unit: Optional[str] = {"char": "char", "bpe": "byte"}.get(self.tokenizer.kind)  # ids: no bits
 
+    def data_files(self) -> list[tuple[str, Path]]:
+        """The files the corpus is read from, by role (the run's data fingerprint: experiment.py)."""
+        return self.files
+
+    def check_inputs(self, model: nn.Module) -> None:
+        """Every id of a token folder's splits inside the vocabulary, read once before the run starts (a batch's
+        rows are checked as they are read too, but that is after the run's folder is written)."""
+        for split in self.ids.values():
+            if isinstance(split, TokenSplit):
+                split.check_ids()
+
     # -- model shape ---------------------------------------------------------------------------------------
     def model_fields(self) -> dict[str, Any]:
         return {"arch": "causal_lm", "src_vocab_size": len(self.tokenizer), "max_positions": self.data.block_size}
 
     # -- training --------------------------------------------------------------------------------------------
+    def step_blocks(self, train: TrainConfig, processes: int = 1) -> tuple[int, int]:
+        """(blocks, tokens each) that one optimiser step of a run with the training settings ``train`` trains on
+        over ``processes`` data-parallel ranks: every step reads the same number of tokens, so a budget in tokens
+        or FLOPs is a number of steps (``compare --budget-flops``)."""
+        return train.max_tokens // self.data.block_size * train.update_freq * processes, self.data.block_size
+
     def train_batches(self, epoch: int, seed: int) -> "Batches":
         """``eval_interval`` optimiser steps of ``(rows, block_size + 1)`` token blocks at random offsets drawn
         from a generator seeded by ``(seed, epoch)`` alone (as many micro-batches per step as the engine takes:
@@ -489,8 +522,21 @@ class LanguageModelingSpec(TaskSpec):
                       "--set data.eval_blocks=0 reads them all)", file=sys.stderr)
 
     def defaults_for(self, sets: dict[str, Any]) -> dict[str, Any]:
-        """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins)."""
-        return dict(LM_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+        """The fine-tuning recipe as the defaults of a run with ``data.pretrained`` (the user's ``--set`` wins); for
+        a token folder, its own tokenizer's kind as ``data.tokenizer``, so that the run records what it reads with,
+        and a ``--tokenizer`` (``data.tokenizer``) that differs from it refused (it was ignored, and recorded)."""
+        defaults = dict(LM_FINE_TUNING_DEFAULTS) if sets.get("data.pretrained") else {}
+        root = resolve(str(sets.get("data.path", LMData.path)))
+        if find_layout(root) is None:
+            return defaults
+        wrapper = read_meta(root).get("tokenizer")
+        kind = wrapper.get("kind") if isinstance(wrapper, dict) else ("char" if "chars" in read_meta(root) else None)
+        given = sets.get("data.tokenizer")
+        if given is not None and given != kind:
+            made = f"its ids come from meta.json's {kind} tokenizer" if kind else "its meta.json names no tokenizer"
+            raise ConfigError(f"--tokenizer / data.tokenizer={given} does not apply to the token folder {root}: "
+                              f"{made}, and the ids are read as they are; drop it")
+        return {**defaults, "data.tokenizer": kind} if kind in get_args(Kind) else defaults
 
     def sample_input(self, task: LanguageModelingTask) -> SampleInput:
         """The first 32 validation tokens, labelled with the text they spell."""

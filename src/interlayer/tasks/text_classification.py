@@ -338,6 +338,10 @@ class TextClassificationTask:
     def encode_file(self, path: Path) -> EncodedSet:
         return encode_set(self.encoder, self.kind.fmt.read(path), self.data.max_len)
 
+    def data_files(self) -> list[tuple[str, Path]]:
+        """The three splits' files, by split (the run's data fingerprint: experiment.py)."""
+        return [(split, self.data.resolve(getattr(self.data, split))) for split in ("train", "valid", "test")]
+
     def model_fields(self) -> dict[str, Any]:
         """What the data decides: vocabulary, classes, segment embeddings for pairs (PA App. B.2.1). When
         fine-tuning, the checkpoint decides everything but the classes."""

@@ -103,6 +103,11 @@ class TranslationTask:
         self._valid_src = self.encode_sources(self.valid.source)
         self._valid_tgt = self.vocab.target.encode_batch(self.valid.target)
 
+    def data_files(self) -> list[tuple[str, Path]]:
+        """The six files, by the setting that names them (the run's data fingerprint: experiment.py)."""
+        keys = ("train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+        return [(key, self.data.resolve(getattr(self.data, key))) for key in keys]
+
     # -- model shape ---------------------------------------------------------------------------------------
     def model_fields(self) -> dict:
         """Config fields the data decides: vocabulary sizes and whether embeddings can be shared."""

@@ -1,5 +1,6 @@
 """Translation's decoding: batched greedy and beam search for encoder-decoder models, with or without the incremental
-cache.
+cache; ``greedy_from`` / ``beam_from`` start from an encoded source, for a model whose source is not token ids (the
+captioner's regions).
 
 Beam search follows fairseq's ``SequenceGenerator``: each step keeps the ``2k`` best extensions of the ``k``
 beams; end-of-sentence candidates among the top ``k`` are finished with the score ``sum(log p) / len ** lenpen``
@@ -13,6 +14,7 @@ the option exists to measure what the cache buys.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +40,8 @@ def _length_limits(src: Tensor, model: nn.Module, options: DecodeOptions) -> Ten
     return limit.clamp(min=1, max=model.config.max_positions - 1)
 
 
-def _step_logprobs(model: nn.Module, tokens: Tensor, memory: Tensor, memory_mask: Tensor, cache) -> Tensor:
+def _step_logprobs(model: nn.Module, tokens: Tensor, memory: Tensor, memory_mask: Optional[Tensor], cache
+                   ) -> Tensor:
     inputs = tokens[:, -1:] if cache is not None else tokens
     logits = model.decoder(inputs, memory, memory_mask, cache=cache).logits[:, -1]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -51,13 +54,21 @@ def _step_logprobs(model: nn.Module, tokens: Tensor, memory: Tensor, memory_mask
 def greedy_decode(model: nn.Module, src: Tensor, options: DecodeOptions = DecodeOptions()) -> list[list[int]]:
     """Most likely token at each step; returns the generated ids without BOS/EOS, one list per sentence."""
     enc = model.encode(src)
-    limits = _length_limits(src, model, options)
-    batch = src.shape[0]
-    tokens = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    return greedy_from(model, enc.hidden, enc.padding_mask, _length_limits(src, model, options), options)
+
+
+@torch.no_grad()
+def greedy_from(model: nn.Module, memory: Tensor, memory_mask: Optional[Tensor], limits: Tensor,
+                options: DecodeOptions = DecodeOptions()) -> list[list[int]]:
+    """:func:`greedy_decode` from an encoded source (``memory`` (B, S, d), ``memory_mask`` True at padding or None)
+    with a length limit per row (``limits`` (B,), EOS included): what a model whose source is not token ids (a
+    captioner's regions) decodes with."""
+    batch = memory.shape[0]
+    tokens = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=memory.device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=memory.device)
     cache = model.decoder.new_cache() if options.use_cache else None
     for step in range(int(limits.max())):
-        logprobs = _step_logprobs(model, tokens, enc.hidden, enc.padding_mask, cache)
+        logprobs = _step_logprobs(model, tokens, memory, memory_mask, cache)
         next_token = logprobs.argmax(-1)
         next_token = torch.where(step + 1 >= limits, torch.full_like(next_token, EOS_ID), next_token)
         next_token = next_token.masked_fill(finished, PAD_ID)
@@ -71,22 +82,30 @@ def greedy_decode(model: nn.Module, src: Tensor, options: DecodeOptions = Decode
 @torch.no_grad()
 def beam_search(model: nn.Module, src: Tensor, options: DecodeOptions = DecodeOptions()) -> list[list[int]]:
     """Best finished hypothesis per sentence (ids without BOS/EOS)."""
-    k = options.beam
-    batch = src.shape[0]
     enc = model.encode(src)
-    expand = torch.arange(batch, device=src.device).repeat_interleave(k)
-    memory, memory_mask = enc.hidden[expand], enc.padding_mask[expand]
-    limits = _length_limits(src, model, options)
-    tokens = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=src.device)
-    scores = torch.zeros(batch, k, device=src.device)
+    return beam_from(model, enc.hidden, enc.padding_mask, _length_limits(src, model, options), options)
+
+
+@torch.no_grad()
+def beam_from(model: nn.Module, memory: Tensor, memory_mask: Optional[Tensor], limits: Tensor,
+              options: DecodeOptions = DecodeOptions()) -> list[list[int]]:
+    """:func:`beam_search` from an encoded source and per-row length limits (as :func:`greedy_from`)."""
+    k = options.beam
+    batch = memory.shape[0]
+    device = memory.device
+    expand = torch.arange(batch, device=device).repeat_interleave(k)
+    memory = memory[expand]
+    memory_mask = memory_mask[expand] if memory_mask is not None else None
+    tokens = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -torch.inf  # all beams start identical: expand only the first
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = model.decoder.new_cache() if options.use_cache else None
     for step in range(int(limits.max())):
         logprobs = _step_logprobs(model, tokens, memory, memory_mask, cache)
         at_limit = (step + 1 >= limits).repeat_interleave(k)
-        logprobs[at_limit] = torch.where(torch.arange(logprobs.shape[1], device=src.device) == EOS_ID,
+        logprobs[at_limit] = torch.where(torch.arange(logprobs.shape[1], device=device) == EOS_ID,
                                          logprobs[at_limit], -torch.inf)
         vocab = logprobs.shape[1]
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)
@@ -98,14 +117,14 @@ def beam_search(model: nn.Module, src: Tensor, options: DecodeOptions = DecodeOp
                 source_row = b * k + int(beam_of[b, j])
                 hypothesis = tokens[source_row, 1:].tolist()
                 finished[b].append((float(top_scores[b, j]) / (step + 1) ** options.lenpen, hypothesis))
-        done |= torch.tensor([len(f) >= k for f in finished], device=src.device)
+        done |= torch.tensor([len(f) >= k for f in finished], device=device)
         if done.all():
             break
         # The best k non-EOS candidates continue (at most k of the 2k can be EOS, one per beam).
-        rank = is_eos.long() * (2 * k) + torch.arange(2 * k, device=src.device)
+        rank = is_eos.long() * (2 * k) + torch.arange(2 * k, device=device)
         keep = rank.argsort(dim=1)[:, :k]
         scores = top_scores.gather(1, keep)
-        rows = (torch.arange(batch, device=src.device)[:, None] * k + beam_of.gather(1, keep)).view(-1)
+        rows = (torch.arange(batch, device=device)[:, None] * k + beam_of.gather(1, keep)).view(-1)
         tokens = torch.cat([tokens[rows], token_of.gather(1, keep).view(-1, 1)], dim=1)
         if cache is not None:
             cache.reorder(rows)

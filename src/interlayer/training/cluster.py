@@ -20,28 +20,42 @@ use) or inside this process (``debug``, submitit's ``DebugExecutor``).
   result is ``{"value", "error", "host"}`` (what the function returned, or why it failed), so the launcher reads
   every outcome the same way (and submitit's debug executor, which opens a debugger on an exception, stays usable
   in tests).
+
+**Checked before anything is written** (:func:`check_launcher`): submitit installed, ``sbatch`` and ``srun`` on the
+PATH, the options accepted by submitit; a submission ``sbatch`` refuses is one line naming its message
+(:func:`submit_all`), and the files submitit had staged for it are removed.
+
+**A job id names the job it was recorded for, or nothing** (:func:`job_identity`): a local job's id is its
+controller's pid, which the system gives to another process once the controller has ended; the record keeps the
+controller's start time (and the boot) beside the id, and a re-attached job whose pid now names another process,
+or no submitit controller, is lost, not followed for ever. SLURM's job ids are unique on their cluster (they grow
+to ``MaxJobId``, 67,043,328 by default, before they wrap), and the record names the cluster kind.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
-from ..errors import ConfigError
-from ..fileio import load_yaml
+from ..errors import ConfigError, DataError
+from ..fileio import load_yaml, read_json
 
 Cluster = Literal["slurm", "local", "debug"]
 JobState = Literal["pending", "running", "done", "cancelled", "lost"]
 # SLURM states of a job that has not ended (sacct); anything else has ended, in success or not
 INCOMPLETE = {"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "CONFIGURING",
               "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+JOBS_FILE = "jobs.json"  # the launcher's record of every job it submitted, in the command's output folder
 POLL_SECONDS = {"slurm": 30.0, "local": 0.5, "debug": 0.0}  # between looks at the jobs' states
 LOCAL_TIME_MINUTES = 7 * 24 * 60  # a local job's limit without --slurm-time (submitit's own default is 2 minutes)
 
@@ -186,9 +200,10 @@ def make_executor(settings: LauncherSettings, folder: Path, name: str = "interla
     the jobs' name (``squeue`` shows it)."""
     submitit = require_submitit()
     settings.validate()
-    if settings.cluster == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--launcher submitit: no sbatch on this machine's PATH; run compare on a SLURM login node, "
-                          "or try the cluster path here with --slurm-cluster local")
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if settings.cluster == "slurm" and missing:
+        raise ConfigError(f"--launcher submitit: no {' or '.join(missing)} on this machine's PATH; run the command on "
+                          "a SLURM login node, or try the cluster path here with --slurm-cluster local")
     executor = submitit.AutoExecutor(folder=Path(folder) / "%j", cluster=settings.cluster)
     parameters: dict[str, Any] = {"name": name, "nodes": 1, "tasks_per_node": settings.tasks,
                                   "gpus_per_node": settings.gpus_per_run or None,  # no GPU line for a CPU job
@@ -203,30 +218,125 @@ def make_executor(settings: LauncherSettings, folder: Path, name: str = "interla
     return executor
 
 
-def attach(settings: LauncherSettings, folder: Path, job_id: str, tasks: int) -> Any:
-    """The job ``job_id`` submitted by an earlier invocation, to follow it again (its state, its result)."""
+def check_launcher(settings: LauncherSettings) -> None:
+    """Everything that can refuse ``--launcher submitit`` before a job is submitted (submitit, ``sbatch`` and
+    ``srun``, the options), checked by making the executor in a scratch folder, so that a refused command writes
+    nothing into its output folder (it wrote ``compare.json``, a lock and ``slurm/`` first)."""
+    with tempfile.TemporaryDirectory(prefix="interlayer-launcher-check-") as scratch:
+        make_executor(settings, Path(scratch))
+
+
+def submit_all(executor: Any, folder: Path, calls: list[tuple[Any, ...]]) -> list[Any]:
+    """Submit ``calls`` (a function and its arguments each) as one job array of ``executor`` (files under
+    ``folder``); the jobs. A submission ``sbatch`` refuses (a partition, an account, a limit) raises
+    :class:`ConfigError` with its message, and the files submitit staged for it in ``folder`` are removed."""
+    submitit = require_submitit()
+    existed = folder.is_dir()
+    staged = set(folder.iterdir()) if existed else set()
+    printed = io.StringIO()  # submitit prints sbatch's complaint itself: it goes into the one line instead
+    try:
+        with contextlib.redirect_stderr(printed), executor.batch():
+            jobs = [executor.submit(*call) for call in calls]
+    except submitit.core.utils.FailedJobError as err:
+        for leftover in (set(folder.iterdir()) if folder.is_dir() else set()) - staged:
+            if leftover.is_file():
+                leftover.unlink()
+        if not existed and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        message = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError(f"the cluster refused the submission: {message}; check --slurm-partition, --slurm-set "
+                          "and --slurm-time against what your account may ask for") from None
+    sys.stderr.write(printed.getvalue())
+    return jobs
+
+
+def remove_stray_folder(folder: Path) -> None:
+    """Remove ``folder/%j`` if it is an empty folder: submitit's local controller makes its folder argument before
+    formatting the job id into it, which left a stray ``slurm/%j`` beside the jobs' own ``slurm/<job id>/``. Called
+    once the jobs followed have ended, when every controller has started (a controller starting later would make
+    it again)."""
+    stray = Path(folder) / "%j"
+    if stray.is_dir() and not stray.is_symlink() and not any(stray.iterdir()):
+        stray.rmdir()
+
+
+def _process_identity(pid: str) -> Optional[str]:
+    """``BOOT:START`` of process ``pid``: the boot's id and the process's start time in clock ticks since boot
+    (``/proc/PID/stat``, field 22), which together name one process for ever; None where /proc cannot tell."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        start = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot}:{start}"
+
+
+def job_identity(settings: LauncherSettings, job: Any) -> Optional[str]:
+    """What the record keeps beside a job's id so that a later command follows that job and no other (module
+    docstring): a local job's controller process (:func:`_process_identity`); None for SLURM and debug jobs."""
+    return _process_identity(job.job_id) if settings.cluster == "local" else None
+
+
+def attach(settings: LauncherSettings, folder: Path, job_id: str, tasks: int, identity: Optional[str] = None) -> Any:
+    """The job ``job_id`` submitted by an earlier invocation, to follow it again (its state, its result);
+    ``identity``: what :func:`job_identity` recorded for it (None in a record written before it was kept)."""
     submitit = require_submitit()
     job_class = {"slurm": submitit.SlurmJob, "local": submitit.local.local.LocalJob}.get(settings.cluster)
     if job_class is None:  # a debug job lived in its process, which is gone
         return None
-    return job_class(folder=Path(folder) / "%j", job_id=job_id, tasks=list(range(tasks)))
+    job = job_class(folder=Path(folder) / "%j", job_id=job_id, tasks=list(range(tasks)))
+    job.interlayer_controller = identity  # what _local_alive checks the pid against
+    return job
+
+
+def read_job_record(path: Path, key: str) -> dict[str, Any]:
+    """``jobs.json``, the launcher's record (``{key: {name: {"job_id", "tasks", "cluster", ...}}}``: ``key`` is
+    ``runs`` for compare, ``trials`` for search), checked entry by entry; an empty record when there is none. A
+    record that is not what the launcher writes is refused naming the entry: following or skipping a job on its
+    word would lose a run or train one twice."""
+    if not path.is_file():
+        return {key: {}}
+    fix = ("restore it, or delete it once none of its jobs is pending or running (squeue): the runs it names are "
+           "then submitted again, and a finished run is never trained twice")
+    try:
+        record = read_json(path, DataError)
+    except DataError as err:
+        raise DataError(f"{err}; it was edited or damaged: {fix}") from None
+    entries = record.get(key)
+    if not isinstance(entries, dict):
+        raise DataError(f"{path}: no mapping {key!r} of each {key[:-1]} to its job; it was edited or damaged: {fix}")
+    for name, entry in entries.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("job_id"), str) and entry["job_id"]
+                and isinstance(entry.get("tasks", 1), int) and entry.get("tasks", 1) >= 1
+                and entry.get("cluster", "slurm") in ("slurm", "local", "debug")
+                and isinstance(entry.get("submissions", []), list)):
+            raise DataError(f"{path}: the entry of {name!r} is {str(entry)[:80]!r}, not a job (job_id a text, tasks a "
+                            f"count, cluster slurm, local or debug); it was edited or damaged: {fix}")
+    return record
 
 
 def _has_results(job: Any) -> bool:
     return all(job.task(t).paths.result_pickle.exists() for t in range(job.num_tasks))
 
 
-def _local_alive(pid: str) -> bool:
-    """Whether the local job's controller process (an orphan of an earlier invocation) still runs: it exists and
-    is no zombie (a container's init may not reap it)."""
+def _local_alive(job: Any) -> bool:
+    """Whether the local job's controller process (an orphan of an earlier invocation) still runs: its pid names a
+    live process (no zombie: a container's init may not reap it) that is a submitit controller and, where the
+    record keeps it, the very process that was started for the job (:func:`_process_identity`): a pid the system
+    gave to another process since is not followed as if it were the job."""
+    pid = job.job_id
     try:
         os.kill(int(pid), 0)
     except (OSError, ValueError):
         return False
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, IndexError):
-        return True
+        return True  # no /proc (macOS): the pid's existence is all there is to go by
+    expected = getattr(job, "interlayer_controller", None)
+    return b"submitit.local._local" in command and (expected is None or _process_identity(pid) == expected)
 
 
 def job_state(job: Any) -> JobState:
@@ -246,7 +356,7 @@ def job_state(job: Any) -> JobState:
         return "done"
     if local:
         if job._process is None:  # re-attached: the controller is not our child
-            return "running" if _local_alive(job.job_id) else "lost"
+            return "running" if _local_alive(job) else "lost"
         return "running" if raw == "RUNNING" else "done"
     if raw not in INCOMPLETE:
         return "done"

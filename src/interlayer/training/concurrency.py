@@ -4,7 +4,9 @@ stopping them together, and one writer per directory.
 * The time budgets of both are wall-clock minutes, so runs that oversubscribe the cores train less and score
   differently; each of N concurrent runs therefore gets an equal share of the cores this process may use.
 * A SIGINT or SIGTERM sent to the parent alone (``kill PID``, a scheduler) must stop its run processes as a
-  terminal's Ctrl-C does, or they would train on unattended; :class:`ForwardedInterrupts` passes it on.
+  terminal's Ctrl-C does, or they would train on unattended; :class:`ForwardedInterrupts` passes it on, and
+  remembers which it was, for the command's exit code (130 for SIGINT, 143 for SIGTERM); :class:`StopSignals`
+  turns either into a ``KeyboardInterrupt`` that remembers it, where a command works in its own process.
 * A SIGKILL of the parent cannot be forwarded: its children would train on as orphans beside the next attempt.
   :func:`die_with_parent` makes the kernel send them SIGTERM when their parent goes (module docs below).
 * Two processes writing one run directory (two ``compare`` commands, a ``train --resume`` beside a running run)
@@ -13,6 +15,7 @@ stopping them together, and one writer per directory.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import errno
@@ -23,10 +26,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ..errors import DirectoryBusy
+from ..errors import DirectoryBusy, SignalStop
 
 LOCK_FILE = "writer.lock"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -47,7 +51,8 @@ def threads_per_run(concurrent: int) -> Optional[int]:
 
 class ForwardedInterrupts:
     """While active, SIGINT/SIGTERM set :attr:`requested` and are passed on as SIGINT to the live processes in
-    :attr:`processes` (whose engines save and stop at the end of their step).
+    :attr:`processes` (whose engines save and stop at the end of their step); :attr:`signal` is the first of them
+    received (None while none was).
 
     The processes usually get a terminal's Ctrl-C themselves too (same process group); a second delivery only
     sets their stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
@@ -55,11 +60,13 @@ class ForwardedInterrupts:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signal: Optional[int] = None
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        self.signal = self.signal or signum
         for process in self.processes:
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGINT)
@@ -75,6 +82,61 @@ class ForwardedInterrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise SignalStop(signum)
+
+
+@contextlib.contextmanager
+def sigterm_as_stop() -> Iterator[None]:
+    """In the block, SIGTERM raises :class:`~interlayer.errors.SignalStop` (a ``KeyboardInterrupt``) in the main
+    thread, as SIGINT raises ``KeyboardInterrupt``, where no handler was set: a command stopped by a scheduler or
+    ``kill`` then runs its cleanup (``prepare lm``'s partial folder, ``export``'s staging folder, a pool's workers) and
+    exits with 143 and one line, where the default action killed it on the spot. Training, ``compare`` and ``search``
+    install their own handlers while they run (they save, or forward the signal to their runs; :class:`StopSignals`)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM raise :class:`~interlayer.errors.SignalStop` (a ``KeyboardInterrupt``
+    naming the signal): a SIGTERM stops the work as Ctrl-C does, with its cleanup, instead of ending the process on
+    the spot, and the caller learns which signal it was. The engine installs its own handlers while it trains
+    (saving and stopping after the step) and puts these back after. Outside the main thread nothing is installed.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise SignalStop(signum)
+
+    def __enter__(self) -> "StopSignals":
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._raise)
+        except ValueError:
+            self._previous = {}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_code(signum: Optional[int]) -> int:
+    """The exit code of a command a signal stopped: 128 + its number, as a shell reports a process the signal
+    killed (130 for SIGINT, 143 for SIGTERM); SIGINT's when the signal is not known."""
+    return 128 + int(signum or signal.SIGINT)
 
 
 def _to_stderr(line: str) -> None:

@@ -50,9 +50,23 @@ class DistEnv:
 
 
 def environment() -> DistEnv:
-    """The launcher's environment (torchrun), or a single process."""
-    return DistEnv(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
-                   local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    """The launcher's environment (torchrun), or a single process. ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` that
+    are no integers, or a rank outside ``0..WORLD_SIZE-1``, raise :class:`~interlayer.errors.ConfigError` naming
+    them (``int()``'s error named neither)."""
+    values = {}
+    for key, default in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)):
+        raw = os.environ.get(key)
+        try:
+            values[key] = default if raw is None else int(raw)
+        except ValueError:
+            raise ConfigError(f"{key}={raw!r} in the environment is not an integer; torchrun sets RANK, WORLD_SIZE "
+                              "and LOCAL_RANK itself: unset them to run one process") from None
+    env = DistEnv(rank=values["RANK"], world_size=values["WORLD_SIZE"], local_rank=values["LOCAL_RANK"])
+    if env.world_size < 1 or not 0 <= env.rank < env.world_size or env.local_rank < 0:
+        raise ConfigError(f"RANK={env.rank}, WORLD_SIZE={env.world_size} and LOCAL_RANK={env.local_rank} in the "
+                          "environment are no process of a group (WORLD_SIZE >= 1, RANK in 0..WORLD_SIZE-1, "
+                          "LOCAL_RANK >= 0); unset them to run one process")
+    return env
 
 
 def initialise(env: DistEnv, device_type: str = "cpu") -> None:
