@@ -20,8 +20,9 @@ ran, a block outside every loop once if any of its lines ran (a block whose inst
 the block before it), so loop trip counts come from the launch itself and change when a kernel's loop does; a loop
 the compiler unrolled U times (a main copy and a remainder, :func:`unroll_factors`) runs count // U and count % U
 times. Lines are the unit, so a kernel calls a helper once a line (the shadow refuses two calls on one line). Every
-warp of a program runs the same blocks (branches in these kernels are on program-level scalars): executed warp-instructions are the per-program count times the program's warps,
-averaged over the sampled programs and multiplied by the grid.
+warp of a program runs the same blocks (branches in these kernels are on program-level scalars): executed
+warp-instructions are the per-program count times the program's warps, averaged over the sampled programs and
+multiplied by the grid.
 
 Bytes are distinct addresses loaded and stored: over all the programs of one index of the uniform axes when those
 were traced whole (a cell two programs read, a convolution's halo, counts once, as a cache the programs share would

@@ -34,8 +34,9 @@ At T = 1,024, B = 8, H = 12 (N = 100M, 50M cells touched) that is 1.5 GB a layer
 
 Dispatch (:func:`interlayer.kernels.dispatch.use_triton`): the kernels cover 3 x 3 convolutions over up to 16 heads
 (:data:`CHANNELS`: GPT-2 small's 12, BERT-large's 16) on contiguous square maps, with or without a causal triangle
-and key padding, 0 to any number of convolutions, ReLU or leaky ReLU, ``beta`` or not; anything else (another kernel size, attention dropout while training, a KV cache)
-takes :func:`reference`, which is also the path on CPUs.
+and key padding, 0 to any number of convolutions, ReLU or leaky ReLU, ``beta`` or not; anything else (another
+kernel size, attention dropout while training, a KV cache) takes :func:`reference`, which is also the path on
+CPUs.
 """
 from __future__ import annotations
 
