@@ -428,9 +428,13 @@ def _exact_or_shape(fn: Callable[..., Any]) -> Callable[..., Shadow]:
     return apply
 
 
-def _reduce(value: Shadow, axis: Any = None, **_: Any) -> Shadow:
-    axis = _unwrap(axis)
-    shape = () if axis is None else tuple(s for i, s in enumerate(value.shape) if i != axis % len(value.shape))
+def _reduce(value: Shadow, axis: Any = None, keep_dims: Any = False, **_: Any) -> Shadow:
+    axis, keep = _unwrap(axis), bool(_unwrap(keep_dims))
+    if axis is None:
+        shape = (1,) * len(value.shape) if keep else ()
+    else:
+        axis %= len(value.shape)
+        shape = tuple(1 if i == axis else s for i, s in enumerate(value.shape) if keep or i != axis)
     return Shadow(shape, None, value.elem)
 
 

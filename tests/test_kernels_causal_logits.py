@@ -54,3 +54,16 @@ def test_a_causal_pa_layer_from_queries_and_keys_equals_its_reference() -> None:
     torch.testing.assert_close(results["triton"][1], results["reference"][1], **FP32)
     for a, r in zip(results["triton"][2], results["reference"][2]):
         torch.testing.assert_close(a, r, **FP32)
+
+
+def test_fake_tensors_have_the_kernels_strides_for_views_of_one_projection() -> None:
+    """q and k arrive as views of one qkv projection (B, T, H, D transposed); the gradients the kernels write are
+    contiguous, and the fake implementations inductor plans with must say so (on the H200 a fake that copied q's
+    strides failed inductor's stride assertion in the compiled PA and Res steps)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    qkv = torch.randn(2, 40, 3, 3, 24, device=device)
+    q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    grad = torch.randn(2, 3, 40, 40, device=device)
+    torch.library.opcheck(torch.ops.interlayer.causal_logits_backward.default, (grad, q, k, 0.2),
+                          test_utils=("test_faketensor",))
+    torch.library.opcheck(torch.ops.interlayer.causal_logits.default, (q, k, 0.2), test_utils=("test_faketensor",))

@@ -215,7 +215,8 @@ def test_16_bit_streams_on_the_kernels(method, section):
     (computing in float32), and the model stays as close to float32 streams as on the reference path
     (test_hyper_connections.py's bounds)."""
     with kernel_mode("triton"):
-        error, states_dtype, finite = stream_dtype_error(method, section, "float16", layers=1, length=3)
+        error, states_dtype, finite = stream_dtype_error(method, section, "float16", layers=1, length=3,
+                                                         device=DEVICE)
     assert states_dtype == torch.float16 and finite
     assert 1e-5 < error < 5e-3, error
 

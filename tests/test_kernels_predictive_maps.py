@@ -113,10 +113,13 @@ def test_above_a_causal_diagonal_the_mixed_map_is_unread_and_its_gradients_are_z
     next layer's CNN reads it as zero), whatever memory they were given: a NaN-filled buffer changes neither the
     next layer's outputs nor any gradient, and the layer's logits get a zero gradient there (a matrix product reads
     that gradient whole)."""
-    s, prev, v, weights, biases = _case(convs=convs, t=37)
-    real = torch.empty_like
+    t = 100  # more than one block of 64 columns: blocks wholly above the diagonal, not only the diagonal's
+    s, prev, v, weights, biases = _case(convs=convs, t=t, b=1, h=2)
+    real, real_empty = torch.empty_like, torch.empty
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real(t, **kw).fill_(float("nan")))
-    upper = torch.ones(37, 37, dtype=torch.bool).triu(1)
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(
+        float("nan") if kw.get("dtype", torch.get_default_dtype()).is_floating_point else 0))
+    upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     args = (weights, biases, torch.tensor(0.3), None, 0.0, True, None)
     with kernel_mode("triton"):
         out, mixed = pm.predictive_attention(s, prev, v, *args)
@@ -127,8 +130,9 @@ def test_above_a_causal_diagonal_the_mixed_map_is_unread_and_its_gradients_are_z
     torch.testing.assert_close(nxt[0][0], nxt[1][0], rtol=0, atol=0)
     torch.testing.assert_close(nxt[0][1][..., ~upper], nxt[1][1][..., ~upper], rtol=0, atol=0)
     grad_s, grad_prev = torch.autograd.grad(nxt[0][0].sum() + nxt[0][1][..., ~upper].sum() + out.sum(), (s, prev))
-    assert torch.isfinite(grad_s).all() and torch.isfinite(grad_prev[..., ~upper]).all()
+    assert torch.isfinite(grad_s).all() and torch.isfinite(grad_prev).all()
     assert torch.equal(grad_s[..., upper], torch.zeros_like(grad_s[..., upper]))
+    assert torch.equal(grad_prev[..., upper], torch.zeros_like(grad_prev[..., upper]))  # a product may read it whole
     assert (grad_s[..., ~upper] != 0).all()
 
 

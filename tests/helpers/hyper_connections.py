@@ -23,11 +23,12 @@ def randomise_mhc(model: torch.nn.Module, scale: float = 1.0) -> None:
                 p.copy_(torch.randn_like(p) * 0.1 * scale)
 
 
-def stream_dtype_error(method: str, section: dict, stream_dtype: str, layers: int = 4,
-                       length: int = 16) -> tuple[float, torch.dtype, bool]:
+def stream_dtype_error(method: str, section: dict, stream_dtype: str, layers: int = 4, length: int = 16,
+                       device: str = "cpu") -> tuple[float, torch.dtype, bool]:
     """A tiny LM whose n streams are stored in ``stream_dtype``, against the same model with the input's (float32):
     ``(the logits' largest difference over their largest entry, the recorded states' dtype, every gradient
-    finite)``. Weights moved 0.1 off their initialisation (at initialisation every stream is the plain model's)."""
+    finite)``. Weights moved 0.1 off their initialisation (at initialisation every stream is the plain model's), then the
+model moved to ``device`` (the kernels' tests: a GPU where there is one)."""
     from helpers.lm import lm
     tokens = torch.randint(0, 40, (2, length), generator=torch.Generator().manual_seed(0))
     results = []
@@ -38,7 +39,8 @@ def stream_dtype_error(method: str, section: dict, stream_dtype: str, layers: in
             for name, p in model.named_parameters():
                 if any(key in name for key in ("static", "dynamic_weight", "_scale", ".phi")):
                     p.add_(torch.randn(p.shape, generator=generator) * 0.1)
-        out = model(tokens, labels=tokens)
+        model = model.to(device)
+        out = model(tokens.to(device), labels=tokens.to(device))
         out.loss.backward()
         finite = all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
         results.append((out.logits.detach(), out.encoder.states[-1].dtype, finite))

@@ -44,7 +44,9 @@ def backward_op(grad: Tensor, q: Tensor, k: Tensor, scale: float) -> tuple[Tenso
 
 @backward_op.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    # contiguous, as the kernels write them, whatever q's and k's strides (views of one qkv projection, usually):
+    # a fake whose strides differ fails inductor's stride assertion on a GPU
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 def _setup(ctx: Any, inputs: tuple, output: Tensor) -> None:

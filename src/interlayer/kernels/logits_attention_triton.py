@@ -195,6 +195,8 @@ def _backward(L, V, DO, DELTA, LSE, DL, DV, GL, PAD, DS, DR, SIGN, ALPHA, BETA_W
         inside = (rows[:, None] < T_q) & (cols[None, :] < T_k)
         offs = l_off + rows[:, None].to(tl.int64) * s_lq + cols[None, :]
         tl.store(zero_to + offs, tl.zeros([BM, BN], zero_to.dtype.element_ty), mask=inside)
+        if MAPS == 2:  # the previous logits' gradient too: the op's output, which the first layer's product reads
+            tl.store(DL + offs, tl.zeros([BM, BN], DL.dtype.element_ty), mask=inside)
     # the blocks the diagonal crosses (or every block of a padded map) mask cell by cell; the rest by bounds
     clear = T_q if PADDED else (tl.minimum(((kb + 1) * BN + BM - 1) // BM * BM, T_q) if CAUSAL else 0)
     for start in range(lo, clear, BM):
