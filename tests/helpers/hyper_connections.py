@@ -27,8 +27,8 @@ def stream_dtype_error(method: str, section: dict, stream_dtype: str, layers: in
                        device: str = "cpu") -> tuple[float, torch.dtype, bool]:
     """A tiny LM whose n streams are stored in ``stream_dtype``, against the same model with the input's (float32):
     ``(the logits' largest difference over their largest entry, the recorded states' dtype, every gradient
-    finite)``. Weights moved 0.1 off their initialisation (at initialisation every stream is the plain model's), then the
-model moved to ``device`` (the kernels' tests: a GPU where there is one)."""
+    finite)``. Weights moved 0.1 off their initialisation (at initialisation every stream is the plain model's),
+    then the model moved to ``device`` (the kernels' tests: a GPU where there is one)."""
     from helpers.lm import lm
     tokens = torch.randint(0, 40, (2, length), generator=torch.Generator().manual_seed(0))
     results = []
