@@ -48,6 +48,9 @@ SIZES = {  # batch, heads, length, head size, width, streams, classes
     # the suite's machine-code audit: GPT-2 small's heads and widths on one sequence of 512 (the per-position figures
     # of a shorter map are the larger: its blocks on the diagonal and at the edges are more of it)
     "audit": dict(B=1, H=12, T=512, D=64, d=768, n=4, V=50304),
+    # and at half its length: a layer's bytes are a quadratic in T without a constant term (cells, and rows of halo
+    # or diagonal; the weights are kilobytes), so the two audits give GPT-2 small's bytes exactly
+    "audit-half": dict(B=1, H=12, T=256, D=64, d=768, n=4, V=50304),
 }
 Outputs = tuple[Tensor, ...]
 
@@ -363,6 +366,7 @@ def resources(cases: list[str], sizes: dict[str, int], dtype: torch.dtype, arch:
                 torch.autograd.grad(outputs, [t for t in case.inputs if t.requires_grad], grads, allow_unused=True)
             audits[name] = _audit(current["launches"], compiled, case.positions, samples, torch_bytes.bytes)
             audits[name]["torch_bytes_by_op"] = dict(torch_bytes.by_op)
+            audits[name]["sizes"] = dict(sizes)
             del case, outputs, grads
     return {"triton": triton.__version__, "arch": f"sm_{arch}", "kernels": list(found.values()), "audit": audits}
 

@@ -331,13 +331,15 @@ def _touch(which: str, pointer: Shadow, mask: Any) -> Shadow:
     class, a padding mask: what the kernel's addresses and masks may be built from), of floats a shape."""
     if not isinstance(pointer, Shadow) or not pointer.pointer:
         raise ShadowError(f"tl.{'load' if which == 'loaded' else 'store'} of a non-pointer")
-    everywhere = np.broadcast_to(pointer.data, pointer.shape)
-    keep = np.ones(pointer.shape, dtype=bool)
-    if mask is not None:
+    shape = pointer.shape
+    if mask is not None:  # as Triton: the pointer and the mask broadcast together
         m = _wrap(mask)
         if m.data is None:
             raise ShadowError("a load or store masked by loaded floating-point data")
-        keep = np.broadcast_to(m.data, pointer.shape).astype(bool)
+        shape = _broadcast(pointer.shape, m.shape)
+    everywhere = np.broadcast_to(pointer.data, shape)
+    keep = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(m.data, shape).astype(bool)
+    pointer = Shadow(shape, everywhere, pointer.elem, pointer.pointer)
     size = _size(pointer.elem)
     getattr(_TRACE[-1], which).setdefault(size, []).append(everywhere[keep].reshape(-1))
     if which == "stored" or not _exact(pointer.elem):
@@ -681,12 +683,13 @@ def plan_programs(shadow: Shadower, args: dict[str, Any], grid: tuple[int, int, 
 # -- the two halves together ----------------------------------------------------------------------------------------
 def executed(instrs: Sequence[Instr], labels: dict[str, int], traces: Sequence[ProgramTrace], programs: int,
              warps: int, positions: float, union: bool = False) -> dict[str, Any]:
-    """Per launch: executed warp-instructions (all, MMA, 16-bit scalar loads in loops, barriers), the multiply-adds
-    its MMA instructions do against those its products need (more: warps repeating each other's work, or tiles
-    padded past the products' shapes), and the bytes its programs load and store, each as a total over the grid and
-    per position. ``union``: the traces are every program of the grid's non-uniform axes (:func:`plan_programs`), so
-    the bytes are the distinct addresses of all of them together (a cell two programs read counts once, as a cache
-    shared by the programs would fetch it once), scaled to the grid; else each program's distinct bytes, summed."""
+    """Per launch: executed warp-instructions (all, MMA, 16-bit scalar loads in loops), barriers (a synchronisation
+    of a program's warps counts once), the multiply-adds its MMA instructions do against those its products need
+    (more: warps repeating each other's work, or tiles padded past the products' shapes), and the bytes its programs
+    load and store, each as a total over the grid and per position. ``union``: the traces are every program of the
+    grid's non-uniform axes (:func:`plan_programs`), so the bytes are the distinct addresses of all of them together
+    (a cell two programs read counts once, as a cache shared by the programs would fetch it once), scaled to the
+    grid; else each program's distinct bytes, summed."""
     blocks = basic_blocks(instrs, labels)
     loops = loop_spans(instrs, labels)
     chains = [normalise(ins.chain) for ins in instrs]
@@ -726,7 +729,8 @@ def executed(instrs: Sequence[Instr], labels: dict[str, int], traces: Sequence[P
         for trace in traces:
             totals["bytes_loaded"] += trace.bytes(trace.loaded)
             totals["bytes_stored"] += trace.bytes(trace.stored)
-    per_warp = ("instructions", "mma", "mma_work", "barriers", "scalar_16bit_loads_in_loops")
+    # every warp issues its own instructions; a barrier is one synchronisation of the program's warps, counted once
+    per_warp = ("instructions", "mma", "mma_work", "scalar_16bit_loads_in_loops")
     out = {key: totals[key] * scale * (warps if key in per_warp else 1) for key in (
         "instructions", "mma", "mma_work", "mma_work_needed", "barriers", "scalar_16bit_loads_in_loops",
         "bytes_loaded", "bytes_stored")}

@@ -55,32 +55,40 @@ def test_the_cpu_without_the_interpreter_is_refused(monkeypatch, capsys) -> None
 
 # The machine-code gates (issue 48), per position of the case at the audit's sizes (GPT-2 small's heads and widths
 # over one sequence of 512: a shorter map's blocks on the diagonal and at the edges are more of it, so these figures
-# are at least GPT-2 small's), and the bytes of a layer at GPT-2 small (batch 8 x 1,024) from the bytes a position.
+# are at least GPT-2 small's), and the bytes of a layer at GPT-2 small (batch 8 x 1,024) from the audits at 256 and 512
+# (gpt2_layer_bytes).
 PA_KERNELS = ("predictive_maps_triton._forward", "predictive_maps_triton._input_grad",
               "predictive_maps_triton._weight_grad")
 GATES = {"pa instructions a position": 150, "pa weight gradient instructions a position": 100,
          "pa bytes a layer": 2.0e9, "res bytes a layer": 1.6e9, "hc dynamic barriers a position": 30}
-GPT2_POSITIONS = 8 * 1024 * 1025 / 2  # the touched cells of a causal map, all heads together, batch 8 x 1,024
 
 
-def _audit() -> dict:
-    """bench_kernels.py --resources at the audit's sizes, once for the module (a few minutes: every program of the
-    launches' non-uniform axes runs in sass_audit's shadow)."""
+def _audit(sizes: str = "audit", *cases: str) -> dict:
+    """bench_kernels.py --resources at ``sizes`` (for ``cases``, else every case), once for the module (a few
+    minutes: every program of the launches' non-uniform axes runs in sass_audit's shadow)."""
     triton_bin = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin"
     if not (triton_bin / "nvdisasm").is_file():
         pytest.skip("this Triton build has no NVIDIA tools (nvdisasm, cuobjdump)")
-    if "audit" not in _AUDIT:
+    if sizes not in _AUDIT:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"interlayer-audit-{os.getpid()}.json"
         env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--resources",
-                               "--sizes", "audit", "--json", str(out)], env=env, capture_output=True, text=True,
-                              timeout=1800)
+                               "--sizes", sizes, *(["--cases", *cases] if cases else []), "--json", str(out)],
+                              env=env, capture_output=True, text=True, timeout=1800)
         if "launch internals" in done.stderr:
             pytest.skip(done.stderr.strip())
         assert done.returncode == 0, done.stderr[-3000:]
-        _AUDIT["audit"] = json.loads(out.read_text())
+        _AUDIT[sizes] = json.loads(out.read_text())
         out.unlink()
-    return _AUDIT["audit"]
+    return _AUDIT[sizes]
+
+
+def gpt2_layer_bytes(half: dict, whole: dict) -> float:
+    """A layer's bytes at GPT-2 small (batch 8 x 1,024) from one sequence of 256 and one of 512: bytes(T) = a T^2 +
+    b T (the map's cells, and rows of halo and diagonal blocks; nothing else grows, the weights are kilobytes)."""
+    (t1, b1), (t2, b2) = ((case["sizes"]["T"], case["totals"]["bytes"] / case["sizes"]["B"]) for case in (half, whole))
+    a = (b2 / t2 - b1 / t1) / (t2 - t1)
+    return 8 * (a * 1024**2 + (b2 / t2 - a * t2) * 1024)
 
 
 _AUDIT: dict = {}
@@ -114,12 +122,14 @@ def test_the_kernels_machine_code_meets_the_gates() -> None:
     assert per_position["predictive_maps_triton._weight_grad"] <= GATES["pa weight gradient instructions a position"]
     for case in audit.values():
         for name, row in case["kernels"].items():
-            assert row["mma_work"] <= row["mma_work_needed"] * (1 + 1e-9), (name, row["mma_work"],
-                                                                            row["mma_work_needed"])
+            # within 5%: a software-pipelined loop's last products run after it, in code the audit counts once
+            # a program on top of the loop's trips (2.8% in the attention's forward); replication is 2x and more
+            assert row["mma_work"] <= row["mma_work_needed"] * 1.05, (name, row["mma_work"], row["mma_work_needed"])
             if name.split(".")[0] in ("predictive_maps_triton", "logits_attention_triton", "causal_logits_triton"):
                 assert row["scalar_16bit_loads_in_loops"] == 0, name
-    for case, bar in ((pa, GATES["pa bytes a layer"]), (res, GATES["res bytes a layer"])):
-        assert case["totals"]["bytes"] / case["positions"] * GPT2_POSITIONS <= bar, case["totals"]
+    half = _audit("audit-half", "pa-maps", "res-maps")["audit"]
+    for name, bar in (("pa-maps", GATES["pa bytes a layer"]), ("res-maps", GATES["res bytes a layer"])):
+        assert gpt2_layer_bytes(half[name], audit[name]) <= bar, (name, half[name]["totals"], audit[name]["totals"])
     backward = [row for name, row in audit["hc-dynamic"]["kernels"].items() if "backward" in name]
     assert backward and all(row["per_position"]["barriers"] <= GATES["hc dynamic barriers a position"]
                             for row in backward)
