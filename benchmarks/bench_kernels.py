@@ -388,6 +388,9 @@ def _audit(launches: list, compiled: dict, positions: float, samples: int, torch
         cost = sass_audit.executed(instrs, labels, traces, grid[0] * grid[1] * grid[2], warps, positions, whole)
         row = kernels.setdefault(f"{fn.fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", {"launches": 0})
         row["launches"] += 1
+        row.setdefault("by_launch", []).append({  # one launch's own figures, named by its compile-time switches
+            "constexprs": {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, str))},
+            "per_position": cost["per_position"]})
         for field, value in cost.items():
             if isinstance(value, (int, float)) and field not in ("positions", "sampled_programs", "mma_replication"):
                 row[field] = row.get(field, 0) + value

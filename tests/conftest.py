@@ -12,6 +12,10 @@ import torch
 # (``kernel_mode("triton")``); set before any kernel module is imported, since ``triton.jit`` reads it then.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (make test: one worker a core) each worker computes with one thread: two workers of two threads
+# each on two cores spend their time waiting for each other
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from helpers.translation import SHORT_LEXICON, write_corpus
 

@@ -147,3 +147,16 @@ def test_a_step_past_its_limit_is_killed_with_its_children_and_recorded(tmp_path
 def test_an_unknown_part_is_refused(tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), "benchmark"], capture_output=True, text=True)
     assert result.returncode == 2 and "unknown part 'benchmark'" in result.stderr
+
+
+def test_peers_times_the_peers_decoding_and_the_shared_kernel_methods(tmp_path):
+    """The second short slot: bench_gpu's peers and decode, then mHC, DenseFormer and MUDDFormer against the plain
+    model (on a GPU in auto and triton mode)."""
+    if importlib.util.find_spec("x_transformers") is None:
+        pytest.skip("x-transformers is not installed (make bench installs it): the peers need it")
+    result, record = dry_run("peers", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert record["bench_gpu_peers"]["peers"] and record["bench_gpu_peers"]["decode"]
+    measured = record["bench_gpu"]["methods"]
+    for name in ("mHC", "DenseFormer", "MUDDFormer"):
+        assert any(key.startswith(name) for key in measured), sorted(measured)

@@ -251,6 +251,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks",),
     ("experiment",),
     ("compare", "search"),
+    ("cli_args",),
     ("cli", ""),
 ]
 

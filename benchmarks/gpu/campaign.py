@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-Part = Literal["setup", "suite", "throughput", "paper", "kernels"]
-PARTS: tuple[Part, ...] = ("setup", "suite", "throughput", "paper", "kernels")
+Part = Literal["setup", "suite", "throughput", "paper", "kernels", "peers"]
+PARTS: tuple[Part, ...] = ("setup", "suite", "throughput", "paper", "kernels", "peers")
 
 # import name -> what provides it; the campaign's steps need every one (x_transformers: bench_compare's third peer)
 NEEDED = {"torch": "torch", "numpy": "numpy", "yaml": "PyYAML", "safetensors": "safetensors",
@@ -48,6 +48,7 @@ KERNEL_TESTS = ["tests/test_kernels_logits_attention.py", "tests/test_kernels_pr
                 "tests/test_kernels_dispatch.py"]
 TINY_KERNEL_TESTS = ["tests/test_kernels_dispatch.py"]
 KERNEL_METHODS = ["causal PA", "Res-Transformer", "hyper-connections dynamic", "hyper-connections static"]
+PEER_METHODS = ["mHC", "DenseFormer", "MUDDFormer"]  # the second short slot's methods (``peers``)
 CARRIED = {"optuna", "x_transformers"}  # what only the carried wheels provide
 
 # The suite's tests that carry the issue's GPU checks, by a fragment of their JUnit id: on the GPU machine the
@@ -373,6 +374,30 @@ def kernels(campaign: Campaign) -> None:
     campaign.save()
 
 
+def peers(campaign: Campaign) -> None:
+    """The second short slot (at most 7 minutes of one GPU, after ``kernels``): GPT-2 small against its compiled
+    peers and the decoding speed with the KV cache (bench_gpu.py's peers and decode), then the cross-layer methods
+    whose kernels are shared or that have none (mHC on the hyper-connection kernels, DenseFormer, MUDDFormer),
+    compiled against the plain model in the same rounds, in ``auto`` and ``triton`` mode."""
+    on_cpu = not campaign.device.startswith("cuda")
+    path = campaign.scratch / "bench_gpu_peers.json"
+    campaign.step("bench_gpu peers and decode", campaign.python(
+        "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "peers,decode",
+        *(["--tiny"] if campaign.tiny else []), "--budget", "170", "--json", str(path)), limit=200)
+    if path.is_file():
+        campaign.record["bench_gpu_peers"] = json.loads(path.read_text())
+    campaign.save()
+    path = campaign.scratch / "bench_gpu_methods.json"
+    left = campaign.deadline - time.monotonic()
+    campaign.step("bench_gpu methods", campaign.python(
+        "benchmarks/bench_gpu.py", "--device", campaign.device, "--parts", "methods", "--methods", *PEER_METHODS,
+        *([] if on_cpu else ["--kernel-modes", "auto,triton"]), *(["--tiny"] if campaign.tiny else []),
+        "--budget", str(max(10, round(left - 60))), "--json", str(path)), limit=left)
+    if path.is_file():
+        campaign.record["bench_gpu"] = json.loads(path.read_text())
+    campaign.save()
+
+
 def targets(compiled: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets beside what the compiled bench_compare run measured (targets at transformer_base)."""
     sizes = compiled["peers"]["sizes"]
@@ -437,7 +462,8 @@ def main() -> None:
     campaign = Campaign(args.part, args.device, args.tiny, args.out, args.budget)
     started = time.monotonic()
     environment(campaign)
-    {"setup": setup, "suite": suite, "throughput": throughput, "paper": paper, "kernels": kernels}[args.part](campaign)
+    {"setup": setup, "suite": suite, "throughput": throughput, "paper": paper, "kernels": kernels,
+     "peers": peers}[args.part](campaign)
     campaign.record["seconds"] = round(time.monotonic() - started, 1)
     campaign.save()
     summary = {key: campaign.record.get(key) for key in ("part", "ok", "seconds", "problems", "targets")}

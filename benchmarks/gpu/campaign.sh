@@ -3,17 +3,17 @@
 #
 #   benchmarks/gpu/campaign.sh PART [--device cpu] [--tiny] [--out DIR] [--wheels DIR] [--budget SECONDS]
 #
-# PART is setup, suite, throughput, paper or kernels (the short slot: issue 48). Results go to --out, else $OUT
+# PART is setup, suite, throughput, paper, kernels or peers (the two short slots: issue 48). Results go to --out, else $OUT
 # (the device machine's folder that comes back), else runs/gpu-campaign: PART.log and PART.json, nothing else.
 # First the carried wheels (make gpu-wheels: .whl/, or --wheels DIR) are installed offline into $CAMPAIGN_SITE (default /tmp/site) and put on PYTHONPATH with
 # src/ (interlayer runs from the working tree); then benchmarks/gpu/campaign.py checks that every needed package
 # imports, naming any that does not, and runs the part. Exit status 0 only when every step of the part succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-usage="usage: benchmarks/gpu/campaign.sh {setup|suite|throughput|paper|kernels} [--device cpu] [--tiny] [--out DIR] [--wheels DIR] [--budget SECONDS]"
+usage="usage: benchmarks/gpu/campaign.sh {setup|suite|throughput|paper|kernels|peers} [--device cpu] [--tiny] [--out DIR] [--wheels DIR] [--budget SECONDS]"
 part="${1:-}"
 case "$part" in
-    setup|suite|throughput|paper|kernels) shift ;;
+    setup|suite|throughput|paper|kernels|peers) shift ;;
     *) echo "campaign.sh: unknown part '${part}'; $usage" >&2; exit 2 ;;
 esac
 out="${OUT:-runs/gpu-campaign}" wheels=".whl" forward=()

@@ -35,17 +35,10 @@ from torch import Tensor
 
 from .dispatch import use_triton
 from .precision import fp32_island
+from .tiles import hc_tile_shape
 
 KERNEL = "hyper_connections"
 MAX_TILE = 8192  # elements of one (n, d) register tile, rounded up to powers of two; beyond, registers would spill
-
-
-def tile_shape(n: int, d: int) -> tuple[int, int, int]:
-    """``(NP, NK, BLOCK_D)``: the kernels' register tiles, ``n`` streams, ``n + 2`` coefficient columns and ``d``
-    channels, each rounded up to a power of two (``NP >= 2``, ``BLOCK_D >= 16``)."""
-    def pow2(x: int) -> int:
-        return 1 << max(0, (x - 1).bit_length())
-    return max(2, pow2(n)), pow2(n + 2), max(16, pow2(d))
 
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -60,7 +53,7 @@ def covers(streams: Tensor, branch: Optional[Tensor] = None) -> bool:
     if branch is not None and branch.dtype not in FLOATS:
         return False
     n = streams.shape[0]
-    np_, _, block_d = tile_shape(n, streams.shape[-1])
+    np_, _, block_d = hc_tile_shape(n, streams.shape[-1])
     # a position's coefficients (and DHC's two sums per column) fit along its channels
     return np_ * block_d <= MAX_TILE and max(n, 2) * (n + 2) <= block_d
 

@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .tiles import hc_tile_shape
+
 # Programs a multiprocessor holds at once, by kernel (backward?) and DYNAMIC: as Triton 3.9 compiles them for sm_90
 # (bench_kernels.py --resources; docs/methods/hyper_connections.md), the grid until a launch's compiled kernel
 # gives its registers on this device (_RESIDENT). A persistent grid of that many per multiprocessor runs in one wave.
@@ -67,8 +69,7 @@ def _meta(n: int, d: int, bp: int, **flags: bool) -> dict:
     channels, each a power of two; ``BP`` positions a program takes at a time, each on its own warps), the flags,
     and the warps: four channels a thread, so 32-bit and 16-bit tensors get one register layout and no tensor
     moves between threads (at most 16)."""
-    from .hyper_connections import tile_shape
-    np_, nk, block_d = tile_shape(n, d)
+    np_, nk, block_d = hc_tile_shape(n, d)
     return dict(N=n, NP=np_, NK=nk, BLOCK_D=block_d, BP=bp, **flags,
                 num_warps=max(1, min(16, bp * block_d // 128)))
 

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from . import causal_logits, logits_attention
 from .dispatch import use_triton
+from .tiles import PA_CHANNELS as CHANNELS
 
 
 def hidden_cells(shape: Sequence[int], key_padding_mask: Optional[Tensor], causal: bool, device: torch.device
@@ -188,9 +189,6 @@ def _grad(ctx: Any, grads: list[Optional[Tensor]]) -> tuple[Any, ...]:
 forward_op.register_autograd(_grad, setup_context=_setup)
 
 
-# The heads a kernel program carries as the CNN's channels (the rows of its tensor-core products, padded with zero
-# weights); more heads would need wider tiles than the register file holds at these kernels' row width
-CHANNELS = 16
 
 
 def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:

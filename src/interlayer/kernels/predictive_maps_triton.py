@@ -38,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .dispatch import interpreting
-from .predictive_maps import CHANNELS as HP  # the heads, padded with zero weights
+from .tiles import PA_CHANNELS as HP  # the heads, padded with zero weights
 
 BC = 64  # a program's columns, and its rows
 # 2 warps: an HP x BC row is 16 x 64; each warp's tensor-core work is its half of the columns, and the weight
