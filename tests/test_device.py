@@ -33,8 +33,16 @@ def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
     """A small input of the right kind for any model family, built on ``device``."""
     cfg = model.config
     kind = type(model).__name__
-    if kind == "ImageClassifier":
+    if kind in ("ImageClassifier", "SwinClassifier", "AAResNet"):
         return (torch.ones(2, cfg.channels, cfg.image_height, cfg.image_width, device=device),), {}
+    if kind in ("Captioner", "Grounder"):  # region features and boxes, the second image with 3 padded regions
+        features = torch.ones(2, 10, cfg.feature_dim, device=device)
+        boxes = torch.full((2, 10, 5), 0.25, device=device)
+        padding = torch.zeros(2, 10, dtype=torch.bool, device=device)
+        padding[1, 7:] = True
+        words = torch.full((2, 6), 5, dtype=torch.long, device=device)
+        regions = (features, boxes, padding)
+        return ((*regions, words) if kind == "Captioner" else (words, *regions)), {}
     if kind == "MCAN":  # padding in the second question and, for region features, in the second image
         question = torch.full((2, 4), 5, dtype=torch.long, device=device)  # short: the LSTM loop is unrolled
         padding = torch.zeros(2, 4, dtype=torch.bool, device=device)
@@ -60,8 +68,13 @@ def example_inputs(model: torch.nn.Module, device: str) -> tuple[tuple, dict]:
 
 
 def scalar_loss(output) -> torch.Tensor:
-    logits = output if isinstance(output, torch.Tensor) else output.logits
-    loss = logits.float().sum()
+    if isinstance(output, torch.Tensor):
+        heads = [output]
+    elif hasattr(output, "logits"):
+        heads = [output.logits]
+    else:  # the REC grounder: a score per region, and a box offset per region where it regresses them
+        heads = [output.scores] + ([output.offsets] if output.offsets is not None else [])
+    loss = sum(head.float().sum() for head in heads)
     for value in getattr(output, "aux_losses", {}).values():
         loss = loss + value
     return loss
