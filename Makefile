@@ -25,10 +25,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
 	touch $@
 
-# The style check first ([tool.ruff] in pyproject.toml: a second of work), then the suite.
+# The style check first ([tool.ruff] in pyproject.toml: a second of work), then the suite on two workers (pytest-xdist;
+# each computes with one thread, tests/conftest.py): CI's machine has two cores.
 test: setup $(VENV)/.bench-installed
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 bench: setup $(VENV)/.bench-installed
 	$(PY) benchmarks/bench_compare.py
