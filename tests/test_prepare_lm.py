@@ -221,10 +221,10 @@ def test_a_full_disk_names_the_file_of_the_output_and_leaves_nothing(documents, 
             raise OSError(errno.ENOSPC, "No space left on device")
         return write
 
-    if file == "meta.json":
-        original = prepare_lm.Path.write_text
-        monkeypatch.setattr(prepare_lm.Path, "write_text", lambda self, *a, **k: full(self.name)() if
-                            self.name == "meta.json" else original(self, *a, **k))
+    if file == "meta.json":  # written atomically (test_fileio.py: no run file is written in place)
+        original = prepare_lm.write_atomic
+        monkeypatch.setattr(prepare_lm, "write_atomic", lambda path, *a, **k: full(path.name)() if
+                            path.name == "meta.json" else original(path, *a, **k))
     else:
         opened = token_files.TokenWriter.__init__
 

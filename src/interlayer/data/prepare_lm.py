@@ -49,7 +49,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, DiskFullError
-from ..fileio import write_failure
+from ..fileio import write_atomic, write_failure
 from .corpus import (
     DOCUMENT_SEPARATOR,
     SPLITS,
@@ -386,8 +386,7 @@ def _write(settings: PrepareSettings, output: Path, temporary: Path, text: Split
         if not meta["tokens"]["train"] or not meta["tokens"]["valid"]:
             raise DataError(f"{settings.source}: the training or validation split has no tokens")
         with _naming(temporary / META_FILE):
-            (temporary / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n",
-                                               encoding="utf-8")
+            write_atomic(temporary / META_FILE, json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
             if isinstance(tokenizer, CharTokenizer):
                 write_meta_pkl(temporary, "".join(tokenizer.chars))
         _fresh_output(output)
