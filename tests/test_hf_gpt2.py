@@ -32,7 +32,7 @@ transformers = pytest.importorskip("transformers")
 from helpers.hf import CASES as ENCODER_CASES  # noqa: E402
 from helpers.hf import reference as encoder_reference  # noqa: E402
 from helpers.hf_gpt2 import ADDED, CASES, TEXTS, VOCAB, D, hf_gpt2, write_tokenizer  # noqa: E402
-from interlayer.errors import PretrainedError  # noqa: E402
+from interlayer.errors import ConfigError, PretrainedError  # noqa: E402
 from interlayer.pretrained.export import to_hf  # noqa: E402
 
 
@@ -545,13 +545,15 @@ def test_lm_fine_tuning_with_a_restructuring_section_and_reinitialise_trains(set
 def test_a_method_size_the_checkpoint_does_not_justify_is_refused_before_building(folders: dict[str, Path],
                                                                                     tmp_path: Path, capsys: Any
                                                                                     ) -> None:
-    """The checks of every model folder apply to a Hugging Face import's method sections too."""
-    with pytest.raises(PretrainedError, match=r"hyper_connections\.rate=100000000 is larger than anything .* holds"):
+    """The checks of every model folder apply to a Hugging Face import's method sections too (a rate this large is
+    now refused by the config's bound of 64 first: issue 49)."""
+    with pytest.raises((PretrainedError, ConfigError), match=r"hyper_connections\.rate=100000000 is (larger than "
+                       r"anything .* holds|more than 64)"):
         from_hf(folders["tied"], extra_sections={"hyper_connections": {"rate": 100_000_000}})
     text = tmp_path / "book.txt"
     text.write_text("\n".join(TEXTS * 30), encoding="utf-8")
     assert main(["train", "lm", "--pretrained", str(folders["tied"]), "--data", str(text), "--run-dir",
                  str(tmp_path / "r"), "--no-progress", "--set", "data.block_size=32", "--set",
                  "hyper_connections.rate=100000000"]) == 2
-    assert "hyper_connections.rate=100000000 is larger than anything" in capsys.readouterr().err
+    assert "hyper_connections.rate=100000000 is more than 64" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()

@@ -224,9 +224,10 @@ class TokenCorpus:
 
     def files(self) -> list[tuple[str, Path]]:
         """Every file the corpus reads, by name (:mod:`interlayer.data.fingerprint`): the token files, and
-        ``meta.json`` (its vocabulary decides what the ids mean)."""
+        ``meta.json`` or else nanoGPT's ``meta.pkl`` where one is there (its vocabulary decides what the ids mean)."""
         out = [(f.path.name, f.path) for split in self.splits.values() for f in split.files]
-        return out + ([(META_FILE, self.root / META_FILE)] if self.meta else [])
+        source = next((name for name in (META_FILE, PICKLED_META) if (self.root / name).is_file()), None)
+        return out + ([(source, self.root / source)] if self.meta and source else [])
 
     @property
     def description(self) -> str:

@@ -85,7 +85,8 @@ class Strategy:
         if self.coarse < 0:
             raise ConfigError(f"--coarse={self.coarse} must not be negative")
         patterns = math.factorial(self.n_layers)
-        if not 1 <= self.top_k <= patterns:
+        # the default K stands for every pattern of a 2-layer encoder's 2 (the refinement takes at most those there are)
+        if not 1 <= self.top_k <= max(patterns, 3):
             raise ConfigError(f"--top-k={_quoted(self.top_k)} must be 1..{patterns:,}: N={self.n_layers} encoder "
                               f"layers have {patterns:,} patterns, and the refinement works around the K best "
                               "completed ones (default 3)")

@@ -258,7 +258,12 @@ class ImageTask:
         self.pixel_mean, self.pixel_std = channel_stats(self.train_images)
 
     def data_files(self) -> list[tuple[str, Path]]:
-        """The four IDX files, by the setting that names them (the run's data fingerprint: experiment.py)."""
+        """The files the run reads (the run's data fingerprint: experiment.py): the four IDX files, by the setting
+        that names them; for CIFAR binaries, ``.npz`` files and image folders, every file under ``data.dir``, by its
+        name inside it."""
+        if self.data.resolved_format() != "idx":
+            folder = self.data.folder()
+            return [(str(path.relative_to(folder)), path) for path in sorted(folder.rglob("*")) if path.is_file()]
         keys = ("train_images", "train_labels", "test_images", "test_labels")
         return [(key, self.data.path(getattr(self.data, key))) for key in keys]
 
