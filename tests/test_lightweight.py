@@ -223,7 +223,8 @@ def test_paper_rows_and_tables():
     mini = get_config("lw_mcan_mini").lightweight
     assert mini.group_intermediate and not mini.group_merge and mini.share_weights
     tables = lightweight.paper_tables()
-    assert [len(rows) for _, _, rows in tables] == [9, 3, 4]  # Tables II, III (MCAN), IX (Swin-T)
+    # Tables II, III (MCAN), VIII (captioning), II / VII (REC), IX (Swin-T)
+    assert [len(rows) for _, _, rows in tables] == [9, 3, 3, 3, 4]
     for _, headers, rows in tables:
         assert all(len(row) == len(headers) for row in rows)
     assert tables[1][2][1][1] == "14,618,112"  # mini: 24,067,584 - 12 * (512*2048 + 2048 - 256*1024 - 1024)

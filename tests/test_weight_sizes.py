@@ -38,7 +38,8 @@ PRE_LN = {**LM, "norm_first": True}
 # cases of one method change every such option between them (checked below, so a new option needs a value here)
 SETTINGS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
     "lightweight": [(CLASSIFIER, {"attention": False, "ffn": False, "share_weights": False, "group_merge": True,
-                                  "group_intermediate": True})],
+                                  "group_intermediate": True}),
+                    (CLASSIFIER, {"straddle_heads": True})],
     "conv_branch": [(CLASSIFIER, {"heads": 2, "activation": "gelu", "out_proj": "joint"})],
     "predictive": [({**SEQ2SEQ, "causal_decoder": False},
                     {"alpha": 0.3, "kernel_size": 5, "share_conv": True, "init": "dirac", "beta": 0.5,
@@ -48,9 +49,10 @@ SETTINGS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
                              "sides": ["encoder"], "lambda_warmup_steps": 100_000}),
                        (LM, {"mode": "svformer"})],
     "denseformer": [({**LM, "enc_layers": 4}, {"dilation": 100, "period": 2})],
-    "hyper_connections": [(PRE_LN, {"dynamic": False, "scale_init": 0.5, "input_index": "layer"})],
+    "hyper_connections": [(PRE_LN, {"dynamic": False, "scale_init": 0.5, "input_index": "layer",
+                                    "stream_dtype": "bfloat16"})],
     "mhc": [(PRE_LN, {"dynamic": False, "sinkhorn_iters": 100, "scale_init": 0.5, "norm_eps": 1e-6,
-                      "init_epsilon": 0.05})],
+                      "init_epsilon": 0.05, "stream_dtype": "float16"})],
     "muddformer": [({**LM, "enc_layers": 4}, {"dynamic": False, "multiway": False, "dilation": 100, "period": 2,
                                               "prepost_norm": True, "ffn_reallocation": True})],
     "cla": [({**PRE_LN, "enc_layers": 5}, {"sharing_factor": 3, "short_group": "last", "separate_kv_norm": True,
@@ -138,8 +140,10 @@ def _saved(directory: Path, core: dict[str, Any], sections: dict[str, Any]) -> P
 
 
 def _edit(folder: Path, section: str, key: str, value: Any) -> None:
+    """One value of the interlayer config in ``config.json`` (its ``interlayer`` section: helpers.folders)."""
     data = json.loads((folder / "config.json").read_text())
-    (data[section] if section else data)[key] = value
+    config = data["interlayer"]["config"]
+    (config[section] if section else config)[key] = value
     (folder / "config.json").write_text(json.dumps(data))
 
 

@@ -38,7 +38,7 @@ from .environment import Environment
 from .pictures import figures
 from .plan import Plan
 from .records import METRIC_UNITS, VariantSummary, extra_metrics, summarize
-from .seed_tables import RUN_HEADERS, difference_headers, difference_rows, differences, run_rows
+from .seed_tables import RUN_HEADERS, difference_headers, difference_rows, run_rows, seed_differences
 from .selection import Choice, Selection, choice_lines, choose
 from .stats import POWER, SEED_SHARES, TEST_TITLES, Comparison, mean_std, ratio_range, rule, test_lines
 
@@ -466,7 +466,7 @@ def _summary_json(plan: Plan, summaries: list[VariantSummary], choices: Sequence
             "units_per_s": s.speed, "units_per_s_by_seed": {str(k): v for k, v in s.speeds.items()},
             "peak_rss_growth_mb": s.memory, "finished_runs": len(s.finished()), "runs": len(s.runs), "test": s.test,
             "test_by_seed": {str(k): v for k, v in s.test_by_seed.items()},
-            "differences_by_seed": {} if s is base else {str(k): v for k, v in differences(s, base).items()},
+            "differences_by_seed": {} if s is base else {str(k): v for k, v in seed_differences(s, base).items()},
             "test_mean": test_mean,
             "test_std": test_std, "valid": s.valid, "valid_mean": valid_mean, "valid_std": valid_std,
             **{f"test_{m}": v for m, v in s.extra.items()},

@@ -77,7 +77,7 @@ def _compute_text(value: float, axis: str) -> str:
     return flops_text(value) + " FLOPs" if axis == "flops" else f"{value:.0f} s"
 
 
-def verdict_lines(sweep: Sweep, curves: Sequence[Curve]) -> list[str]:
+def scaling_verdicts(sweep: Sweep, curves: Sequence[Curve]) -> list[str]:
     """One sentence per method: its multiplier at the largest measured size, at every size, and extrapolated."""
     lines, axis = [], sweep.options.axis
     for curve in curves:
@@ -151,7 +151,7 @@ def _mean_sd(values: np.ndarray) -> str:
     return f"{values.mean():.4f}" + (f" ± {values.std(ddof=1):.4f}" if len(values) > 1 else "") + f" (n={len(values)})"
 
 
-def table_rows(sweep: Sweep, curves: Sequence[Curve]) -> list[list[str]]:
+def scaling_rows(sweep: Sweep, curves: Sequence[Curve]) -> list[list[str]]:
     """One row per (variant, size), then each method's extrapolated row."""
     sign, rows = sign_of(sweep), []
     for curve in curves:
@@ -249,7 +249,7 @@ def csv_text(sweep: Sweep, curves: Sequence[Curve]) -> str:
 
 
 # -- figures --------------------------------------------------------------------------------------------------
-def figures(sweep: Sweep, curves: Sequence[Curve], directory: Path) -> list[Picture]:
+def scaling_figures(sweep: Sweep, curves: Sequence[Curve], directory: Path) -> list[Picture]:
     """The loss-against-compute curves (with fits, bands, residuals) and the multipliers against size."""
     sign, axis = sign_of(sweep), "FLOPs" if sweep.options.axis == "flops" else "seconds"
     xs = [float(v) for c in curves for cell in c.cells for v in cell.x]
@@ -389,10 +389,10 @@ def _sections(sweep: Sweep, curves: Sequence[Curve], by_size: dict[str, list[Var
                  str(r.results.get(f"test_{sweep.plan.task.metric}", "–"))]
                 for summaries in by_size.values() for s in summaries for r in s.runs]
     environment = env.lines() if env is not None else ["not recorded: written outside a compare run"]
-    return [("What the sweep shows", verdict_lines(sweep, curves) or ["(no method against the baseline)"], []),
+    return [("What the sweep shows", scaling_verdicts(sweep, curves) or ["(no method against the baseline)"], []),
             ("Set-up", _setup_lines(sweep, command, by_size), []),
             ("Environment", environment, []),
-            ("Loss, fits and compute multipliers", [], [(table_headers(sweep), table_rows(sweep, curves))]),
+            ("Loss, fits and compute multipliers", [], [(table_headers(sweep), scaling_rows(sweep, curves))]),
             ("Fits", fit_lines(sweep, curves) + [METHOD], [(FIT_HEADERS, fit_rows(curves))]),
             ("At equal budget, size by size", ["Each method against the baseline at each size, as `compare` "
                                                "reports a comparison (the paired test over the shared seeds, "
@@ -408,7 +408,7 @@ def write_scaling_report(sweep: Sweep, output: Path, command: list[str], env: Op
     """Write the sweep's report files into ``output`` (module docstring) and return what the command prints."""
     output = Path(output)
     curves, by_size = analyse(sweep, output, margin)
-    pictures = figures(sweep, curves, output / FIGURES)
+    pictures = scaling_figures(sweep, curves, output / FIGURES)
     sections = _sections(sweep, curves, by_size, env, command)
     title = f"Scaling sweep on {sweep.settings.task}"
     md = [f"# {title}"]
@@ -433,7 +433,7 @@ def write_scaling_report(sweep: Sweep, output: Path, command: list[str], env: Op
     write_atomic(page_path, f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>"
                             f"{html.escape(title)}</title><style>{_CSS}</style></head><body>{''.join(page)}"
                             "</body></html>\n")
-    head, rows = table_headers(sweep), table_rows(sweep, curves)
+    head, rows = table_headers(sweep), scaling_rows(sweep, curves)
     tables = [output / "report.csv", output / "report.tex"]
     write_atomic(tables[0], csv_text(sweep, curves))
     write_atomic(tables[1], exports.latex_table(head, rows, f"Scaling sweep on {sweep.settings.task}: test metric, fit "
@@ -442,7 +442,7 @@ def write_scaling_report(sweep: Sweep, output: Path, command: list[str], env: Op
     write_atomic(output / "summary.json", json.dumps(summary_json(sweep, curves), indent=2, default=_json_number)
                  + "\n")
     complete = all(r.state == "finished" for ss in by_size.values() for v in ss for r in v.runs)
-    verdicts = verdict_lines(sweep, curves)
+    verdicts = scaling_verdicts(sweep, curves)
     return ScalingReport(format_table(head, rows), markdown, page_path, tables, pictures, verdicts,
                          fit_lines(sweep, curves), complete)
 

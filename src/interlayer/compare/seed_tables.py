@@ -41,7 +41,7 @@ def run_rows(plan: Plan, summaries: Sequence[VariantSummary]) -> list[list[str]]
     return rows
 
 
-def differences(summary: VariantSummary, baseline: VariantSummary) -> dict[int, float]:
+def seed_differences(summary: VariantSummary, baseline: VariantSummary) -> dict[int, float]:
     """``variant - baseline`` of the test metric for every seed both finished: the paired test's data."""
     base = baseline.test_by_seed
     return {seed: value - base[seed] for seed, value in summary.test_by_seed.items() if seed in base}
@@ -59,7 +59,7 @@ def difference_rows(plan: Plan, summaries: Sequence[VariantSummary]) -> list[lis
     interval, p and power come from)."""
     places = seed_places(plan)
     base = next(s for s in summaries if s.name == plan.settings.baseline)
-    columns = [base.test_by_seed, *(differences(s, base) for s in summaries if s is not base)]
+    columns = [base.test_by_seed, *(seed_differences(s, base) for s in summaries if s is not base)]
     rows = [[str(seed), *(_number(column.get(seed), places, sign=i > 0) for i, column in enumerate(columns))]
             for seed in plan.settings.seeds]
     for label, index in (("mean", 0), ("sd", 1)):

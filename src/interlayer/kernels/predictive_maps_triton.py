@@ -411,7 +411,7 @@ def _input_gradient(dx, DX, DS, DR, Y, offs, inside, cols, i, T, PAD, s_pb, b, B
 
 
 # -- the launches ---------------------------------------------------------------------------------------------
-def blocks(B: int, T: int, causal: bool, whole: bool = False) -> tuple[tuple[int, int], int, int]:
+def launch_blocks(B: int, T: int, causal: bool, whole: bool = False) -> tuple[tuple[int, int], int, int]:
     """The grid (batch, blocks), the blocks a side and the blocks that compute (causal: on and below the diagonal;
     ``whole``: the grid also covers the blocks above it)."""
     n = triton.cdiv(T, BC)
@@ -468,7 +468,7 @@ def conv_forward(x: Tensor, s: Tensor, prev: Tensor, weight: Optional[Tensor], b
     out = torch.empty_like(s)
     signs = sign_bits(s) if final and weight is not None else None
     pad, s_pb, padded = padding(key_padding_mask, s.device)
-    grid, n, _ = blocks(B, T, causal)
+    grid, n, _ = launch_blocks(B, T, causal)
     dummy = alpha
     _forward[grid](
         x, s, prev, padded_taps(weight) if weight is not None else dummy,
@@ -499,7 +499,7 @@ def conv_backward(dz: Tensor, x: Tensor, s: Tensor, weight: Tensor, y: Optional[
     pad, s_pb, padded = padding(key_padding_mask, dz.device)
     has_beta = beta is not None and first
     dx = torch.empty_like(x)
-    grid, n, computed = blocks(B, T, causal, whole=first)  # the previous logits' gradient is 0 above a diagonal
+    grid, n, computed = launch_blocks(B, T, causal, whole=first)  # the previous logits' gradient is 0 above a diagonal
     _input_grad[grid](
         dz, padded_taps(weight), dx, ds if has_beta else dx, dr if has_beta else dx, y if y is not None else dx,
         pad, beta if beta is not None else dx, H, T, n, s_pb, slope, PADDED=padded, FIRST=first, BETA=has_beta,

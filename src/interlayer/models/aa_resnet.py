@@ -55,6 +55,9 @@ class AAResNetConfig(ConfigFile):
     """An (attention-augmented) ResNet classifier; defaults: AA-ResNet-50 at 224 x 224 (AA Sec. 4.2)."""
 
     UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_height", "image_width")
+    # sizes every built model's tensors measure (the stem's input and output channels, the head's classes); the
+    # per-stage lists and the attention's fractions are checked against the weights by the loader's shapes
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"channels", "stem_width", "num_classes"})
 
     model_type: Literal["aa_resnet"] = MODEL_TYPE
     image_height: int = 224

@@ -70,6 +70,7 @@ class RegionConfig(ConfigFile):
     """
 
     UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("max_regions", "max_words")
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"feature_dim"})  # the region projection's input width
 
     head: Head = "caption"
     feature_dim: int = 2048

@@ -59,6 +59,9 @@ class SwinConfig(ConfigFile):
     """A Swin Transformer classifier (defaults: Swin-T at 224 x 224 on ImageNet-1K, Sec. 3.3)."""
 
     UNMEASURED_FIELDS: ClassVar[tuple[str, ...]] = ("image_height", "image_width", "padding")
+    # sizes every built model's tensors measure (the patch embedding's channels, kernel and width, the head's
+    # classes); the per-stage lists are checked against the weights by the loader's shapes
+    WEIGHT_SIZES: ClassVar[frozenset[str]] = frozenset({"channels", "patch_size", "embed_dim", "num_classes"})
 
     model_type: Literal["swin"] = MODEL_TYPE
     image_height: int = 224

@@ -169,10 +169,10 @@ def _field_of(data: ImageData, name: str) -> str:
 def load_split(images_path: Path, labels_path: Path, num_classes: int) -> tuple[Tensor, Tensor]:
     """uint8 images (N, C, H, W) and int64 labels of an IDX pair, every label checked to be a valid class index."""
     images, labels = read_labelled_images(images_path, labels_path)
-    return check_labels(torch.from_numpy(images.copy()), torch.from_numpy(labels), num_classes, str(labels_path))
+    return check_class_labels(torch.from_numpy(images.copy()), torch.from_numpy(labels), num_classes, str(labels_path))
 
 
-def check_labels(images: Tensor, labels: Tensor, num_classes: int, source: str) -> tuple[Tensor, Tensor]:
+def check_class_labels(images: Tensor, labels: Tensor, num_classes: int, source: str) -> tuple[Tensor, Tensor]:
     """``(images, labels)`` once every label is known to be a class index below ``num_classes``."""
     if len(labels) == 0:
         raise DataError(f"{source}: the file holds no examples")
@@ -193,7 +193,7 @@ def split_source(data: ImageData, split: Literal["train", "test"]) -> str:
 def load_test(data: ImageData, num_classes: int) -> tuple[Tensor, Tensor]:
     """The test split of ``data``, its labels checked to be below ``num_classes``."""
     images, labels = data.split("test")
-    return check_labels(images, labels, num_classes, split_source(data, "test"))
+    return check_class_labels(images, labels, num_classes, split_source(data, "test"))
 
 
 def stratified_split(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
@@ -247,7 +247,7 @@ class ImageTask:
         if len(labels) == 0:
             raise DataError(f"{split_source(data, 'train')}: the training split holds no examples")
         self.class_names = data.names(labels)
-        images, labels = check_labels(images, labels, len(self.class_names), split_source(data, "train"))
+        images, labels = check_class_labels(images, labels, len(self.class_names), split_source(data, "train"))
         train_index, valid_index = stratified_split(labels, data.valid_fraction, data.split_seed)
         if len(valid_index) == 0 or len(train_index) == 0:
             raise DataError(f"{split_source(data, 'train')}: data.valid_fraction={data.valid_fraction} of "
