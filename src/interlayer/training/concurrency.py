@@ -49,29 +49,17 @@ def threads_per_run(concurrent: int) -> Optional[int]:
     return max(1, available_cores() // concurrent) if concurrent > 1 else None
 
 
-class ForwardedInterrupts:
-    """While active, SIGINT/SIGTERM set :attr:`requested` and are passed on as SIGINT to the live processes in
-    :attr:`processes` (whose engines save and stop at the end of their step); :attr:`signal` is the first of them
-    received (None while none was).
-
-    The processes usually get a terminal's Ctrl-C themselves too (same process group); a second delivery only
-    sets their stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
-    """
+class _SignalHandlers:
+    """SIGINT and SIGTERM sent to :meth:`_handle` while the block runs, the previous handlers put back after; outside
+    the main thread (no signal handlers possible) nothing is installed."""
 
     def __init__(self) -> None:
-        self.requested = False
-        self.signal: Optional[int] = None
-        self.processes: list[multiprocessing.process.BaseProcess] = []
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        self.signal = self.signal or signum
-        for process in self.processes:
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGINT)
+        raise NotImplementedError
 
-    def __enter__(self) -> "ForwardedInterrupts":
+    def __enter__(self):
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -82,6 +70,30 @@ class ForwardedInterrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class ForwardedInterrupts(_SignalHandlers):
+    """While active, SIGINT/SIGTERM set :attr:`requested` and are passed on as SIGINT to the live processes in
+    :attr:`processes` (whose engines save and stop at the end of their step); :attr:`signal` is the first of them
+    received (None while none was).
+
+    The processes usually get a terminal's Ctrl-C themselves too (same process group); a second delivery only
+    sets their stop flag again. Outside the main thread (no signal handlers possible) nothing is installed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = False
+        self.signal: Optional[int] = None
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        self.signal = self.signal or signum
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGINT)
+
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
@@ -106,31 +118,15 @@ def sigterm_as_stop() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-class StopSignals:
+class StopSignals(_SignalHandlers):
     """While active, SIGINT and SIGTERM raise :class:`~interlayer.errors.SignalStop` (a ``KeyboardInterrupt``
     naming the signal): a SIGTERM stops the work as Ctrl-C does, with its cleanup, instead of ending the process on
     the spot, and the caller learns which signal it was. The engine installs its own handlers while it trains
     (saving and stopping after the step) and puts these back after. Outside the main thread nothing is installed.
     """
 
-    def __init__(self) -> None:
-        self._previous: dict[int, Any] = {}
-
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: Any) -> None:
         raise SignalStop(signum)
-
-    def __enter__(self) -> "StopSignals":
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._raise)
-        except ValueError:
-            self._previous = {}
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def stop_code(signum: Optional[int]) -> int:
