@@ -531,12 +531,24 @@ def _statement_starts(path: str) -> dict[int, int]:
     return starts
 
 
+_SHADOWED: dict[tuple[str, str], str] = {}  # (folder name, file name) -> the file the shadow runs
+
+
+def _relocated(path: str) -> str:
+    """The shadowed file a compiled line names. Triton's cache is keyed by a kernel's source and line numbers, not
+    by its folder, so a kernel compiled in another checkout of the same code comes back naming that checkout's
+    path: the same lines of another copy."""
+    here = Path(path)
+    return _SHADOWED.get((here.parent.name, here.name), path)
+
+
 @functools.lru_cache(maxsize=None)
 def normalise(chain: Optional[Chain]) -> Optional[Chain]:
     if chain is None:
         return None
+    located = [(_relocated(path), line) for path, line in chain]
     return tuple((path, _statement_starts(path).get(line, line)) if Path(path).is_file() else (path, line)
-                 for path, line in chain)
+                 for path, line in located)
 
 
 class Shadower:
@@ -545,6 +557,10 @@ class Shadower:
     def __init__(self, kernel: Any) -> None:
         module = sys.modules[kernel.fn.__module__]
         self.files = {module.__file__}
+        here = Path(module.__file__)
+        if _SHADOWED.get((here.parent.name, here.name)) != module.__file__:
+            _SHADOWED[(here.parent.name, here.name)] = module.__file__
+            normalise.cache_clear()
         shadow_globals = dict(vars(module))
         shadow_globals["tl"] = shadow_language()
         shadow_globals["triton"] = types.SimpleNamespace(cdiv=cdiv, language=shadow_globals["tl"], jit=_identity)

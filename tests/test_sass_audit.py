@@ -52,3 +52,19 @@ def test_warps_that_repeat_each_others_products_are_replication(audits):
 
 def test_two_calls_on_one_line_are_refused(audits):
     assert "one call a line" in audits["twice"]["refused"]
+
+
+def test_a_kernel_compiled_in_another_checkout_names_the_shadowed_file(tmp_path):
+    """Triton's cache keys a kernel by its source and lines, not its folder: a cubin cached by another checkout names
+    that checkout's path, and its lines must still meet the shadow's (CI once counted no loop at all)."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    try:
+        import sass_audit
+
+        from interlayer.kernels import cross_entropy_triton as module
+    finally:
+        sys.path.pop(0)
+    sass_audit.Shadower(module._forward)
+    elsewhere = str(tmp_path / "old-checkout" / "kernels" / Path(module.__file__).name)
+    assert sass_audit.normalise(((elsewhere, 1),))[0][0] == module.__file__
+    assert sass_audit.normalise(((str(tmp_path / "other.py"), 1),))[0][0] == str(tmp_path / "other.py")
