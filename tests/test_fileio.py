@@ -29,6 +29,7 @@ from interlayer.fileio import (
     atomic_directory,
     atomic_path,
     confined,
+    json_field,
     load_yaml,
     parse_json,
     read_json,
@@ -265,6 +266,19 @@ def test_a_value_a_message_quotes_is_cut_short():
     with pytest.raises(ConfigError) as caught:
         load_yaml("[" + long, "--set d_model", inline=True)
     assert len(str(caught.value)) < 500
+
+
+def test_a_field_of_a_publishers_record_is_checked_and_its_value_quoted_short():
+    """One reader of typed fields for the caption and VQA formats: a missing key, a record that is no object, a
+    boolean taken for a number and a value of the wrong type are refused naming the record and key."""
+    assert json_field({"id": 3}, "id", int, "q.json: question 1", DataError) == 3
+    assert json_field({"id": "a"}, "id", (int, str), "q.json: question 1", DataError) == "a"
+    for record, message in [({}, "missing field 'id'"), ("a string with id", "missing field 'id'"),
+                            ({"id": True}, "field 'id' must be a int, got True"),
+                            ({"id": "x" * 5000}, r"field 'id' must be a int or float, got 'xxx.*characters left out")]:
+        with pytest.raises(DataError, match=r"q\.json: question 1: " + message) as caught:
+            json_field(record, "id", (int, float) if "float" in message else int, "q.json: question 1", DataError)
+        assert len(str(caught.value)) < 300
 
 
 # -- writes that fail ------------------------------------------------------------------------------------------------
