@@ -44,7 +44,8 @@ from interlayer.data import sort_of_clevr as soc
 from interlayer.errors import DataError
 from interlayer.fileio import read_json
 from interlayer.models.registry import load_pretrained
-from interlayer.tasks.vqa import Split, Vocab, VQAData, VQATask, load_test_split, score
+from interlayer.tasks.vqa import VQATask, score
+from interlayer.tasks.vqa_data import Split, Vocab, VQAData, load_test_split
 from interlayer.training.config import TrainConfig
 
 RuleKey = Callable[[soc.SortOfClevr, int], tuple]

@@ -10,7 +10,9 @@ import pytest
 from helpers import set_args
 from helpers.folders import copy_folder, read_only_folder, snapshot, train_tiny_lm
 from helpers.tiny_runs import TINY_LM
-from interlayer.cli import MAX_SAMPLES, main, one_line
+from interlayer.cli import main
+from interlayer.cli.args import one_line
+from interlayer.cli.trained import MAX_SAMPLES
 from interlayer.compare import MAX_SEEDS
 
 

@@ -206,11 +206,11 @@ def test_run_state_decides_skip_resume_or_restart(tmp_path):
 
 
 def test_default_comparison_applies_to_its_bundled_task():
-    from interlayer.cli import _parse_sets
+    from interlayer.cli.args import parse_sets
 
     settings = make_settings(DEFAULT["task"], DEFAULT["variants"], seeds=DEFAULT["seeds"],
                              budget_minutes=DEFAULT["budget_minutes"], budget_steps=DEFAULT["budget_steps"],
-                             sets=_parse_sets(DEFAULT["sets"]))
+                             sets=parse_sets(DEFAULT["sets"]))
     plan = build_plan(settings)
     assert [v.variant.name for v in plan.variants] == ["baseline", "pa", "crossformer_kq", "crossformer_sg", "lw_1x"]
     assert plan.task.metric == "loss" and not plan.task.higher_is_better and len(plan.runs()) == 5 * MAIN_JOB_SEEDS

@@ -69,7 +69,7 @@ def test_task_rules_separate_patience_from_saving(tmp_path):
 
 
 def test_learning_rate_schedules():
-    from interlayer.training.engine import learning_rate
+    from interlayer.training.optimizer import learning_rate
 
     def lr(schedule, step, **kw):
         return learning_rate(step, TrainConfig(lr=1.0, warmup_steps=10, warmup_init_lr=0.0, schedule=schedule, **kw),
@@ -84,7 +84,7 @@ def test_learning_rate_schedules():
 
 
 def test_anneal_to_budget_decays_by_whichever_limit_comes_first():
-    from interlayer.training.engine import learning_rate
+    from interlayer.training.optimizer import learning_rate
 
     def lr(step, used, anneal=True, schedule="linear"):
         cfg = TrainConfig(lr=1.0, warmup_steps=10, warmup_init_lr=0.0, schedule=schedule, max_minutes=1.0,
@@ -156,7 +156,7 @@ def test_logged_loss_is_the_mean_of_the_steps_in_its_window(tmp_path):
 
 def test_decay_bias_norm_off_spares_biases_and_norm_weights_only():
     """With zero gradients AdamW only decays: the spared group (biases, LayerNorm gains) must not move."""
-    from interlayer.training.engine import parameter_groups
+    from interlayer.training.optimizer import parameter_groups
 
     model = create_model("transformer_text_cls", d_model=16, n_heads=2, d_ffn=32, enc_layers=1, src_vocab_size=20,
                          num_classes=2)

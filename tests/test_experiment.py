@@ -128,7 +128,7 @@ def test_non_finite_test_scores_stop_the_run_without_results(tmp_path, capsys, m
     assert not (run / "results.json").exists()
 
 
-def test_two_processes_on_a_one_batch_graph_are_refused_before_the_run_is_written(monkeypatch):
+def test_two_processes_on_a_one_batch_graph_are_refused_before_the_run_is_written(monkeypatch, tmp_path):
     """`torchrun --nproc-per-node 2 ... train cora`: Cora's epoch is one batch, a step of 2 processes needs 2
     (it was "internal error: ValueError" after run.json was written). The check reads the world size."""
     from interlayer import experiment
@@ -139,4 +139,45 @@ def test_two_processes_on_a_one_batch_graph_are_refused_before_the_run_is_writte
     monkeypatch.setattr(experiment.distributed, "environment", lambda: DistEnv(rank=0, world_size=2, local_rank=0))
     with pytest.raises(ConfigError, match=r"the first epoch has 1 training batches, fewer than one optimiser step "
                                           r"needs \(train\.update_freq=1 x 2 process\(es\) = 2\)"):
-        experiment._resolve_new(task_specs()["cora"], None, {}, None, None)
+        experiment._resolve_new(experiment._RunRequest(task_specs()["cora"], tmp_path / "run", experiment._Sets(),
+                                                       experiment._Sets()))
+
+
+# -- one run request ----------------------------------------------------------------------------------------------
+def test_no_private_function_of_the_experiment_takes_more_than_six_parameters():
+    """The steps of a run read one frozen request (``_RunRequest``) instead of relaying its values: ``_train`` took
+    14 parameters, ``_prepare`` 12."""
+    import dataclasses
+    import inspect
+
+    from interlayer import experiment
+
+    functions = {name: value for name, value in vars(experiment).items()
+                 if inspect.isfunction(value) and name.startswith("_") and value.__module__ == experiment.__name__}
+    for cls in (value for value in vars(experiment).values()
+                if inspect.isclass(value) and value.__module__ == experiment.__name__):
+        functions.update({f"{cls.__name__}.{name}": getattr(member, "__func__", member)
+                          for name, member in vars(cls).items() if not name.startswith("__")
+                          and inspect.isfunction(getattr(member, "__func__", member))})
+    counts = {name: len(inspect.signature(function).parameters) for name, function in functions.items()}
+    assert {name: n for name, n in counts.items() if n > 6} == {}
+    assert {"_train", "_prepare", "_load_run", "_resumed_settings", "_RunRequest.settings"} <= set(functions)
+    assert dataclasses.fields(experiment._RunRequest) and experiment._RunRequest.__dataclass_params__.frozen
+
+
+def test_each_set_value_is_parsed_once_per_run_fresh_or_resumed(tmp_path, monkeypatch):
+    """A run splits its ``--set`` values once: they were parsed again only to be compared across the ranks of a
+    distributed run, and again on resume."""
+    from interlayer import experiment
+
+    parsed: list[str] = []
+    parse = experiment.parse_value
+    monkeypatch.setattr(experiment, "parse_value", lambda value, what: parsed.append(what) or parse(value, what))
+    run = tmp_path / "run"
+    args = ["train", "sst2", "--run-dir", str(run), "--no-progress", *set_args([*TINY_TEXT, "train.max_steps=1"])]
+    assert main(args) == 0
+    given = [f"--set {pair.partition('=')[0]}" for pair in [*TINY_TEXT, "train.max_steps=1"]]
+    assert sorted(parsed) == sorted(given)
+    parsed.clear()
+    assert main([*args, "--resume"]) == 0  # the same values again: no change, the finished run stays as it was
+    assert sorted(parsed) == sorted(given)

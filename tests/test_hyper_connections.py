@@ -172,7 +172,8 @@ def test_madds_count_the_width_connection_and_dynamic_projection_as_the_flop_cou
 
 def test_static_matrices_get_no_weight_decay_and_the_dynamic_weights_do():
     """Sec. 4 "Implementation": no weight decay on the static component, the usual on the dynamic one."""
-    from interlayer.training.engine import TrainConfig, parameter_groups
+    from interlayer.training.config import TrainConfig
+    from interlayer.training.optimizer import parameter_groups
     model = lm(hyper_connections={"rate": 4})
     names = {id(p): n for n, p in model.named_parameters()}
     groups = parameter_groups(model, TrainConfig(optimizer="adamw", weight_decay=0.1))

@@ -216,7 +216,8 @@ def test_madds_count_the_products_as_the_flop_counter_does(dynamic):
 
 
 def test_the_static_biases_get_no_weight_decay():
-    from interlayer.training.engine import TrainConfig, parameter_groups
+    from interlayer.training.config import TrainConfig
+    from interlayer.training.optimizer import parameter_groups
     model = lm(mhc={})
     names = {id(p): n for n, p in model.named_parameters()}
     groups = parameter_groups(model, TrainConfig(optimizer="adamw", weight_decay=0.1))

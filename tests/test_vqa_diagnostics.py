@@ -8,7 +8,8 @@ import torch
 from helpers.benchmarks import load_benchmark
 from interlayer import create_model
 from interlayer.data import sort_of_clevr as soc
-from interlayer.tasks.vqa import VQAData, VQATask
+from interlayer.tasks.vqa import VQATask
+from interlayer.tasks.vqa_data import VQAData
 from interlayer.training.config import TrainConfig
 
 D = load_benchmark("vqa_diagnostics")

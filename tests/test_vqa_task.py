@@ -20,7 +20,8 @@ from interlayer.errors import VariantError
 from interlayer.experiment import train
 from interlayer.tasks import task_specs
 from interlayer.tasks import vqa as vqa_task
-from interlayer.tasks.vqa import PAD, RegionImages, VQAData, VQATask, load_test_split, score
+from interlayer.tasks.vqa import VQATask, score
+from interlayer.tasks.vqa_data import PAD, RegionImages, VQAData, load_test_split
 from interlayer.training.config import TrainConfig
 
 TINY_MODEL = ["d_model=16", "n_heads=2", "d_ffn=32", "layers=1", "word_dim=8", "flat_mlp=16", "fused_dim=16"]

@@ -115,59 +115,113 @@ def train(spec: TaskSpec, *, preset: Optional[str] = None, sets: Optional[dict[s
     architecture search must select on validation only); ``results["best_valid"]`` always holds the best
     validation metrics. An interrupted run's results name the signal that stopped it (``"signal"``).
     """
-    run_dir, sets, options = Path(run_dir), sets or {}, options or {}
+    run_dir, options = Path(run_dir), options or {}
     env = distributed.environment()
     distributed.initialise(env)
     error: Optional[BaseException] = None
-    settings = None
+    request: Optional[_RunRequest] = None
     try:
         _check_run_dir(run_dir)
         if resume and not (run_dir / RUN_FILE).is_file():  # said before the lock would create the directory
             raise FileNotFoundError(f"cannot resume: {run_dir / RUN_FILE} is missing (no run was started there)")
-        settings = _settings(spec, preset, sets, seed, max_minutes, run_dir, resume, options)
+        sets = sets or {}
+        defaults = spec.defaults_for(sets)  # as with_defaults: the task's defaults that the user's keys decide
+        given = _Sets.split(sets)
+        request = _RunRequest(spec=spec, run_dir=run_dir, preset=preset, given=given,
+                              fresh=given.over(_Sets.split(defaults)), seed=seed, max_minutes=max_minutes,
+                              resume=resume, progress=progress, options=options, score_test=score_test, warn=warn,
+                              command=None if command is None else tuple(command))
     except Exception as err:  # noqa: BLE001 (every rank learns of it: distributed.agree)
         error = err
-    distributed.agree(env, error, settings)  # the same settings on every rank, or every rank stops
+    # the same settings on every rank, or every rank stops (a request is made whenever no error was met)
+    distributed.agree(env, error, None if request is None else request.settings())
+    assert request is not None
     with contextlib.ExitStack() as lock:
-        return _train(spec, preset, sets, seed, max_minutes, run_dir, resume, progress, options, score_test, warn,
-                      env, lock, command)
+        return _train(request, env, lock)
 
 
-def _settings(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-              max_minutes: Optional[float], run_dir: Path, resume: bool, options: dict[str, Any]) -> dict[str, Any]:
-    """What a rank was asked to run, resolved as far as it goes without data (``--set`` values parsed, the task's
-    defaults applied): the settings the ranks of a distributed run compare before anything is written."""
-    model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
-    return {"task": spec.name, "preset": preset, "model": model_sets, "train": train_sets, "data": data_sets,
-            "seed": seed, "max_minutes": max_minutes, "run_dir": str(run_dir), "resume": resume, "options": options}
+@dataclasses.dataclass(frozen=True)
+class _Sets:
+    """``--set`` values split by :func:`split_overrides` (each value parsed) into the model's, the training's and
+    the data's keys."""
+
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def split(cls, sets: dict[str, Any]) -> _Sets:
+        return cls(*split_overrides(sets))
+
+    def over(self, defaults: _Sets) -> _Sets:
+        """These keys over ``defaults``' (what :func:`with_defaults` then :func:`split_overrides` give)."""
+        return _Sets({**defaults.model, **self.model}, {**defaults.train, **self.train}, {**defaults.data, **self.data})
 
 
-def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-           max_minutes: Optional[float], run_dir: Path, resume: bool, progress: bool, options: dict[str, Any],
-           score_test: bool, warn: Callable[[str], None], env: distributed.DistEnv, lock: contextlib.ExitStack,
-           command: Optional[Sequence[str]]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _RunRequest:
+    """One call of :func:`train`, what every step of the run reads: its choices, and its ``--set`` values split
+    once (:class:`_Sets`), as given (``given``: what a resume may change) and over the task's defaults for them
+    (``fresh``: what a fresh run resolves, and what the ranks of a distributed run compare)."""
+
+    spec: TaskSpec
+    run_dir: Path
+    given: _Sets
+    fresh: _Sets
+    # the choices, with train()'s defaults
+    preset: Optional[str] = None
+    seed: Optional[int] = None
+    max_minutes: Optional[float] = None
+    resume: bool = False
+    progress: bool = True
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    score_test: bool = True
+    warn: Callable[[str], None] = _warn
+    command: Optional[tuple[str, ...]] = None  # the command line that started it: kept in a fresh run's run.json
+
+    def settings(self) -> dict[str, Any]:
+        """What a rank was asked to run, resolved as far as it goes without data (``--set`` values parsed, the
+        task's defaults applied): the settings the ranks of a distributed run compare before anything is written."""
+        return {"task": self.spec.name, "preset": self.preset, "model": self.fresh.model, "train": self.fresh.train,
+                "data": self.fresh.data, "seed": self.seed, "max_minutes": self.max_minutes,
+                "run_dir": str(self.run_dir), "resume": self.resume, "options": self.options}
+
+    def unchanged(self) -> _RunRequest:
+        """The request of a rank > 0: the run as rank 0 wrote it to ``run.json`` (with the changes it applied), so
+        nothing of its own to change or to announce."""
+        return dataclasses.replace(self, preset=None, given=_Sets(), seed=None, max_minutes=None)
+
+    @property
+    def allow_data_change(self) -> bool:
+        return bool(self.options.get("allow_data_change"))
+
+
+def _train(request: _RunRequest, env: distributed.DistEnv, lock: contextlib.ExitStack) -> dict[str, Any]:
+    """The run once every rank holds the same request: rank 0 prepares it (the others then load what it wrote),
+    every rank trains, rank 0 scores the final model and writes ``results.json``."""
+    spec, run_dir = request.spec, request.run_dir
     # a legacy pickle checkpoint is no "missing checkpoint": the engine refuses it with the reason
-    start_over = resume and (run_dir / RUN_FILE).is_file() and not any(
+    start_over = request.resume and (run_dir / RUN_FILE).is_file() and not any(
         (run_dir / name).is_file() for name in (LAST, LEGACY_LAST))
     prepared: Optional[tuple[Any, nn.Module, TrainConfig]] = None
     error: Optional[BaseException] = None
     if env.is_main:  # rank 0 prepares the run; a refusal here stops every rank (distributed.agree)
         try:
-            prepared = _prepare(spec, preset, sets, seed, max_minutes, run_dir, resume, start_over, warn, lock,
-                                command, bool(options.get("allow_data_change")))
+            prepared = _prepare(request, start_over, lock)
         except Exception as err:  # noqa: BLE001
             error = err
     distributed.agree(env, error)  # the other ranks read what rank 0 wrote
     if not env.is_main:
         try:
-            prepared = _load_run(spec, run_dir, None, {}, None, None, warn, False)
+            prepared = _load_run(request.unchanged(), record=False)
             check_before_training(*prepared)
         except Exception as err:  # noqa: BLE001
             error = err
     distributed.agree(env, error)
     assert prepared is not None
     task, model, train_cfg = prepared
-    trainer = Trainer(task, model, train_cfg, run_dir, resume=resume and not start_over, progress=progress)
+    trainer = Trainer(task, model, train_cfg, run_dir, resume=request.resume and not start_over,
+                      progress=request.progress)
     started = time.perf_counter()
     state = trainer.fit()
     if not env.is_main:
@@ -182,8 +236,8 @@ def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Op
                "train_wall_seconds": time.perf_counter() - started, "train_units_per_s": _mean_speed(run_dir)}
     if state.averaged:
         results["averaged"] = state.averaged
-    if score_test:
-        results.update(spec.finish(task, run_dir, state, {**options, "progress": progress}))
+    if request.score_test:
+        results.update(spec.finish(task, run_dir, state, {**request.options, "progress": request.progress}))
         bad = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, float)
                and not math.isfinite(v)}
         if bad:  # validated finite, yet the test scores are not: say so instead of writing them as results
@@ -194,31 +248,30 @@ def _train(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Op
     return results
 
 
-def _prepare(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-             max_minutes: Optional[float], run_dir: Path, resume: bool, start_over: bool,
-             warn: Callable[[str], None], lock: contextlib.ExitStack, command: Optional[Sequence[str]],
-             allow_data_change: bool = False) -> tuple[Any, nn.Module, TrainConfig]:
+def _prepare(request: _RunRequest, start_over: bool, lock: contextlib.ExitStack
+             ) -> tuple[Any, nn.Module, TrainConfig]:
     """Rank 0's part before training: a fresh run resolved, built and checked before its directory is locked and
     written (a refused run leaves no directory behind); a resumed one loaded (or started over) under the lock, its
-    data compared with the run's (:func:`_check_data`; ``allow_data_change`` lets a difference through)."""
+    data compared with the run's (:func:`_check_data`; ``--allow-data-change`` lets a difference through)."""
+    run_dir = request.run_dir
     fresh = None
-    if not resume:
+    if not request.resume:
         _refuse_existing(run_dir)
-        fresh = _resolve_new(spec, preset, sets, seed, max_minutes)
-        if command is not None:
-            fresh.record["command"] = list(command)
-    lock.enter_context(DirectoryLock(run_dir, f"{spec.name} training run"))
+        fresh = _resolve_new(request)
+        if request.command is not None:
+            fresh.record["command"] = list(request.command)
+    lock.enter_context(DirectoryLock(run_dir, f"{request.spec.name} training run"))
     if fresh is not None:
         _refuse_existing(run_dir)  # again, under the lock: another process may have started it meanwhile
         fresh.task.save_assets(run_dir)
         write_json(run_dir / RUN_FILE, fresh.record)
         return fresh.task, fresh.model, fresh.train_cfg
     if start_over:
-        warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
-             "nothing to resume: starting it from the beginning with its stored settings")
-        prepared = _restart_run(spec, run_dir, preset, sets, seed, max_minutes, warn, allow_data_change)
+        request.warn(f"interlayer: {run_dir} stopped before its first checkpoint ({LAST} is missing), so there is "
+                     "nothing to resume: starting it from the beginning with its stored settings")
+        prepared = _restart_run(request)
     else:
-        prepared = _load_run(spec, run_dir, preset, sets, seed, max_minutes, warn, True, allow_data_change)
+        prepared = _load_run(request, record=True)
     check_before_training(*prepared)
     return prepared
 
@@ -292,19 +345,19 @@ def _refuse_existing(run_dir: Path) -> None:
                               "--run-dir")
 
 
-def _resolve_new(spec: TaskSpec, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-                 max_minutes: Optional[float]) -> _NewRun:
-    """Resolve a fresh run from the preset and ``sets`` and build it (writing nothing)."""
-    model_sets, train_sets, data_sets = split_overrides(with_defaults(spec, sets))
+def _resolve_new(request: _RunRequest) -> _NewRun:
+    """Resolve a fresh run from the preset and its ``--set`` values over the task's defaults, and build it (writing
+    nothing)."""
+    spec, sets, seed = request.spec, request.fresh, request.seed
     train_cfg = dataclass_from_dict(TrainConfig, {**spec.train_defaults, "seed": 1 if seed is None else seed,
-                                                  **train_sets}, "train.")
-    if max_minutes is not None:
-        train_cfg.max_minutes = max_minutes
+                                                  **sets.train}, "train.")
+    if request.max_minutes is not None:
+        train_cfg.max_minutes = request.max_minutes
     train_cfg.validate()
-    data_cfg = dataclass_from_dict(spec.data_class, data_sets, "data.")
+    data_cfg = dataclass_from_dict(spec.data_class, sets.data, "data.")
     task = spec.make_task(data_cfg, train_cfg, None)
-    preset = preset or spec.default_preset
-    model_cfg = spec.resolve_model(preset, model_sets, task)
+    preset = request.preset or spec.default_preset
+    model_cfg = spec.resolve_model(preset, sets.model, task)
     model = initial_model(spec, task, model_cfg.to_dict(), train_cfg.seed)  # before the assets: it may add some
     check_before_training(task, model, train_cfg)
     record = {"task": spec.name, "preset": preset, "model": model_cfg.to_dict(), "train": asdict(train_cfg),
@@ -320,19 +373,17 @@ _PARTIAL_FILES = ("train.csv", "valid.csv", "test.hyp", "results.json", "compare
 _PARTIAL_DIRS = ("tb", "best", "averaged")
 
 
-def _restart_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-                 max_minutes: Optional[float], warn: Callable[[str], None], allow_data_change: bool = False
-                 ) -> tuple[Any, nn.Module, TrainConfig]:
+def _restart_run(request: _RunRequest) -> tuple[Any, nn.Module, TrainConfig]:
     """A run with ``run.json`` but no checkpoint, started again from its stored settings (plus the changes a
     resume allows): the partial logs go, the model is rebuilt from the seed as a fresh run builds it."""
+    spec, run_dir = request.spec, request.run_dir
     stored = _read_run(spec, run_dir)
     notes: list[str] = []  # said once the data is known to be the run's: a refused resume prints one line
-    train_cfg, data_cfg, model_dict, _ = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes,
-                                                           notes.append)
+    train_cfg, data_cfg, model_dict, _ = _resumed_settings(request, stored, notes.append)
     task = spec.make_task(data_cfg, train_cfg, None)
-    stored = _check_data(run_dir, stored, task, allow_data_change, notes.append)
+    stored = _check_data(run_dir, stored, task, request.allow_data_change, notes.append)
     for note in notes:
-        warn(note)
+        request.warn(note)
     for name in _PARTIAL_FILES:
         (run_dir / name).unlink(missing_ok=True)
     for name in _PARTIAL_DIRS:
@@ -358,24 +409,22 @@ def _read_run(spec: TaskSpec, run_dir: Path) -> dict[str, Any]:
     return stored
 
 
-def _load_run(spec: TaskSpec, run_dir: Path, preset: Optional[str], sets: dict[str, Any], seed: Optional[int],
-              max_minutes: Optional[float], warn: Callable[[str], None], record: bool, allow_data_change: bool = False
-              ) -> tuple[Any, nn.Module, TrainConfig]:
-    """Task, model and training settings of the run stored in ``run_dir`` (for --resume, and for ranks > 0), with
-    the changes a resume allows; ``record`` (rank 0) compares the data with the run's (:func:`_check_data`) and
-    writes the changes to ``run.json``."""
+def _load_run(request: _RunRequest, record: bool) -> tuple[Any, nn.Module, TrainConfig]:
+    """Task, model and training settings of the run stored in the request's ``run_dir`` (for --resume, and for
+    ranks > 0), with the changes a resume allows; ``record`` (rank 0) compares the data with the run's
+    (:func:`_check_data`) and writes the changes to ``run.json``."""
+    spec, run_dir = request.spec, request.run_dir
     stored = _read_run(spec, run_dir)
     notes: list[str] = []  # said once the data is known to be the run's: a refused resume prints one line
-    train_cfg, data_cfg, _, model = _resumed_settings(spec, run_dir, stored, preset, sets, seed, max_minutes,
-                                                      notes.append)
+    train_cfg, data_cfg, _, model = _resumed_settings(request, stored, notes.append)
     task = spec.make_task(data_cfg, train_cfg, run_dir)
     if record:
-        checked = {**_check_data(run_dir, stored, task, allow_data_change, notes.append),
+        checked = {**_check_data(run_dir, stored, task, request.allow_data_change, notes.append),
                    "train": asdict(train_cfg), "data": asdict(data_cfg)}
         if checked != stored:
             write_json(run_dir / RUN_FILE, checked)
     for note in notes:
-        warn(note)
+        request.warn(note)
     return task, model, train_cfg
 
 
@@ -399,20 +448,21 @@ def _check_data(run_dir: Path, stored: dict[str, Any], task: Any, allow: bool, w
     return {**stored, "data_fingerprint": now}
 
 
-def _resumed_settings(spec: TaskSpec, run_dir: Path, stored: dict[str, Any], preset: Optional[str],
-                      sets: dict[str, Any], seed: Optional[int], max_minutes: Optional[float],
-                      warn: Callable[[str], None]) -> tuple[TrainConfig, Any, dict[str, Any], nn.Module]:
-    """The stored settings with ``sets`` applied, checked: changes to keys outside ``CHANGEABLE_ON_RESUME`` raise
-    :class:`ConfigError` naming each (stored -> requested); allowed ones are announced through ``warn``.
+def _resumed_settings(request: _RunRequest, stored: dict[str, Any], warn: Callable[[str], None]
+                      ) -> tuple[TrainConfig, Any, dict[str, Any], nn.Module]:
+    """The stored settings with the request's ``--set`` values (as given: no task defaults) applied, checked:
+    changes to keys outside ``CHANGEABLE_ON_RESUME`` raise :class:`ConfigError` naming each (stored -> requested);
+    allowed ones are announced through ``warn``.
 
     Values are compared after the same parsing and coercion as a fresh run's (``--set d_model=32`` equals a stored
     32), the model's by building it from the stored config with the keys applied.
     """
-    model_sets, train_sets, data_sets = split_overrides(sets)
-    if seed is not None:
-        train_sets = {"seed": seed, **train_sets}
-    if max_minutes is not None:
-        train_sets["max_minutes"] = max_minutes
+    spec, run_dir, preset = request.spec, request.run_dir, request.preset
+    model_sets, train_sets, data_sets = request.given.model, dict(request.given.train), request.given.data
+    if request.seed is not None:
+        train_sets = {"seed": request.seed, **train_sets}
+    if request.max_minutes is not None:
+        train_sets["max_minutes"] = request.max_minutes
     before = asdict(dataclass_from_dict(TrainConfig, stored["train"], "train."))
     train_cfg = dataclass_from_dict(TrainConfig, {**before, **train_sets}, "train.")
     train_cfg.validate()

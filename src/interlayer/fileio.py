@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -360,6 +361,19 @@ def read_json(path: PathLike, error: type[Exception] = ConfigError, *, expect: t
         raise error(f"{path}: expected a JSON {'object' if expect is dict else expect.__name__}, got "
                     f"{type(data).__name__}")
     return data
+
+
+def json_field(record: Any, key: str, kind: Union[type, tuple[type, ...]], where: str,
+               error: type[Exception] = ConfigError) -> Any:
+    """``record[key]`` of a JSON record read from a publisher's file, which must be of type ``kind`` (a boolean
+    is no number); otherwise ``error`` naming ``where`` (file and record), the key and the value (cut short)."""
+    if not isinstance(record, Mapping) or key not in record:
+        raise error(f"{where}: missing field {key!r}")
+    value = record[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise error(f"{where}: field {key!r} must be a {names}, got {shorten(repr(value))}")
+    return value
 
 
 def read_yaml_or_json(path: PathLike, error: type[Exception] = ConfigError) -> Any:

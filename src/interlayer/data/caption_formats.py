@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..errors import DataError
-from ..fileio import read_json, write_atomic
+from ..fileio import json_field, read_json, write_atomic
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "valid", "test": "test"}
 REFER_SPLITS = ("train", "val", "testA", "testB", "test")
@@ -56,13 +56,7 @@ class Referral:
 
 
 def _field(record: Any, key: str, kind: Union[type, tuple[type, ...]], where: str) -> Any:
-    if not isinstance(record, Mapping) or key not in record:
-        raise DataError(f"{where}: missing field {key!r}")
-    value = record[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"{where}: field {key!r} must be a {names}, got {value!r:.80}")
-    return value
+    return json_field(record, key, kind, where, DataError)
 
 
 # -- COCO captions, Karpathy splits ---------------------------------------------------------------------------

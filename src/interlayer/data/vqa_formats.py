@@ -41,7 +41,7 @@ from typing import Any, Iterable, Protocol, Sequence
 import numpy as np
 
 from ..errors import DataError
-from ..fileio import read_json
+from ..fileio import json_field, read_json
 
 # -- the official VQA answer normalisation (vqaEval.py of the VQA API, Antol et al. 2015) ------------------------
 PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?",
@@ -105,13 +105,7 @@ class VQAItem:
 
 
 def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(record, dict) or key not in record:
-        raise DataError(f"{where}: missing field {key!r}")
-    value = record[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"{where}: field {key!r} must be a {names}, got {value!r}")
-    return value
+    return json_field(record, key, kind, where, DataError)
 
 
 def _records(path: Path, key: str) -> list[Any]:

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.feedforward import FeedForward
+from ..core.recording import StateRecorder, record_forward
 from ..errors import ConfigError, VariantError
 from .base import ComposedConfig, CompositionExample, Conflict, MethodBase, NamedVariant, VariantContext
 
@@ -332,121 +333,6 @@ class SoftGuidance:
         return s.alpha * torch.stack(terms).sum()
 
 
-class StateRecorder:
-    """The activations ``soft_target="states"`` reads from one forward pass of the model.
-
-    ``states[path]`` holds one tensor per call of the site (Multi-Pass runs the encoder layers once per pass; an MPT
-    model with per-pass losses decodes once per pass); ``padding`` the padding masks (True at padding) of the
-    ``"encoder"`` tokens, the ``"decoder"`` tokens and the decoder's ``"memory"``. Nothing is recorded unless
-    ``armed``: between the model's forward pre-hook and its forward hook, so ``encode``/``decode`` calls and
-    incremental decoding, which never reach the loss, keep nothing.
-    """
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.states: dict[str, list[Tensor]] = {}
-        self.padding: dict[str, Optional[Tensor]] = {}
-
-    def start(self) -> None:
-        self.states, self.padding, self.armed = {}, {}, True
-
-    def stop(self) -> None:
-        self.states, self.padding, self.armed = {}, {}, False
-
-    def add(self, path: str, state: Tensor) -> None:
-        if self.armed:
-            self.states.setdefault(path, []).append(state)
-
-
-class _Start:
-    """Forward pre-hook of the model: a new forward pass, a new record."""
-
-    def __init__(self, recorder: StateRecorder) -> None:
-        self.recorder = recorder
-
-    def __call__(self, module: nn.Module, args: tuple) -> None:
-        self.recorder.start()
-
-
-class _Stop:
-    """Forward hook of the model (also called when the forward raises): the record is dropped."""
-
-    def __init__(self, recorder: StateRecorder) -> None:
-        self.recorder = recorder
-
-    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self.recorder.stop()
-
-
-class _LinearOutput:
-    """Forward hook of a guided ``out_proj``/``fc1``/``fc2``: its output is the state, as the forward computed it."""
-
-    def __init__(self, recorder: StateRecorder, path: str) -> None:
-        self.recorder, self.path = recorder, path
-
-    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> None:
-        self.recorder.add(self.path, output)
-
-
-class _Projections:
-    """Forward hook of a guided attention: ``q_proj``/``k_proj``/``v_proj`` applied to the input it was given
-    (``x``; ``memory`` for the keys and values of cross-attention). ``names`` pairs each projection with whether
-    it is a guided (lower) state; a guide-only state is computed without a graph, as its gradient is stopped."""
-
-    def __init__(self, recorder: StateRecorder, path: str, names: tuple[tuple[str, bool], ...]) -> None:
-        self.recorder, self.path, self.names = recorder, path, names
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        if not self.recorder.armed:
-            return
-        x = args[0] if args else kwargs["x"]
-        memory = args[1] if len(args) > 1 else kwargs.get("memory")
-        for name, guided in self.names:
-            source = x if name == "q_proj" or memory is None else memory
-            with torch.set_grad_enabled(guided and torch.is_grad_enabled()):
-                self.recorder.add(f"{self.path}.{name}", getattr(module, name)(source))
-
-
-class _EncoderPadding:
-    """Forward hook of the encoder: the padding mask its layers used (``EncoderOutput.padding_mask``)."""
-
-    def __init__(self, recorder: StateRecorder) -> None:
-        self.recorder = recorder
-
-    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self.recorder.armed:
-            self.recorder.padding["encoder"] = output.padding_mask
-
-
-class _CausalLMPadding:
-    """Forward pre-hook of a causal language model: its ``padding_mask`` keyword (True at padding) is the mask of
-    the encoder stack it runs. The model calls ``encoder.process`` / ``run_layers`` itself, never the encoder's
-    ``forward``, so :class:`_EncoderPadding` would record nothing and padded positions would count."""
-
-    def __init__(self, recorder: StateRecorder) -> None:
-        self.recorder = recorder
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        mask = kwargs.get("padding_mask")
-        if self.recorder.armed and mask is not None:  # with a cache the mask also covers the cached positions
-            tokens = args[0] if args else kwargs["tokens"]
-            self.recorder.padding["encoder"] = mask[:, -tokens.shape[1]:]
-
-
-class _DecoderPadding:
-    """Forward pre-hook of the decoder: the padded target positions (the decoder itself needs no mask: with right
-    padding the causal mask hides them) and the memory's padding mask."""
-
-    def __init__(self, recorder: StateRecorder, pad_id: int) -> None:
-        self.recorder, self.pad_id = recorder, pad_id
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if self.recorder.armed:
-            tokens = args[0] if args else kwargs["tokens"]
-            self.recorder.padding["decoder"] = tokens.eq(self.pad_id)
-            self.recorder.padding["memory"] = args[2] if len(args) > 2 else kwargs.get("memory_padding_mask")
-
-
 class StateSite(NamedTuple):
     """One state term: the guided site (layer t), its guide (layer t+1) and whose positions their rows are."""
 
@@ -488,27 +374,18 @@ class StateGuidance:
         links = collect_links(section, cfg, list(section.soft), "crossformer.soft", model_blocks(model))
         sites = [StateSite(link.lower_path, link.upper_path, _positions(link.side, link.lower_path))
                  for link in links]
-        guidance = cls(section, sites)
-        recorder = guidance.recorder
         guided = {site.lower for site in sites}
+        outputs: list[str] = []
         projections: dict[str, list[tuple[str, bool]]] = {}
         for path in sorted({path for site in sites for path in (site.lower, site.upper)}):
             block, _, name = path.rpartition(".")
             if name in _PROJECTIONS:
                 projections.setdefault(block, []).append((name, path in guided))
             else:
-                model.get_submodule(path).register_forward_hook(_LinearOutput(recorder, path))
-        for block, names in projections.items():
-            model.get_submodule(block).register_forward_hook(_Projections(recorder, block, tuple(names)),
-                                                             with_kwargs=True)
-        if cfg.arch == "causal_lm":
-            model.register_forward_pre_hook(_CausalLMPadding(recorder), with_kwargs=True)
-        elif hasattr(model, "encoder"):
-            model.encoder.register_forward_hook(_EncoderPadding(recorder))
-        if hasattr(model, "decoder"):
-            model.decoder.register_forward_pre_hook(_DecoderPadding(recorder, cfg.pad_id), with_kwargs=True)
-        model.register_forward_pre_hook(_Start(recorder), prepend=True)  # a new record before the padding is kept
-        model.register_forward_hook(_Stop(recorder), always_call=True)
+                outputs.append(path)
+        guidance = cls(section, sites)
+        record_forward(guidance.recorder, model, outputs, {block: tuple(names) for block, names in projections.items()},
+                       causal_lm=cfg.arch == "causal_lm", pad_id=cfg.pad_id)
         return guidance
 
     def __call__(self, model: nn.Module) -> Tensor:

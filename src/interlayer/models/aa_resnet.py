@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ModelConfig
-from ..config_io import ConfigFile, dataclass_from_dict, set_dotted
+from ..config_io import ConfigFile, checked_config, set_dotted
 from ..core.encoder import EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import ClassifierOutput
@@ -158,12 +158,7 @@ class AAResNetConfig(ConfigFile):
 
 
 def _from_dict(data: dict[str, Any], source: str) -> AAResNetConfig:
-    try:
-        cfg = dataclass_from_dict(AAResNetConfig, data)
-        cfg.validate()
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    return cfg
+    return checked_config(AAResNetConfig, data, source)
 
 
 def _override(cfg: AAResNetConfig, overrides: dict[str, Any]) -> AAResNetConfig:

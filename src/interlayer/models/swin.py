@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..build import customized_components
 from ..config import ModelConfig, is_section
-from ..config_io import ConfigFile, dataclass_from_dict, set_dotted
+from ..config_io import ConfigFile, checked_config, set_dotted
 from ..core.components import Components
 from ..core.encoder import EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
@@ -148,12 +148,7 @@ class SwinConfig(ConfigFile):
 
 
 def _from_dict(data: dict[str, Any], source: str) -> SwinConfig:
-    try:
-        cfg = dataclass_from_dict(SwinConfig, data)
-        cfg.validate()
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-    return cfg
+    return checked_config(SwinConfig, data, source)
 
 
 def _override(cfg: SwinConfig, overrides: dict[str, Any]) -> SwinConfig:

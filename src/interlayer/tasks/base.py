@@ -53,9 +53,10 @@ SampleInput = tuple[tuple, dict[str, Any], list[str]]
 
 @dataclass(frozen=True)
 class TaskCommand:
-    """A command of a task's own beside ``train NAME`` (``interlayer caption``, ``interlayer convert-refer``): the
-    command line registers every task's (:func:`interlayer.tasks.task_commands`), so adding one edits no CLI code.
-    ``run(args, argv)`` returns the exit code (None: 0), as the CLI's own handlers."""
+    """A command of the command line: a task's own beside ``train NAME`` (``interlayer caption``, ``interlayer
+    convert-refer``), which the command line registers from every task (:func:`interlayer.tasks.task_commands`), so
+    adding one edits no CLI code; the CLI's own commands are of this shape too. ``run(args, argv)`` returns the exit
+    code (None: 0)."""
 
     help: str
     description: str

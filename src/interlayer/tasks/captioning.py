@@ -49,7 +49,7 @@ from ..data.region_features import (
 )
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
-from ..models.registry import get_config, load_pretrained
+from ..models.registry import load_pretrained
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -57,6 +57,7 @@ from ..training.engine import LAST, Trainer
 from .base import TaskCommand, TaskSpec
 from .caption_decoding import ScstBaseline, SelfCritical, decode_captions, nearest_neighbour_captions
 from .caption_metrics import CiderD, caption_scores, ptb_tokenize
+from .region_tasks import region_fields, region_model, saved_words
 
 TASK_NAME = "caption"
 Dataset = Literal["scenes", "coco"]
@@ -198,13 +199,8 @@ class CaptionTask:
         self.pairs = [(key, ids) for key, ids in self.pairs if ids]
         self._cider: Optional[CiderD] = None
 
-    @property
-    def feature_dim(self) -> int:
-        return scenes.FEATURE_DIM if self.data.dataset == "scenes" else self.data.feature_dim
-
     def model_fields(self) -> dict[str, Any]:
-        return {"feature_dim": self.feature_dim, "max_regions": self.data.max_regions,
-                "max_words": self.data.max_words, "src_vocab_size": len(self.vocab), "pad_id": PAD_ID}
+        return region_fields(self.data, len(self.vocab))
 
     def test_split(self) -> CaptionSplit:
         if self._test is None:
@@ -355,20 +351,11 @@ class CaptionSpec(TaskSpec):
     train_defaults = TRAIN_DEFAULTS
 
     def make_task(self, data: CaptionData, train: TrainConfig, run_dir: Optional[Path]) -> CaptionTask:
-        vocab = None
-        if run_dir is not None and (run_dir / "task.json").is_file():
-            vocab = read_json(run_dir / "task.json", DataError, within=run_dir)["words"]
-        return CaptionTask(data, train, vocab)
+        return CaptionTask(data, train, saved_words(run_dir))
 
     def resolve_model(self, preset: str, model_sets: dict[str, Any], task: CaptionTask) -> Any:
-        config = get_config(get_config(preset, family="region", **task.model_fields()), family="region", **model_sets)
-        if config.head != "caption":
-            raise ConfigError(f"preset {preset!r} is a {config.head} model; captioning needs head=caption (e.g. "
-                              "caption_transformer_small)")
-        if config.feature_dim != task.feature_dim:
-            raise ConfigError(f"feature_dim={config.feature_dim}: the data's regions have {task.feature_dim} values "
-                              "(data.feature_dim); drop the override")
-        return config
+        return region_model(preset, model_sets, task.model_fields(), "caption",
+                            "captioning needs head=caption (e.g. caption_transformer_small)")
 
     def finish(self, task: CaptionTask, run_dir: Path, state: Any, options: dict[str, Any]) -> dict[str, Any]:
         """Score the cross-entropy model and the nearest-neighbour baseline on the test images, run SCST, score

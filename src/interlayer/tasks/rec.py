@@ -38,12 +38,13 @@ from ..data.caption_formats import convert_refer, read_refer
 from ..data.region_features import MemoryRegions, Regions, RegionStore, check_regions, open_regions, region_batch
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
-from ..models.registry import get_config, load_pretrained
+from ..models.registry import load_pretrained
 from ..tables import format_table
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import TaskCommand, TaskSpec
 from .caption_metrics import ptb_tokenize
+from .region_tasks import region_fields, region_model, saved_words
 
 TASK_NAME = "rec"
 Dataset = Literal["scenes", "refcoco"]
@@ -208,13 +209,8 @@ class RECTask:
             self._tests = {name: scene_referrals(self.data, name) for name in ("testA", "testB")}
         return self._tests
 
-    @property
-    def feature_dim(self) -> int:
-        return scenes.FEATURE_DIM if self.data.dataset == "scenes" else self.data.feature_dim
-
     def model_fields(self) -> dict[str, Any]:
-        return {"feature_dim": self.feature_dim, "max_regions": self.data.max_regions,
-                "max_words": self.data.max_words, "src_vocab_size": len(self.vocab), "pad_id": PAD_ID}
+        return region_fields(self.data, len(self.vocab))
 
     def madds_lengths(self) -> tuple[list[int], str]:
         sample = self.train_split.examples[:500]
@@ -342,20 +338,11 @@ class RECSpec(TaskSpec):
     train_defaults = TRAIN_DEFAULTS
 
     def make_task(self, data: RECData, train: TrainConfig, run_dir: Optional[Path]) -> RECTask:
-        vocab = None
-        if run_dir is not None and (run_dir / "task.json").is_file():
-            vocab = read_json(run_dir / "task.json", DataError, within=run_dir)["words"]
-        return RECTask(data, train, vocab)
+        return RECTask(data, train, saved_words(run_dir))
 
     def resolve_model(self, preset: str, model_sets: dict[str, Any], task: RECTask) -> Any:
-        config = get_config(get_config(preset, family="region", **task.model_fields()), family="region", **model_sets)
-        if config.head != "rec":
-            raise ConfigError(f"preset {preset!r} is a {config.head} model; REC needs head=rec (e.g. "
-                              "rec_transformer_small)")
-        if config.feature_dim != task.feature_dim:
-            raise ConfigError(f"feature_dim={config.feature_dim}: the data's regions have {task.feature_dim} values "
-                              "(data.feature_dim); drop the override")
-        return config
+        return region_model(preset, model_sets, task.model_fields(), "rec",
+                            "REC needs head=rec (e.g. rec_transformer_small)")
 
     def scores(self, model: nn.Module, task: RECTask) -> dict[str, Any]:
         """Accuracy per test split and over all of them, and the baselines over all of them."""

@@ -78,7 +78,7 @@ class TrainConfig:
     max_steps: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock training budget, summed over resumed runs; 0: no limit
     # True: the linear and cosine decays run to their end value by the time budget (max_minutes) or the step limit,
-    # whichever comes first, instead of by the step limit alone (see engine.learning_rate)
+    # whichever comes first, instead of by the step limit alone (see optimizer.learning_rate)
     anneal_to_budget: bool = False
     patience: int = 0  # epochs without a better validation metric before stopping; 0: never stop early
     save_interval_steps: int = 0  # extra mid-epoch checkpoints (0: only at the end of each epoch)

@@ -46,18 +46,19 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import canonical_state_dict, load_canonical_state_dict, save_pretrained
 from ..devices import resolve_device
 from ..errors import CheckpointError, DivergenceError
-from ..fileio import atomic_path, write_atomic
+from ..fileio import write_atomic
 from . import distributed, state_file
 from .config import TrainConfig
 from .device import autocast, configure_tf32, inputs_to, make_scaler, move, resolve_precision
+from .epoch_checkpoints import average_weights, epoch_checkpoints, write_epoch_checkpoint
 from .metric_logs import MetricLogs
+from .optimizer import learning_rate, make_optimizer
 from .step_logs import StepLogs
 
 LAST = "checkpoint_last.safetensors"
@@ -118,63 +119,6 @@ class TrainState:
     averaged: str = ""  # what ``averaged/`` holds, or why there is none (a budget that ended in epoch 1)
 
 
-def learning_rate(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int,
-                  budget_used: float = 0.0) -> float:
-    """Linear warm-up from ``warmup_init_lr`` to ``lr``, then the schedule (see ``TrainConfig.schedule``).
-
-    The warm-up lasts ``warmup_steps``, or ``ceil(warmup_fraction x total_steps)`` (as ``transformers``' warmup_ratio).
-    The linear and cosine decays measure progress in steps; with ``cfg.anneal_to_budget`` the progress is the larger
-    of that and ``budget_used``, the share of the time budget spent, so a run stopped by its budget has annealed.
-    Without it, a model too slow to reach ``max_epochs`` in a comparison's budget stops at a high learning rate
-    while a faster one gets the whole decay, which penalises the slow one twice (budgeted training, Li et al.
-    2020, "Budgeted Training: Rethinking Deep Neural Network Training Under Resource Constraints").
-    """
-    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_fraction * total_steps)
-    if warmup and step < warmup:
-        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / warmup
-    progress = min(1.0, (step - warmup) / max(total_steps - warmup, 1))
-    if cfg.anneal_to_budget:
-        progress = max(progress, min(1.0, budget_used))
-    if cfg.schedule == "constant":
-        return cfg.lr
-    if cfg.schedule == "linear":
-        return cfg.lr * (1.0 - progress)
-    if cfg.schedule == "cosine":
-        return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
-    if cfg.schedule == "step":
-        return cfg.lr * cfg.step_gamma ** ((step - 1) // max(steps_per_epoch * cfg.step_epochs, 1))
-    return cfg.lr * math.sqrt(max(warmup, 1) / max(step, 1))
-
-
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
-
-
-def parameter_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """The optimiser's parameter groups: one, unless there is weight decay to spare and some parameters are spared,
-    then a second group without decay for them: biases and the weights of normalisation layers when
-    ``cfg.decay_bias_norm`` is off (BERT's grouping, which fine-tuning recipes expect; a LayerNorm gain decayed
-    towards 0 would shrink the pretrained features), and always the parameters a module names in its
-    ``no_weight_decay`` attribute (a method whose paper says so: hyper-connections' static matrices)."""
-    if not cfg.weight_decay:
-        return [{"params": list(model.parameters())}]
-    spared: set[int] = set()
-    for module in model.modules():
-        named = getattr(module, "no_weight_decay", ())
-        for name, param in module.named_parameters(recurse=False):
-            if name in named or (not cfg.decay_bias_norm and (name == "bias" or isinstance(module, _NORMS))):
-                spared.add(id(param))
-    if cfg.decay_bias_norm and not spared:
-        return [{"params": list(model.parameters())}]
-    params = list(model.parameters())
-    return [{"params": [p for p in params if id(p) not in spared]},
-            {"params": [p for p in params if id(p) in spared], "weight_decay": 0.0}]
-
-
-def _epoch_checkpoints(run_dir: Path) -> list[Path]:
-    """``checkpoint<epoch>.safetensors`` files, oldest first."""
-    return sorted(run_dir.glob("checkpoint[0-9]*.safetensors"), key=lambda p: int(p.stem[len("checkpoint"):]))
-
-
 def budget_steps(steps_timed: int, seconds_timed: float, elapsed: float, max_minutes: float, step: int,
                  step_budget: int) -> int:
     """The optimiser step at which training will stop: the step budget, or sooner when the time budget
@@ -232,11 +176,7 @@ class Trainer:
         self._step_listeners = [m for m in model.modules() if callable(getattr(m, "optimizer_step_done", None))]
         self.scaler = make_scaler(self.device, self.precision)
         self._skipped_steps = 0
-        optimizer = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        # On a GPU the fused kernel: one launch for every parameter's update instead of a dozen per group
-        fused = {"fused": True} if self.device.type == "cuda" else {}
-        self.optimizer = optimizer(parameter_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas),
-                                   eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused)
+        self.optimizer = make_optimizer(model, cfg, self.device)
         self.state = TrainState()
         model_config = getattr(model, "config", None)
         self.logs = MetricLogs(self.run_dir, self.dist.is_main, cfg.logger,
@@ -307,14 +247,8 @@ class Trainer:
         state_file.set_rng_state(ckpt["rng"][self.dist.rank])
 
     def _save_epoch(self, epoch: int) -> None:
-        if not self.dist.is_main:
-            return
-        path = self.run_dir / f"checkpoint{epoch}.safetensors"
-        weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(self.model).items()}
-        with atomic_path(path) as tmp:
-            save_file(weights, str(tmp))
-        for old in _epoch_checkpoints(self.run_dir)[:-self.cfg.keep_last or None]:
-            old.unlink()
+        if self.dist.is_main:
+            write_epoch_checkpoint(self.model, self.run_dir, epoch, self.cfg.keep_last)
 
     def save_model(self, directory: Path) -> None:
         if not self.dist.is_main:
@@ -629,7 +563,7 @@ class Trainer:
         A budget that ends before the first epoch does leaves no epoch checkpoint: there is then nothing to average,
         the run keeps ``best/`` (validated where the budget ended) and says so instead of failing after training.
         """
-        paths = _epoch_checkpoints(self.run_dir)[-n:]
+        paths = epoch_checkpoints(self.run_dir)[-n:]
         if not paths:
             return (f"none: train.average_last={n}, but the run ended in epoch {self.state.epoch} before any epoch "
                     "checkpoint was written; best/ is the final model")
@@ -640,13 +574,11 @@ class Trainer:
 
     def average_checkpoints(self, n: int) -> Path:
         """Average the last ``n`` epoch checkpoints into ``averaged/`` (Vaswani et al. 2017, Sec. 6.1)."""
-        paths = _epoch_checkpoints(self.run_dir)[-n:]
+        paths = epoch_checkpoints(self.run_dir)[-n:]
         if not paths:
             raise FileNotFoundError(f"{self.run_dir} holds no epoch checkpoint (checkpoint<N>.safetensors) to "
                                     "average")
-        states = [load_file(str(p)) for p in paths]
-        averaged = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
-                    if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
+        averaged = average_weights(paths)
         current = {k: v.detach().clone() for k, v in canonical_state_dict(self.model).items()}
         load_canonical_state_dict(self.model, averaged, source=f"average of {[p.name for p in paths]}")
         self.save_model(self.run_dir / "averaged")

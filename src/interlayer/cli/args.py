@@ -1,19 +1,20 @@
 """The command line's argument helpers: ``--set`` pairs, the device flags, finite numbers, and errors cut to one
-line (:mod:`interlayer.cli` builds its parser from them)."""
+line: what every command's parser in :mod:`interlayer.cli` is built from."""
 from __future__ import annotations
 
 import argparse
 import math
 from typing import Any, NoReturn, Sequence, get_args
 
-from .errors import ConfigError
-from .fileio import shorten
-from .training.config import PrecisionSetting
+from ..errors import ConfigError
+from ..fileio import shorten
+from ..training.config import PrecisionSetting
 
 MESSAGE_CHARS = 2000  # an error message is cut to this (a value it quotes is cut to fileio.ECHO_CHARS already)
 
 
-def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
+def parse_sets(pairs: Sequence[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` pairs as a mapping, the values as text (the experiment parses them)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -24,7 +25,7 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> None:
+def add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> None:
     """``--device`` (and, for commands that train, ``--precision`` and ``--compile``): shorthands for the
     ``train.device`` / ``train.precision`` / ``train.compile`` settings (training/device.py)."""
     parser.add_argument("--device", help="auto (default: CUDA if present, else MPS, else CPU), cpu, cuda, cuda:N, mps"
@@ -37,7 +38,7 @@ def _add_device_arguments(parser: argparse.ArgumentParser, training: bool) -> No
         parser.add_argument("--compile", action="store_true", help="torch.compile the training model")
 
 
-def _device_sets(args: argparse.Namespace) -> dict[str, Any]:
+def device_sets(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--set`` equivalents of the device flags that were given: ``--device`` and ``--precision`` as their
     text, ``--compile`` as the boolean it is (``train.compile=True``)."""
     sets = {"train.device": args.device, "train.precision": getattr(args, "precision", None),
@@ -56,7 +57,7 @@ def finite_float(text: str) -> float:
     return value
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
     """argparse with its usage errors cut to one short line (an argument of 5,000 digits is quoted, not printed)."""
 
     def error(self, message: str) -> NoReturn:
