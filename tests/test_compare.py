@@ -1,5 +1,7 @@
 """`interlayer compare`: variant parsing and errors, the seed statistics, a real 2 x 2 comparison in subprocesses
 that is interrupted and continued, refusing a changed directory, and every figure rendered as a real PNG."""
+import ast
+import inspect
 import json
 import math
 import os
@@ -39,6 +41,8 @@ from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_en
 from interlayer.core.config import ConfigError
 from interlayer.errors import DataError, VariantError
 from interlayer.methods.base import VariantContext
+from interlayer.papers import task_settings
+from interlayer.tasks import task_specs
 from interlayer.training.concurrency import threads_per_run
 from interlayer.training.engine import LAST
 
@@ -96,13 +100,27 @@ def test_named_variants_are_computed_against_the_task_model(corpus):
     assert plan.variant("mpt_hard").madds > plan.variant("baseline").madds  # two encoder passes
     assert plan.variant("baseline").lengths[0] > 2  # mean training lengths, not a constant
     base = get_config("transformer_text_cls").to_dict()
-    sick = VariantContext("sick", "transformer_text_cls", base)
-    assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5
+    sick = VariantContext("sick", "transformer_text_cls", base, task_settings("sick"))
+    assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5  # the paper's SNLI alpha (papers/)
+    assert NAMED_VARIANTS["pa_res"].overrides(sick) == {"predictive.alpha": 0.5, "predictive.conv_layers": 0}
+    assert "predictive.alpha" not in NAMED_VARIANTS["pa"].overrides(VariantContext("sst5", "transformer_text_cls", base,
+                                                                                   task_settings("sst5")))
     gat = {"model_type": "gat", "crossformer": None}
     assert NAMED_VARIANTS["crossformer_kq"].overrides(VariantContext("cora", "gat_cora", gat)) == {"crossformer": "kq"}
     with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
                                            "trains a gat model"):
         NAMED_VARIANTS["pa"].overrides(VariantContext("cora", "gat_cora", gat))
+
+
+def test_no_method_module_names_a_task():
+    """What a paper sets for one dataset (PA's alpha on SICK) lives with the papers' presets
+    (``papers.task_settings``), not in the method's variants: no string in methods/ is a task's name."""
+    names = set(task_specs())
+    methods = Path(inspect.getfile(VariantContext)).parent  # src/interlayer/methods
+    found = {path.name: sorted(strings & names) for path in methods.glob("*.py")
+             if (strings := {node.value for node in ast.walk(ast.parse(path.read_text()))
+                             if isinstance(node, ast.Constant) and isinstance(node.value, str)}) & names}
+    assert found == {}
 
 
 def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, capsys):

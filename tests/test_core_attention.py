@@ -1,8 +1,9 @@
 """Attention: fused and eager paths agree, masks never produce NaN, intermediates are the unmasked logits."""
 import pytest
 import torch
+from torch import nn
 
-from interlayer.core.attention import MultiHeadAttention
+from interlayer.core.attention import LogitMixer, MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias, RelativePositionBias2D
 
 
@@ -177,3 +178,53 @@ def test_a_float64_attention_keeps_float64_on_every_path(causal):
         assert out.dtype == torch.float64
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-13)
     torch.testing.assert_close(logits_reference(logits.contiguous(), v, pad, causal), probs @ v, rtol=0, atol=1e-13)
+
+
+class _AddPrevious(LogitMixer):
+    """A logit mixer with the protocol's two required methods only: ``logits + prev_logits``, no fused op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def forward(self, logits, prev_logits, key_padding_mask=None, context=MixerContext()):
+        self.calls.append("forward")
+        return logits + prev_logits, {}
+
+    def madds(self, t_q: int, t_k: int) -> int:
+        return t_q * t_k
+
+
+class _FusedAddPrevious(_AddPrevious):
+    """The same mixer with a fused op, taken in every case."""
+
+    def fuses(self, prev_logits, v, causal):
+        self.calls.append("fuses")
+        return True
+
+    def fused_attention(self, q, k, scale, bias, prev_logits, v, key_padding_mask, causal):
+        self.calls.append("fused_attention")
+        mixed = torch.matmul(q * scale, k.transpose(-2, -1)) + prev_logits
+        return torch.softmax(mixed, dim=-1) @ v, mixed
+
+
+def test_a_logit_mixer_that_does_not_override_fuses_takes_the_eager_path():
+    """``LogitMixer.fuses`` is False unless a mixer says otherwise: the core then makes the logits, calls the mixer
+    and runs its own softmax; a mixer whose ``fuses`` says True gets ``fused_attention`` and nothing else. Both give
+    the same numbers (the mixed logits handed on, and the output)."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4).eval()
+    x, prev = torch.randn(2, 5, 32), torch.randn(2, 4, 5, 5)
+    eager, fused = _AddPrevious(), _FusedAddPrevious()
+    results = []
+    for mixer in (eager, fused):
+        attn.logit_mixer = mixer
+        out, inter = attn(x, prev_logits=prev, need_logits=True)
+        results.append((out, inter.logits))
+    assert eager.calls == ["forward"] and fused.calls == ["fuses", "fused_attention"]
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_a_logit_mixer_must_be_one():
+    with pytest.raises(TypeError, match=r"an instance of interlayer\.core\.attention\.LogitMixer .*got Identity"):
+        MultiHeadAttention(32, 4, logit_mixer=nn.Identity())

@@ -13,6 +13,7 @@ import torch
 from helpers.kernels import FP32, HALF, MODEL, half_tolerance, on_device  # noqa: F401 (on_device: the fixture)
 from interlayer.kernels import predictive_maps as pm
 from interlayer.kernels.dispatch import kernel_mode
+from interlayer.kernels.predictive_cnn import hidden_cells
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
@@ -65,7 +66,7 @@ def _compare(*, causal, convs, padded=False, beta=None, slope=0.0, dtype=torch.f
                                                           pad), inputs, grads)
     tol = FP32 if dtype == torch.float32 else half_tolerance(dtype)
     torch.testing.assert_close(out, ref_out, **tol)
-    hidden = pm.hidden_cells(mixed.shape, pad, causal, mixed.device)
+    hidden = hidden_cells(mixed.shape, pad, causal, mixed.device)
     visible = ~hidden if hidden is not None else torch.ones_like(mixed, dtype=torch.bool)
     torch.testing.assert_close(torch.where(visible, mixed, 0), torch.where(visible, ref_mixed, 0), **tol)
     names = ["S", "A_prev", "v"] + [f"weight{i}" for i in range(convs)] + [f"bias{i}" for i in range(convs)]
@@ -169,6 +170,23 @@ def test_tf32_products_on_a_gpu_agree_away_from_the_activation_kinks() -> None:
     for name, a, r in zip(["S", "A_prev", "v", "weight", "bias"], g, ref_g):
         scale = max(1.0, float(r.abs().max()))
         torch.testing.assert_close(a / scale, r / scale, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_pa_fuses_where_its_kernels_run_and_only_there() -> None:
+    """PredictiveMixer.fuses, the core's question (LogitMixer.fuses): True where the kernels take the maps and the
+    convolution's causality is the attention's; False on the reference path, with ``fast`` off or a mismatch."""
+    from interlayer.methods.predictive import PredictiveMixer
+
+    mixer = PredictiveMixer(3, alpha=0.3, conv_layers=1, kernel_size=3, init="random", causal_kernel=True)
+    s, prev, v, _, _ = _case()
+    with kernel_mode("triton"):
+        assert mixer.fuses(prev, v, causal=True)
+        assert not mixer.fuses(prev, v, causal=False)
+        mixer.fast = False
+        assert not mixer.fuses(prev, v, causal=True)
+    mixer.fast = True
+    with kernel_mode("reference"):
+        assert not mixer.fuses(prev, v, causal=True)
 
 
 # -- whole models: the method's fast path against its reference path ------------------------------------------

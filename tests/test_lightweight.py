@@ -18,7 +18,7 @@ from interlayer import (
     load_pretrained,
     save_pretrained,
 )
-from interlayer.core.attention import MultiHeadAttention
+from interlayer.core.attention import LogitMixer, MultiHeadAttention
 from interlayer.core.components import Components
 from interlayer.core.models import EncoderClassifier
 from interlayer.methods.lightweight import METHOD, GroupedFeedForward, GroupedLinear, GroupedMultiHeadAttention
@@ -285,8 +285,8 @@ def test_relative_positions_use_the_expanded_query_width():
     assert layer.cross_attn.relative is None  # as in the core: relative positions within a sequence only
 
 
-class _AddPrevious(nn.Module):
-    """A minimal logit mixer (the Predictive Attention protocol): new = logits + alpha * previous logits."""
+class _AddPrevious(LogitMixer):
+    """A minimal logit mixer (the core's protocol): new = logits + alpha * previous logits."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -22,6 +22,7 @@ from interlayer import (
     load_pretrained,
     save_pretrained,
 )
+from interlayer.core.attention import LogitMixer
 from interlayer.core.components import Components
 from interlayer.core.encoder import Encoder
 from interlayer.core.models import EncoderClassifier
@@ -441,8 +442,8 @@ def test_another_encoder_class_is_refused() -> None:
 # ---------------------------------------------------------------- composition
 
 
-class RecordingMixer(nn.Module):
-    """A stand-in logit mixer (predictive attention's protocol) that records whether it saw previous logits."""
+class RecordingMixer(LogitMixer):
+    """A stand-in logit mixer (the core's protocol) that records whether it saw previous logits."""
 
     def __init__(self, log: list[bool]) -> None:
         super().__init__()

@@ -27,6 +27,7 @@ from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
 from ..methods.base import VariantContext
+from ..papers import task_settings
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
 from .budget import StepShape, Unit, run_train_config, step_shape, whole_steps
@@ -187,7 +188,7 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
         ctx = None
         if variant.named:
             base = spec.resolve_model(variant.preset, model_sets, task).to_dict()
-            ctx = VariantContext(spec.name, variant.preset, base)
+            ctx = VariantContext(spec.name, variant.preset, base, task_settings(spec.name))
         own = variant_overrides(variant, ctx)
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)

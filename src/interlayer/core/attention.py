@@ -11,7 +11,7 @@ the two paths agree exactly on every row.
 
 Extension points used by the method modules, all optional and generic:
 ``relative`` (a module giving a ``(B,H,Tq,Tk)`` logit bias, or, when it ``rotates``, rotating queries and keys
-before the cache: rotary positions), ``logit_mixer`` (a module mapping the current and
+before the cache: rotary positions), ``logit_mixer`` (a :class:`LogitMixer`, mapping the current and
 the previous layer's logits to new logits), ``qk_dim`` (query/key width different from ``d_model``), ``kv_source``
 (a :class:`KVSource`: the keys and values a self-attention attends with may come from earlier layers of the same
 stack, ``kv_history``; a layer that reuses them has no key or value projection and keeps nothing in its cache),
@@ -20,6 +20,7 @@ stack that hands each role of a layer's input its own mix of earlier layers).
 """
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence, Union
@@ -212,6 +213,39 @@ class MixerContext:
     cache: Optional[KVCache] = None
 
 
+class LogitMixer(nn.Module, abc.ABC):
+    """What a ``logit_mixer`` is: a module that rewrites a layer's attention logits from the previous layer's
+    (Predictive Attention's Eq. 4; Res-Transformer / RealFormer-style residual attention).
+
+    The core asks :meth:`fuses` before the layer computes anything; where it says True it calls
+    :meth:`fused_attention`, else it makes the logits itself, calls the mixer (:meth:`forward`) and runs its own
+    masked softmax over the result (the eager path). A mixer without a fused op keeps the default, False.
+    """
+
+    @abc.abstractmethod
+    def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None,
+                context: MixerContext = MixerContext()) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(mixed logits, extras)`` from the layer's logits and the previous layer's, both ``(B, H, Tq, Tk)``
+        before masking; ``extras`` go to :attr:`AttentionIntermediates.extras` by name."""
+
+    @abc.abstractmethod
+    def madds(self, t_q: int, t_k: int) -> int:
+        """Multiply-adds of one forward pass over ``t_q x t_k`` maps (the layer's count adds them)."""
+
+    def fuses(self, prev_logits: Tensor, v: Tensor, causal: bool) -> bool:
+        """Whether :meth:`fused_attention` takes this case (maps shaped like ``prev_logits``, values ``v``); the
+        core asks only where the logits are not needed as probabilities (no dropout while training, no cache)."""
+        return False
+
+    def fused_attention(self, q: Tensor, k: Tensor, scale: float, bias: Optional[Tensor], prev_logits: Tensor,
+                        v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> tuple[Tensor, Tensor]:
+        """``(softmax(M masked) @ v, M)`` with ``M`` the mix of the logits ``scale q k^T (+ bias)`` and
+        ``prev_logits``, in one op: called only where :meth:`fuses` said True, so a mixer that overrides one
+        overrides both."""
+        raise NotImplementedError(f"{type(self).__name__}.fuses() took a case, but the class defines no "
+                                  "fused_attention")
+
+
 def build_allowed_mask(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool,
                        q_offset: Union[int, Tensor], device: torch.device) -> Optional[Tensor]:
     """Boolean ``(B|1, 1, Tq, Tk)`` mask, True where query i may attend key j; None when everything is allowed."""
@@ -273,9 +307,12 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, kv_dim: Optional[int] = None, qk_dim: Optional[int] = None,
                  dropout: float = 0.0, bias: bool = True, relative: Optional[nn.Module] = None,
-                 logit_mixer: Optional[nn.Module] = None, force_eager: bool = False,
+                 logit_mixer: Optional[LogitMixer] = None, force_eager: bool = False,
                  kv_source: Optional[nn.Module] = None) -> None:
         super().__init__()
+        if logit_mixer is not None and not isinstance(logit_mixer, LogitMixer):
+            raise TypeError(f"logit_mixer must be an instance of {__name__}.LogitMixer (its forward and madds, and "
+                            f"fuses with fused_attention where it has a fused op), got {type(logit_mixer).__name__}")
         kv_dim = kv_dim or d_model
         qk_dim = qk_dim or d_model
         self.n_heads, self.d_model, self.qk_dim, self.kv_dim = n_heads, d_model, qk_dim, kv_dim
@@ -420,17 +457,15 @@ class MultiHeadAttention(nn.Module):
               prev_logits: Optional[Tensor], causal: bool, cache: Optional[KVCache]
               ) -> Optional[tuple[Tensor, AttentionIntermediates]]:
         """Attention whose logits must exist as a map (a next layer reads them, or a logit mixer rewrites them),
-        without the probabilities: the logits ``S``, then the mixer's fused map op where it ``fuses`` this case
-        (``fuses(prev_logits, v, causal)``, asked before anything is computed, and ``fused_attention(q, k, scale,
-        bias, prev_logits, v, key_padding_mask, causal) -> (out, mixed logits)``, which makes the logits
-        ``scale q k^T + bias`` itself), else attention from the logits
+        without the probabilities: the logits ``S``, then the mixer's fused map op where it
+        :meth:`~LogitMixer.fuses` this case (asked before anything is computed; :meth:`~LogitMixer.fused_attention`
+        makes the logits ``scale q k^T + bias`` itself), else attention from the logits
         (:func:`~interlayer.kernels.logits_attention.logits_attention`). None where the eager path must run:
         attention dropout while training, a cache (incremental decoding), a mixer that does not fuse the case."""
         if (self.dropout and self.training) or cache is not None:
             return None
         mixer = self.logit_mixer
-        if mixer is not None and (prev_logits is None or not getattr(mixer, "fuses", lambda *a: False)(
-                prev_logits, v, causal)):
+        if mixer is not None and (prev_logits is None or not mixer.fuses(prev_logits, v, causal)):
             return None
         if mixer is not None:  # the mixer makes the logits itself: it may need only part of the map
             out, logits = mixer.fused_attention(q, k, self.scale, bias, prev_logits, v, key_padding_mask, causal)

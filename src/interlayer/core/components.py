@@ -12,7 +12,7 @@ from typing import Callable, Literal, Optional
 
 from torch import nn
 
-from .attention import MultiHeadAttention
+from .attention import LogitMixer, MultiHeadAttention
 from .config import TransformerConfig
 from .feedforward import FeedForward
 from .layers import DepthConnection, Residual
@@ -29,7 +29,7 @@ class Components:
     def __init__(self, cfg: TransformerConfig) -> None:
         self.cfg = cfg
         self.relative: Callable[[StackSide, int], Optional[nn.Module]] = self.default_relative
-        self.logit_mixer: Callable[[StackSide, int], Optional[nn.Module]] = lambda side, index: None
+        self.logit_mixer: Callable[[StackSide, int], Optional[LogitMixer]] = lambda side, index: None
         # Where a self-attention layer's keys/values come from (attention.KVSource); None: its own projections.
         self.kv_source: Callable[[StackSide, int], Optional[nn.Module]] = lambda side, index: None
         self.self_attention: Callable[[StackSide, int], nn.Module] = self.default_self_attention

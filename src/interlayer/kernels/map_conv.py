@@ -2,9 +2,8 @@
 Triton kernels of :mod:`.predictive_maps` are not used): one convolution layer of the prediction CNN,
 ``act(conv2d(pad(x), weight, bias)) * keep``, hidden cells zeroed, with a backward written out as what it is.
 
-:func:`reference` is the same layer op by op (the library's padding, convolution and activation), what
-``tests/test_fast_paths.py`` holds these operators to, forward and gradient, besides the method's own reference
-(:meth:`interlayer.methods.predictive.PredictiveMixer.predict_reference`).
+:func:`reference` is the same layer op by op, the CNN's one layer of :mod:`.predictive_cnn` (the library's padding,
+convolution and activation), what ``tests/test_fast_paths.py`` holds these operators to, forward and gradient.
 """
 from __future__ import annotations
 
@@ -15,12 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
+from .predictive_cnn import conv_layer
+
 
 def reference(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int],
               negative_slope: float) -> Tensor:
-    """The layer op by op: ``F.pad``, ``F.conv2d``, the (leaky) ReLU, the hidden cells zeroed."""
-    out = F.leaky_relu(F.conv2d(F.pad(x, pads), weight, bias), negative_slope)
-    return out if keep is None else out * keep
+    """:func:`map_conv_relu`'s arguments handed to the CNN's one layer, op by op
+    (:func:`.predictive_cnn.conv_layer`): the cells where the float mask ``keep`` is 0 are the hidden ones."""
+    return conv_layer(x, weight, bias, None if keep is None else keep == 0, pads, negative_slope)
 
 
 class VisibleCells(torch.autograd.Function):

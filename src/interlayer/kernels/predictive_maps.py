@@ -43,50 +43,26 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from . import causal_logits, logits_attention
+from . import causal_logits, logits_attention, predictive_cnn
 from .dispatch import use_triton
 from .tiles import PA_CHANNELS as CHANNELS
-
-
-def hidden_cells(shape: Sequence[int], key_padding_mask: Optional[Tensor], causal: bool, device: torch.device
-                 ) -> Optional[Tensor]:
-    """Boolean ``(B|1, 1, T, T)``: the cells the CNN reads as zero (padded rows and columns, a causal upper
-    triangle), or None when there are none."""
-    t = shape[-1]
-    hidden = None
-    if key_padding_mask is not None:
-        hidden = key_padding_mask[:, None, :, None] | key_padding_mask[:, None, None, :]
-    if causal:
-        upper = (torch.arange(t, device=device)[None, :] > torch.arange(t, device=device)[:, None])[None, None]
-        hidden = upper if hidden is None else hidden | upper
-    return hidden
 
 
 def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
               alpha: Any, beta: Any, slope: float, causal: bool, key_padding_mask: Optional[Tensor]
               ) -> tuple[Tensor, Tensor]:
     """``(out, M)`` op by op in fp32, as :class:`~interlayer.methods.predictive.PredictiveMixer` and the core's
-    eager attention compute them (the definition the kernels are tested against)."""
+    eager attention compute them (the definition the kernels are tested against): the CNN is
+    :func:`.predictive_cnn.reference`."""
     residual = s.float()
     source = prev
     if beta is not None:
         source = residual = (1.0 - beta) * residual + beta * prev.float()
-    x = source.float()
-    x = x.masked_fill(~torch.isfinite(x), 0.0)
-    hidden = hidden_cells(x.shape, key_padding_mask, causal, x.device)
-    if hidden is not None:
-        x = x.masked_fill(hidden, 0.0)
-    for weight, bias in zip(weights, biases):
-        k_rows, k_cols = weight.shape[-2:]
-        pads = (k_cols // 2, k_cols // 2, k_rows - 1, 0) if causal else (k_cols // 2, k_cols // 2, k_rows // 2,
-                                                                          k_rows // 2)
-        x = F.leaky_relu(F.conv2d(F.pad(x, pads), weight.float(), bias.float()), slope)
-        if hidden is not None:
-            x = x.masked_fill(hidden, 0.0)
-    mixed = torch.lerp(residual, x, alpha).to(s.dtype)
+    hidden = predictive_cnn.hidden_cells(s.shape, key_padding_mask, causal, s.device)
+    predicted = predictive_cnn.reference(source, weights, biases, slope, causal, hidden)
+    mixed = torch.lerp(residual, predicted, alpha).to(s.dtype)
     return logits_attention.reference(mixed, v, key_padding_mask, causal), mixed
 
 

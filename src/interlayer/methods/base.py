@@ -44,11 +44,18 @@ class ComposedConfig(TransformerConfig):
 # -- compare variants ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class VariantContext:
-    """What a named variant may depend on: the task, the comparison's base preset and its resolved config (a dict)."""
+    """What a named variant may depend on: the task, the comparison's base preset and its resolved config (a dict),
+    and ``task_settings``: dotted model settings the papers fix for this task (PA's alpha on SICK), which compare
+    finds in the papers' modules (:func:`interlayer.papers.task_settings`), so that a method names no task."""
 
     task: str
     preset: str
     base: dict[str, Any]
+    task_settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def settings_of(self, method: str) -> dict[str, Any]:
+        """The :attr:`task_settings` of ``method``'s section (``predictive.alpha`` for ``predictive``)."""
+        return {key: value for key, value in self.task_settings.items() if key.split(".")[0] == method}
 
     @property
     def is_mcan(self) -> bool:

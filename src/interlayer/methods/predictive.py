@@ -11,12 +11,13 @@ Paper map:
   random initialisation (Sec. 4.1.2). The logits include the relative-position bias (Eq. 2/3).
 
 Readings where the paper leaves room: padded rows and columns and non-finite values are zeroed before *every*
-convolution (:meth:`PredictiveMixer.hidden_cells`), the mixer runs in fp32; the causal kernel of a language model
-(``kernel``: current and earlier query rows only, the masked triangle zeroed, the rows kept in the decoding cache);
-``beta``: Evolving Attention (Wang et al., ICML 2021), with ``activation="leaky_relu"`` its code's activation;
-``alpha_warmup_steps``: alpha (and beta) ramp from 0 with the optimiser steps; ``init="dirac"``; ``share_conv``; a
-decoder only when it attends both ways (``causal_decoder=False``). The prediction and the layer's own logits are
-kept in ``AttentionIntermediates.extras`` (``predicted``, ``self``): the columns of PA Fig. 8.
+convolution, the mixer runs in fp32 (the CNN op by op and its hidden cells: :mod:`interlayer.kernels.predictive_cnn`);
+the causal kernel of a language model (``kernel``: current and earlier query rows only, the masked triangle zeroed,
+the rows kept in the decoding cache); ``beta``: Evolving Attention (Wang et al., ICML 2021), with
+``activation="leaky_relu"`` its code's activation; ``alpha_warmup_steps``: alpha (and beta) ramp from 0 with the
+optimiser steps; ``init="dirac"``; ``share_conv``; a decoder only when it attends both ways
+(``causal_decoder=False``). The prediction and the layer's own logits are kept in ``AttentionIntermediates.extras``
+(``predicted``, ``self``): the columns of PA Fig. 8.
 """
 from __future__ import annotations
 
@@ -24,13 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.attention import KVCache, MixerContext
+from ..core.attention import LogitMixer, MixerContext
 from ..core.components import Components, StackSide
 from ..errors import ConfigError
-from ..kernels import predictive_maps
+from ..kernels import predictive_cnn, predictive_maps
 from ..kernels.map_conv import VisibleCells, map_conv_relu
 from ..kernels.precision import fp32_island
 from .base import (
@@ -106,7 +106,7 @@ class PredictiveConfig:
                               "predicts (PA Sec. 3.3), so with one layer the method would do nothing")
 
 
-class PredictiveMixer(nn.Module):
+class PredictiveMixer(LogitMixer):
     """PA Eq. 4 as a core logit mixer: ``alpha * CNN(A_prev) + (1 - alpha) * A_cur`` with heads as channels.
 
     With ``beta`` set, Evolving Attention's form instead: ``alpha * CNN(A_in) + (1 - alpha) * A_in`` with
@@ -136,41 +136,13 @@ class PredictiveMixer(nn.Module):
                 nn.init.dirac_(conv.weight)
                 nn.init.zeros_(conv.bias)
 
-    @staticmethod
-    def hidden_cells(maps: Tensor, key_padding_mask: Optional[Tensor], context: MixerContext = MixerContext()
-                     ) -> Optional[Tensor]:
-        """Boolean ``(B|1, 1, Tq, Tk)`` mask of the map cells the CNN must see as zero, or None when there are none.
-
-        The one place that decides which cells are off limits: the rows and columns of padded tokens, and with
-        causal attention the upper triangle (a key after its query). A cell outside it must hold zero before
-        *every* convolution, not just the first: after a convolution a padded cell holds ``ReLU(bias + spill from
-        real neighbours)``, and the next convolution would carry that into real cells, so a sentence's outputs
-        would depend on the padding of its batch (Table 5's 2- and 3-layer rows), and a causal cell would carry a
-        later token's logit. Zeroed cells are what a 3 x 3 kernel reads beyond the edge of an unpadded map, so a
-        padded sentence gives the same prediction as the sentence alone. The maps' rows are the queries at
-        positions ``context.q_offset ..`` (incremental decoding keeps earlier rows in the cache) and their columns
-        every key so far.
-        """
-        t_q, t_k = maps.shape[-2:]
-        if t_k != context.q_offset + t_q:
-            raise ValueError(f"predictive attention needs self-attention maps (keys = earlier and current "
-                             f"queries), got {t_q} query rows from position {context.q_offset} over {t_k} keys")
-        hidden = None
-        if key_padding_mask is not None:
-            rows = key_padding_mask[:, context.q_offset:][:, None, :, None]
-            hidden = rows | key_padding_mask[:, None, None, :]
-        if context.causal:
-            i = torch.arange(context.q_offset, t_k, device=maps.device)[:, None]
-            later = (torch.arange(t_k, device=maps.device)[None, :] > i)[None, None]
-            hidden = later if hidden is None else hidden | later
-        return hidden
-
     def predict(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
                 context: MixerContext = MixerContext()) -> Tensor:
-        """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, :meth:`hidden_cells` zeroed before the first
-        convolution and after every one (so also in the returned prediction).
+        """``CNN(A_prev)`` in fp32: non-finite entries zeroed first, the hidden cells
+        (:func:`~interlayer.kernels.predictive_cnn.hidden_cells`) zeroed before the first convolution and after every
+        one (so also in the returned prediction).
 
-        Two paths compute it, equal to rounding (``tests/test_predictive_fast.py``, forward and gradients):
+        Two paths compute it, equal to rounding (``tests/test_fast_paths.py``, forward and gradients):
         without a cache (training, evaluation, a prompt) each convolution is :func:`map_conv_relu`, whose backward
         is two small convolutions instead of the library's generic one; with a cache (incremental decoding, one
         row at a time, where the input rows kept from earlier steps are needed) the reference path
@@ -179,51 +151,26 @@ class PredictiveMixer(nn.Module):
         if not self.fast or context.cache is not None:
             return self.predict_reference(prev_logits, key_padding_mask, context)
         x = prev_logits.float()
-        hidden = self.hidden_cells(x, key_padding_mask, context)
+        hidden = predictive_cnn.hidden_cells(x.shape, key_padding_mask, context.causal, x.device, context.q_offset)
         keep = None if hidden is None else (~hidden).to(x.dtype)
         x = VisibleCells.apply(x, keep)
         for conv in self.convs:
-            x = map_conv_relu(x, conv.weight.float(), conv.bias.float(), keep, self._padding(conv),
+            x = map_conv_relu(x, conv.weight.float(), conv.bias.float(), keep,
+                              predictive_cnn.conv_padding(conv.kernel_size, self.causal_kernel),
                               self.negative_slope)[0]
         return x
 
     def predict_reference(self, prev_logits: Tensor, key_padding_mask: Optional[Tensor],
                           context: MixerContext = MixerContext()) -> Tensor:
-        """The CNN as the docs page states it, op by op with the library convolution (and the decoding cache):
-        the definition the fast path of :meth:`predict` is tested against."""
-        x = prev_logits.float()
-        x = x.masked_fill(~torch.isfinite(x), 0.0)
-        hidden = self.hidden_cells(x, key_padding_mask, context)
-        x = _zero(x, hidden)
-        for n, conv in enumerate(self.convs):
-            x = _zero(F.leaky_relu(self._convolve(n, conv, x, context.cache), self.negative_slope), hidden)
-        return x
-
-    def _padding(self, conv: nn.Conv2d) -> list[int]:
-        """``(left, right, top, bottom)`` zeros around the map: centred, or the causal kernel's ``k - 1`` rows
-        above and none below (docs page, "Causal prediction")."""
-        k_rows, k_cols = conv.kernel_size
-        if self.causal_kernel:
-            return [k_cols // 2, k_cols // 2, k_rows - 1, 0]
-        return [k_cols // 2, k_cols // 2, k_rows // 2, k_rows // 2]
-
-    def _convolve(self, n: int, conv: nn.Conv2d, x: Tensor, cache: Optional[KVCache]) -> Tensor:
-        """Convolution ``n`` of the CNN. The causal kernel pads ``k - 1`` rows above the map and none below; in
-        incremental decoding those rows are the last ``k - 1`` input rows of this convolution from earlier steps,
-        kept in ``cache.state`` and widened with zeros to the new keys (the upper triangle they gain is zero)."""
-        weight, bias = conv.weight.float(), conv.bias.float()
-        if not self.causal_kernel:
-            return F.conv2d(x, weight, bias, padding=conv.padding)
-        k_rows, k_cols = conv.kernel_size
-        if cache is None:
-            return F.conv2d(F.pad(x, (k_cols // 2, k_cols // 2, k_rows - 1, 0)), weight, bias)
-        name = f"predictive_rows{n}"
-        earlier = cache.state.get(name)
-        if earlier is None:
-            earlier = x.new_zeros(x.shape[0], x.shape[1], k_rows - 1, x.shape[3])
-        rows = torch.cat([F.pad(earlier, (0, x.shape[3] - earlier.shape[3])), x], dim=2)
-        cache.state[name] = rows[:, :, rows.shape[2] - (k_rows - 1):]
-        return F.conv2d(F.pad(rows, (k_cols // 2, k_cols // 2, 0, 0)), weight, bias)
+        """The CNN as the docs page states it, op by op with the library convolution
+        (:func:`interlayer.kernels.predictive_cnn.reference`; in incremental decoding the causal kernel's rows above
+        the new ones come from the cache's ``state``): the definition the fast path of :meth:`predict` is tested
+        against."""
+        hidden = predictive_cnn.hidden_cells(prev_logits.shape, key_padding_mask, context.causal, prev_logits.device,
+                                             context.q_offset)
+        return predictive_cnn.reference(prev_logits, [conv.weight for conv in self.convs],
+                                        [conv.bias for conv in self.convs], self.negative_slope, self.causal_kernel,
+                                        hidden, None if context.cache is None else context.cache.state)
 
     def forward(self, logits: Tensor, prev_logits: Tensor, key_padding_mask: Optional[Tensor] = None,
                 context: MixerContext = MixerContext()) -> tuple[Tensor, dict[str, Tensor]]:
@@ -244,7 +191,8 @@ class PredictiveMixer(nn.Module):
         return mixed.to(logits.dtype), {"predicted": predicted.to(logits.dtype), "self": logits}
 
     def fuses(self, prev_logits: Tensor, v: Tensor, causal: bool) -> bool:
-        """Whether :meth:`fused_attention` takes this case: the GPU kernels of
+        """Whether :meth:`fused_attention` takes this case (:class:`~interlayer.core.attention.LogitMixer`'s
+        question to its mixers): the GPU kernels of
         :mod:`interlayer.kernels.predictive_maps` run here (the one dispatch rule), the convolution's causality is
         the attention's (the kernels tie them), and ``fast`` is on. Elsewhere the core runs :meth:`forward` and its
         own softmax: the reference path, and on CPUs the registered convolution operators below."""
@@ -293,10 +241,6 @@ def _device_scalar(value: Union[float, Tensor], device: torch.device) -> Tensor:
     return torch.full((), float(value), device=device, dtype=torch.float32)
 
 
-def _zero(maps: Tensor, cells: Optional[Tensor]) -> Tensor:
-    return maps if cells is None else maps.masked_fill(cells, 0.0)
-
-
 # nn.LeakyReLU's default, which Evolving Attention's ``att_conv`` uses (docs page)
 LEAKY_SLOPE = 0.01
 
@@ -309,20 +253,14 @@ def make_mixer(section: PredictiveConfig, heads: int, cfg: ComposedConfig) -> Pr
                            negative_slope=LEAKY_SLOPE if section.activation == "leaky_relu" else 0.0)
 
 
-# PA's alpha by task (Eq. 4): 0.1 for SST/Yelp/IWSLT (Sec. 4.1.1, the section's default), 0.5 for SNLI (Sec. 4.1.1;
-# SICK is our stand-in), 0.2 for GLUE (App. B.2.2; MRPC), 0.01 for images (CIFAR, Sec. 4.2.1).
-PA_ALPHA = {"sick": 0.5, "mrpc": 0.2, "fashion_mnist": 0.01}
-
-
 def _variant(conv_layers: int, conv_branch: bool) -> Callable[[VariantContext], dict[str, Any]]:
-    """``conv_layers`` convolutions per prediction module, alpha by task (:data:`PA_ALPHA`), on the plain block or
-    on the Conv-Transformer's (``conv_branch``)."""
+    """``conv_layers`` convolutions per prediction module, with the alpha the paper sets for the task where it sets
+    one (``VariantContext.settings_of``; PA's by dataset are in :mod:`interlayer.papers.predictive`), on the plain
+    block or on the Conv-Transformer's (``conv_branch``)."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
         ctx.transformer_fields("PA")
-        out: dict[str, Any] = {"predictive.conv_layers": conv_layers}
-        if ctx.task in PA_ALPHA:
-            out["predictive.alpha"] = PA_ALPHA[ctx.task]
+        out: dict[str, Any] = {**ctx.settings_of("predictive"), "predictive.conv_layers": conv_layers}
         if conv_branch:
             out["conv_branch"] = {}
         return out
@@ -336,8 +274,8 @@ class _PredictiveMethod(MethodBase):
     name = "predictive"
     config_class = PredictiveConfig
     variants = {
-        "pa": NamedVariant("PA-Transformer: one 3x3 conv per prediction module, alpha by task (PA Eq. 4, Sec. 4.1.1; "
-                           "0.1 SST/IWSLT, 0.5 SICK, 0.2 MRPC, 0.01 images)", _variant(1, conv_branch=False)),
+        "pa": NamedVariant("PA-Transformer: one 3x3 conv per prediction module, alpha as the paper sets it for the "
+                           "task's data (PA Eq. 4; 0.1 by default, Sec. 4.1.1)", _variant(1, conv_branch=False)),
         "pa_res": NamedVariant("Res-Transformer: attention maps added without the CNN (PA Table 5, conv_layers=0)",
                                _variant(0, conv_branch=False)),
         "pa_conv": NamedVariant("PA-Conv-Transformer: the Conv-Transformer plus attention prediction (PA Sec. 3.5, "
