@@ -39,6 +39,7 @@ from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_en
 from interlayer.core.config import ConfigError
 from interlayer.errors import DataError, VariantError
 from interlayer.methods.base import VariantContext
+from interlayer.models import registry
 from interlayer.training.concurrency import threads_per_run
 from interlayer.training.engine import LAST
 
@@ -98,11 +99,12 @@ def test_named_variants_are_computed_against_the_task_model(corpus):
     base = get_config("transformer_text_cls").to_dict()
     sick = VariantContext("sick", "transformer_text_cls", base)
     assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5
-    gat = {"model_type": "gat", "crossformer": None}
-    assert NAMED_VARIANTS["crossformer_kq"].overrides(VariantContext("cora", "gat_cora", gat)) == {"crossformer": "kq"}
+    gat = VariantContext("cora", "gat_cora", {"model_type": "gat", "crossformer": None},
+                         registry.family("gat").method_slots)
+    assert NAMED_VARIANTS["crossformer_kq"].overrides(gat) == {"crossformer": "kq"}
     with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
                                            "trains a gat model"):
-        NAMED_VARIANTS["pa"].overrides(VariantContext("cora", "gat_cora", gat))
+        NAMED_VARIANTS["pa"].overrides(gat)
 
 
 def test_a_variant_that_cannot_apply_fails_before_training(corpus, tmp_path, capsys):

@@ -38,7 +38,8 @@ from interlayer.fileio import (
     umask,
 )
 from interlayer.pretrained.byte_level_bpe import BPETokenizer
-from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
+from interlayer.pretrained.hf_checkpoint import _pixel_normalisation, read_hf_config
+from interlayer.pretrained.hf_files import read_weights
 from interlayer.pretrained.run_assets import read_run_assets
 from interlayer.pretrained.tokenization import tokenizer_kind
 from interlayer.pretrained.wordpiece import WordPieceTokenizer

@@ -39,7 +39,7 @@ refuses, naming the key, the value and what the file holds:
    other than the saved one;
 4. buffers the file does not hold (position tables, index tables) of more numbers than :func:`buffer_budget`.
 
-The same pieces check a Hugging Face folder (:func:`interlayer.pretrained.hf.check_sizes`): its method sections
+The same pieces check a Hugging Face folder (:func:`interlayer.pretrained.hf_load.check_sizes`): its method sections
 by (1), its build by (2) and (4); its core sizes are all tensors of the checkpoint, compared by name there.
 """
 from __future__ import annotations

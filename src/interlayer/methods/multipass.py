@@ -295,7 +295,7 @@ def _variant(connection: str) -> Callable[[VariantContext], dict]:
     """Two passes, routing (a), with the given connections; ``hard``: :func:`hard_permutation` at the base's depth."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
-        if ctx.is_mcan:
+        if ctx.excludes("multipass"):
             raise VariantError("MPT has no MCAN form: the papers put MCAN only under LW, Crossformer and PA")
         fields = ctx.transformer_fields("MPT")
         out: dict[str, Any] = {"multipass.passes": 2, "multipass.connection": connection}
@@ -326,6 +326,7 @@ class _MultiPassMethod(MethodBase):
                                  "preset's depth (methods.multipass.hard_permutation), 2 passes", _variant("hard")),
     }
     examples = (CompositionExample("multipass", {"connection": "soft", "loss": "all"}),)
+    lm_examples = {"multipass": {"passes": 2}}
 
     def customize(self, section: MultiPassConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.encoder_class is not None:

@@ -53,7 +53,8 @@ from ..errors import PretrainedError
 from ..models.vision import ImageClassifier
 from .families import FAMILIES, HeadLayout, HFFamily, ViTFamily, family_named
 from .gpt2 import end_of_text_id, save_gpt2_tokenizer
-from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, encoder_config
+from .hf_checkpoint import PROCESSOR_FILE, ST_MODULES, AnyTokenizer
+from .hf_core_config import encoder_config
 from .remote_code import write_remote_code
 from .run_assets import RunAssets, auto_class_of, copy_run_files, model_card, read_run_assets
 

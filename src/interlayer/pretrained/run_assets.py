@@ -28,7 +28,7 @@ from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
 from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind, load_lm_tokenizer
 from ..errors import CheckpointError
 from ..fileio import confined
-from .hf import AnyTokenizer, load_tokenizer
+from .hf_checkpoint import AnyTokenizer, load_tokenizer
 from .tokenization import (
     BPE_MERGES_FILE,
     BPE_VOCAB_FILE,

@@ -86,7 +86,7 @@ from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
 from ..models.registry import load_pretrained
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
-from ..pretrained.hf import load_checkpoint
+from ..pretrained.hf_load import load_checkpoint
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move

@@ -67,7 +67,8 @@ from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
-from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint, load_tokenizer
+from ..pretrained.hf_checkpoint import checkpoint_tokenizer, load_tokenizer
+from ..pretrained.hf_load import load_checkpoint
 from ..pretrained.tokenization import PretrainedTokenizer, tokenizer_kind
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
