@@ -35,10 +35,10 @@ transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 from helpers.hf import CASES, HEADS, LAYERS, TEXT, D, images, reference, text_ids  # noqa: E402
+from interlayer.data.tokenizers.byte_level_bpe import BPETokenizer  # noqa: E402
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer  # noqa: E402
 from interlayer.errors import PretrainedError  # noqa: E402
-from interlayer.pretrained.byte_level_bpe import BPETokenizer  # noqa: E402
 from interlayer.pretrained.export import to_hf  # noqa: E402
-from interlayer.pretrained.wordpiece import WordPieceTokenizer  # noqa: E402
 
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 

@@ -21,7 +21,7 @@ from interlayer import create_model
 from interlayer.build import build_model
 from interlayer.cli import main
 from interlayer.core.generation import SamplingOptions, position_ids
-from interlayer.data.lm_tokenizers import ByteBPETokenizer
+from interlayer.data.tokenizers.language_model import ByteBPETokenizer
 from interlayer.models.registry import load_pretrained
 from interlayer.pretrained.hf import from_hf
 from interlayer.pretrained.hf_checkpoint import read_checkpoint

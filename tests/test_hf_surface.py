@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from helpers.lm import LM_EXAMPLES, lm
 from interlayer import create_model, load_pretrained
 from interlayer.checkpoint import tie_map
-from interlayer.pretrained.wordpiece import WordPieceTokenizer
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer
 
 CORE = dict(src_vocab_size=40, d_model=16, n_heads=2, d_ffn=32, enc_layers=3, max_positions=32, dropout=0.0,
             attn_dropout=0.0)

@@ -13,12 +13,12 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
+from ..data.tokenizers.pretrained import PretrainedTokenizer
 from ..errors import ConfigError, PretrainedError
 from .export import to_hf
 from .families import BertFamily
 from .hf import from_checkpoint
 from .hf_checkpoint import read_checkpoint
-from .tokenization import PretrainedTokenizer
 
 __all__ = ["PA_BERT_ALPHA", "bert_config", "encoder_parameter_map", "export_bert", "import_bert", "pa_bert_section"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
-from ..data.lm_tokenizers import ByteBPETokenizer
+from ..data.tokenizers.language_model import ByteBPETokenizer
 from ..errors import ConfigError, PretrainedError
 from ..methods import METHODS
 from ..models.vision import VisionConfig

@@ -3,7 +3,7 @@
 Why: the PA paper fine-tunes PA-BERT from released checkpoints (PA Sec. 4.1.2, Table 2, App. B.2.2: "we load the
 pre-trained checkpoints ... the additional parameters are initialized randomly and trained jointly during
 fine-tuning"), and researchers hold RoBERTa, DistilBERT, ViT and GPT-2 checkpoints too. A GPT-2 becomes the core's
-language model (``arch="causal_lm"``) with the checkpoint's byte-level BPE (:mod:`interlayer.pretrained.gpt2`);
+language model (``arch="causal_lm"``) with the checkpoint's byte-level BPE (:mod:`interlayer.data.tokenizers.gpt2`);
 every other family a classifier. :func:`from_hf` reads a folder (or an in-memory ``transformers`` model), picks
 its :mod:`family <interlayer.pretrained.families>`, builds the core model with any method sections on top, loads
 every pretrained tensor and leaves what the methods add at its own initialisation, listed in the import report.
@@ -34,7 +34,7 @@ Policies where the checkpoints leave room (each with its reason):
 * **The model is returned in eval mode**, as ``from_pretrained`` does; weights are copied into fp32 parameters
   whatever the checkpoint's dtype. ``model.tokenizer`` is the checkpoint's tokenizer (None for images, or when
   the folder has none the core can reproduce; a GPT-2's is the ``lm`` task's
-  :class:`~interlayer.data.lm_tokenizers.ByteBPETokenizer`) and ``model.import_report`` the report.
+  :class:`~interlayer.data.tokenizers.language_model.ByteBPETokenizer`) and ``model.import_report`` the report.
 """
 from __future__ import annotations
 

@@ -13,15 +13,15 @@ from typing import Any, Optional, Union
 
 from torch import Tensor
 
-from ..data.lm_tokenizers import LMTokenizer
+from ..data.tokenizers.byte_level_bpe import BPETokenizer
+from ..data.tokenizers.gpt2 import load_gpt2_tokenizer
+from ..data.tokenizers.language_model import LMTokenizer
+from ..data.tokenizers.pretrained import PretrainedTokenizer, tokenizer_kind
+from ..data.tokenizers.wordpiece import WordPieceTokenizer
 from ..errors import PretrainedError, TokenizerError
 from ..fileio import confined, read_json
-from .byte_level_bpe import BPETokenizer
 from .families import SUPPORTED_MODEL_TYPES, VIT_PIXEL_MEAN, VIT_PIXEL_STD, VIT_RESCALE, HeadLayout, HFFamily, family_of
-from .gpt2 import load_gpt2_tokenizer
 from .hf_files import read_weights
-from .tokenization import PretrainedTokenizer, tokenizer_kind
-from .wordpiece import WordPieceTokenizer
 
 PROCESSOR_FILE = "preprocessor_config.json"
 ST_MODULES = "modules.json"
@@ -116,7 +116,7 @@ def read_tokenizer(directory: Path, hf: dict[str, Any], family: HFFamily, notes:
 
 def load_tokenizer(directory: Union[str, Path], *, max_length: Optional[int] = None) -> PretrainedTokenizer:
     """The tokenizer saved in ``directory`` (a checkpoint or a fine-tuning run's folder), WordPiece or BPE as
-    :func:`~interlayer.pretrained.tokenization.tokenizer_kind` decides."""
+    :func:`~interlayer.data.tokenizers.pretrained.tokenizer_kind` decides."""
     kind = tokenizer_kind(directory)
     if kind is None:
         raise TokenizerError(f"{directory} has no tokenizer: expected vocab.txt (WordPiece), vocab.json + merges.txt "

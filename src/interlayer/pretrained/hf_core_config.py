@@ -13,13 +13,13 @@ from torch import nn
 
 from ..build import build_model
 from ..config import ModelConfig, config_from_dict
+from ..data.tokenizers.pretrained import PretrainedTokenizer
 from ..errors import ConfigError, PretrainedError
 from ..methods import METHODS
 from ..models.registry import get_config
 from ..models.vision import VisionConfig, build_vision_model
 from .families import HFFamily
 from .hf_checkpoint import HFCheckpoint, checkpoint_head, config_pad_id, sentence_transformers_pooling
-from .tokenization import PretrainedTokenizer
 
 OVERRIDABLE = ("dropout", "attn_dropout", "act_dropout", "attn_impl")
 AnyConfig = Union[ModelConfig, VisionConfig]

@@ -17,12 +17,12 @@ from torch import Tensor, nn
 
 from ..checkpoint import build_on_meta, check_buffers, check_config_sizes
 from ..config import ModelConfig
+from ..data.tokenizers.pretrained import PretrainedTokenizer
 from ..errors import PretrainedError
 from .exact_start import step_zero_notes
 from .families import HeadLayout, HFFamily
 from .hf_checkpoint import HFCheckpoint, checkpoint_head, config_pad_id, read_checkpoint
 from .hf_core_config import AnyConfig, build, encoder_config
-from .tokenization import PretrainedTokenizer
 
 log = logging.getLogger(__name__)
 
