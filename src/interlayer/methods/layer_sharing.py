@@ -174,8 +174,8 @@ def _variant(deep: bool = False, **section: Any) -> Callable[[VariantContext], d
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
         if ctx.excludes("layer_sharing"):
-            raise VariantError("layer sharing has no MCAN form here: ALBERT and MobileLLM share one Transformer "
-                               "stack; compare it on a Transformer task")
+            raise VariantError(f"layer sharing has no {ctx.slots.name} form here: ALBERT and MobileLLM share one "
+                               "Transformer stack; compare it on a Transformer task")
         fields = ctx.transformer_fields("layer sharing")
         out: dict[str, Any] = {"layer_sharing": dict(section)}
         if deep:

@@ -296,7 +296,8 @@ def _variant(connection: str) -> Callable[[VariantContext], dict]:
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
         if ctx.excludes("multipass"):
-            raise VariantError("MPT has no MCAN form: the papers put MCAN only under LW, Crossformer and PA")
+            raise VariantError(f"MPT has no {ctx.slots.name} form: it takes only the "
+                               f"{', '.join(sorted(ctx.slots.only or ()))} sections (the papers' methods on it)")
         fields = ctx.transformer_fields("MPT")
         out: dict[str, Any] = {"multipass.passes": 2, "multipass.connection": connection}
         if connection == "hard":
