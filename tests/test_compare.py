@@ -41,6 +41,7 @@ from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_en
 from interlayer.core.config import ConfigError
 from interlayer.errors import DataError, VariantError
 from interlayer.methods.base import VariantContext
+from interlayer.models import registry
 from interlayer.papers import task_settings
 from interlayer.tasks import task_specs
 from interlayer.training.concurrency import threads_per_run
@@ -100,16 +101,17 @@ def test_named_variants_are_computed_against_the_task_model(corpus):
     assert plan.variant("mpt_hard").madds > plan.variant("baseline").madds  # two encoder passes
     assert plan.variant("baseline").lengths[0] > 2  # mean training lengths, not a constant
     base = get_config("transformer_text_cls").to_dict()
-    sick = VariantContext("sick", "transformer_text_cls", base, task_settings("sick"))
+    sick = VariantContext("sick", "transformer_text_cls", base, task_settings=task_settings("sick"))
     assert NAMED_VARIANTS["pa"].overrides(sick)["predictive.alpha"] == 0.5  # the paper's SNLI alpha (papers/)
     assert NAMED_VARIANTS["pa_res"].overrides(sick) == {"predictive.alpha": 0.5, "predictive.conv_layers": 0}
-    assert "predictive.alpha" not in NAMED_VARIANTS["pa"].overrides(VariantContext("sst5", "transformer_text_cls", base,
-                                                                                   task_settings("sst5")))
-    gat = {"model_type": "gat", "crossformer": None}
-    assert NAMED_VARIANTS["crossformer_kq"].overrides(VariantContext("cora", "gat_cora", gat)) == {"crossformer": "kq"}
+    assert "predictive.alpha" not in NAMED_VARIANTS["pa"].overrides(VariantContext(
+        "sst5", "transformer_text_cls", base, task_settings=task_settings("sst5")))
+    gat = VariantContext("cora", "gat_cora", {"model_type": "gat", "crossformer": None},
+                         registry.family("gat").method_slots)
+    assert NAMED_VARIANTS["crossformer_kq"].overrides(gat) == {"crossformer": "kq"}
     with pytest.raises(VariantError, match="the PA variants add a method section to a Transformer, but task 'cora' "
                                            "trains a gat model"):
-        NAMED_VARIANTS["pa"].overrides(VariantContext("cora", "gat_cora", gat))
+        NAMED_VARIANTS["pa"].overrides(gat)
 
 
 def test_no_method_module_names_a_task():

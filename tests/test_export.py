@@ -22,7 +22,8 @@ from helpers.finetune import write_checkpoint, write_data  # noqa: E402
 from helpers.folders import read_only_folder, snapshot  # noqa: E402
 from interlayer.errors import PretrainedError  # noqa: E402
 from interlayer.pretrained.export import to_hf  # noqa: E402
-from interlayer.pretrained.hf import from_hf, load_tokenizer  # noqa: E402
+from interlayer.pretrained.hf import from_hf  # noqa: E402
+from interlayer.pretrained.hf_checkpoint import load_tokenizer  # noqa: E402
 
 TEXTS = ["the film was good", "it was bad ,"]
 

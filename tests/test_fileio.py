@@ -22,7 +22,10 @@ from interlayer import CheckpointError, load_pretrained
 from interlayer.cli import main
 from interlayer.data.bpe import VocabPair
 from interlayer.data.classification import WordVocab
-from interlayer.data.lm_tokenizers import load_lm_tokenizer
+from interlayer.data.tokenizers.byte_level_bpe import BPETokenizer
+from interlayer.data.tokenizers.language_model import load_lm_tokenizer
+from interlayer.data.tokenizers.pretrained import tokenizer_kind
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer
 from interlayer.errors import ConfigError, DataError, PretrainedError, TokenizerError, WriteError
 from interlayer.fileio import (
     MAX_DEPTH,
@@ -38,11 +41,9 @@ from interlayer.fileio import (
     shorten,
     umask,
 )
-from interlayer.pretrained.byte_level_bpe import BPETokenizer
-from interlayer.pretrained.hf import _pixel_normalisation, read_hf_config, read_weights
+from interlayer.pretrained.hf_checkpoint import _pixel_normalisation, read_hf_config
+from interlayer.pretrained.hf_files import read_weights
 from interlayer.pretrained.run_assets import read_run_assets
-from interlayer.pretrained.tokenization import tokenizer_kind
-from interlayer.pretrained.wordpiece import WordPieceTokenizer
 from interlayer.tasks import task_specs
 from interlayer.training.engine import LAST
 
@@ -387,8 +388,8 @@ def test_no_run_file_is_written_in_place():
             if ".write_text(" in line or (re.search(r"\bsave_file\(", line) and "tmp" not in line
                                           and "import" not in line):
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
-    allowed = {"data/idx.py", "data/corpus.py", "pretrained/export.py", "pretrained/gpt2.py",
-               "pretrained/tokenization.py"}
+    allowed = {"data/idx.py", "data/corpus.py", "pretrained/export.py", "data/tokenizers/gpt2.py",
+               "data/tokenizers/pretrained.py"}
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
 
 

@@ -23,11 +23,11 @@ from interlayer.cli import main
 from interlayer.compare import build_plan, make_settings
 from interlayer.compare.plan import build_task
 from interlayer.config import ConfigError
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer
 from interlayer.errors import VariantError
 from interlayer.experiment import train, with_defaults
 from interlayer.pretrained.bert import import_bert
 from interlayer.pretrained.finetune import FINE_TUNING_DEFAULTS, PA_TABLE_6, split_model_sets
-from interlayer.pretrained.wordpiece import WordPieceTokenizer
 from interlayer.tasks import task_specs
 from interlayer.tasks.text_classification import TextClassificationTask, make_batch
 from interlayer.training import state_file

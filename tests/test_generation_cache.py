@@ -14,10 +14,11 @@ import pytest
 import torch
 import torch._dynamo
 
-from helpers.lm import lm
+from helpers.lm import LM_EXAMPLES, lm
 from interlayer.core import generation
 from interlayer.core.attention import KVCache
 from interlayer.core.generation import SamplingOptions, generate
+from interlayer.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,21 +27,42 @@ PROMPTS = torch.tensor([[5, 9, 2, 7, 1], [4, 8, 0, 0, 0], [11, 12, 13, 0, 0]])
 PADDING = PROMPTS.eq(0) & (torch.arange(5) >= torch.tensor([[5], [2], [3]]))
 COMPILED = dict(compile=True, compile_backend="eager")
 GREEDY = dict(max_new_tokens=8, temperature=0)
-METHODS = {
-    "plain": {}, "rotary": dict(positions="rotary"), "shaw_relative": dict(positions="relative"),
-    "cla2": dict(cla={"sharing_factor": 2}), "svformer": dict(value_residual={"mode": "svformer"}),
-    "resformer": dict(value_residual={}), "denseformer": dict(denseformer={}),
-    "hyper_connections": dict(hyper_connections={}), "mhc": dict(mhc={}), "muddformer": dict(muddformer={}),
-    "layer_sharing": dict(layer_sharing={}), "predictive": dict(predictive={"conv_layers": 2, "alpha": 0.5}),
-}
-# the compiled step traces in seconds a model: the methods above in four models (all but Predictive Attention)
-COMBINED = {
-    "cla2_svformer_rotary": dict(cla={"sharing_factor": 2}, value_residual={"mode": "svformer"}, positions="rotary"),
-    "resformer_shaw_relative": dict(value_residual={}, positions="relative"),
-    "denseformer_layer_sharing": dict(denseformer={}, layer_sharing={}),
-    "hyper_connections": dict(hyper_connections={}),
-    "muddformer": dict(muddformer={}),  # its keys and values read their own mixes of earlier layers (kv_inputs)
-}
+# the core's position schemes beside every method's language-model examples (Method.lm_examples)
+POSITIONS = {"rotary": dict(positions="rotary"), "shaw_relative": dict(positions="relative")}
+CASES = {"plain": {}, **POSITIONS, **LM_EXAMPLES}
+
+
+def fixed_shape(model) -> bool:
+    """What the model declares of its caches, read as the compiled step reads it (core/generation.py): it keeps a
+    KV cache at all (``supports_cache``: not Multi-Pass, whose layers run twice) and no layer mixes logits
+    (Predictive Attention's convolution state grows with the keys)."""
+    return model.supports_cache and all(getattr(layer.self_attn, "logit_mixer", None) is None
+                                        for layer in model.encoder.layers)
+
+
+def _conflicting(a: str, b: str) -> bool:
+    """Whether the methods of examples ``a`` and ``b`` are one method, or one declares a conflict with the other."""
+    first, second = (next(m for m in METHODS if name in m.lm_examples) for name in (a, b))
+    return first is second or any(c.other in {e.name for e in y.examples}
+                                  for x, y in ((first, second), (second, first)) for c in x.conflicts)
+
+
+def _compiled_models() -> dict[str, dict]:
+    """Every example with a fixed-shape cache packed into as few 2-layer models as the declared conflicts allow
+    (tracing a model takes seconds), each with one of the core's position schemes in turn."""
+    groups: list[list[str]] = []
+    for name in (n for n, overrides in LM_EXAMPLES.items() if fixed_shape(lm(enc_layers=2, **overrides))):
+        group = next((g for g in groups if not any(_conflicting(name, other) for other in g)), None)
+        if group is None:
+            groups.append([name])
+        else:
+            group.append(name)
+    positions = [{}, *POSITIONS.values()]
+    return {"_".join(g): {k: v for name in g for k, v in LM_EXAMPLES[name].items()} | positions[i % len(positions)]
+            for i, g in enumerate(groups)}
+
+
+COMBINED = _compiled_models()
 
 
 def decode(model, options: SamplingOptions, prompts=PROMPTS, padding=PADDING, seed=None):
@@ -49,22 +71,35 @@ def decode(model, options: SamplingOptions, prompts=PROMPTS, padding=PADDING, se
     return generate(model, prompts, options, padding_mask=padding, generator=generator)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_static_and_growing_caches_give_the_recomputed_tokens(method):
+@pytest.mark.parametrize("case", list(CASES))
+def test_static_and_growing_caches_give_the_recomputed_tokens(case):
     """Padded prompts, greedy: the growing and the static cache continue every row with the tokens of reading the
-    whole prefix again, for each method that keeps a cache."""
-    model = lm(**METHODS[method])
+    whole prefix again, for each method that keeps a cache; one that keeps none refuses a cache and decodes by
+    recomputing."""
+    model = lm(**CASES[case])
+    if not model.supports_cache:
+        with pytest.raises(ValueError, match="use_cache=False"):
+            model.new_cache()
     expected = decode(model, SamplingOptions(**GREEDY, use_cache=False)).tokens
     for setting in (dict(static_cache=False), {}):
         assert torch.equal(decode(model, SamplingOptions(**GREEDY, **setting)).tokens, expected), setting
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "predictive"])
-def test_fixed_shape_cache_steps_give_the_full_forward_logits(method):
+@pytest.mark.parametrize("case", list(CASES))
+def test_fixed_shape_cache_steps_give_the_full_forward_logits(case):
     """The compiled step's cache layout, run eagerly: the prompt and then one token per step, each attending to the
     whole capacity at the position a tensor holds, give the logits of the full forward pass (rotary and relative
-    positions read the tensor; ResFormer mixes the first layer's values at it)."""
-    model = lm(**METHODS[method])
+    positions read the tensor; ResFormer mixes the first layer's values at it). A model without a fixed-shape cache
+    (:func:`fixed_shape`) refuses it with the reason: no cache at all, or a compiled step over one."""
+    model = lm(**CASES[case])
+    if not model.supports_cache:
+        with pytest.raises(ValueError, match="use_cache=False"):
+            model.new_cache(capacity=16)
+        return
+    if not fixed_shape(model):
+        with pytest.raises(ValueError, match="generate with compile=False"):
+            generate(model, PROMPTS, SamplingOptions(max_new_tokens=2, **COMPILED))
+        return
     tokens = torch.randint(0, 40, (2, 12))
     full = model(tokens).logits
     position = torch.zeros((), dtype=torch.long)
@@ -83,8 +118,7 @@ def test_fixed_shape_cache_steps_give_the_full_forward_logits(method):
 @pytest.mark.parametrize("methods", list(COMBINED))
 def test_the_compiled_step_gives_the_recomputed_tokens(methods):
     """The same with the compiled fixed-shape step (one graph, attending to the whole capacity, positions from a
-    tensor), for every method but Predictive Attention, whose causal mixer has no fixed-shape form (refused, tested
-    below)."""
+    tensor), for every example with a fixed-shape cache (the others are refused: the test above)."""
     model = lm(enc_layers=2, **COMBINED[methods])
     expected = decode(model, SamplingOptions(**GREEDY, use_cache=False)).tokens
     assert torch.equal(decode(model, SamplingOptions(**GREEDY, **COMPILED)).tokens, expected)

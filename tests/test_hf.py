@@ -26,16 +26,19 @@ from interlayer.cli import main
 from interlayer.core.models import EncoderClassifier
 from interlayer.data.idx import write_idx
 from interlayer.models.vision import ImageClassifier
-from interlayer.pretrained.hf import from_hf, model_config, read_checkpoint, read_weights
+from interlayer.pretrained.hf import from_hf
+from interlayer.pretrained.hf_checkpoint import read_checkpoint
+from interlayer.pretrained.hf_core_config import model_config
+from interlayer.pretrained.hf_files import read_weights
 
 transformers = pytest.importorskip("transformers")
 
 from helpers.finetune import fresh, write_data  # noqa: E402  (a run's fresh model; tiny SST-2 / MRPC files)
 from helpers.hf import CASES, HEADS, LAYERS, TEXT, D, images, reference, text_ids  # noqa: E402
+from interlayer.data.tokenizers.byte_level_bpe import BPETokenizer  # noqa: E402
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer  # noqa: E402
 from interlayer.errors import PretrainedError  # noqa: E402
-from interlayer.pretrained.byte_level_bpe import BPETokenizer  # noqa: E402
 from interlayer.pretrained.export import to_hf  # noqa: E402
-from interlayer.pretrained.wordpiece import WordPieceTokenizer  # noqa: E402
 
 CLASSIFIERS = ("bert_classifier", "roberta_classifier", "vit_classifier")
 
@@ -379,7 +382,8 @@ def test_input_size_repeats_grey_and_resizes_before_the_models_normalisation(fol
 
 
 def build_model_from(cfg: Any, checkpoint: Any) -> torch.nn.Module:
-    from interlayer.pretrained.hf import build, load_checkpoint_state
+    from interlayer.pretrained.hf_core_config import build
+    from interlayer.pretrained.hf_load import load_checkpoint_state
 
     model = build(cfg)
     load_checkpoint_state(model, checkpoint)

@@ -13,9 +13,9 @@ import torch
 
 import interlayer
 from interlayer.cli import main
-from interlayer.data.lm_tokenizers import ByteBPETokenizer, CharTokenizer, load_lm_tokenizer, save_tokenizer
+from interlayer.data.tokenizers.language_model import ByteBPETokenizer, CharTokenizer, load_lm_tokenizer, save_tokenizer
 from interlayer.pretrained.export import export
-from interlayer.pretrained.hf_auto import to_transformers
+from interlayer.pretrained.transformers_classes.auto import to_transformers
 
 transformers = pytest.importorskip("transformers")
 
@@ -113,7 +113,7 @@ def test_interlayer_never_runs_a_folders_code(exports, tmp_path: Path) -> None:
     (tampered / "modeling_interlayer.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('ran')\n")
     for trust in (False, True):
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(tampered), trust_remote_code=trust)
-        assert type(hf).__module__ == "interlayer.pretrained.hf_modeling"
+        assert type(hf).__module__ == "interlayer.pretrained.transformers_classes.modeling"
     interlayer.load_pretrained(tampered)
     assert not marker.exists()
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import interlayer
-from interlayer.data.lm_tokenizers import CharTokenizer, load_lm_tokenizer
+from interlayer.data.tokenizers.language_model import CharTokenizer, load_lm_tokenizer
 from interlayer.pretrained.export import export
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""Hugging Face folders from strangers (pretrained/hf_files.py, pretrained/hf.py, checkpoint.size_checked_config):
+"""Hugging Face folders from strangers (pretrained/hf_files.py, pretrained/hf_load.py, checkpoint.size_checked_config):
 shard indexes confined to the folder, config sizes the weights do not hold refused before any model is built,
 and every bad file named with exit code 2. docs/reliability.md lists each case with its test."""
 import json
@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from helpers.pretrained import tiny_state, write_bert
 from interlayer.cli import main
 from interlayer.errors import PretrainedError, TokenizerError
-from interlayer.pretrained.hf import from_hf, read_weights
+from interlayer.pretrained.hf import from_hf
+from interlayer.pretrained.hf_files import read_weights
 
 
 # -- Hugging Face folders from strangers ---------------------------------------------------------------------------

@@ -73,7 +73,7 @@ from safetensors.torch import load_file  # noqa: E402
 import interlayer  # noqa: E402
 from helpers.hf import CASES as ENCODER_CASES  # noqa: E402
 from helpers.hf_gpt2 import hf_gpt2  # noqa: E402
-from interlayer.pretrained.hf_auto import to_transformers  # noqa: E402
+from interlayer.pretrained.transformers_classes.auto import to_transformers  # noqa: E402
 
 STEPS = 4
 IMPORTS = {  # kind -> (transformers model of helpers.hf/hf_gpt2, from_hf options)

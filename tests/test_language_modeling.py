@@ -13,8 +13,8 @@ from torch import nn
 
 from interlayer.cli import main
 from interlayer.data.corpus import SHAKESPEARE_SPLITS, build_shakespeare, load_corpus, strip_gutenberg
-from interlayer.data.lm_tokenizers import ByteBPETokenizer, CharTokenizer, train_tokenizer
 from interlayer.data.text import DataError
+from interlayer.data.tokenizers.language_model import ByteBPETokenizer, CharTokenizer, train_tokenizer
 from interlayer.errors import ConfigError
 from interlayer.tasks.language_modeling import LanguageModelingTask, LMData, blocks
 from interlayer.training.config import TrainConfig

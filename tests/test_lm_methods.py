@@ -4,8 +4,17 @@ and without the KV cache, and cached decoding equals the full forward pass."""
 import pytest
 import torch
 
-from helpers.lm import CHANGED, T, assert_cache_matches, assert_causal, assert_padded_generation_matches, lm
+from helpers.lm import (
+    CHANGED,
+    LM_EXAMPLES,
+    T,
+    assert_cache_matches,
+    assert_causal,
+    assert_padded_generation_matches,
+    lm,
+)
 from interlayer import ConfigError
+from interlayer.methods import METHODS
 from interlayer.methods.lightweight import GroupedFeedForward, GroupedMultiHeadAttention
 from interlayer.methods.multipass import MultiPassEncoder
 
@@ -78,6 +87,23 @@ def test_multipass_generation_reads_without_a_cache():
 def test_conv_branch_is_refused_in_a_causal_model():
     with pytest.raises(ConfigError, match="conv_branch cannot be used in a causal language model"):
         lm(conv_branch={})
+
+
+# -- every method: its declared language-model examples (Method.lm_examples) -----------------------------------
+@pytest.mark.parametrize("example", list(LM_EXAMPLES))
+def test_every_language_model_example_is_causal(example):
+    assert_causal(lm(**LM_EXAMPLES[example]))
+
+
+def test_a_method_without_language_model_examples_has_no_causal_form():
+    """Empty ``lm_examples`` is a declared fact, not an omission: the method refuses a causal model (the conv
+    branch's centred convolution reads the next token). The examples' names are unique over the methods."""
+    for method in METHODS:
+        for example in method.examples if not method.lm_examples else ():
+            with pytest.raises(ConfigError, match="cannot be used in a causal language model"):
+                lm(**{method.name: example.section}, **example.core)
+    names = [name for method in METHODS for name in method.lm_examples]
+    assert sorted(names) == sorted(LM_EXAMPLES) and len(set(names)) == len(names)
 
 
 # -- Predictive Attention with the causal kernel ----------------------------------------------------------------

@@ -14,9 +14,9 @@ import torch
 
 from helpers.pretrained import HEADS, TINY_VOCAB, D, tiny_state, write_bert
 from interlayer import ConfigError, count_parameters
+from interlayer.data.tokenizers.wordpiece import WordPieceTokenizer
 from interlayer.errors import PretrainedError
 from interlayer.pretrained.bert import export_bert, import_bert, pa_bert_section
-from interlayer.pretrained.wordpiece import WordPieceTokenizer
 
 SENTENCES = ["the cat sat on the mat.", "a big dog runs!", "cats"]
 PAIRS = ["the dog sat.", "mats", "a cat , a dog , the mat"]

@@ -11,6 +11,7 @@ from interlayer.accounting import count_parameters
 from interlayer.checkpoint import save_pretrained
 from interlayer.errors import ConfigError
 from interlayer.methods.base import VariantContext
+from interlayer.models import registry
 from interlayer.models.regions import Captioner, Grounder, RegionConfig
 from interlayer.models.registry import create_model, get_config, load_pretrained
 
@@ -109,7 +110,7 @@ def test_overrides_reach_the_nested_transformer_and_derived_fields_are_refused()
 
 def test_named_compare_variants_find_the_nested_transformer() -> None:
     base = get_config("caption_transformer_small").to_dict()
-    ctx = VariantContext("caption", "caption_transformer_small", base)
+    ctx = VariantContext("caption", "caption_transformer_small", base, registry.family("region").method_slots)
     assert ctx.transformer_fields("LW") is base["transformer"]
 
 

@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from helpers import TEXT, set_args
 from helpers.token_files import nanogpt_folder, write_raw, write_shard
 from interlayer.cli import main
-from interlayer.data.lm_tokenizers import IdTokenizer
 from interlayer.data.token_files import TokenSplit, open_token_corpus, read_shard
+from interlayer.data.tokenizers.language_model import IdTokenizer
 from interlayer.errors import ConfigError, DataError
 from interlayer.tasks.language_modeling import Batches, LanguageModelingTask, LMData
 from interlayer.training.config import TrainConfig

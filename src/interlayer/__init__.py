@@ -12,8 +12,8 @@ module, the core) does not load the rest: :mod:`interlayer.methods` depends only
 things are done at import: giving the core's models their saver and loader
 (:func:`interlayer.core.hub.register_storage`), which this package, above every layer, may name and the core may
 not; and asking to register interlayer's classes with ``transformers`` once ``transformers`` is imported
-(:mod:`interlayer.pretrained.hf_auto`; nothing of ``transformers`` is imported here, and without it nothing
-happens).
+(:mod:`interlayer.pretrained.transformers_classes.auto`; nothing of ``transformers`` is imported here, and without
+it nothing happens).
 """
 from __future__ import annotations
 
@@ -55,19 +55,19 @@ register_storage(save=_save, load=_load)
 
 
 def _register_config(_: Any) -> None:
-    from .pretrained.hf_auto import register_config
+    from .pretrained.transformers_classes.auto import register_config
 
     register_config()
 
 
 def _register_trainer_callback(trainer: Any) -> None:
-    from .pretrained.hf_auto import register_trainer_callback
+    from .pretrained.transformers_classes.auto import register_trainer_callback
 
     register_trainer_callback(trainer)
 
 
 # transformers' AutoConfig / AutoModel* know model_type "interlayer", and its Trainer advances interlayer's step
-# counters, from when transformers imports those modules (pretrained/hf_auto.py).
+# counters, from when transformers imports those modules (pretrained/transformers_classes/auto.py).
 after_import("transformers.models.auto.configuration_auto", _register_config)
 after_import("transformers.trainer", _register_trainer_callback)
 

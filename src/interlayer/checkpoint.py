@@ -14,9 +14,10 @@ Every folder's ``config.json`` is ``transformers``' (:func:`transformers_config`
 interlayer config and model type in its ``interlayer`` section, the special token ids and label names beside it),
 so ``transformers``' Auto classes load interlayer's own folders after ``import interlayer``; the tensors keep
 interlayer's names (metadata ``format: "interlayer"``). :func:`read_saved` also reads the folders of interlayer's
-``transformers`` classes (:mod:`interlayer.pretrained.hf_modeling`: their ``save_pretrained``, ``interlayer
-export`` of a model no ``transformers`` family computes), whose tensors carry the class's ``interlayer.`` prefix,
-and folders written before (``config.json`` the config alone, the model type in the weights' metadata).
+``transformers`` classes (:mod:`interlayer.pretrained.transformers_classes.modeling`: their ``save_pretrained``,
+``interlayer export`` of a model no ``transformers`` family computes), whose tensors carry the class's
+``interlayer.`` prefix, and folders written before (``config.json`` the config alone, the model type in the
+weights' metadata).
 
 **Sizes are checked before any model is built** (:func:`size_checked_config`): a folder from a stranger may declare
 ``enc_layers=10000000`` or ``src_vocab_size=10**12`` over weights of one small layer, and building that model
@@ -39,7 +40,7 @@ refuses, naming the key, the value and what the file holds:
    other than the saved one;
 4. buffers the file does not hold (position tables, index tables) of more numbers than :func:`buffer_budget`.
 
-The same pieces check a Hugging Face folder (:func:`interlayer.pretrained.hf.check_sizes`): its method sections
+The same pieces check a Hugging Face folder (:func:`interlayer.pretrained.hf_load.check_sizes`): its method sections
 by (1), its build by (2) and (4); its core sizes are all tensors of the checkpoint, compared by name there.
 """
 from __future__ import annotations
@@ -79,7 +80,7 @@ NATIVE_FORMAT = "interlayer"  # model.safetensors' metadata format when its name
 HF_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id")
 HF_NAMES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
-# the transformers class of each kind of interlayer model (pretrained/hf_modeling.py)
+# the transformers class of each kind of interlayer model (pretrained/transformers_classes/modeling.py)
 HF_ARCHITECTURES = {"causal_lm": "InterlayerForCausalLM", "encoder_classifier": "InterlayerForSequenceClassification",
                     "image": "InterlayerForImageClassification"}
 
@@ -140,8 +141,9 @@ def model_kind(model: nn.Module) -> str:
 
 
 def transformers_config(model: nn.Module, architecture: Optional[str] = None) -> dict[str, Any]:
-    """``config.json`` of a folder written for ``transformers`` (:mod:`interlayer.pretrained.hf_config`): the
-    interlayer config and model type, and ``transformers``' names of the sizes, special tokens and labels."""
+    """``config.json`` of a folder written for ``transformers``
+    (:mod:`interlayer.pretrained.transformers_classes.configuration`): the interlayer config and model type, and
+    ``transformers``' names of the sizes, special tokens and labels."""
     cfg = model.config
     core = getattr(cfg, "encoder", cfg)  # an image model's config holds its encoder's
     data: dict[str, Any] = {"model_type": HF_MODEL_TYPE,

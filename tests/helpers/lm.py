@@ -1,19 +1,26 @@
 """The tiny causal language model the method tests share, and the properties every method must keep on it:
 causality (a later token never changes an earlier output), cache-exactness (decoding step by step with the KV
 cache gives the full forward pass's logits), and generation that does not depend on the cache or on padding."""
+import copy
+
 import torch
 
 from interlayer import create_model
 from interlayer.core.generation import SamplingOptions, generate
+from interlayer.methods import METHODS
 
 TINY = dict(src_vocab_size=40, d_model=32, n_heads=4, d_ffn=64, enc_layers=4, max_positions=32, dropout=0.0,
             attn_dropout=0.0)
 T, CHANGED = 12, 6
+# Every method's causal-LM examples (``Method.lm_examples``) by example name, as the overrides lm() takes: the tests
+# that run "every method" on a language model read them, so a new method is covered once it declares its own.
+LM_EXAMPLES = {name: {method.name: copy.deepcopy(dict(section))}
+               for method in METHODS for name, section in method.lm_examples.items()}
 
 
 def lm(**overrides):
     torch.manual_seed(0)
-    return create_model("gpt_shakespeare_char", **{**TINY, **overrides}).eval()
+    return create_model("gpt_shakespeare_char", **copy.deepcopy({**TINY, **overrides})).eval()
 
 
 def assert_causal(model) -> None:

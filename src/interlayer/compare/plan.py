@@ -27,6 +27,7 @@ from ..errors import ConfigError, VariantError
 from ..experiment import split_overrides, with_defaults
 from ..fileio import write_json
 from ..methods.base import VariantContext
+from ..models.registry import config_family
 from ..papers import task_settings
 from ..tasks import TaskSpec, task_specs
 from ..training.config import TrainConfig
@@ -187,8 +188,9 @@ def resolve_variant(spec: TaskSpec, task: Any, variant: Variant, global_sets: di
     try:
         ctx = None
         if variant.named:
-            base = spec.resolve_model(variant.preset, model_sets, task).to_dict()
-            ctx = VariantContext(spec.name, variant.preset, base, task_settings(spec.name))
+            base = spec.resolve_model(variant.preset, model_sets, task)
+            ctx = VariantContext(spec.name, variant.preset, base.to_dict(), config_family(base).method_slots,
+                                 task_settings(spec.name))
         own = variant_overrides(variant, ctx)
         sets = {**global_sets, **own}
         own_model, own_train, _ = split_overrides(own)

@@ -16,7 +16,7 @@ tokens, ``use_cache`` (True: the KV cache whenever the model has one; a Multi-Pa
 (``no_repeat_ngram_size``, ``output_scores``, beam sampling, ...) raises :class:`UnsupportedGenerationOption`
 naming it: silently ignoring it would return other tokens than ``transformers`` would. (The ``transformers``
 classes interlayer registers fall back to ``transformers``' own ``generate`` for those:
-:mod:`interlayer.pretrained.hf_modeling`.)
+:mod:`interlayer.pretrained.transformers_classes.modeling`.)
 
 One deliberate difference: with neither ``max_new_tokens`` nor ``max_length`` set anywhere, 20 tokens are added
 (``transformers``' default ``max_length=20`` counts the prompt, so a prompt of 20 tokens or more would get one).
@@ -26,7 +26,7 @@ configs do) is what ``transformers`` makes of it: a token the model never produc
 warning says so once per id and vocabulary size (:func:`reachable_eos`). The typed
 :class:`~interlayer.core.generation.SamplingOptions` still refuse it: there the id is the caller's own. A prompt id
 outside the vocabulary where the model reads is refused naming its position (a character tokenizer's ``[UNK]``
-lies past the table: :mod:`interlayer.data.lm_tokenizers`); at padded positions any id stands (never read).
+lies past the table: :mod:`interlayer.data.tokenizers.language_model`); at padded positions any id stands (never read).
 """
 from __future__ import annotations
 

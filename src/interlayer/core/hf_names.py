@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-MODEL_TYPE = "interlayer"  # config.json's model_type for transformers (pretrained/hf_config.py)
+# config.json's model_type for transformers (pretrained/transformers_classes/configuration.py)
+MODEL_TYPE = "interlayer"
 # Other libraries' name of a field -> (the field, what it is): transformers' generic names and GPT-2's (nanoGPT's)
 FIELD_NAMES: dict[str, tuple[str, str]] = {
     "vocab_size": ("src_vocab_size", "the token table's rows"),

@@ -9,8 +9,9 @@ the pickle opcodes of dicts, lists, tuples, strings, bytes, numbers, booleans an
 bound on the file's size (:data:`MAX_BYTES`, far above a 65,536-entry vocabulary, so nothing larger is read at
 all), and checks what it built: ``vocab_size`` an integer from 1 to 65,536; ``itos`` the ids ``0 .. V - 1``, each a
 string; ``stoi`` its inverse when present. A character vocabulary (every ``itos`` entry one character) gives
-``meta.json``'s ``chars``, which :func:`~interlayer.data.lm_tokenizers.chars_tokenizer` checks against nanoGPT's
-sorted order. Checkpoints are not read this way: a ``.pt`` pickle stays refused (:mod:`interlayer.training.state_file`).
+``meta.json``'s ``chars``, which :func:`~interlayer.data.tokenizers.language_model.chars_tokenizer` checks against
+nanoGPT's sorted order. Checkpoints are not read this way: a ``.pt`` pickle stays refused
+(:mod:`interlayer.training.state_file`).
 
 :func:`write_meta_pkl` writes the same dict for ``interlayer prepare lm``'s character corpora (plain data only, so
 nanoGPT's ``sample.py`` reads it with its ``pickle.load``).

@@ -13,11 +13,11 @@ The differences are what makes it scale: the documents are read one at a time (t
 characters, which places the split points, and collects a character vocabulary; a BPE is trained on a pass over
 the training split), each split's text is cut into chunks of about ``chunk_chars`` characters at places where the
 tokenizer's own pre-tokenization always cuts (anywhere for characters; between a non-space and a newline for
-byte-level BPE, :data:`~interlayer.data.lm_tokenizers.CHUNK_BOUNDARY`), and the chunks are encoded by ``workers``
-processes (multiprocessing) and written in their order. The ids of a split are therefore those of the whole text
-encoded at once, whatever the number of workers or the chunk size, and the same text prepared twice gives the same
-bytes (``meta.json`` holds no time and no path). Each file is read whole, so a corpus larger than memory should be
-a folder of files.
+byte-level BPE, :data:`~interlayer.data.tokenizers.language_model.CHUNK_BOUNDARY`), and the chunks are encoded by
+``workers`` processes (multiprocessing) and written in their order. The ids of a split are therefore those of the
+whole text encoded at once, whatever the number of workers or the chunk size, and the same text prepared twice gives
+the same bytes (``meta.json`` holds no time and no path). Each file is read whole, so a corpus larger than memory
+should be a folder of files.
 
 Output (``layout``): nanoGPT's ``train.bin``, ``val.bin``, ``test.bin``, or llm.c shards
 ``tokens_{train,val,test}_NNNNNN.bin`` of at most ``shard_tokens`` ids each; and ``meta.json`` (vocabulary size,
@@ -61,9 +61,16 @@ from .corpus import (
     split_description,
     strip_gutenberg,
 )
-from .lm_tokenizers import CHUNK_BOUNDARY, ByteBPETokenizer, CharTokenizer, Kind, LMTokenizer, tokenizer_from_json
 from .nanogpt_meta import write_meta_pkl
 from .token_files import MAX_VOCAB, META_FILE, NANOGPT_FILES, Layout, TokenWriter
+from .tokenizers.language_model import (
+    CHUNK_BOUNDARY,
+    ByteBPETokenizer,
+    CharTokenizer,
+    Kind,
+    LMTokenizer,
+    tokenizer_from_json,
+)
 
 SHARD_NAMES = {"train": "train", "valid": "val", "test": "test"}
 SHARD_PREFIX = "tokens"

@@ -19,7 +19,7 @@ the community's:
 ``meta.json`` (written by ``interlayer prepare lm``, or by hand) holds ``vocab_size``, and optionally the tokenizer
 the ids came from (``tokenizer``, as a run's ``tokenizer.json`` holds it) or, for nanoGPT's character corpora, the
 characters in id order (``chars``). With a tokenizer the language model reports bits per character/byte and writes
-text samples; without one it has the ids alone (:class:`~interlayer.data.lm_tokenizers.IdTokenizer`).
+text samples; without one it has the ids alone (:class:`~interlayer.data.tokenizers.language_model.IdTokenizer`).
 
 A split is one sequence of ids (its files in order, as if concatenated). :meth:`TokenSplit.windows` reads the rows
 of a batch: it opens the memory maps anew for each call, as nanoGPT's ``get_batch`` does, so the pages a long run

@@ -14,12 +14,18 @@ What a method registers where it lives, so that adding one is a module here plus
 * its named ``compare`` variants (``variants``: :class:`NamedVariant` by name), which ``compare --variants``
   offers beside the baseline;
 * its composition facts: ``examples`` (small sections that ``tests/test_composition.py`` builds beside every
-  other method's) and ``conflicts`` (the methods it refuses to compose with, and words of the reason).
+  other method's) and ``conflicts`` (the methods it refuses to compose with, and words of the reason);
+* its language-model examples (``lm_examples``: the sections that make a tiny causal language model with it, which
+  the tests of decoding, caching and the ``transformers`` surface run for every method; none where the method has
+  no causal form);
+* what an import of a pretrained checkpoint must know of it (:mod:`interlayer.pretrained`): whether a section
+  ``restructures`` the checkpoint's weights (replaces, deletes or ties matrices the checkpoint holds, so the import
+  needs ``reinitialise``), and the option that makes it start exactly as the imported model (``exact_start``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
@@ -42,39 +48,60 @@ class ComposedConfig(TransformerConfig):
 
 
 # -- compare variants ---------------------------------------------------------------------------------------------
+SectionForm = Literal["section", "hard_pair"]
+
+
+@dataclass(frozen=True)
+class MethodSlots:
+    """Where a model's config takes the methods' sections, as its family declares it (``Family.method_slots`` in
+    :mod:`interlayer.models.registry`): what a named variant writes its overrides into, so that no method recognises
+    a model by the keys of its config.
+
+    ``name``: the model in messages. ``at``: where the sections go, with a Transformer's keys: ``""`` the config's
+    top, a key (``"encoder"``, ``"transformer"``) a nested Transformer config, None nowhere. ``only``: the methods
+    whose sections the model takes there, when not all (None: every method). ``forms``: sections the model takes in
+    a form of its own, by method (``"hard_pair"``: one Crossformer hard pair named by a string, as GAT's)."""
+
+    name: str = "Transformer"
+    at: Optional[str] = ""
+    only: Optional[frozenset[str]] = None
+    forms: Mapping[str, SectionForm] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class VariantContext:
-    """What a named variant may depend on: the task, the comparison's base preset and its resolved config (a dict),
-    and ``task_settings``: dotted model settings the papers fix for this task (PA's alpha on SICK), which compare
-    finds in the papers' modules (:func:`interlayer.papers.task_settings`), so that a method names no task."""
+    """What a named variant may depend on: the task, the comparison's base preset, its resolved config (a dict),
+    where that model takes method sections (its family's :class:`MethodSlots`), and ``task_settings``: dotted model
+    settings the papers fix for this task (PA's alpha on SICK), which compare finds in the papers' modules
+    (:func:`interlayer.papers.task_settings`), so that a method names no task."""
 
     task: str
     preset: str
     base: dict[str, Any]
+    slots: MethodSlots = MethodSlots()
     task_settings: Mapping[str, Any] = field(default_factory=dict)
 
     def settings_of(self, method: str) -> dict[str, Any]:
         """The :attr:`task_settings` of ``method``'s section (``predictive.alpha`` for ``predictive``)."""
         return {key: value for key, value in self.task_settings.items() if key.split(".")[0] == method}
 
-    @property
-    def is_mcan(self) -> bool:
-        """An MCAN config (``interlayer.models.mcan``): its method sections sit at the top, as a Transformer's do."""
-        return "image_input" in self.base and "layers" in self.base
+    def excludes(self, method: str) -> bool:
+        """Whether the model takes some methods' sections but not ``method``'s (a variant refuses it by name)."""
+        return self.slots.only is not None and method not in self.slots.only
 
-    @property
-    def is_gat(self) -> bool:
-        return self.base.get("model_type") == "gat"
+    def form(self, method: str) -> Optional[SectionForm]:
+        """The form of its own the model gives ``method``'s section, or None (a Transformer section)."""
+        return self.slots.forms.get(method)
 
     def transformer_fields(self, method: str) -> dict[str, Any]:
-        """The Transformer fields of the base config: the config itself, a vision model's ``encoder`` or a region
-        model's ``transformer``; an MCAN config, whose ``crossformer`` / ``lightweight`` / ``predictive`` sections
-        take the same keys. Raises :class:`VariantError` naming ``method`` for a model without them."""
-        if "enc_layers" in self.base or self.is_mcan:
+        """The fields a method section's keys go beside: the config itself, or its nested Transformer config (a
+        vision model's ``encoder``, a region model's ``transformer``), as the model's slots say. Raises
+        :class:`VariantError` naming ``method`` for a model without them."""
+        at = self.slots.at
+        if at == "":
             return self.base
-        for nested in ("encoder", "transformer"):
-            if isinstance(self.base.get(nested), dict) and "enc_layers" in self.base[nested]:
-                return self.base[nested]
+        if at is not None and isinstance(self.base.get(at), dict):
+            return self.base[at]
         kind = self.base.get("model_type", "non-Transformer")
         raise VariantError(f"the {method} variants add a method section to a Transformer, but task {self.task!r} "
                            f"trains a {kind} model (preset {self.preset!r}) that has none; compare that model's own "
@@ -90,15 +117,16 @@ class NamedVariant:
     overrides: Callable[[VariantContext], dict[str, Any]]
 
 
-def section_variant(method: str, label: str, mcan_refusal: str, *, whole: bool = False, **section: Any
+def section_variant(method: str, label: str, refusal: str, *, whole: bool = False, **section: Any
                     ) -> Callable[[VariantContext], dict[str, Any]]:
     """The overrides of a variant that turns on ``method``'s section on the Transformer's stacks: ``section`` whole
     (``whole``), or its keys as dotted overrides (none: the section with its defaults). ``label`` names the method
-    in errors; MCAN has no form of the method: ``mcan_refusal`` says why (``{task}`` and ``{preset}`` are filled)."""
+    in errors; a model that takes other methods' sections but not this one's is refused with ``refusal``
+    (``{model}``, ``{task}`` and ``{preset}`` are filled)."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
-        if ctx.is_mcan:
-            raise VariantError(mcan_refusal.format(task=repr(ctx.task), preset=repr(ctx.preset)))
+        if ctx.excludes(method):
+            raise VariantError(refusal.format(model=ctx.slots.name, task=repr(ctx.task), preset=repr(ctx.preset)))
         ctx.transformer_fields(label)
         if whole:
             return {method: dict(section)}
@@ -107,11 +135,11 @@ def section_variant(method: str, label: str, mcan_refusal: str, *, whole: bool =
     return overrides
 
 
-# What the methods that replace the residual path say of MCAN, whose stacks run their own loops
-STACK_MCAN = "{label} has no MCAN form here: MCAN's stacks run their own loops"
-# What the methods that feed keys/values across layers say of MCAN
-KV_MCAN = ("the {label} variants change the core Transformer's self-attention stacks; task {{task}} trains an MCAN "
-           "model (preset {{preset}}), whose config has no such section")
+# What the methods that replace the residual path say of a model whose stacks are not the core's (MCAN)
+STACK_REFUSAL = "{label} has no {{model}} form here: {{model}}'s stacks run their own loops"
+# What the methods that feed keys/values across layers say of it
+KV_REFUSAL = ("the {label} variants change the core Transformer's self-attention stacks; task {{task}} trains "
+              "{{model}} (preset {{preset}}), whose config has no such section")
 
 
 # -- composition facts --------------------------------------------------------------------------------------------
@@ -138,7 +166,8 @@ class Conflict:
 
 class Method(Protocol):
     """What the package reads of a method (module docstring): its section (``name``, ``config_class``), its compare
-    variants, its composition facts, and the three hooks around model building."""
+    variants, its composition facts, its language-model examples, what an import of a checkpoint must know of it,
+    and the three hooks around model building."""
 
     name: str  # the section's key in ModelConfig
     config_class: type
@@ -148,6 +177,18 @@ class Method(Protocol):
     variants: Mapping[str, NamedVariant]
     examples: tuple[CompositionExample, ...]
     conflicts: tuple[Conflict, ...]
+    # example name (unique over all methods) -> a section of the method that a tiny causal LM runs; empty: the method
+    # has no causal form (its validate refuses arch="causal_lm")
+    lm_examples: Mapping[str, Mapping[str, Any]]
+
+    def restructures(self, section: Any) -> bool:
+        """Whether ``section`` replaces, deletes or ties weights a pretrained checkpoint holds (its tensors have no
+        place in the model, or two different ones would land in one tied parameter), so an import needs
+        ``reinitialise``; a section that only adds parameters does not."""
+
+    def exact_start(self, section: Any) -> Optional[str]:
+        """The option of ``section`` (a key of the section) that makes it start as the imported model computes and
+        ramps it in, where it has one; None otherwise."""
 
     def validate(self, section: Any, cfg: ComposedConfig) -> None: ...
 
@@ -158,9 +199,10 @@ class Method(Protocol):
 
 class MethodBase:
     """What most methods' hooks share: ``validate`` is the section's own ``validate(cfg)``, ``customize`` and
-    ``finalize`` change nothing. A method subclasses it, sets ``name``, ``config_class``, ``variants``, ``examples``
-    and ``conflicts`` and overrides the hooks it needs (any object with those attributes and the three hooks is a
-    :class:`Method` as well)."""
+    ``finalize`` change nothing, no section restructures a checkpoint or has an exact start. A method subclasses it,
+    sets ``name``, ``config_class``, ``variants``, ``examples``, ``conflicts`` and ``lm_examples`` (no default: a
+    method says whether it has a causal form) and overrides the hooks it needs (any object with those attributes and
+    the hooks is a :class:`Method` as well)."""
 
     name: str
     config_class: type
@@ -168,6 +210,15 @@ class MethodBase:
     variants: Mapping[str, NamedVariant] = {}
     examples: tuple[CompositionExample, ...] = ()
     conflicts: tuple[Conflict, ...] = ()
+    lm_examples: Mapping[str, Mapping[str, Any]]
+
+    def restructures(self, section: Any) -> bool:
+        """Only adds parameters: the checkpoint's tensors load as they are."""
+        return False
+
+    def exact_start(self, section: Any) -> Optional[str]:
+        """No option starts it exactly."""
+        return None
 
     def validate(self, section: Any, cfg: ComposedConfig) -> None:
         section.validate(cfg)

@@ -39,7 +39,7 @@ from ..core.components import Components, StackSide, SublayerKind
 from ..core.layers import Residual
 from ..errors import ConfigError
 from .base import (
-    KV_MCAN,
+    KV_REFUSAL,
     ComposedConfig,
     CompositionExample,
     Conflict,
@@ -146,7 +146,7 @@ class SharedKV(nn.Module):
 
 
 def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
-    return section_variant("cla", "CLA", KV_MCAN.format(label="CLA"), whole=True, **section)
+    return section_variant("cla", "CLA", KV_REFUSAL.format(label="CLA"), whole=True, **section)
 
 
 class _CLAMethod(MethodBase):
@@ -164,6 +164,11 @@ class _CLAMethod(MethodBase):
     conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"),
                  Conflict("crossformer", "shares the computed keys/values"),
                  Conflict("crossformer_soft", "shares the computed keys/values"))
+    lm_examples = {"cla2": {"sharing_factor": 2}}
+
+    def restructures(self, section: CLAConfig) -> bool:
+        """A layer that reuses another's keys and values has no K/V projections for the checkpoint's."""
+        return section.sharing_factor > 1
 
     def customize(self, section: CLAConfig, cfg: ComposedConfig, components: Components) -> None:
         """Every layer that does not lead its group gets a :class:`SharedKV` source (none at factor 1); with

@@ -269,6 +269,11 @@ class _ConvBranchMethod(MethodBase):
     variants = {"conv": NamedVariant("Conv-Transformer: half self-attention (4 heads), half convolution (PA Sec. "
                                      "3.5, Table 1)", _conv_transformer)}
     examples = (CompositionExample("conv_branch"),)
+    lm_examples: dict[str, dict[str, Any]] = {}  # validate refuses a causal LM: the centred convolution reads ahead
+
+    def restructures(self, section: ConvBranchConfig) -> bool:
+        """Its attention + convolution block replaces the checkpoint's self-attention."""
+        return True
 
     def customize(self, section: ConvBranchConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.self_attention

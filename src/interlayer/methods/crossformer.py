@@ -465,7 +465,7 @@ def _variant(hard: list[str], soft: list[str], gat: Optional[str] = None) -> Cal
     """Hard/soft pairs for a Transformer; on GAT (Crossformer Sec. 3.3, Table 5) its own ``crossformer`` field."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
-        if ctx.is_gat:
+        if ctx.form("crossformer") == "hard_pair":
             if gat is None:
                 raise VariantError(f"this Crossformer variant has no GAT form on task {ctx.task!r}: GAT takes one "
                                    "hard pair (Crossformer Table 5: key-query or FFN); use crossformer_kq or "
@@ -504,6 +504,11 @@ class _CrossformerMethod(MethodBase):
                 CompositionExample("crossformer_soft", {"soft": ["kq", "vf", "ffn"], "alpha": 0.1}))
     # Every pair ties or compares the plain projections and FFNs, which these replace (collect_links)
     conflicts = (Conflict("lightweight", "lightweight"), Conflict("conv_branch", "conv_branch"))
+    lm_examples = {"crossformer_hard": {"hard": ["kq"]}, "crossformer_soft": {"soft": ["kq"]}}
+
+    def restructures(self, section: CrossformerConfig) -> bool:
+        """Hard guidance ties matrices the checkpoint holds apart; soft guidance is only a loss."""
+        return bool(section.hard)
 
     def finalize(self, section: CrossformerConfig, cfg: ComposedConfig, model: nn.Module) -> None:
         """Tie the hard pairs top-down and register the soft-guidance loss (with its recording hooks for states).

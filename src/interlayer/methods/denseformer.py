@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..core.components import Components, StackSide
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
-from .base import STACK_MCAN, ComposedConfig, CompositionExample, MethodBase, NamedVariant, section_variant
+from .base import STACK_REFUSAL, ComposedConfig, CompositionExample, MethodBase, NamedVariant, section_variant
 
 
 @dataclass
@@ -119,14 +119,15 @@ class _DenseFormerMethod(MethodBase):
         "denseformer": NamedVariant("DenseFormer 1x1: a depth-weighted average of the embeddings and every earlier "
                                     "block's output after each block, started at the identity (DenseFormer Sec. 3.1)",
                                     section_variant("denseformer", "DenseFormer",
-                                                    STACK_MCAN.format(label="DenseFormer"))),
+                                                    STACK_REFUSAL.format(label="DenseFormer"))),
         "denseformer_2x2": NamedVariant("DenseFormer 2x2: dilation 2, a DWA after every second block (DenseFormer "
                                         "Sec. 3.2; the paper's deep models prefer 4x5, which a 4-layer stack cannot "
                                         "hold)", section_variant("denseformer", "DenseFormer",
-                                                                 STACK_MCAN.format(label="DenseFormer"), dilation=2,
+                                                                 STACK_REFUSAL.format(label="DenseFormer"), dilation=2,
                                                                  period=2)),
     }
     examples = (CompositionExample("denseformer", {"dilation": 2, "period": 1}),)
+    lm_examples = {"denseformer": {}}
 
     def customize(self, section: DenseFormerConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.depth_connection != components.default_depth_connection:

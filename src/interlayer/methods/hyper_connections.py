@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..kernels.hyper_connections import HCParams, State, depth_connection, stream_sum, width_connection
 from .base import (
     MAX_MULTIPLIER,
-    STACK_MCAN,
+    STACK_REFUSAL,
     ComposedConfig,
     CompositionExample,
     Conflict,
@@ -181,7 +181,7 @@ class Streams(DepthConnection):
 
 
 def _variant(dynamic: bool) -> Callable[[VariantContext], dict[str, Any]]:
-    return section_variant("hyper_connections", "Hyper-connections", STACK_MCAN.format(label="Hyper-connections"),
+    return section_variant("hyper_connections", "Hyper-connections", STACK_REFUSAL.format(label="Hyper-connections"),
                            rate=4, dynamic=dynamic)
 
 
@@ -196,6 +196,7 @@ class _HyperConnectionsMethod(MethodBase):
     }
     # the papers' pre-LN form
     examples = (CompositionExample("hyper_connections", {"rate": 2}, core={"norm_first": True}),)
+    lm_examples = {"hyper_connections": {"rate": 2}}
     # validate: the streams leave no d-vector for a pass to add, nor a single output for a DWA to average
     conflicts = (Conflict("multipass", "neither paper says which stream"),
                  Conflict("denseformer", "cannot be combined"))

@@ -173,9 +173,9 @@ def _variant(deep: bool = False, **section: Any) -> Callable[[VariantContext], d
     reading: the base's layers become unique blocks run ``repeats`` times (same parameters, more compute)."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
-        if ctx.is_mcan:
-            raise VariantError("layer sharing has no MCAN form here: ALBERT and MobileLLM share one Transformer "
-                               "stack; compare it on a Transformer task")
+        if ctx.excludes("layer_sharing"):
+            raise VariantError(f"layer sharing has no {ctx.slots.name} form here: ALBERT and MobileLLM share one "
+                               "Transformer stack; compare it on a Transformer task")
         fields = ctx.transformer_fields("layer sharing")
         out: dict[str, Any] = {"layer_sharing": dict(section)}
         if deep:
@@ -208,6 +208,11 @@ class _LayerSharingMethod(MethodBase):
     # share='all' ties the very matrices a hard pair ties, or a soft pair compares (validate)
     conflicts = (Conflict("crossformer", "layer_sharing.share='all' and crossformer.hard"),
                  Conflict("crossformer_soft", "layer_sharing.share='all' and crossformer.soft"))
+    lm_examples = {"layer_sharing": {}}
+
+    def restructures(self, section: LayerSharingConfig) -> bool:
+        """Tying layers ties matrices the checkpoint holds apart (one run per block is no sharing)."""
+        return section.repeats != 1
 
     def finalize(self, section: LayerSharingConfig, cfg: ComposedConfig, model: nn.Module) -> None:
         """Tie each stack's layers onto its unique blocks (module docstring): one ``nn.Parameter`` per block."""

@@ -324,6 +324,11 @@ class _LightweightMethod(MethodBase):
     }
     examples = (CompositionExample("lightweight", {"groups": 2}),)
     conflicts = (Conflict("conv_branch", "conv_branch"),)  # validate: both replace the encoder self-attention
+    lm_examples = {"lightweight": {"groups": 2}}
+
+    def restructures(self, section: LightweightConfig) -> bool:
+        """Its group-wise modules replace the checkpoint's attention and FFN matrices."""
+        return True
 
     def validate(self, section: LightweightConfig, cfg: ComposedConfig) -> None:
         section.validate(cfg)

@@ -34,7 +34,7 @@ from ..kernels.hyper_connections import State, depth_connection, materialize, wi
 from ..kernels.precision import fp32_island
 from .base import (
     MAX_MULTIPLIER,
-    STACK_MCAN,
+    STACK_REFUSAL,
     ComposedConfig,
     CompositionExample,
     Conflict,
@@ -202,9 +202,10 @@ class _MHCMethod(MethodBase):
     variants = {
         "mhc": NamedVariant("mHC: hyper-connections x4 whose residual mixing is doubly stochastic (20 Sinkhorn-Knopp "
                             "iterations), started as the plain model (mHC Sec. 4.2, Eq. 7-9, Table 5); needs pre-LN",
-                            section_variant("mhc", "mHC", STACK_MCAN.format(label="mHC"))),
+                            section_variant("mhc", "mHC", STACK_REFUSAL.format(label="mHC"))),
     }
     examples = (CompositionExample("mhc", {"rate": 2}, core={"norm_first": True}),)  # the paper's pre-LN form
+    lm_examples = {"mhc": {"rate": 2}}
     conflicts = (Conflict("multipass", "neither paper says which stream"),
                  Conflict("hyper_connections", "mhc and hyper_connections"),
                  Conflict("denseformer", "mhc and denseformer"), Conflict("muddformer", "mhc and muddformer"))

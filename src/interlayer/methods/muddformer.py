@@ -35,7 +35,7 @@ from ..core.feedforward import FeedForward
 from ..core.layers import DepthConnection
 from ..errors import ConfigError
 from .base import (
-    STACK_MCAN,
+    STACK_REFUSAL,
     ComposedConfig,
     CompositionExample,
     Conflict,
@@ -228,7 +228,7 @@ def ffn_width(d_ffn: int, index: int, n_layers: int) -> int:
 
 
 def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
-    return section_variant("muddformer", "MUDDFormer", STACK_MCAN.format(label="MUDDFormer"), **section)
+    return section_variant("muddformer", "MUDDFormer", STACK_REFUSAL.format(label="MUDDFormer"), **section)
 
 
 class _MUDDFormerMethod(MethodBase):
@@ -246,6 +246,7 @@ class _MUDDFormerMethod(MethodBase):
                                        _variant(dilation=2, period=2)),
     }
     examples = (CompositionExample("muddformer", {"dilation": 1, "period": 1}),)
+    lm_examples = {"muddformer": {}}
     # validate, and check_core_self_attention: multiway MUDDFormer hands the core self-attention its own
     # query/key/value inputs
     conflicts = (Conflict("hyper_connections", "muddformer and hyper_connections"),

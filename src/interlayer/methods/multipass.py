@@ -295,8 +295,9 @@ def _variant(connection: str) -> Callable[[VariantContext], dict]:
     """Two passes, routing (a), with the given connections; ``hard``: :func:`hard_permutation` at the base's depth."""
 
     def overrides(ctx: VariantContext) -> dict[str, Any]:
-        if ctx.is_mcan:
-            raise VariantError("MPT has no MCAN form: the papers put MCAN only under LW, Crossformer and PA")
+        if ctx.excludes("multipass"):
+            raise VariantError(f"MPT has no {ctx.slots.name} form: it takes only the "
+                               f"{', '.join(sorted(ctx.slots.only or ()))} sections (the papers' methods on it)")
         fields = ctx.transformer_fields("MPT")
         out: dict[str, Any] = {"multipass.passes": 2, "multipass.connection": connection}
         if connection == "hard":
@@ -326,6 +327,7 @@ class _MultiPassMethod(MethodBase):
                                  "preset's depth (methods.multipass.hard_permutation), 2 passes", _variant("hard")),
     }
     examples = (CompositionExample("multipass", {"connection": "soft", "loss": "all"}),)
+    lm_examples = {"multipass": {"passes": 2}}
 
     def customize(self, section: MultiPassConfig, cfg: ComposedConfig, components: Components) -> None:
         if components.encoder_class is not None:

@@ -282,6 +282,10 @@ class _PredictiveMethod(MethodBase):
                                 "Table 1)", _variant(1, conv_branch=True)),
     }
     examples = (CompositionExample("predictive", {"alpha": 0.5}),)
+    lm_examples = {"predictive": {"conv_layers": 2, "alpha": 0.5}}
+
+    def exact_start(self, section: PredictiveConfig) -> Optional[str]:
+        return "alpha_warmup_steps"
 
     def customize(self, section: PredictiveConfig, cfg: ComposedConfig, components: Components) -> None:
         previous = components.logit_mixer

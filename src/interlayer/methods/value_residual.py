@@ -39,7 +39,7 @@ from ..core.attention import KVCache, KVHistory, newest
 from ..core.components import Components, StackSide
 from ..errors import ConfigError
 from .base import (
-    KV_MCAN,
+    KV_REFUSAL,
     ComposedConfig,
     CompositionExample,
     Conflict,
@@ -167,7 +167,7 @@ class SharedFirstValue(nn.Module):
 
 
 def _variant(**section: Any) -> Callable[[VariantContext], dict[str, Any]]:
-    return section_variant("value_residual", "ResFormer", KV_MCAN.format(label="ResFormer"), whole=True, **section)
+    return section_variant("value_residual", "ResFormer", KV_REFUSAL.format(label="ResFormer"), whole=True, **section)
 
 
 class _ValueResidualMethod(MethodBase):
@@ -185,6 +185,14 @@ class _ValueResidualMethod(MethodBase):
     examples = (CompositionExample("value_residual", {"learnable": True}),)
     # check_core_self_attention: the values are fed through the core self-attention's kv_source
     conflicts = (Conflict("lightweight", "lightweight.attention"), Conflict("conv_branch", "conv_branch"))
+    lm_examples = {"resformer": {"learnable": True}, "svformer": {"mode": "svformer"}}
+
+    def restructures(self, section: ValueResidualConfig) -> bool:
+        """SVFormer deletes the value projections of every layer after the first."""
+        return section.mode == "svformer"
+
+    def exact_start(self, section: ValueResidualConfig) -> Optional[str]:
+        return "lambda_warmup_steps" if section.mode == "resformer" else None
 
     def customize(self, section: ValueResidualConfig, cfg: ComposedConfig, components: Components) -> None:
         """Give every self-attention layer n > 1 of the chosen stacks its value source; layer 1 stays plain."""

@@ -41,6 +41,7 @@ from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import ClassifierOutput
 from ..core.positions import RelativePositionBias2D
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from ..methods.conv_branch import BranchAttention
 from ..methods.predictive import PredictiveConfig, make_mixer
 from .image_input import PixelNorm, check_pixels, image_input
@@ -403,5 +404,6 @@ register_family(Family(
     name=MODEL_TYPE, title="Attention-augmented ResNets", tasks="image, fashion_mnist", config_class=AAResNetConfig,
     from_dict=_from_dict, override=_override, build=AAResNet,
     madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=4,
-    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE,
+    method_slots=MethodSlots("AA-ResNet", at=None)))  # PA on AA-ResNets: the pa_* presets
 register_presets(MODEL_TYPE, AA_PRESETS)

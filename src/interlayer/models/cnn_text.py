@@ -39,6 +39,7 @@ from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from .registry import Family, override_flat, register_family, register_presets
 
 MODEL_TYPE = "cnn_text"
@@ -178,7 +179,8 @@ register_family(Family(
     name="text_cnn", title="Text CNN (PA Table 1)", tasks="sst5, sst2, sick, mrpc", config_class=CNNTextConfig,
     from_dict=CNNTextConfig.from_dict, override=override_flat, build=CNNTextClassifier,
     madds=lambda name, model, length: count_madds(model, length), madds_unit="MAdds @ {length} tokens", rank=1,
-    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE,
+    method_slots=MethodSlots("text CNN", at=None)))
 register_presets("text_cnn", {MODEL_TYPE: ("PA Table 1's CNN: M=3 blocks of a kernel-3 convolution and the "
                                            "Transformer's FFN, d=256 (the text tasks fill in the data's fields)",
                                            {})})

@@ -90,6 +90,7 @@ from ..config_io import ConfigFile, checked_config
 from ..core.hub import PretrainedMixin, track_ties
 from ..data.planetoid import load_planetoid
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from .registry import Family, override_flat, register_family
 
 MODEL_TYPE = "gat"
@@ -335,4 +336,5 @@ def _graph_madds(name: str, model: nn.Module, length: int) -> int:
 register_family(Family(
     name=MODEL_TYPE, title="GAT", tasks="cora, citeseer", config_class=GATConfig, from_dict=GATConfig.from_dict,
     override=override_flat, build=GAT, madds=_graph_madds, madds_unit="MAdds per pass over the graph", rank=3,
-    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE,
+    method_slots=MethodSlots("GAT", at=None, forms={"crossformer": "hard_pair"})))

@@ -73,6 +73,7 @@ from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import AuxLossFn
 from ..errors import ConfigError
 from ..methods import METHODS
+from ..methods.base import MethodSlots
 from ..methods.crossformer import CrossformerConfig
 from ..methods.lightweight import LightweightConfig
 from ..methods.predictive import PredictiveConfig
@@ -463,5 +464,6 @@ register_family(Family(
     from_dict=mcan_config_from_dict, override=_override, build=MCAN,
     madds=lambda name, model, length: count_madds(model, None),
     madds_unit="MAdds @ 14 question tokens + 100 regions (pixels: the grid)", rank=5, model_types=(MODEL_TYPE,),
-    claims=lambda data: data.get("model_type") == MODEL_TYPE or "num_answers" in data))
+    claims=lambda data: data.get("model_type") == MODEL_TYPE or "num_answers" in data,
+    method_slots=MethodSlots("MCAN", only=frozenset(SECTIONS))))  # its sections at the top, with a Transformer's keys
 register_presets(MODEL_TYPE, MCAN_PRESETS)

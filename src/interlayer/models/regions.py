@@ -47,6 +47,7 @@ from ..core.encoder import Encoder, EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import AuxLossFn, Seq2SeqOutput
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from .registry import Family, register_family, register_presets
 
 Head = Literal["caption", "rec"]
@@ -335,5 +336,6 @@ register_family(Family(
     from_dict=_from_dict, override=lambda cfg, overrides: _apply(cfg.to_dict(), overrides), build=build_region_model,
     madds=lambda name, model, length: count_madds(model, None), rank=6,
     madds_unit="MAdds @ max_regions regions + max_words words", model_types=tuple(MODEL_TYPES.values()),
-    claims=lambda data: data.get("model_type") in MODEL_TYPES.values() or "head" in data))
+    claims=lambda data: data.get("model_type") in MODEL_TYPES.values() or "head" in data,
+    method_slots=MethodSlots("region model", at="transformer")))
 register_presets("region", REGION_PRESETS)

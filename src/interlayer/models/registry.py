@@ -34,6 +34,7 @@ from ..checkpoint import SavedModel, load_saved_weights, read_saved, size_checke
 from ..config_io import ConfigFile, checked_config, flatten_overrides, read_config_file, set_dotted
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
+from ..methods.base import MethodSlots
 from ..plugins import import_modules
 from ..tables import format_table, human
 
@@ -52,7 +53,8 @@ class Family:
     Transformer); ``madds(preset, model, length)`` is what ``interlayer models`` prints under ``madds_unit``
     (``{length}`` is filled in); ``rank`` orders the families' tables; ``model_types`` are the ``model_type``
     names its models are saved under (:func:`~interlayer.checkpoint.save_pretrained`), which
-    :func:`load_pretrained` rebuilds with ``build(from_dict(config))``.
+    :func:`load_pretrained` rebuilds with ``build(from_dict(config))``; ``method_slots``: where the named
+    ``compare`` variants of the methods write their sections (default: the config is a Transformer's).
     """
 
     name: str
@@ -67,6 +69,7 @@ class Family:
     rank: int
     model_types: tuple[str, ...]
     claims: Optional[Callable[[dict[str, Any]], bool]] = None
+    method_slots: MethodSlots = MethodSlots()
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,12 @@ def create_model(name_or_config: Union[str, Path, dict[str, Any], Any], *, famil
                  **overrides: Any) -> nn.Module:
     """Build the model of a preset name, config file, dict or config; ``overrides`` as in :func:`get_config`."""
     cfg = get_config(name_or_config, family=family, **overrides)
-    return next(kind for kind in families() if isinstance(cfg, kind.config_class)).build(cfg)
+    return config_family(cfg).build(cfg)
+
+
+def config_family(cfg: Any) -> Family:
+    """The family whose config class ``cfg`` (a resolved config, as :func:`get_config` returns) is."""
+    return next(kind for kind in families() if isinstance(cfg, kind.config_class))
 
 
 def load_pretrained(directory: Union[str, Path], device: Union[str, torch.device, None] = None) -> nn.Module:

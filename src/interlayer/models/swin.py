@@ -44,6 +44,7 @@ from ..core.hub import PretrainedMixin, track_ties
 from ..core.layers import EncoderLayer, Residual
 from ..core.models import ClassifierOutput
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from ..methods.lightweight import LightweightConfig
 from .image_input import PixelNorm, check_pixels, image_input
 from .registry import Family, register_family, register_presets
@@ -423,5 +424,6 @@ register_family(Family(
     name=MODEL_TYPE, title="Swin Transformer", tasks="image, fashion_mnist", config_class=SwinConfig,
     from_dict=_from_dict, override=_override, build=SwinClassifier,
     madds=lambda name, model, length: count_madds(model), madds_unit="MAdds per image", rank=4,
-    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE))
+    model_types=(MODEL_TYPE,), claims=lambda data: data.get("model_type") == MODEL_TYPE,
+    method_slots=MethodSlots("Swin", at=None)))  # LW on Swin: the lw_swin_* presets
 register_presets(MODEL_TYPE, SWIN_PRESETS)

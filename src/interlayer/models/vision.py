@@ -68,6 +68,7 @@ from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
 from ..errors import ConfigError
+from ..methods.base import MethodSlots
 from ..methods.conv_branch import TokenConv, check_kernel
 from .image_input import PixelNorm, check_pixels
 from .registry import Family, register_family, register_presets
@@ -448,5 +449,6 @@ register_family(Family(
     name="image", title="Image models", tasks="fashion_mnist", config_class=VisionConfig, from_dict=_from_dict,
     override=lambda cfg, overrides: _apply(cfg.to_dict(), overrides), build=build_vision_model,
     madds=lambda name, model, length: count_madds(model, model.config.tokens), madds_unit="MAdds per image",
-    rank=2, model_types=BACKBONES, claims=lambda data: "backbone" in data or "encoder" in data))
+    rank=2, model_types=BACKBONES, claims=lambda data: "backbone" in data or "encoder" in data,
+    method_slots=MethodSlots("image model", at="encoder")))
 register_presets("image", VISION_PRESETS)

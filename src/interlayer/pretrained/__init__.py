@@ -1,6 +1,8 @@
 """Hugging Face checkpoints on the core: import (:func:`~interlayer.pretrained.hf.from_hf`, also
-``interlayer.from_hf``), export (:func:`~interlayer.pretrained.export.to_hf`, also ``interlayer.to_hf``), their
-tokenizers.
+``interlayer.from_hf``; its steps :mod:`.hf_checkpoint`, :mod:`.hf_core_config`, :mod:`.hf_load`), export
+(:func:`~interlayer.pretrained.export.to_hf`, also ``interlayer.to_hf``), fine-tuning recipes (:mod:`.finetune`), and
+interlayer's models as ``transformers`` classes (:mod:`.transformers_classes`). The checkpoints' tokenizers are
+:mod:`interlayer.data.tokenizers`'.
 
 Families: BERT, ELECTRA, RoBERTa/XLM-R, DistilBERT, ViT and GPT-2 (:mod:`.families`).
 ``from_hf(directory, extra_sections={"predictive": pa_bert_section()})`` builds PA-BERT from a released checkpoint

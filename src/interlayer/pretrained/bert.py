@@ -2,8 +2,8 @@
 
 :func:`import_bert` returns ``(model, tokenizer)`` for any text family (BERT, ELECTRA, RoBERTa/XLM-R, DistilBERT);
 :func:`export_bert` writes a BERT; :func:`pa_bert_section` is PA-BERT's method section (PA Sec. 4.1.2, Table 6).
-The halves a fine-tuning run of any family uses (:func:`~interlayer.pretrained.hf.load_checkpoint`,
-:func:`~interlayer.pretrained.hf.checkpoint_tokenizer`) are in the generic module.
+The halves a fine-tuning run of any family uses (:func:`~interlayer.pretrained.hf_load.load_checkpoint`,
+:func:`~interlayer.pretrained.hf_checkpoint.checkpoint_tokenizer`) are in the generic module.
 """
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ..config import ModelConfig, config_from_dict
+from ..data.tokenizers.pretrained import PretrainedTokenizer
 from ..errors import ConfigError, PretrainedError
 from .export import to_hf
 from .families import BertFamily
-from .hf import from_checkpoint, read_checkpoint
-from .tokenization import PretrainedTokenizer
+from .hf import from_checkpoint
+from .hf_checkpoint import read_checkpoint
 
 __all__ = ["PA_BERT_ALPHA", "bert_config", "encoder_parameter_map", "export_bert", "import_bert", "pa_bert_section"]
 

@@ -28,8 +28,6 @@ from ..config import ModelConfig
 from ..models.vision import VisionConfig
 
 TOLERANCE = 1e-6
-# the option that makes a method start exactly, where it has one
-EXACT_OPTIONS = {"predictive": "predictive.alpha_warmup_steps", "value_residual": "value_residual.lambda_warmup_steps"}
 
 
 def _with_sections(config: Any, keep: Optional[str]) -> Any:
@@ -76,7 +74,7 @@ def step_zero_notes(model: nn.Module, build: Callable[[Any], nn.Module],
     ``load_plain`` loads the checkpoint into the plain model and returns the names it did not fill."""
     config = model.config
     encoder = config.encoder if isinstance(config, VisionConfig) else config
-    sections = dict((m.name, section) for m, section in encoder.sections())
+    sections = encoder.sections()
     if not sections:
         return []
     device = next(model.parameters()).device
@@ -88,15 +86,16 @@ def step_zero_notes(model: nn.Module, build: Callable[[Any], nn.Module],
         _copy(state, plain, set(load_plain(plain)))
         reference = _logits(plain, probe, device)
         del plain
-        for name, section in sections.items():
+        for method, section in sections:
+            name = method.name
             alone = build(_with_sections(config, name))
             _copy(state, alone)
             change = float((_logits(alone, probe, device) - reference).abs().max())
             del alone
             if change <= TOLERANCE:
                 continue
-            exact = EXACT_OPTIONS.get(name) if getattr(section, "mode", "resformer") == "resformer" else None
-            hint = f"; {exact}=N starts exactly and ramps it in over N steps" if exact else ""
+            exact = method.exact_start(section)  # the option that starts the method exactly, where it has one
+            hint = f"; {name}.{exact}=N starts exactly and ramps it in over N steps" if exact else ""
             notes.append(f"{name} changes the imported model's function before the first update: its logits move "
                          f"by up to {change:.3g} on a probe input of shape "
                          f"{tuple(next(iter(probe.values())).shape)}{hint}")

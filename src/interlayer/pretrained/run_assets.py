@@ -25,11 +25,14 @@ from typing import Any, Optional
 from torch import nn
 
 from ..data.classification import VOCAB_FILE as WORD_VOCAB_FILE
-from ..data.lm_tokenizers import TOKENIZER_FILE, ByteBPETokenizer, CharTokenizer, lm_tokenizer_kind, load_lm_tokenizer
-from ..errors import CheckpointError
-from ..fileio import confined
-from .hf import AnyTokenizer, load_tokenizer
-from .tokenization import (
+from ..data.tokenizers.language_model import (
+    TOKENIZER_FILE,
+    ByteBPETokenizer,
+    CharTokenizer,
+    lm_tokenizer_kind,
+    load_lm_tokenizer,
+)
+from ..data.tokenizers.pretrained import (
     BPE_MERGES_FILE,
     BPE_VOCAB_FILE,
     SPECIAL_TOKENS_FILE,
@@ -37,6 +40,9 @@ from .tokenization import (
     WORDPIECE_VOCAB_FILE,
     tokenizer_kind,
 )
+from ..errors import CheckpointError
+from ..fileio import confined
+from .hf_checkpoint import AnyTokenizer, load_tokenizer
 
 # Files a run folder's tokenizer may consist of (HF's and interlayer's), copied by an own-format export.
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE, WORDPIECE_VOCAB_FILE, BPE_VOCAB_FILE,

@@ -53,7 +53,7 @@ from ..models.registry import get_config, list_models, load_pretrained
 from ..models.swin import SwinConfig
 from ..models.vision import VisionConfig
 from ..pretrained.finetune import VISION_FINE_TUNING_DEFAULTS, vision_finetune_config
-from ..pretrained.hf import load_checkpoint
+from ..pretrained.hf_load import load_checkpoint
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec

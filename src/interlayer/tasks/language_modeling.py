@@ -60,7 +60,17 @@ from ..config_io import check_choices
 from ..core.generation import SamplingOptions
 from ..core.losses import label_smoothed_nll, total_loss
 from ..data.corpus import corpus_files, corpus_roles, load_corpus, read_corpus_text, resolve
-from ..data.lm_tokenizers import (
+from ..data.token_files import (
+    META_FILE,
+    Ids,
+    TokenSplit,
+    check_vocabulary,
+    find_layout,
+    open_token_corpus,
+    read_meta,
+    windows,
+)
+from ..data.tokenizers.language_model import (
     TOKENIZER_FILE,
     CharTokenizer,
     IdTokenizer,
@@ -72,21 +82,11 @@ from ..data.lm_tokenizers import (
     tokenizer_from_json,
     train_tokenizer,
 )
-from ..data.token_files import (
-    META_FILE,
-    Ids,
-    TokenSplit,
-    check_vocabulary,
-    find_layout,
-    open_token_corpus,
-    read_meta,
-    windows,
-)
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, write_atomic
 from ..models.registry import load_pretrained
 from ..pretrained.finetune import LM_FINE_TUNING_DEFAULTS, checkpoint_dir, lm_finetune_config, lm_tokenizer
-from ..pretrained.hf import load_checkpoint
+from ..pretrained.hf_load import load_checkpoint
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
@@ -387,10 +387,10 @@ def tokenizer_of(path: Union[str, Path]) -> LMTokenizer:
     """The tokenizer in ``path`` (a folder, or its ``tokenizer.json``), for ``interlayer prepare lm``: an interlayer
     run's (``RUN_DIR`` or ``RUN_DIR/best``: characters or byte-level BPE), or a GPT-2-style Hugging Face tokenizer
     (``vocab.json`` + ``merges.txt``, or a BPE ``tokenizer.json``) run through GPT-2's byte-level pipeline
-    (:func:`~interlayer.pretrained.gpt2.load_gpt2_tokenizer`: transformers' ids). A ``tokenizer.json`` whose
+    (:func:`~interlayer.data.tokenizers.gpt2.load_gpt2_tokenizer`: transformers' ids). A ``tokenizer.json`` whose
     normaliser or pre-tokenizer is not GPT-2's (Llama-3's regex, a SentencePiece Metaspace) is refused: that
     pipeline would give other ids than the tokenizer's own."""
-    from ..pretrained.gpt2 import load_gpt2_tokenizer
+    from ..data.tokenizers.gpt2 import load_gpt2_tokenizer
 
     path = Path(path)
     folder = path.parent if path.is_file() else path

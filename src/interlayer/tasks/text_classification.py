@@ -61,14 +61,15 @@ from ..data.classification import (
     encode_example,
 )
 from ..data.parallel import resolve_path
+from ..data.tokenizers.pretrained import PretrainedTokenizer, tokenizer_kind
 from ..errors import ConfigError, DataError
 from ..fileio import read_json, read_yaml_or_json, write_atomic
 from ..models.cnn_text import MODEL_TYPE as CNN_TYPE
 from ..models.cnn_text import CNNTextConfig
 from ..models.registry import load_pretrained
 from ..pretrained.finetune import checkpoint_dir, fine_tuning_defaults, finetune_config
-from ..pretrained.hf import checkpoint_tokenizer, load_checkpoint, load_tokenizer
-from ..pretrained.tokenization import PretrainedTokenizer, tokenizer_kind
+from ..pretrained.hf_checkpoint import checkpoint_tokenizer, load_tokenizer
+from ..pretrained.hf_load import load_checkpoint
 from ..training.config import TrainConfig
 from ..training.device import module_device, move
 from .base import SampleInput, TaskSpec

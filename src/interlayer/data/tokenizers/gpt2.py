@@ -1,11 +1,11 @@
 """GPT-2's tokenizer in and out: a checkpoint's byte-level BPE as the language-modelling task's tokenizer.
 
-Why the language-modelling tokenizer and not :class:`~interlayer.pretrained.byte_level_bpe.BPETokenizer`: a GPT-2 reads
-plain running text (``GPT2Tokenizer`` adds no ``<s>``/``</s>``, and GPT-2 has no padding token), and the ``lm`` task
-needs what :class:`~interlayer.data.lm_tokenizers.ByteBPETokenizer` knows: the UTF-8 bytes every token spells (bits per
-byte), lossless decoding, and saving with a run. So the checkpoint's pipeline is rebuilt with the pieces
-:mod:`interlayer.pretrained.byte_level_bpe` uses for RoBERTa (the vocabulary and merges of ``tokenizer.json`` or
-``vocab.json`` + ``merges.txt``, :func:`~interlayer.pretrained.byte_level_bpe.byte_level_backend` without a
+Why the language-modelling tokenizer and not :class:`~.byte_level_bpe.BPETokenizer`: a GPT-2 reads plain running text
+(``GPT2Tokenizer`` adds no ``<s>``/``</s>``, and GPT-2 has no padding token), and the ``lm`` task needs what
+:class:`~.language_model.ByteBPETokenizer` knows: the UTF-8 bytes every token spells (bits per byte), lossless
+decoding, and saving with a run. So the checkpoint's pipeline is rebuilt with the pieces
+:mod:`interlayer.data.tokenizers.byte_level_bpe` uses for RoBERTa (the vocabulary and merges of ``tokenizer.json`` or
+``vocab.json`` + ``merges.txt``, :func:`~interlayer.data.tokenizers.byte_level_bpe.byte_level_backend` without a
 post-processor) and wrapped in the task's tokenizer; ids equal ``transformers``' ``AutoTokenizer`` (tested).
 
 * **Special tokens**: ``<|endoftext|>`` (GPT-2's bos, eos and unk) and any added token of ``tokenizer.json`` or
@@ -23,11 +23,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..data.lm_tokenizers import ByteBPETokenizer
-from ..errors import TokenizerError
-from ..fileio import read_json
+from ...errors import TokenizerError
+from ...fileio import read_json
 from .byte_level_bpe import byte_level_backend, read_bpe
-from .tokenization import (
+from .language_model import ByteBPETokenizer
+from .pretrained import (
     BPE_VOCAB_FILE,
     SPECIAL_TOKENS_FILE,
     TOKENIZER_CONFIG_FILE,

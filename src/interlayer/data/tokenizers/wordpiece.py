@@ -28,9 +28,9 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from ..errors import TokenizerError
-from ..fileio import read_json, read_text
-from .tokenization import (
+from ...errors import TokenizerError
+from ...fileio import read_json, read_text
+from .pretrained import (
     SPECIAL_TOKENS_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -43,7 +43,7 @@ from .tokenization import (
     read_added_tokens,
     read_special_tokens,
 )
-from .tokenization import WORDPIECE_VOCAB_FILE as VOCAB_FILE
+from .pretrained import WORDPIECE_VOCAB_FILE as VOCAB_FILE
 
 __all__ = ["AddedTokenSpec", "EncodedBatch", "TokenizerError", "VOCAB_FILE", "WordPieceTokenizer"]
 SPECIAL_DEFAULTS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",

@@ -9,9 +9,9 @@ the total negative log-likelihood of the predicted tokens divided by the charact
 * **bpe**: GPT-2's byte-level BPE (Radford et al. 2019): text is split by GPT-2's pre-tokenizer pattern, each
   piece is read as bytes (a 256-symbol alphabet, so nothing is ever unknown) and merged by BPE, trained on the
   training split only with ``tokenizers`` (offline). No normaliser and no special tokens, so the ids spell the
-  text's bytes exactly (checked when a split is encoded). A pretrained GPT-2's tokenizer
-  (:mod:`interlayer.pretrained.gpt2`) is the same pipeline with the checkpoint's vocabulary, merges and added tokens
-  (``<|endoftext|>``), which spell their own text.
+  text's bytes exactly (checked when a split is encoded). A pretrained GPT-2's tokenizer (:mod:`.gpt2`) is the
+  same pipeline with the checkpoint's vocabulary, merges and added tokens (``<|endoftext|>``), which spell their
+  own text.
 
 **On disk** (:func:`save_tokenizer`): ``tokenizer.json`` is a real Hugging Face ``tokenizers`` pipeline, so that
 ``transformers.AutoTokenizer`` (and ``tokenizers.Tokenizer.from_file``) load it with the same ids: the BPE as
@@ -47,8 +47,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
-from ..errors import DataError
-from ..fileio import read_json, write_atomic
+from ...errors import DataError
+from ...fileio import read_json, write_atomic
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

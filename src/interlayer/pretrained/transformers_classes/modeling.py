@@ -2,14 +2,14 @@
 with.
 
 Each class is a ``transformers.PreTrainedModel`` holding the interlayer model as ``self.interlayer`` (built from
-the config's ``interlayer`` section, :mod:`~interlayer.pretrained.hf_config`, every method and tie included), so
-code written for ``transformers`` (``AutoModelForCausalLM.from_pretrained``, ``pipeline``, ``Trainer``,
-``generate``) runs interlayer's computation unchanged:
+the config's ``interlayer`` section, :mod:`.configuration`, every method and tie included), so code written for
+``transformers`` (``AutoModelForCausalLM.from_pretrained``, ``pipeline``, ``Trainer``, ``generate``) runs
+interlayer's computation unchanged:
 
 * :class:`InterlayerForCausalLM` (a language model: ``AutoModelForCausalLM``, ``pipeline("text-generation")``),
   :class:`InterlayerForSequenceClassification` (a text classifier), :class:`InterlayerForImageClassification`
   (an image classifier), :class:`InterlayerModel` (any of them: ``AutoModel``, the last hidden states);
-* **files**: ``config.json`` (:class:`~interlayer.pretrained.hf_config.InterlayerConfig`), ``model.safetensors``
+* **files**: ``config.json`` (:class:`~.configuration.InterlayerConfig`), ``model.safetensors``
   (this class's state dict: the interlayer model's names under ``interlayer.``, each tied tensor once, the tie
   map in the metadata), ``generation_config.json`` for a language model. ``from_pretrained`` and
   ``save_pretrained`` are interlayer's, not ``transformers``' generic ones: the model is built on the CPU as
@@ -26,7 +26,7 @@ code written for ``transformers`` (``AutoModelForCausalLM.from_pretrained``, ``p
   model's (:mod:`interlayer.core.hub`).
 
 This module and those it imports are what ``interlayer export --with-code`` copies into a folder
-(:mod:`~interlayer.pretrained.remote_code`), so it imports only the model-building part of interlayer
+(:mod:`.remote_code`), so it imports only the model-building part of interlayer
 (``build``, ``config``, ``core``, ``methods``); other interlayer families (the image models) are built through
 :data:`FALLBACK_BUILDER`, which ``import interlayer`` sets to the registry.
 """
@@ -48,12 +48,12 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from ..build import build_model
-from ..checkpoint import HF_PREFIX, model_kind, save_for_transformers, transformers_config
-from ..config import config_from_dict
-from ..core.hf_generation import GenerateOutput, generate_like_hf
-from ..errors import UnsupportedGenerationOption
-from .hf_config import InterlayerConfig
+from ...build import build_model
+from ...checkpoint import HF_PREFIX, model_kind, save_for_transformers, transformers_config
+from ...config import config_from_dict
+from ...core.hf_generation import GenerateOutput, generate_like_hf
+from ...errors import UnsupportedGenerationOption
+from .configuration import InterlayerConfig
 
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"

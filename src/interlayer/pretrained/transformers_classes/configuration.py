@@ -2,8 +2,8 @@
 
 A folder ``interlayer export`` writes for a model no ``transformers`` family computes (ResFormer, Predictive
 Attention, hyper-connections, ...) has a ``config.json`` that ``transformers.AutoConfig`` reads once this class is
-registered (``import interlayer`` does it: :mod:`interlayer.pretrained.hf_auto`), or from the folder's own copy of
-this module (``interlayer export --with-code``):
+registered (``import interlayer`` does it: :mod:`~interlayer.pretrained.transformers_classes.auto`), or from the
+folder's own copy of this module (``interlayer export --with-code``):
 
 * ``interlayer``: ``{"model_type": ..., "config": {...}}``, the interlayer model type (the registry's family:
   ``transformer``, ``vit``, ...) and the model's full interlayer config, from which the model is rebuilt (methods
@@ -30,7 +30,8 @@ from transformers import PretrainedConfig
 
 MODEL_TYPE = "interlayer"
 # Called (and emptied) when the first InterlayerConfig is made: interlayer registers its model classes with
-# transformers then (pretrained/hf_auto.py), when transformers is imported and in use. A folder's copy stays empty.
+# transformers then (pretrained/transformers_classes/auto.py), when transformers is imported and in use. A folder's
+# copy stays empty.
 ON_FIRST_USE: list[Callable[[], None]] = []
 
 

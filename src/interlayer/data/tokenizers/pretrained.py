@@ -1,8 +1,8 @@
 """What every checkpoint tokenizer offers, and finding the right one for a Hugging Face folder.
 
 Two pipelines exist, both on Hugging Face ``tokenizers`` and both giving exactly ``transformers``' ids:
-:class:`~interlayer.pretrained.wordpiece.WordPieceTokenizer` (BERT, ELECTRA, DistilBERT: ``vocab.txt``) and
-:class:`~interlayer.pretrained.byte_level_bpe.BPETokenizer` (RoBERTa's byte-level BPE from ``vocab.json`` +
+:class:`~interlayer.data.tokenizers.wordpiece.WordPieceTokenizer` (BERT, ELECTRA, DistilBERT: ``vocab.txt``) and
+:class:`~interlayer.data.tokenizers.byte_level_bpe.BPETokenizer` (RoBERTa's byte-level BPE from ``vocab.json`` +
 ``merges.txt``, or any pipeline a ``tokenizer.json`` holds, e.g. XLM-R's SentencePiece). The text task only needs what
 :class:`PretrainedTokenizer` declares: encode single texts or pairs (ids, token types, whether truncation cut), pad a
 batch, the pad id and length limit, the tokens by id, and writing the files back.
@@ -27,13 +27,11 @@ import torch
 from tokenizers import AddedToken, Tokenizer
 from torch import Tensor
 
-from ..data.lm_tokenizers import KIND_KEY as LM_KIND_KEY
-from ..errors import TokenizerError
-from ..fileio import read_json
+from ...errors import TokenizerError
+from ...fileio import read_json
+from .language_model import KIND_KEY as LM_KIND_KEY
+from .language_model import SPECIAL_TOKENS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
 BPE_VOCAB_FILE = "vocab.json"
 BPE_MERGES_FILE = "merges.txt"
@@ -218,7 +216,7 @@ def model_max_length(settings: dict[str, Any], max_length: Optional[int]) -> Opt
 
 def tokenizer_kind(directory: Union[str, Path]) -> Optional[TokenizerKind]:
     """Which pipeline reproduces the folder's tokenizer (see the module docstring); None when it has none, or
-    when it is a language-model tokenizer interlayer wrote (:mod:`interlayer.data.lm_tokenizers`)."""
+    when it is a language-model tokenizer interlayer wrote (:mod:`interlayer.data.tokenizers.language_model`)."""
     directory = Path(directory)
     settings = read_json(directory / TOKENIZER_CONFIG_FILE, TokenizerError, optional=True, within=directory)
     if "auto_map" in settings:

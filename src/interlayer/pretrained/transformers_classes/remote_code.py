@@ -5,7 +5,7 @@ What "self-contained" takes. ``transformers`` loads remote code by copying Pytho
 into its module cache as one flat package (``transformers_modules.<folder>``): the module ``config.json``'s
 ``auto_map`` names, and, recursively, every file it imports relatively (it looks for ``from .name import``
 lines); any other import must be an installed package. The modeling classes
-(:mod:`~interlayer.pretrained.hf_modeling`) need interlayer's model-building code: the config and its method sections,
+(:mod:`.modeling`) need interlayer's model-building code: the config and its method sections,
 ``build``, the core and the methods (about 6,000 lines). So that code is copied too, each module to one flat file
 (``interlayer/core/attention.py`` -> ``il_core_attention.py``), with its relative imports rewritten to the flat names
 (``transformers``' walk follows ``from .name import`` lines only, so a module bound by name, ``from . import name``,
@@ -28,14 +28,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ConfigError
-from ..fileio import write_atomic
+from ...errors import ConfigError
+from ...fileio import write_atomic
 
 PACKAGE = "interlayer"
-ROOT = Path(__file__).resolve().parents[1]  # the installed package's folder
+ROOT = Path(__file__).resolve().parents[2]  # the installed package's folder
 # the modules transformers loads by name (auto_map), and their files in the folder
-ENTRY = {"interlayer.pretrained.hf_modeling": "modeling_interlayer",
-         "interlayer.pretrained.hf_config": "configuration_interlayer"}
+ENTRY = {"interlayer.pretrained.transformers_classes.modeling": "modeling_interlayer",
+         "interlayer.pretrained.transformers_classes.configuration": "configuration_interlayer"}
 AUTO_CLASSES = {"causal_lm": ("AutoModelForCausalLM", "InterlayerForCausalLM"),
                 "encoder_classifier": ("AutoModelForSequenceClassification", "InterlayerForSequenceClassification")}
 

@@ -2,8 +2,8 @@
 
 ``transformers`` finds a model class through its Auto classes: ``config.json``'s ``model_type`` names a config
 class (``AutoConfig``), and that class a model class per task (``AutoModel``, ``AutoModelForCausalLM``, ...).
-interlayer registers ``model_type: "interlayer"`` (:class:`~interlayer.pretrained.hf_config.InterlayerConfig`)
-and its four model classes (:mod:`~interlayer.pretrained.hf_modeling`), so that ``AutoModelForCausalLM
+interlayer registers ``model_type: "interlayer"`` (:class:`~interlayer.pretrained.configuration.InterlayerConfig`)
+and its four model classes (:mod:`~interlayer.pretrained.transformers_classes.modeling`), so that ``AutoModelForCausalLM
 .from_pretrained(folder)``, ``AutoModelForSequenceClassification``, ``AutoModelForImageClassification``,
 ``AutoModel`` and ``pipeline(...)`` load an ``interlayer export`` of any method without ``trust_remote_code``.
 
@@ -28,29 +28,29 @@ from typing import Any, Optional
 
 from torch import nn
 
-from ..checkpoint import model_kind
-from ..models.registry import build_saved
-from . import hf_config
+from ...checkpoint import model_kind
+from ...models.registry import build_saved
+from . import configuration
 
 
 def register_config() -> None:
     """``AutoConfig``: ``model_type: "interlayer"``; the model classes follow on the first config made."""
     from transformers import AutoConfig
 
-    AutoConfig.register(hf_config.MODEL_TYPE, hf_config.InterlayerConfig, exist_ok=True)
-    if register_models not in hf_config.ON_FIRST_USE:
-        hf_config.ON_FIRST_USE.append(register_models)
+    AutoConfig.register(configuration.MODEL_TYPE, configuration.InterlayerConfig, exist_ok=True)
+    if register_models not in configuration.ON_FIRST_USE:
+        configuration.ON_FIRST_USE.append(register_models)
 
 
 def register_models() -> None:
     """The four model classes with their Auto classes, and the registry as the builder of other families."""
     import transformers
 
-    from . import hf_modeling
+    from . import modeling
 
-    hf_modeling.FALLBACK_BUILDER = lambda model_type, data: build_saved(model_type, data, "config.json")
-    for model_class in hf_modeling.CLASSES:
-        getattr(transformers, model_class.auto_class).register(hf_config.InterlayerConfig, model_class,
+    modeling.FALLBACK_BUILDER = lambda model_type, data: build_saved(model_type, data, "config.json")
+    for model_class in modeling.CLASSES:
+        getattr(transformers, model_class.auto_class).register(configuration.InterlayerConfig, model_class,
                                                                 exist_ok=True)
 
 
@@ -88,8 +88,8 @@ def to_transformers(model: nn.Module) -> Any:
     ``Trainer(model=it)`` take it."""
     register_config()
     register_models()
-    from . import hf_modeling
+    from . import modeling
 
     kind = model_kind(model)
-    chosen = next((c for c in hf_modeling.CLASSES if kind in c.kinds), hf_modeling.InterlayerModel)
+    chosen = next((c for c in modeling.CLASSES if kind in c.kinds), modeling.InterlayerModel)
     return chosen.from_interlayer(model)

@@ -29,9 +29,9 @@ from typing import Any, Optional, Sequence, Union
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
-from ..errors import TokenizerError
-from ..fileio import read_json, read_text
-from .tokenization import (
+from ...errors import TokenizerError
+from ...fileio import read_json, read_text
+from .pretrained import (
     BPE_MERGES_FILE,
     BPE_VOCAB_FILE,
     SPECIAL_TOKENS_FILE,
