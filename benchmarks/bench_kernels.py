@@ -168,6 +168,16 @@ CASES: dict[str, Callable[[dict[str, int], torch.dtype, torch.device], Case]] = 
     "hc-static": lambda s, dt, dev: _hyper(s, dt, dev, False),
     "hc-dynamic": lambda s, dt, dev: _hyper(s, dt, dev, True),
 }
+# The kernels each case launches, by module (``kernels/NAME_triton.py``): every Triton module is some case's
+# (tests/test_kernel_layout.py), and each case launches exactly these (tests/test_bench_kernels.py's dry run).
+MODULES: dict[str, tuple[str, ...]] = {
+    "cross-entropy": ("cross_entropy",),
+    "logits-attention": ("logits_attention",),
+    "pa-maps": ("causal_logits", "predictive_maps", "logits_attention"),
+    "res-maps": ("causal_logits", "predictive_maps", "logits_attention"),
+    "hc-static": ("hyper_connections",),
+    "hc-dynamic": ("hyper_connections",),
+}
 
 
 def _sync(device: torch.device) -> None:

@@ -23,10 +23,29 @@ def _bench():
     return load_benchmark("bench_kernels")
 
 
-def test_every_kernel_is_measured_against_its_reference_with_bytes_and_error(tmp_path: Path) -> None:
+def test_every_kernel_is_measured_against_its_reference_with_bytes_and_error(tmp_path: Path, monkeypatch) -> None:
+    """Each case's kernels against its reference at toy sizes, and the case launches the kernels of exactly the
+    modules it names (``MODULES``, which tests/test_kernel_layout.py holds every Triton module to)."""
+    from interlayer.kernels import causal_logits_triton
+
     bench = _bench()
+    launched: dict[str, set[str]] = {}
+    measure, kernel_class = bench.measure, type(causal_logits_triton._forward)  # compiled, or interpreted
+    run = kernel_class.run
+
+    def measured(name, *args):
+        launched[name] = set()
+        return measure(name, *args)
+
+    def recorded(kernel, *args, **kwargs):
+        launched[next(reversed(launched))].add(kernel.fn.__module__.rsplit(".", 1)[-1].removesuffix("_triton"))
+        return run(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", measured)
+    monkeypatch.setattr(kernel_class, "run", recorded)
     result = bench.main(["--tiny", "--device", DEVICE, "--dtype", "fp32", "--json", str(tmp_path / "kernels.json")])
     assert set(result["cases"]) == set(bench.CASES)
+    assert launched == {name: set(modules) for name, modules in bench.MODULES.items()}
     for name, row in result["cases"].items():
         assert row["error"] < (3e-2 if DEVICE == "cuda" else 1e-5), name  # fp32 (TF32 products on a GPU)
         assert row["forward_bytes"] > 0 and row["backward_bytes"] > 0

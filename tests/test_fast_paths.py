@@ -19,7 +19,7 @@ from interlayer import create_model
 from interlayer.core.attention import MixerContext, MultiHeadAttention
 from interlayer.core.positions import RelativePositionBias
 from interlayer.kernels import map_conv
-from interlayer.kernels.map_conv import map_conv_relu, map_conv_relu_backward
+from interlayer.kernels.map_conv import map_conv_relu
 from interlayer.methods.lightweight import GroupedLinear
 from interlayer.methods.predictive import PredictiveMixer
 
@@ -168,8 +168,8 @@ def test_prediction_operators_pass_torch_library_opcheck(keep, pads, slope):
     torch.library.opcheck(map_conv_relu, (x, weight, bias, mask, pads, slope))
     out, padded = (t.detach() for t in map_conv_relu(x, weight, bias, mask, pads, slope))
     for needs in ([True, True, True], [True, False, False], [False, True, True]):
-        torch.library.opcheck(map_conv_relu_backward, (torch.randn_like(out), padded, weight.detach(), out, mask, pads,
-                                                        slope, needs))
+        torch.library.opcheck(torch.ops.interlayer.map_conv_relu_backward.default,
+                              (torch.randn_like(out), padded, weight.detach(), out, mask, pads, slope, needs))
 
 
 @pytest.mark.parametrize("keep,pads,slope", [(True, [1, 1, 2, 0], 0.0), (False, [1, 1, 1, 1], 0.01)])

@@ -253,11 +253,11 @@ def test_the_fake_implementations_give_the_real_outputs_layouts():
     params = [torch.randn(shape, device=DEVICE) for shape in ((n, n + 1), (n,), (d, n + 2), (d,), (d,), (), ())]
     grads = [torch.randn(n, positions, d, device=DEVICE), torch.randn(positions, d, device=DEVICE)]
     calls = [(torch.ops.interlayer.hc_mix, (streams, branch, carry, coef, True)),
-             (torch.ops.interlayer.hc_mix_backward, (streams, branch, carry, coef, *grads)),
+             (torch.ops.interlayer.hc_mix_backward, (*grads, streams, branch, carry, coef)),
              (torch.ops.interlayer.hc_dynamic, (streams, branch, carry, *params, 1e-5)),
-             (torch.ops.interlayer.hc_dynamic_backward, (streams, branch, carry, *params, 1e-5, *grads, coef)),
-             (torch.ops.interlayer.hc_dynamic_backward, (streams, None, None, *params[:4], None, *params[5:], 1e-5,
-                                                         None, grads[1], None))]
+             (torch.ops.interlayer.hc_dynamic_backward, (*grads, coef, streams, branch, carry, *params, 1e-5)),
+             (torch.ops.interlayer.hc_dynamic_backward, (None, grads[1], None, streams, None, None, *params[:4], None,
+                                                         *params[5:], 1e-5))]
     for op, args in calls:
         real = tree_flatten(op(*args))[0]
         with FakeTensorMode() as mode:

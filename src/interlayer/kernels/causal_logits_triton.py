@@ -18,6 +18,19 @@ WARPS = 4
 
 
 @triton.jit
+def _rows(X, b, h, rows, dims, s_b, s_h, s_t, T, D):
+    """Rows ``rows`` of head ``(b, h)`` of a ``(B, H, T, D)`` tensor, zero beyond ``T`` and ``D``."""
+    return tl.load(X + b * s_b + h * s_h + rows[:, None] * s_t + dims[None, :],
+                   mask=(rows[:, None] < T) & (dims[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _store_rows(X, acc, b, h, rows, dims, s_b, s_h, s_t, T, D):
+    tl.store(X + b * s_b + h * s_h + rows[:, None] * s_t + dims[None, :], acc.to(X.dtype.element_ty),
+             mask=(rows[:, None] < T) & (dims[None, :] < D))
+
+
+@triton.jit
 def _forward(Q, K, S, T, D, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, scale, H,
              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     qb = tl.program_id(0)
@@ -25,14 +38,11 @@ def _forward(Q, K, S, T, D, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, scale, H,
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     rows = qb * BM + tl.arange(0, BM)
     dims = tl.arange(0, BD)
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + dims[None, :],
-                mask=(rows[:, None] < T) & (dims[None, :] < D), other=0.0)
+    q = _rows(Q, b, h, rows, dims, s_qb, s_qh, s_qt, T, D)
     base = S + bh.to(tl.int64) * T * T
     for start in range(0, (qb + 1) * BM, BN):
         cols = start + tl.arange(0, BN)
-        k = tl.load(K + b * s_kb + h * s_kh + cols[:, None] * s_kt + dims[None, :],
-                    mask=(cols[:, None] < T) & (dims[None, :] < D), other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(_rows(K, b, h, cols, dims, s_kb, s_kh, s_kt, T, D))) * scale
         tl.store(base + rows[:, None] * T + cols[None, :], s.to(S.dtype.element_ty),
                  mask=(rows[:, None] < T) & (cols[None, :] < T))
 
@@ -56,11 +66,8 @@ def _backward_q(DS, K, DQ, T, D, s_kb, s_kh, s_kt, s_gb, s_gh, s_gt, scale, H,
     acc = tl.zeros([BM, BD], tl.float32)
     for start in range(0, (qb + 1) * BM, BN):
         cols = start + tl.arange(0, BN)
-        k = tl.load(K + b * s_kb + h * s_kh + cols[:, None] * s_kt + dims[None, :],
-                    mask=(cols[:, None] < T) & (dims[None, :] < D), other=0.0)
-        acc = tl.dot(_grad_tile(DS, bh, rows, cols, T), k, acc)
-    tl.store(DQ + b * s_gb + h * s_gh + rows[:, None] * s_gt + dims[None, :], (acc * scale).to(DQ.dtype.element_ty),
-             mask=(rows[:, None] < T) & (dims[None, :] < D))
+        acc = tl.dot(_grad_tile(DS, bh, rows, cols, T), _rows(K, b, h, cols, dims, s_kb, s_kh, s_kt, T, D), acc)
+    _store_rows(DQ, acc * scale, b, h, rows, dims, s_gb, s_gh, s_gt, T, D)
 
 
 @triton.jit
@@ -74,11 +81,9 @@ def _backward_k(DS, Q, DK, T, D, s_qb, s_qh, s_qt, s_gb, s_gh, s_gt, scale, H,
     acc = tl.zeros([BN, BD], tl.float32)
     for start in range((kb * BN // BM) * BM, T, BM):
         rows = start + tl.arange(0, BM)
-        q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + dims[None, :],
-                    mask=(rows[:, None] < T) & (dims[None, :] < D), other=0.0)
-        acc = tl.dot(tl.trans(_grad_tile(DS, bh, rows, cols, T)), q, acc)
-    tl.store(DK + b * s_gb + h * s_gh + cols[:, None] * s_gt + dims[None, :], (acc * scale).to(DK.dtype.element_ty),
-             mask=(cols[:, None] < T) & (dims[None, :] < D))
+        acc = tl.dot(tl.trans(_grad_tile(DS, bh, rows, cols, T)), _rows(Q, b, h, rows, dims, s_qb, s_qh, s_qt, T, D),
+                     acc)
+    _store_rows(DK, acc * scale, b, h, cols, dims, s_gb, s_gh, s_gt, T, D)
 
 
 def _bd(d: int) -> int:

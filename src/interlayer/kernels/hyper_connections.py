@@ -11,14 +11,13 @@ s_alpha, s_beta] * tanh(LN(H_j) W)`` row by row.
 1 + i] = A[j, i]`` (mHC's ``H_res[i, j]``), ``coef[p, j, n + 1] = b_j`` (mHC's ``H_post[j]``); static coefficients
 are expanded over positions (stride 0). :func:`width_connection` (HC's parameters) and :func:`width_mix` (given
 coefficients) return ``(h0, carry)``, :func:`depth_connection` the next state, :func:`stream_sum` the streams' sum;
-the kernel path runs the ``torch.library`` operators :func:`hc_mix` and :func:`hc_dynamic` (kept whole by
-``torch.compile``, hand-written backward); the reference path writes every mix as n scaled streams added, which
-inductor fuses (a batched product of inner size n would be a library call of its own).
+the kernel path runs the operators :func:`hc_mix` and :func:`hc_dynamic` (:mod:`.ops`); the reference path writes
+every mix as n scaled streams added, which inductor fuses (a batched product of inner size n: a library call).
 
-**Pending state.** On the kernel path ``combine`` returns a :class:`Pending` ``(H, coef, y)``: the next width
-connection's kernel writes ``H'`` and the next ``h0`` in one pass (``H'`` never read back), the stack's end sums it
-unwritten; the backward does the same in reverse, recomputing ``H'`` from ``H`` and ``y``. Costs (bytes per
-position, against the plain residual) and the kernels' machine-code audit: docs/methods/hyper_connections.md.
+**Pending state.** On the kernel path :func:`depth_connection` returns a :class:`Pending` ``(H, coef, y)``: the
+next width connection's kernel writes ``H'`` and the next ``h0`` in one pass (``H'`` never read back), the stack's
+end sums it unwritten; the backward does the same in reverse, recomputing ``H'`` from ``H`` and ``y``. Costs (bytes
+per position, against the plain residual) and the machine-code audit: docs/methods/hyper_connections.md.
 
 **Dispatch.** The Triton path where :func:`interlayer.kernels.dispatch.use_triton` says so and :func:`covers` the
 case, the reference path otherwise (``INTERLAYER_KERNELS=triton``: an error). The stack state keeps its dtype
@@ -27,13 +26,14 @@ case, the reference path otherwise (``INTERLAYER_KERNELS=triton``: an error). Th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import use_triton
+from .ops import kernel_op
 from .precision import fp32_island
 from .tiles import hc_tile_shape
 
@@ -130,17 +130,42 @@ def _reference_pending(state: "Pending") -> Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # The Triton path: two operators with hand-written backward passes.
 
-def _grad(g: Optional[Tensor]) -> Optional[Tensor]:
-    """An output's gradient, None where autograd has none (an output nobody used, or an empty placeholder)."""
-    return g if g is not None and g.numel() else None
+def _used(*grads: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """The outputs' gradients for a backward operator: None where autograd has none (an output nobody used, or an
+    empty placeholder)."""
+    return tuple(g if g is not None and g.numel() else None for g in grads)
 
 
-def _given(t: Optional[Tensor], grad: Tensor) -> Optional[Tensor]:
-    """An input's gradient for autograd: None for an input that was None (the backward op returned a placeholder)."""
-    return grad if t is not None else None
+def _placeholders(streams: Tensor, grads: Sequence[Optional[Tensor]]) -> list[Tensor]:
+    """A backward operator's results: an empty tensor for an input that was None (an operator returns no None)."""
+    return [g if g is not None else streams.new_empty(0) for g in grads]
 
 
-@torch.library.custom_op("interlayer::hc_mix", mutates_args=())
+def _like(streams: Tensor, inputs: Sequence[Optional[Tensor]]) -> list[Tensor]:
+    """A backward operator's fake results: one tensor like each input, empty for an input that was None."""
+    return [t.new_empty(t.shape) if t is not None else streams.new_empty(0) for t in inputs]
+
+
+def _mix_fake(streams, branch, carry, coef, keep_mixed):
+    n, positions, d = streams.shape
+    mixed = streams.new_empty((n, positions, d) if branch is not None and keep_mixed else (0,))
+    return mixed, streams.new_empty((positions, d) if coef is not None else (0,))
+
+
+def _mix_backward(dmixed: Optional[Tensor], dh0: Optional[Tensor], streams: Tensor, branch: Optional[Tensor],
+                  carry: Optional[Tensor], coef: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from . import hyper_connections_triton as triton_kernels
+    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(streams, branch, carry, coef, None, dmixed, dh0, None)
+    return tuple(_placeholders(streams, (dstreams, dbranch, dcarry, dcoef)))
+
+
+def _mix_backward_fake(dmixed, dh0, streams, branch, carry, coef):
+    return tuple(_like(streams, (streams, branch, carry, coef)))
+
+
+@kernel_op("interlayer::hc_mix", fake=_mix_fake, backward=_mix_backward, backward_fake=_mix_backward_fake,
+           save=lambda streams, branch, carry, coef, keep_mixed, output: (streams, branch, carry, coef), grads=_used,
+           differentiable=("streams", "branch", "carry", "coef"))
 def hc_mix(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], coef: Optional[Tensor],
            keep_mixed: bool) -> tuple[Tensor, Tensor]:
     """``(mixed, h0)`` from given coefficients (see the module docstring); an output not computed is empty."""
@@ -149,42 +174,40 @@ def hc_mix(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], c
     return mixed, h0
 
 
-@hc_mix.register_fake
-def _(streams, branch, carry, coef, keep_mixed):
+_DYNAMIC_TENSORS = ("streams", "branch", "carry", "static_alpha", "static_beta", "weight", "norm_weight", "norm_bias",
+                   "alpha_scale", "beta_scale")  # hc_dynamic's inputs but eps, in order: what its backward reads
+
+
+def _dynamic_fake(streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
+                  beta_scale, eps):
     n, positions, d = streams.shape
-    mixed = streams.new_empty((n, positions, d) if branch is not None and keep_mixed else (0,))
-    return mixed, streams.new_empty((positions, d) if coef is not None else (0,))
+    mixed = streams.new_empty((n, positions, d) if branch is not None else (0,))
+    return mixed, streams.new_empty((positions, d)), streams.new_empty((positions, n, n + 2), dtype=torch.float32)
 
 
-@torch.library.custom_op("interlayer::hc_mix_backward", mutates_args=())
-def hc_mix_backward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], coef: Optional[Tensor],
-                    dmixed: Optional[Tensor], dh0: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _dynamic_backward(dmixed: Optional[Tensor], dh0: Optional[Tensor], dcoef: Optional[Tensor], streams: Tensor,
+                      branch: Optional[Tensor], carry: Optional[Tensor], static_alpha: Tensor, static_beta: Tensor,
+                      weight: Tensor, norm_weight: Tensor, norm_bias: Optional[Tensor], alpha_scale: Tensor,
+                      beta_scale: Tensor, eps: float) -> list[Tensor]:
+    """The Triton backward of the dynamic hyper-connection: gradients of the streams, the branch output, the carry and
+    every coefficient parameter."""
     from . import hyper_connections_triton as triton_kernels
-    dstreams, dbranch, dcarry, dcoef, _ = triton_kernels.backward(streams, branch, carry, coef, None, dmixed, dh0, None)
-    return tuple(g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, dcoef))
+    dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
+                                           beta_scale, eps)
+    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(streams, branch, carry, None, dynamic, dmixed, dh0,
+                                                                   dcoef)
+    return _placeholders(streams, (dstreams, dbranch, dcarry, *params))
 
 
-@hc_mix_backward.register_fake
-def _(streams, branch, carry, coef, dmixed, dh0):
-    return tuple(t.new_empty(t.shape) if t is not None else streams.new_empty(0)
-                 for t in (streams, branch, carry, coef))
+def _dynamic_backward_fake(dmixed, dh0, dcoef, streams, branch, carry, static_alpha, static_beta, weight, norm_weight,
+                           norm_bias, alpha_scale, beta_scale, eps):
+    return _like(streams, (streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias,
+                           alpha_scale, beta_scale))
 
 
-def _mix_setup(ctx: Any, inputs: tuple, output: Any) -> None:
-    streams, branch, carry, coef, _ = inputs
-    ctx.save_for_backward(streams, branch, carry, coef)
-
-
-def _mix_backward(ctx: Any, dmixed: Optional[Tensor], dh0: Optional[Tensor]) -> tuple:
-    streams, branch, carry, coef = ctx.saved_tensors
-    dstreams, dbranch, dcarry, dcoef = hc_mix_backward(streams, branch, carry, coef, _grad(dmixed), _grad(dh0))
-    return dstreams, _given(branch, dbranch), _given(carry, dcarry), _given(coef, dcoef), None
-
-
-hc_mix.register_autograd(_mix_backward, setup_context=_mix_setup)
-
-
-@torch.library.custom_op("interlayer::hc_dynamic", mutates_args=())
+@kernel_op("interlayer::hc_dynamic", fake=_dynamic_fake, backward=_dynamic_backward,
+           backward_fake=_dynamic_backward_fake, save=lambda *inputs_and_output: inputs_and_output[:-1], grads=_used,
+           differentiable=_DYNAMIC_TENSORS)
 def hc_dynamic(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], static_alpha: Tensor,
                static_beta: Tensor, weight: Tensor, norm_weight: Tensor, norm_bias: Optional[Tensor],
                alpha_scale: Tensor, beta_scale: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -193,53 +216,6 @@ def hc_dynamic(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor
     dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
                                            beta_scale, eps)
     return triton_kernels.forward(streams, branch, carry, None, dynamic, True)
-
-
-@hc_dynamic.register_fake
-def _(streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale, beta_scale,
-      eps):
-    n, positions, d = streams.shape
-    mixed = streams.new_empty((n, positions, d) if branch is not None else (0,))
-    return mixed, streams.new_empty((positions, d)), streams.new_empty((positions, n, n + 2), dtype=torch.float32)
-
-
-@torch.library.custom_op("interlayer::hc_dynamic_backward", mutates_args=())
-def hc_dynamic_backward(streams: Tensor, branch: Optional[Tensor], carry: Optional[Tensor], static_alpha: Tensor,
-                        static_beta: Tensor, weight: Tensor, norm_weight: Tensor, norm_bias: Optional[Tensor],
-                        alpha_scale: Tensor, beta_scale: Tensor, eps: float, dmixed: Optional[Tensor],
-                        dh0: Optional[Tensor], dcoef: Optional[Tensor]) -> list[Tensor]:
-    """The Triton backward of the dynamic hyper-connection: gradients of the streams, the branch output, the carry and
-    every coefficient parameter (empty tensors for the inputs that were None, as the registered operator returns a
-    list)."""
-    from . import hyper_connections_triton as triton_kernels
-    dynamic = triton_kernels.DynamicParams(static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
-                                           beta_scale, eps)
-    dstreams, dbranch, dcarry, _, params = triton_kernels.backward(streams, branch, carry, None, dynamic, dmixed, dh0,
-                                                                   dcoef)
-    return [g if g is not None else streams.new_empty(0) for g in (dstreams, dbranch, dcarry, *params)]
-
-
-@hc_dynamic_backward.register_fake
-def _(streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale, beta_scale,
-      eps, dmixed, dh0, dcoef):
-    inputs = (streams, branch, carry, static_alpha, static_beta, weight, norm_weight, norm_bias, alpha_scale,
-              beta_scale)
-    return [t.new_empty(t.shape) if t is not None else streams.new_empty(0) for t in inputs]
-
-
-def _dynamic_setup(ctx: Any, inputs: tuple, output: Any) -> None:
-    *tensors, eps = inputs
-    ctx.save_for_backward(*tensors)
-    ctx.eps = eps
-
-
-def _dynamic_backward(ctx: Any, dmixed: Optional[Tensor], dh0: Optional[Tensor], dcoef: Optional[Tensor]) -> tuple:
-    saved = ctx.saved_tensors
-    grads = hc_dynamic_backward(*saved, ctx.eps, _grad(dmixed), _grad(dh0), _grad(dcoef))
-    return (*(_given(t, g) for t, g in zip(saved, grads)), None)
-
-
-hc_dynamic.register_autograd(_dynamic_backward, setup_context=_dynamic_setup)
 
 
 # ---------------------------------------------------------------------------------------------------------------

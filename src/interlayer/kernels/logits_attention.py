@@ -14,17 +14,19 @@ reads them). The eager reference: about ``2 N`` (read) + ``4 N`` (fp32 copy) + `
 
 The semantics are the core's eager attention (:mod:`interlayer.core.attention`): masked cells are excluded, a row
 with no allowed key outputs zeros (never NaN), probabilities are rounded to ``v``'s dtype before the product with
-``v``. ``logits_grad`` lets a caller add a gradient that arrives for the logits from elsewhere (the next layer of a
-chain of maps) inside the same pass, instead of a separate addition over the map.
+``v``. The backward's ``logits_grad`` (:func:`.logits_attention_triton.backward`) lets a caller add a gradient
+that arrives for the logits from elsewhere (the next layer of a chain of maps, :mod:`.predictive_maps`) inside the
+same pass, instead of a separate addition over the map.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .dispatch import use_triton
+from .ops import kernel_op
 
 
 def allowed_cells(key_padding_mask: Optional[Tensor], t_q: int, t_k: int, causal: bool, device: torch.device
@@ -52,51 +54,33 @@ def reference(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], cau
     return out
 
 
-# The kernels as registered operators, so that torch.compile keeps them whole (no graph break; the fake
-# implementations give it the shapes) instead of tracing into the launchers.
-@torch.library.custom_op("interlayer::logits_attention", mutates_args=())
+def _fake(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> tuple[Tensor, Tensor]:
+    b, h, t_q, _ = logits.shape
+    return v.new_empty(b, h, t_q, v.shape[-1]), logits.new_empty(b, h, t_q, dtype=torch.float32)
+
+
+def _backward(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor,
+              lse: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """The gradients of the logits and of ``v``."""
+    from . import logits_attention_triton as kernels
+
+    return kernels.backward(grad_out, logits, v, key_padding_mask, out, lse, causal, None)
+
+
+def _backward_fake(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor,
+                   lse: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(logits), v.new_empty(v.shape)
+
+
+# The kernel's outputs: the attention and each row's log-sum-exp (for the backward; it takes no gradient).
+@kernel_op("interlayer::logits_attention", fake=_fake, backward=_backward, backward_fake=_backward_fake,
+           save=lambda logits, v, key_padding_mask, causal, output: (logits, v, key_padding_mask, *output, causal),
+           grads=lambda grad_out, grad_lse: (grad_out,), differentiable=("logits", "v"))
 def _forward_op(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool
                 ) -> tuple[Tensor, Tensor]:
     from . import logits_attention_triton as kernels
 
     return kernels.forward(logits, v, key_padding_mask, causal)
-
-
-@_forward_op.register_fake
-def _(logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], causal: bool) -> tuple[Tensor, Tensor]:
-    b, h, t_q, _ = logits.shape
-    return v.new_empty(b, h, t_q, v.shape[-1]), logits.new_empty(b, h, t_q, dtype=torch.float32)
-
-
-@torch.library.custom_op("interlayer::logits_attention_backward", mutates_args=())
-def backward_op(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor,
-                lse: Tensor, causal: bool, logits_grad: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """The gradients of the logits (plus ``logits_grad``, an incoming gradient of the same map) and of ``v``."""
-    from . import logits_attention_triton as kernels
-
-    return kernels.backward(grad_out, logits, v, key_padding_mask, out, lse, causal, logits_grad)
-
-
-@backward_op.register_fake
-def _(grad_out: Tensor, logits: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
-      causal: bool, logits_grad: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(logits), v.new_empty(v.shape)
-
-
-def _setup(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    logits, v, key_padding_mask, causal = inputs
-    out, lse = output
-    ctx.save_for_backward(logits, v, key_padding_mask, out, lse)
-    ctx.causal = causal
-
-
-def _grad(ctx: Any, grad_out: Tensor, _grad_lse: Optional[Tensor]) -> tuple[Any, ...]:
-    logits, v, key_padding_mask, out, lse = ctx.saved_tensors
-    grad_logits, grad_v = backward_op(grad_out, logits, v, key_padding_mask, out, lse, ctx.causal, None)
-    return grad_logits, grad_v, None, None
-
-
-_forward_op.register_autograd(_grad, setup_context=_setup)
 
 
 def covers(logits: Tensor, v: Tensor, causal: bool) -> bool:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
+from .ops import kernel_op
 from .predictive_cnn import conv_layer
 
 
@@ -66,20 +67,9 @@ class VisibleCells(torch.autograd.Function):
 # ``torch.compile`` keeps them whole (no graph break: the fake implementations give the shapes): traced through,
 # inductor fused the padding and layout change into the neighbouring softmax's kernel, which then ran 5x slower
 # than in eager mode (measured on the project's CPU).
-@torch.library.custom_op("interlayer::map_conv_relu", mutates_args=())
-def map_conv_relu(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int],
-                  negative_slope: float) -> tuple[Tensor, Tensor]:
-    """The layer's output and its padded input (kept for the backward); ``negative_slope`` 0 is the ReLU."""
-    padded = _pad_channels_last(x, pads)
-    out = F.leaky_relu_(F.conv2d(padded, weight, bias), negative_slope).contiguous()
-    if keep is not None:
-        out.mul_(keep)
-    return out, padded
-
-
-@map_conv_relu.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int], negative_slope: float
-      ) -> tuple[Tensor, Tensor]:
+#
+def _fake(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int], negative_slope: float
+          ) -> tuple[Tensor, Tensor]:
     left, right, top, bottom = pads
     b, _, h, w = x.shape
     k_rows, k_cols = weight.shape[-2:]
@@ -88,9 +78,8 @@ def _(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: lis
     return x.new_empty(b, weight.shape[0], h + top + bottom - k_rows + 1, w + left + right - k_cols + 1), padded
 
 
-@torch.library.custom_op("interlayer::map_conv_relu_backward", mutates_args=())
-def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor],
-                           pads: list[int], negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+def _backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor], pads: list[int],
+              negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`map_conv_relu` w.r.t. ``x``, ``weight`` and ``bias`` (zeros where ``needs`` is False).
 
     With the ReLU the gradient passes where the output is positive, which excludes the hidden cells; a leaky
@@ -117,31 +106,29 @@ def map_conv_relu_backward(grad: Tensor, padded: Tensor, weight: Tensor, out: Te
             grad_b if grad_b is not None else weight.new_zeros(weight.shape[0]))
 
 
-@map_conv_relu_backward.register_fake
-def _(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor], pads: list[int],
-      negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_fake(grad: Tensor, padded: Tensor, weight: Tensor, out: Tensor, keep: Optional[Tensor], pads: list[int],
+                   negative_slope: float, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
     return (grad.new_empty(padded.shape[0], padded.shape[1], out.shape[2], out.shape[3]),
             torch.empty_like(weight, memory_format=torch.contiguous_format),
             weight.new_empty(weight.shape[0]))
 
 
-def _map_conv_relu_setup(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    _, weight, _, keep, pads, negative_slope = inputs
+def _save(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int], negative_slope: float,
+          output: tuple[Tensor, Tensor]) -> tuple:
     out, padded = output
-    ctx.pads, ctx.negative_slope = pads, negative_slope
-    ctx.save_for_backward(padded, weight, out, keep)
+    return padded, weight, out, keep, pads, negative_slope
 
 
-def _map_conv_relu_grad(ctx: Any, grad: Tensor, _grad_padded: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    padded, weight, out, keep = ctx.saved_tensors
-    needs = [bool(n) for n in ctx.needs_input_grad[:3]]
-    grad_x, grad_w, grad_b = map_conv_relu_backward(grad, padded, weight, out, keep, list(ctx.pads),
-                                                    ctx.negative_slope, needs)
-    return (grad_x if needs[0] else None, grad_w if needs[1] else None, grad_b if needs[2] else None, None, None,
-            None)
-
-
-map_conv_relu.register_autograd(_map_conv_relu_grad, setup_context=_map_conv_relu_setup)
+@kernel_op("interlayer::map_conv_relu", fake=_fake, backward=_backward, backward_fake=_backward_fake, save=_save,
+           grads=lambda grad, grad_padded: (grad,), differentiable=("x", "weight", "bias"), needs=True)
+def map_conv_relu(x: Tensor, weight: Tensor, bias: Tensor, keep: Optional[Tensor], pads: list[int],
+                  negative_slope: float) -> tuple[Tensor, Tensor]:
+    """The layer's output and its padded input (kept for the backward); ``negative_slope`` 0 is the ReLU."""
+    padded = _pad_channels_last(x, pads)
+    out = F.leaky_relu_(F.conv2d(padded, weight, bias), negative_slope).contiguous()
+    if keep is not None:
+        out.mul_(keep)
+    return out, padded
 
 
 # FLOP counts for torch.utils.flop_counter, which cannot see inside a registered operator: the convolution's, as

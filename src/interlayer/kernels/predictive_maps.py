@@ -12,25 +12,10 @@ kernels leave them unwritten (what the buffer held: any value, NaN included, whi
 buffer of NaNs), give ``S`` and ``A_prev`` zero gradient there, and ignore an incoming gradient there; the reference
 keeps Eq. 4's ``(1 - alpha) S``. The paths agree on every cell a model reads, and the tests compare those.
 
-Why one op: on one H100 at GPT-2 small (batch 8 x 1,024, bf16, eager) causal PA took 8.9x the plain model's step
-(docs/benchmarks.md): the library convolution with 12 channels over 1,024 x 1,024 maps (fp32, TF32) and its weight
-gradient took 93 ms, fp32 copies of the maps 84 ms. The method must move few bytes per map cell, and the op moves
-them once per pass.
-
-Cost model, per layer and per map of N cells (``B x H x T x T``; a causal map's blocks above the diagonal are
-skipped, so about ``N / 2`` cells are touched), 16-bit maps, one 3 x 3 convolution:
-* forward: read ``A_prev`` (2 bytes/cell; the 3 x 3 halo comes from cache) and ``S`` (2), write ``M`` (2); the
-  attention reads ``M`` (2): 8 bytes a cell (``S`` itself is written once more by the matrix product ``q k^T``),
-  and 2 a cell above the diagonal (``M``'s zeros).
-  The reference moves about 60 (fp32 copies of the input, padded input, output, mix, mask, softmax).
-* backward: the attention reads ``M`` and the next layer's gradient of ``M`` and writes ``dM`` (6); the CNN's
-  backward reads ``dM`` and ``A_prev`` and writes ``dS`` (2+2+2) and an fp32 ``dZ`` (4), then reads ``dZ`` and
-  writes ``dA_prev`` (4+2): 22 bytes a cell, against about 120 on the reference path.
-At T = 1,024, B = 8, H = 12 (N = 100M, 50M cells touched) that is 1.5 GB a layer, about 0.45 ms at the H100's
-3.35 TB/s, against ~3 ms of matrix products in the layer. What the launches move, counted from their addresses
-(``benchmarks/bench_kernels.py --resources``, :mod:`sass_audit`): 1.97 GB a layer with the logits' product
-(:mod:`.causal_logits`) and the halo rows, against 3.1 GB before issue 48. Extra memory kept for the backward:
-``M`` per layer and one sign bit a cell (the reference keeps the fp32 maps of every step of the pipeline).
+Why one op: the method must move few bytes per map cell (eager, causal PA took 8.9x the plain model's step on an
+H100, mostly in the library convolution and fp32 copies of the maps), and the op moves each map once per pass. Its
+cost model (bytes a cell each way, against the reference's) and the bytes counted from its launches:
+docs/methods/predictive.md ("What the fused op moves").
 
 Dispatch (:func:`interlayer.kernels.dispatch.use_triton`): the kernels cover 3 x 3 convolutions over up to 16 heads
 (:data:`CHANNELS`: GPT-2 small's 12, BERT-large's 16) on contiguous square maps, with or without a causal triangle
@@ -47,6 +32,7 @@ from torch import Tensor
 
 from . import causal_logits, logits_attention, predictive_cnn
 from .dispatch import use_triton
+from .ops import kernel_op
 from .tiles import PA_CHANNELS as CHANNELS
 
 
@@ -66,12 +52,71 @@ def reference(s: Tensor, prev: Tensor, v: Tensor, weights: Sequence[Tensor], bia
     return logits_attention.reference(mixed, v, key_padding_mask, causal), mixed
 
 
-# The forward and the backward as registered operators, so that torch.compile keeps them whole (no graph break; the
-# fake implementations give it the shapes). Forward outputs: the attention output, the mixed logits M, each row's
-# log-sum-exp, the sign bits of the CNN's last pre-activation (empty without a CNN) and the output of every
-# convolution but the last (kept for the backward). Saved for the backward besides those: the previous logits (the
-# previous layer's own output, so no extra memory) and the layer's logits only with ``beta``.
-@torch.library.custom_op("interlayer::predictive_attention", mutates_args=())
+def _no_signs(like: Tensor) -> Tensor:
+    return torch.empty(0, device=like.device, dtype=torch.uint8)
+
+
+def _fake(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
+          key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+          s_upper_unread: bool) -> list[Tensor]:
+    b, h, t, _ = s.shape
+    signs = s.new_empty(b, h, t, (t + 7) // 8, dtype=torch.uint8) if weights else _no_signs(s)
+    return [v.new_empty(b, h, t, v.shape[-1]), torch.empty_like(s), s.new_empty(b, h, t, dtype=torch.float32),
+            signs, *[torch.empty_like(s) for _ in range(len(weights) - 1)]]
+
+
+def _backward(grad_out: Optional[Tensor], grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor,
+              alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor,
+              lse: Tensor, signs: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+              intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
+    """``[dS, dA_prev, dv, *d weights, *d biases]``: the attention's backward with the map epilogue (``dZ`` of the
+    last convolution and the residual's gradient, or without a CNN the whole of it), then the CNN's, last
+    convolution first. ``s_upper_unread``: whatever made ``S`` reads its gradient on and below a causal diagonal
+    only (:mod:`.causal_logits`), so nothing is written above it."""
+    from . import logits_attention_triton as attention
+    from . import predictive_maps_triton as maps
+
+    n = len(weights)
+    grad_out = grad_out if grad_out is not None else torch.zeros_like(out)
+    epilogue = attention.MapEpilogue(alpha, beta, slope, signs if n else None, zero_above=not s_upper_unread)
+    grad, grad_v, ds, dr = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed,
+                                              epilogue)
+    grad_w: list[Tensor] = []
+    grad_b: list[Tensor] = []
+    for k in reversed(range(n)):
+        x = prev if k == 0 else intermediates[k - 1]
+        grad, dw, db = maps.conv_backward(grad, x, s if s is not None else prev, weights[k],
+                                          None if k == 0 else intermediates[k - 1], beta, key_padding_mask, causal,
+                                          slope, first=k == 0, ds=ds, dr=dr)
+        grad_w.insert(0, dw)
+        grad_b.insert(0, db)
+    return [ds, grad, grad_v, *grad_w, *grad_b]
+
+
+def _backward_fake(grad_out: Optional[Tensor], grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor,
+                   v: Tensor, alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor,
+                   out: Tensor, lse: Tensor, signs: Tensor, causal: bool, slope: float, weights: list[Tensor],
+                   biases: list[Tensor], intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
+    return [torch.empty_like(mixed), torch.empty_like(prev), v.new_empty(v.shape),
+            *[torch.empty_like(w) for w in weights], *[torch.empty_like(b) for b in biases]]
+
+
+def _save(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
+          key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
+          s_upper_unread: bool, output: list[Tensor]) -> tuple:
+    """What the backward reads besides the forward's outputs: the previous logits (the previous layer's own output,
+    so no extra memory) and the layer's logits only with ``beta``."""
+    out, mixed, lse, signs, *intermediates = output
+    return (s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, signs, causal,
+            slope, weights, biases, intermediates, s_upper_unread)
+
+
+# Forward outputs: the attention output, the mixed logits M (both take gradients), each row's log-sum-exp, the sign
+# bits of the CNN's last pre-activation (empty without a CNN) and the output of every convolution but the last (kept
+# for the backward).
+@kernel_op("interlayer::predictive_attention", fake=_fake, backward=_backward, backward_fake=_backward_fake,
+           save=_save, grads=lambda grads: (grads[0], grads[1]),
+           differentiable=("s", "prev", "v", "weights", "biases"))
 def forward_op(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor],
                key_padding_mask: Optional[Tensor], causal: bool, slope: float, weights: list[Tensor],
                biases: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
@@ -89,82 +134,6 @@ def forward_op(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional
     mixed = intermediates.pop()
     out, lse = attention.forward(mixed, v, key_padding_mask, causal)
     return [out, mixed, lse, signs if signs is not None else _no_signs(s), *intermediates]
-
-
-def _no_signs(like: Tensor) -> Tensor:
-    return torch.empty(0, device=like.device, dtype=torch.uint8)
-
-
-@forward_op.register_fake
-def _(s: Tensor, prev: Tensor, v: Tensor, alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor],
-      causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
-    b, h, t, _ = s.shape
-    signs = s.new_empty(b, h, t, (t + 7) // 8, dtype=torch.uint8) if weights else _no_signs(s)
-    return [v.new_empty(b, h, t, v.shape[-1]), torch.empty_like(s), s.new_empty(b, h, t, dtype=torch.float32),
-            signs, *[torch.empty_like(s) for _ in range(len(weights) - 1)]]
-
-
-@torch.library.custom_op("interlayer::predictive_attention_backward", mutates_args=())
-def backward_op(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor,
-                alpha: Tensor, beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor,
-                lse: Tensor, signs: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
-                intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
-    """``[dS, dA_prev, dv, *d weights, *d biases]``: the attention's backward with the map epilogue (``dZ`` of the
-    last convolution and the residual's gradient, or without a CNN the whole of it), then the CNN's, last
-    convolution first. ``s_upper_unread``: whatever made ``S`` reads its gradient on and below a causal diagonal
-    only (:mod:`.causal_logits`), so nothing is written above it."""
-    from . import logits_attention_triton as attention
-    from . import predictive_maps_triton as maps
-
-    n = len(weights)
-    epilogue = attention.MapEpilogue(alpha, beta, slope, signs if n else None, zero_above=not s_upper_unread)
-    grad, grad_v, ds, dr = attention.backward(grad_out, mixed, v, key_padding_mask, out, lse, causal, grad_mixed,
-                                              epilogue)
-    grad_w: list[Tensor] = []
-    grad_b: list[Tensor] = []
-    for k in reversed(range(n)):
-        x = prev if k == 0 else intermediates[k - 1]
-        grad, dw, db = maps.conv_backward(grad, x, s if s is not None else prev, weights[k],
-                                          None if k == 0 else intermediates[k - 1], beta, key_padding_mask, causal,
-                                          slope, first=k == 0, ds=ds, dr=dr)
-        grad_w.insert(0, dw)
-        grad_b.insert(0, db)
-    return [ds, grad, grad_v, *grad_w, *grad_b]
-
-
-@backward_op.register_fake
-def _(grad_out: Tensor, grad_mixed: Optional[Tensor], s: Optional[Tensor], prev: Tensor, v: Tensor, alpha: Tensor,
-      beta: Optional[Tensor], key_padding_mask: Optional[Tensor], mixed: Tensor, out: Tensor, lse: Tensor,
-      signs: Tensor, causal: bool, slope: float, weights: list[Tensor], biases: list[Tensor],
-      intermediates: list[Tensor], s_upper_unread: bool) -> list[Tensor]:
-    return [torch.empty_like(mixed), torch.empty_like(prev), v.new_empty(v.shape),
-            *[torch.empty_like(w) for w in weights], *[torch.empty_like(b) for b in biases]]
-
-
-def _setup(ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
-    s, prev, v, alpha, beta, key_padding_mask, causal, slope, weights, biases, s_upper_unread = inputs
-    out, mixed, lse, signs, *intermediates = output
-    ctx.save_for_backward(s if beta is not None else None, prev, v, alpha, beta, key_padding_mask, mixed, out, lse,
-                          signs, *weights, *biases, *intermediates)
-    ctx.causal, ctx.slope, ctx.n, ctx.s_upper_unread = causal, slope, len(weights), s_upper_unread
-
-
-def _grad(ctx: Any, grads: list[Optional[Tensor]]) -> tuple[Any, ...]:
-    s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, signs, *rest = ctx.saved_tensors
-    n = ctx.n
-    grad_out, grad_mixed = grads[0], grads[1]
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    result = backward_op(grad_out, grad_mixed, s, prev, v, alpha, beta, key_padding_mask, mixed, out, lse, signs,
-                         ctx.causal, ctx.slope, list(rest[:n]), list(rest[n:2 * n]), list(rest[2 * n:]),
-                         ctx.s_upper_unread)
-    ds, dprev, dv = result[:3]
-    return ds, dprev, dv, None, None, None, None, None, list(result[3:3 + n]), list(result[3 + n:]), None
-
-
-forward_op.register_autograd(_grad, setup_context=_setup)
-
-
 
 
 def covers(s: Tensor, weights: Sequence[Tensor]) -> bool:

@@ -1,32 +1,26 @@
 """Triton code of :mod:`interlayer.kernels.predictive_maps`: the CNN over attention maps and Eq. 4's mix, streamed.
 
 Layout: maps are contiguous ``(B, H, T, T)``; the heads are the CNN's channels, padded to ``HP`` (16) with zero
-weights. A program owns a block of ``BC`` columns by ``BC`` rows (a causal grid holds only the blocks on and below
-the diagonal) and streams rows top to bottom: each row is loaded once, at the three column offsets a 3 x 3 tap
-reads, and multiplied into the three rows that read it (a ``tl.dot`` of an ``HP x HP`` tap and an ``HP x BC`` row),
-so a convolution reads each cell once (plus two rows of halo a block) instead of nine times and finishes a row every
-step. The column offsets come from 32-bit words: a 16-bit map's row is read as pairs (vector loads), and the pairs
-one column to either side are halves of two words, so no 16-bit scalar load runs. A row that is wholly visible
-(inside the map with its halo, below a causal diagonal, no padding) takes a path with no mask; the others read
-hidden cells (map edges, a causal upper triangle, padded rows and columns) as zero, as the CNN does.
-
-Kernels:
+weights. A program owns a block of ``BC`` columns by ``BC`` rows (a causal grid: the blocks on and below the
+diagonal) and streams rows top to bottom: each row is loaded once, at the three column offsets a 3 x 3 tap reads
+(a 16-bit map's from 32-bit words, :func:`_row`), and multiplied into the three rows that read it (a ``tl.dot`` of
+an ``HP x HP`` tap and an ``HP x BC`` row), so a convolution reads each cell once (plus two rows of halo a block)
+instead of nine times. A row that reads no hidden cell takes a path with no mask; the others read hidden cells
+(map edges, a causal upper triangle, padding) as zero, as the CNN does. Kernels:
 * ``_forward``: ``Y = act(conv(X) + b) * keep``; with ``FINAL``, Eq. 4's mix ``M = R + alpha (Y - R)`` is its
-  epilogue and only ``M`` is written, with one sign bit a cell of the pre-activation for the backward (``R``: the
-  layer's logits, or Evolving Attention's source); ``NCONV`` mixes without a convolution (the Res-Transformer).
-  ``M`` is written on and below a causal diagonal only: nothing reads it above (:mod:`.predictive_maps`).
-* ``_input_grad``: from ``dZ`` (written by the attention's backward epilogue, :mod:`.logits_attention_triton`, or
-  by this kernel for the convolution after), the input's gradient ``dX = sum_tap W_tap^T dZ`` in one pass over the
-  rows, reading ``dZ`` at the three column offsets; for the first convolution it also writes the source's
-  gradient (zeros above a causal diagonal: the whole grid runs, as the caller's buffer is fresh).
-* ``_weight_grad``: the weight and bias gradients, ``dW_tap = sum dZ X_tap^T``, the input read at the three offsets
-  and the three taps of a row stacked into one ``[BC, 3 HP]`` operand so that each warp's tensor-core work is its
-  own; a program's share is summed in registers and written once (``dw_parts``, summed by the caller).
+  epilogue and only ``M`` is written (on and below a causal diagonal: nothing reads it above), with one sign bit a
+  cell of the pre-activation for the backward (``R``: the layer's logits, or Evolving Attention's source);
+  ``NCONV`` mixes without a convolution (the Res-Transformer).
+* ``_input_grad``: from ``dZ`` (the attention's backward epilogue's, :mod:`.logits_attention_triton`, or this
+  kernel's for the convolution after), ``dX = sum_tap W_tap^T dZ`` in one pass over the rows, ``dZ`` read at the
+  three column offsets; the first convolution's also writes the source's gradient (zeros above a causal diagonal).
+* ``_weight_grad``: ``dW_tap = sum dZ X_tap^T`` and the bias gradient, the input read at the three offsets and a
+  row's three taps stacked into one ``[BC, 3 HP]`` operand so that each warp's tensor-core work is its own; a
+  program's share is summed in registers and written once (``dw_parts``, summed by the caller).
 
-Precision (:func:`_options`, :func:`_mm`), always with fp32 accumulation: for a 16-bit map, fp16 operands in the
-forward, TF32 for ``dX``, bf16 (fp16 for an fp16 map) for ``dW``; TF32 for an fp32 map; IEEE fp32 under the
-interpreter or where ``torch.backends.cudnn.allow_tf32`` is off (as cuDNN's convolutions follow it), so that the
-tests can ask for exact float32.
+Precision (:func:`_options`, :func:`_mm`; docs/methods/predictive.md): fp32 accumulation; 16-bit maps multiplied
+as fp16 forward, TF32 for ``dX``, bf16 (fp16 for an fp16 map) for ``dW``; TF32 for an fp32 map; IEEE fp32 under the
+interpreter or with ``torch.backends.cudnn.allow_tf32`` off, so that the tests can ask for exact float32.
 """
 from __future__ import annotations
 
@@ -210,33 +204,26 @@ def _forward(X, S, Prev, W, Bias, Out, Sign, PAD, ALPHA, BETA_W, H, T, n_blocks,
              BETA_RES: tl.constexpr, FINAL: tl.constexpr, NCONV: tl.constexpr, TOP: tl.constexpr,
              PAIRS: tl.constexpr, F16: tl.constexpr, PRECISION: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
              CW: tl.constexpr):
-    b = tl.program_id(0)
-    s, q = _block(tl.program_id(1), n_blocks, CAUSAL)
-    c0, r0 = s * BC, q * BC
-    ch = tl.arange(0, HP)
-    lane = (ch < H)[:, None] & (tl.arange(0, CW) >= 0)[None, :]
-    cells = ch[:, None] * (T * T // (2 if PAIRS else 1)) + tl.arange(0, CW)[None, :]
-    base = b.to(tl.int64) * H * T * T // (2 if PAIRS else 1)
-    cols = c0 + tl.arange(0, BC)
-    out_cells = b.to(tl.int64) * H * T * T + ch[:, None] * T * T + cols[None, :]
+    b, _, _, _, c0, r0, r_end, lane, cells, base, cols, out_cells, inside = _setup(H, T, n_blocks, CAUSAL, PAIRS,
+                                                                                  HP, BC, CW)
     alpha = tl.load(ALPHA) if FINAL else 0.0
     beta = tl.load(BETA_W) if BETA or BETA_RES else 0.0
     if NCONV:  # the Res-Transformer: M = R + alpha (keep X - R), cell by cell
-        for o in range(r0, tl.minimum(r0 + BC, T)):
+        for o in range(r0, r_end):
             keep = _keep(cols, o, T, PAD, s_pb, b, CAUSAL, PADDED)
-            inside = (ch < H)[:, None] & (cols < T)[None, :]  # whole vectors, the hidden cells zeroed after
+            # whole vectors, the hidden cells zeroed after
             x = _clean(tl.load(X + out_cells + o * T, mask=inside, other=0.0).to(tl.float32), keep, FIRST, True)
             if BETA:  # Evolving Attention's source, (1 - beta) S + beta A_prev
                 x = (1.0 - beta) * tl.where(keep[None, :], tl.load(S + out_cells + o * T, mask=inside, other=0.0)
                                             .to(tl.float32), 0.0) + beta * x
-            _mix(x, S, Prev, Out, out_cells + o * T, (ch < H)[:, None] & (cols < T)[None, :], alpha, beta, BETA_RES)
+            _mix(x, S, Prev, Out, out_cells + o * T, inside, alpha, beta, BETA_RES)
         return
     w0, w1, w2, w3, w4, w5, w6, w7, w8 = _taps(W, False, HP)
-    bias = tl.load(Bias + ch)
+    bias = tl.load(Bias + tl.arange(0, HP))
     zero = tl.zeros([HP, BC], tl.float32)
     later = zero  # output row i + TOP - 1: the taps of its first input row
     nearly = zero  # output row i + TOP - 2: all but its last input row
-    for i in range(r0 - TOP, tl.minimum(r0 + BC, T) + 2 - TOP):
+    for i in range(r0 - TOP, r_end + 2 - TOP):
         if _interior(i, c0, T, CAUSAL, PADDED, BC):
             xm, x, xp = _row(X, base, i, c0, T, lane, cells, PAD, s_pb, b, CAUSAL, PADDED, FIRST, False, PAIRS, F16,
                              HP, BC)
@@ -262,7 +249,6 @@ def _forward(X, S, Prev, W, Bias, Out, Sign, PAD, ALPHA, BETA_W, H, T, n_blocks,
             z = done + bias[:, None]
             keep = _keep(cols, o, T, PAD, s_pb, b, CAUSAL, PADDED)[None, :]
             y = tl.where(keep, tl.where(z > 0, z, z * slope), 0.0)
-            inside = (ch < H)[:, None] & (cols < T)[None, :]
             if FINAL:  # the whole row of the block: above a causal diagonal M is unspecified, so no cell mask
                 _mix(y, S, Prev, Out, out_cells + o * T, inside, alpha, beta, BETA_RES)
                 _signs(z, Sign, b, H, T, o, c0, HP, BC)
@@ -284,7 +270,9 @@ def _signs(z, Sign, b, H, T, o, c0, HP: tl.constexpr, BC: tl.constexpr):
 @triton.jit
 def _setup(H, T, n_blocks, CAUSAL: tl.constexpr, PAIRS: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
            CW: tl.constexpr):
-    """What both backward kernels address their block by."""
+    """What every kernel here addresses its block by: the batch element, the linear block and its (column block,
+    row block), its first column and row, the row past its last, the channels' lanes and cells of :func:`_row`, the
+    batch element's base, the columns, the cells of the block's first row, and which of them are inside the map."""
     b = tl.program_id(0)
     t = tl.program_id(1)
     s, q = _block(t, n_blocks, CAUSAL)
