@@ -17,6 +17,7 @@ from interlayer.data.bpe import BOS_ID, EOS_ID, PAD_ID
 from interlayer.data.caption_formats import read_karpathy
 from interlayer.data.region_features import MemoryRegions, Regions, open_regions, region_batch
 from interlayer.errors import ConfigError, DataError
+from interlayer.experiment import with_defaults
 from interlayer.models.registry import create_model, get_config
 from interlayer.tasks import captioning
 from interlayer.tasks.caption_decoding import SelfCritical, nearest_neighbour_captions, sample_captions, words_of
@@ -46,6 +47,23 @@ def test_train_runs_cross_entropy_then_scst_and_scores_the_test_images(tmp_path,
     assert main(["evaluate", "--checkpoint", str(run / "scst" / "best"), "--beam", "2"]) == 0
     report = capsys.readouterr().out
     assert f"| cider   | {results['test_cider']:.2f}" in report
+
+
+def test_scst_defaults_are_a_cpu_recipe_on_the_scenes_and_lw_sec_iv_c_on_coco() -> None:
+    """The scenes' defaults are the CPU recipe measured to meet issue 51's bars within 10 CPU-minutes
+    (docs/captioning.md): 4 cross-entropy epochs, then 400 SCST steps against the mean reward of the image's other
+    samples (Luo 2020) at 4e-5. COCO's are LW Sec. IV-C's: 5e-6, against the greedy caption's reward (Rennie et
+    al. 2017). The user's own --set wins over either."""
+    spec = captioning.CaptionSpec()
+    data = captioning.CaptionData()
+    assert (data.dataset, data.scst_baseline, data.scst_lr, data.scst_steps) == ("scenes", "mean", 4e-5, 400)
+    assert captioning.TRAIN_DEFAULTS["max_epochs"] == 4
+    assert with_defaults(spec, {}) == {} and with_defaults(spec, {"data.dataset": "scenes"}) == {
+        "data.dataset": "scenes"}
+    assert with_defaults(spec, {"data.dataset": "coco"}) == {"data.dataset": "coco", "data.scst_baseline": "greedy",
+                                                            "data.scst_lr": 5e-6}
+    mine = with_defaults(spec, {"data.dataset": "coco", "data.scst_lr": "1e-5"})
+    assert mine["data.scst_lr"] == "1e-5" and mine["data.scst_baseline"] == "greedy"
 
 
 def test_the_task_refuses_a_rec_preset_and_a_feature_width_override() -> None:
