@@ -112,7 +112,7 @@ def main() -> None:
             raise SystemExit("interrupted: run the same command again to continue")
         if result.failed:
             raise SystemExit(f"failed runs: {', '.join(result.failed)}")
-    out = analyse(args.output, args.effect)
+    out = {"steps": args.steps, **analyse(args.output, args.effect)}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 

@@ -235,11 +235,12 @@ def test_the_main_jobs_seeds_are_the_pilots_power_calculation():
     """``MAIN_JOB_SEEDS`` is the N of docs/compare.md's prospective calculation: the smallest number of seeds at which
     the paired t-test of PA against the baseline, at Holm's first level over the default's four variants, has power
     0.8 at the pilots' mean difference and standard deviation; the pilots' seeds are none of the default's."""
-    from interlayer.compare import MAIN_JOB_SEEDS
+    from interlayer.compare import MAIN_JOB_SEEDS, MAIN_JOB_STEPS
     from interlayer.compare.stats import power
     from interlayer.compare.variants import split_entries
 
     pilot = json.loads((Path(__file__).parents[1] / "docs" / "main-job-pilot.json").read_text())
+    assert pilot["steps"] == MAIN_JOB_STEPS == DEFAULT["budget_steps"]
     pa = pilot["variants"]["pa"]
     assert len(pa["differences"]) == len(pa["seeds"]) >= 5 and min(pa["seeds"]) > MAIN_JOB_SEEDS
     mean, sd = mean_std(pa["differences"])
