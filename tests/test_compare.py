@@ -5,6 +5,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from PIL import Image
 
 from helpers import set_args
 from helpers.compare import compare_sets, faked_comparison
+from helpers.processes import cli_process, gone, lock_owner, wait_for
 from interlayer import get_config, list_models
 from interlayer.cli import main
 from interlayer.compare import (
@@ -33,7 +35,7 @@ from interlayer.compare.environment import comparison_environment
 from interlayer.compare.plan import Plan, prepare_directory
 from interlayer.compare.records import summarize
 from interlayer.compare.report import md_code, still_falling, write_report
-from interlayer.compare.runner import run_state
+from interlayer.compare.runner import Runner, run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
 from interlayer.core.config import ConfigError
@@ -205,6 +207,30 @@ def test_run_state_decides_skip_resume_or_restart(tmp_path):
     assert run_state(run) == "finished"
 
 
+def test_compare_starts_a_run_killed_before_its_first_checkpoint_over_without_deleting_it(tmp_path):
+    run = tmp_path / "runs" / "v-s1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "train.csv").write_text("step,loss\n1,5.0\n")
+    started = []
+
+    class FakeProcess:
+        def __init__(self, target, args, name):
+            started.append(args[0])
+            self.sentinel = 0
+
+        def start(self):
+            pass
+
+    runner = Runner.__new__(Runner)  # only what _start reads
+    runner.plan = SimpleNamespace(settings=SimpleNamespace(budget_minutes=None), spec=SimpleNamespace(name="t"))
+    runner.output, runner.threads, runner.echo = tmp_path, None, lambda line: None
+    runner.context = SimpleNamespace(Process=FakeProcess)
+    runner._start("[1/1] v seed 1", SimpleNamespace(variant=SimpleNamespace(name="v", preset="p"), sets={}), 1)
+    assert started[0]["resume"] is True  # experiment.train starts it over, under the run's lock
+    assert (run / "train.csv").is_file()  # compare itself deletes nothing
+
+
 def test_default_comparison_applies_to_its_bundled_task():
     from interlayer.cli import _parse_sets
 
@@ -305,6 +331,32 @@ def test_an_interrupted_compare_exits_128_plus_its_signal(monkeypatch, stopped, 
 
     monkeypatch.setattr(compare, "run_compare", lambda *a, **k: SimpleNamespace(interrupted=True, signal=stopped))
     assert main(["compare", "--task", "lm", "--variants", "baseline", "--output", "unused"]) == code
+
+
+def test_killing_compare_leaves_no_orphan_and_a_second_compare_is_refused(corpus, tmp_path, capsys):
+    args = ["compare", "--task", "translation", "--variants", "baseline", "--output", str(tmp_path / "cmp"),
+            *_cli_sets(corpus, ["enc_layers=1", "dec_layers=1", "train.max_epochs=1000"])]
+    parent = cli_process(args, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "cmp" / "runs" / "baseline-s1"
+    try:
+        wait_for(lambda: (run / "train.csv").is_file() and lock_owner(run), 90, "the run to train")
+        child = lock_owner(run)["pid"]
+        assert lock_owner(tmp_path / "cmp")["pid"] == parent.pid
+        assert main(args) == 2  # a second comparison on the same directory
+        assert f"pid {parent.pid} on host" in capsys.readouterr().err
+        assert main(["train", "translation", "--run-dir", str(run), "--resume"]) == 2  # a writer beside the run
+        assert f"pid {child} on host" in capsys.readouterr().err
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        wait_for(lambda: gone(child), 15, f"run process {child} to end after compare was killed")
+    finally:
+        parent.kill()
+        parent.wait()
+    size = (run / "train.csv").stat().st_size
+    time.sleep(0.5)
+    assert (run / "train.csv").stat().st_size == size  # nobody writes any more
+    assert (run / LAST).is_file()  # the run saved on its way out (SIGTERM): resumable
+    assert lock_owner(run) == {}  # and released its lock cleanly
 
 
 def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_path, capsys):

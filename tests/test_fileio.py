@@ -362,6 +362,18 @@ def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys
     assert not (run / "results.json").exists() and not (run / "results.json.tmp").exists()
 
 
+def test_every_yaml_read_goes_through_the_duplicate_refusing_loader():
+    """No module reads YAML, JSON-as-YAML or pickles past the checked readers (issue 16: nothing from a file may
+    run code, and a duplicate key may not pass silently)."""
+    patterns = {r"yaml\.(safe_)?load\(": "fileio.py", r"yaml\.(unsafe_|full_)?load\(": "fileio.py",
+                r"allow_pickle\s*=\s*True": None, r"pickle\.loads?\(": None, r"\.Unpickler\(": None}
+    for path in (Path(__file__).resolve().parents[1] / "src").rglob("*.py"):
+        text = path.read_text()
+        for pattern, allowed in patterns.items():
+            if re.search(pattern, text) and path.name != allowed:
+                raise AssertionError(f"{path}: {pattern} outside the checked readers")
+
+
 def test_no_run_file_is_written_in_place():
     """Every write of the package goes through fileio's atomic writers: no write_text, and save_file only inside
     atomic_path (the CSV logs are appended row by row, which a crash cannot leave half-rewritten)."""

@@ -125,6 +125,18 @@ def test_running_and_queued_patterns_are_taken_lost_ones_are_free_and_draws_are_
     assert one == [t.params[PARAM] for t in _memory_study(Strategy(N, coarse=3, seed=5), 9).get_trials()]
 
 
+def test_search_refuses_zero_trials(monkeypatch, capsys):
+    import interlayer.search.mpt as mpt
+
+    def validating_stub(settings, *args, **kwargs):
+        settings.validate()  # what run_search does first
+        return mpt.SearchOutcome("done", "stub")
+
+    monkeypatch.setattr(mpt, "run_search", validating_stub)
+    assert main(["search", "mpt", "--task", "translation", "--trials", "0"]) == 2
+    assert "--trials=0 must be at least 1" in capsys.readouterr().err
+
+
 def test_strategy_and_settings_are_checked():
     with pytest.raises(ConfigError, match="2..7"):
         Strategy(8, coarse=1).validate()
