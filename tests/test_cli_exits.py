@@ -27,6 +27,7 @@ def test_a_closed_stdout_ends_quietly(monkeypatch, capsys, args):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_a_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
     process = cli_process(["compare", "--list-variants"], tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # The reader goes away before the listing is written (the interpreter takes a second to start): reading part of

@@ -284,6 +284,7 @@ def _interrupt_when(path, events):
     events.append("interrupted")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run process through /proc")
 def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
@@ -333,6 +334,7 @@ def test_an_interrupted_compare_exits_128_plus_its_signal(monkeypatch, stopped, 
     assert main(["compare", "--task", "lm", "--variants", "baseline", "--output", "unused"]) == code
 
 
+@pytest.mark.slow
 def test_killing_compare_leaves_no_orphan_and_a_second_compare_is_refused(corpus, tmp_path, capsys):
     args = ["compare", "--task", "translation", "--variants", "baseline", "--output", str(tmp_path / "cmp"),
             *_cli_sets(corpus, ["enc_layers=1", "dec_layers=1", "train.max_epochs=1000"])]
@@ -359,6 +361,7 @@ def test_killing_compare_leaves_no_orphan_and_a_second_compare_is_refused(corpus
     assert lock_owner(run) == {}  # and released its lock cleanly
 
 
+@pytest.mark.slow
 def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--jobs", "2", "--output", str(out),
@@ -444,6 +447,7 @@ def _check_png(picture):
     assert len(colours) > 50, f"{picture.path.name} has almost no content"
 
 
+@pytest.mark.slow
 def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
@@ -569,6 +573,7 @@ def test_select_names_are_checked_before_training(corpus, tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa,pa_a0.3=pa+predictive.alpha=0.3")
@@ -588,6 +593,7 @@ def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
 
 
 # -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
+@pytest.mark.slow
 def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa")
@@ -703,6 +709,7 @@ def test_a_tampered_run_refuses_the_command_before_anything_is_written(corpus, t
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "writer.lock"} == before
 
 
+@pytest.mark.slow
 def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
     from interlayer.compare.selection import parse_selections
 
@@ -719,6 +726,7 @@ def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
     assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
 
 
+@pytest.mark.slow
 def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
     """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
     out = tmp_path / "cmp"

@@ -56,6 +56,7 @@ def test_every_family_takes_the_same_overrides(name: str, overrides: dict, expec
         get_config(name, nope=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gat", "cnn_text"])
 def test_a_flat_family_loads_no_method(family: str) -> None:
     """The plumbing sits below the methods: the GAT and text-CNN families read and override their configs without

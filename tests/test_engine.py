@@ -240,6 +240,7 @@ def test_the_signal_handlers_remember_which_signal_stopped_a_command():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+@pytest.mark.slow
 def test_sigterm_stops_train_with_exit_143_and_a_checkpoint(corpus, tmp_path):
     run = tmp_path / "run"
     args = translation_args(corpus, run, "train.max_epochs=1000", "train.patience=0", "train.log_interval=1")

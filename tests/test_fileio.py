@@ -225,6 +225,7 @@ DEEPISH = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)  # parses within Python'
 HUGE = "1" * 5000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [DEEP, DEEPISH], ids=["5000", "max+1"])
 def test_documents_nested_too_deeply_are_refused_naming_the_source(text):
     with pytest.raises(ConfigError, match=rf"^x\.json: nested more than {MAX_DEPTH} levels deep"):
@@ -340,6 +341,7 @@ def test_a_full_disk_names_the_file_and_the_free_space_and_keeps_the_old_file(co
     assert (run / LAST).read_bytes() == saved[0] and not (run / (LAST + ".tmp")).exists()
 
 
+@pytest.mark.slow
 def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys):
     """results.json, task.json, the vocabularies ... all go through fileio.write_atomic: an OSError(ENOSPC) in it is
     one line naming the file, exit 2 (the writer is monkeypatched to fail at results.json)."""

@@ -15,7 +15,7 @@ from interlayer.kernels import predictive_maps as pm
 from interlayer.kernels.dispatch import kernel_mode
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
+pytestmark = [pytest.mark.usefixtures("on_device"), pytest.mark.slow]  # CUDA on a GPU, else the interpreter: slow
 
 
 @pytest.fixture(autouse=True)

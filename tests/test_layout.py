@@ -22,6 +22,7 @@ SRC = Path(interlayer.__file__).parent
 METHOD_MODULES = sorted(f"interlayer.methods.{p.stem}" for p in (SRC / "methods").glob("*.py") if p.stem != "__init__")
 
 
+@pytest.mark.slow
 def test_a_method_module_imports_only_the_core() -> None:
     """A method module loads the core, the kernels and the methods only, with the config plumbing below them
     (``config_io`` and the file readers it uses): not the composed config, the builder, the registry (old or new),

@@ -34,6 +34,7 @@ CONFIG_CLASS = {"transformer": ModelConfig, "text_cnn": CNNTextConfig, "image": 
                 "mcan": MCANConfig, "region": RegionConfig, "swin": SwinConfig, "aa_resnet": AAResNetConfig}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_listed_name_builds_and_prints_its_config(name: str, capsys: pytest.CaptureFixture) -> None:
     """The README's promise: ``create_model`` and ``interlayer config`` take every name ``interlayer models``
@@ -122,6 +123,7 @@ def test_model_config_has_one_section_per_method() -> None:
     assert sections == {method.name: Optional[method.config_class] for method in METHODS}
 
 
+@pytest.mark.slow
 def test_load_pretrained_finds_a_family_nothing_has_imported_yet(tmp_path: Path) -> None:
     """``interlayer`` imports its parts lazily, so ``load_pretrained`` asks the registry for the model types."""
     create_model("gat_cora", hidden=2, heads=2).save_pretrained(tmp_path / "gat")

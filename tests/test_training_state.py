@@ -90,6 +90,7 @@ def test_resume_refuses_a_pickle_checkpoint_and_runs_none_of_it(sst, tmp_path, c
         Trainer(_Task(), _model(), TrainConfig(), run)
 
 
+@pytest.mark.slow
 def test_compare_rerun_refuses_a_pickle_checkpoint_and_runs_none_of_it(sst, tmp_path, capsys):
     out, marker = tmp_path / "cmp", tmp_path / "ran"
     args = ["compare", "--task", "sst5", "--variants", "transformer_text_cls", "--seeds", "1", "--output", str(out),
@@ -259,6 +260,7 @@ def test_fp16_scaler_state_survives_a_resume(tmp_path):
     assert planted.scaler.get_scale() == 1024.0 and planted.scaler.state_dict()["_growth_tracker"] == 7
 
 
+@pytest.mark.slow
 def test_compile_compiles_the_model_and_the_loss_as_one_graph(tmp_path, monkeypatch):
     """``train.compile`` hands the task's whole loss (the model's forward *and* the loss on its logits) to
     ``torch.compile`` (here with dynamo's eager backend and ``fullgraph=True``, so a graph break fails the test;

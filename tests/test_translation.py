@@ -110,6 +110,7 @@ def trained(corpus, tmp_path_factory):
     return task, model, run, state
 
 
+@pytest.mark.slow
 def test_training_writes_logs_checkpoints_and_averages(trained):
     task, model, run, state = trained
     assert state.finished and state.epoch == 4
@@ -123,6 +124,7 @@ def test_training_writes_logs_checkpoints_and_averages(trained):
     assert any(p.name.startswith("events") for p in (run / "tb").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 3])
 def test_decoding_with_and_without_cache_agree(trained, beam):
     task, model, _, _ = trained
@@ -134,6 +136,7 @@ def test_decoding_with_and_without_cache_agree(trained, beam):
     assert with_cache == without and any(with_cache)
 
 
+@pytest.mark.slow
 def test_beam_of_one_is_greedy_and_batched_equals_single(trained):
     task, model, _, _ = trained
     model.eval()
@@ -151,6 +154,7 @@ def test_sacrebleu_scores_detokenized_text_with_signature():
 
 
 # -- resume ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     cfg = TrainConfig(max_epochs=2, max_tokens=400, warmup_steps=10, lr=3e-3, log_interval=5, seed=3)
     task = TranslationTask(_data(corpus), cfg)
@@ -184,6 +188,7 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_starting_over_an_existing_run_is_refused(trained):
     task, model, run, _ = trained
     with pytest.raises(FileExistsError, match="--resume"):
