@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run models test bench gpu-wheels clean
+.PHONY: setup run models test quick bench gpu-wheels clean
 
 # `make run` installs what the library needs and nothing more (its set-up counts in the main job's 15 minutes); the
 # suite's tools (pytest, ruff, Triton, transformers, ...: the dev extra) and the pretrained weights come with
@@ -32,10 +32,21 @@ $(VENV)/.bench-installed: $(VENV)/.dev-installed requirements/bench.txt
 	touch $@
 
 # The style check first ([tool.ruff] in pyproject.toml: a second of work), then the suite on two workers (pytest-xdist;
-# each computes with one thread, tests/conftest.py): CI's machine has two cores.
+# each computes with one thread, tests/conftest.py): CI's machine has two cores. loadgroup sends the tests that read
+# one expensive run (an xdist_group: the GPU campaign's dry run of a part, the kernels' audit) to one worker, the
+# others one by one to whichever worker is free.
+PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
+
 test: $(VENV)/.bench-installed
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n 2
+	$(PYTEST)
+
+# The quick tier: the suite without the tests marked slow (compiles, subprocesses, the kernels under Triton's
+# interpreter, the composition matrix, anything over a few seconds; pyproject.toml), in under two minutes on two
+# cores. `make test`, what CI runs, runs every test.
+quick: $(VENV)/.bench-installed
+	$(VENV)/bin/ruff check .
+	$(PYTEST) -m "not slow"
 
 bench: $(VENV)/.bench-installed
 	$(PY) benchmarks/bench_compare.py

@@ -146,6 +146,7 @@ def test_madds_match_the_flop_counter(preset, overrides):
     assert counter.get_total_flops() == 2 * 2 * count_madds(model, cfg.tokens)
 
 
+@pytest.mark.slow
 def test_table_4_baselines_are_the_resnets_and_pa_adds_what_the_paper_adds():
     def counts(preset, **overrides):
         with torch.device("meta"):

@@ -23,6 +23,7 @@ def _bench():
     return load_benchmark("bench_kernels")
 
 
+@pytest.mark.slow
 def test_every_kernel_is_measured_against_its_reference_with_bytes_and_error(tmp_path: Path, monkeypatch) -> None:
     """Each case's kernels against its reference at toy sizes, and the case launches the kernels of exactly the
     modules it names (``MODULES``, which tests/test_kernel_layout.py holds every Triton module to)."""
@@ -53,6 +54,7 @@ def test_every_kernel_is_measured_against_its_reference_with_bytes_and_error(tmp
     assert (tmp_path / "kernels.json").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_wrong_kernel_shows_in_the_error_column(monkeypatch) -> None:
     from interlayer.kernels import logits_attention
 
@@ -114,6 +116,7 @@ _AUDIT: dict = {}
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("kernel audit")  # one audit (_audit) for both, on one worker
 def test_the_kernels_compiled_for_hopper_spill_no_registers() -> None:
     """Compiled offline for sm_90 (the H100/H200) by Triton's own ptxas: a memory-bound kernel that spills registers
     to local memory, or keeps too few warps in flight, is slow however few bytes it means to move (the PA kernels
@@ -128,6 +131,7 @@ def test_the_kernels_compiled_for_hopper_spill_no_registers() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("kernel audit")  # one audit (_audit) for both, on one worker
 def test_the_kernels_machine_code_meets_the_gates() -> None:
     """What the kernels execute, from their machine code and the launches' own control flow (sass_audit.py): PA's
     three convolution kernels within 150 warp-instructions a touched position, the weight gradient's within 100

@@ -30,6 +30,7 @@ TINY_DATA = ["data.train_size=24", "data.valid_size=4", "data.test_size=4", "dat
              "train.log_interval=1"]
 
 
+@pytest.mark.slow
 def test_train_runs_cross_entropy_then_scst_and_scores_the_test_images(tmp_path, capsys) -> None:
     run = tmp_path / "run"
     assert main(["train", "caption", "--run-dir", str(run), "--no-progress", *set_args(TINY_MODEL + TINY_DATA)]) == 0

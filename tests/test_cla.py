@@ -179,6 +179,7 @@ def test_multipass_shares_inside_each_pass():
     assert torch.allclose(model(tokens).logits, model.lm_head(model.encoder.final_norm(x)), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     model = lm(cla={"sharing_factor": 2}).train()

@@ -87,6 +87,7 @@ def test_compare_refuses_seeds_outside_one_to_a_thousand(tmp_path, capsys, seeds
 
 
 # -- what is parsed: depth, integer size, length --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("value, message", [
     ("[" * 5000 + "]" * 5000, r"--set d_model=.*: nested more than 100 levels deep"),
     ("1" * 5000, r"--set d_model=.*: an integer of more than 4,300 digits"),
@@ -112,6 +113,7 @@ def test_a_long_malformed_set_and_a_huge_argument_are_quoted_short(tmp_path, cap
     assert "argument --seed: invalid int value" in err and len(err) < 2500
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix, text", [(".json", "[" * 5000 + "]" * 5000), (".yaml", "a: " + "[" * 5000),
                                           (".json", '{"d_model": ' + "1" * 5000 + "}")],
                          ids=["json_deep", "yaml_deep", "json_digits"])
@@ -129,6 +131,7 @@ def test_messages_are_one_line_and_cut_to_two_thousand_characters():
 
 
 # -- writes the machine refuses --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_read_only_run_directory_output_or_config_file_is_named_and_exit_2(lm_run, tmp_path, capsys):
     """Each was "internal error: OSError: [Errno 30]" (or safetensors' own error); nothing is left half-written."""
     with read_only_folder(tmp_path / "ro") as folder:
@@ -215,6 +218,7 @@ def test_environment_variables_are_checked_before_any_command_writes(lm_run, tmp
 
 
 # -- SIGTERM is met as Ctrl-C is, by every command (issue 49) ------------------------------------------------------
+@pytest.mark.slow
 def test_sigterm_during_an_export_leaves_no_staging_folder(lm_run, tmp_path):
     """The default action killed the process where it stood, leaving ``.OUT.tmp-PID`` half written beside the
     target; now the command's cleanup runs, it says so in one line and exits with 143."""

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from PIL import Image
 
 from helpers import set_args
 from helpers.compare import compare_sets, faked_comparison
+from helpers.processes import cli_process, gone, lock_owner, wait_for
 from interlayer import get_config, list_models
 from interlayer.cli import main
 from interlayer.compare import (
@@ -35,7 +37,7 @@ from interlayer.compare.environment import comparison_environment
 from interlayer.compare.plan import Plan, prepare_directory
 from interlayer.compare.records import summarize
 from interlayer.compare.report import md_code, still_falling, write_report
-from interlayer.compare.runner import run_state
+from interlayer.compare.runner import Runner, run_state
 from interlayer.compare.selection import check_selections, choice_lines, choose, parse_selections
 from interlayer.compare.variants import NAMED_VARIANTS, parse_variants, split_entries
 from interlayer.core.config import ConfigError
@@ -225,6 +227,30 @@ def test_run_state_decides_skip_resume_or_restart(tmp_path):
     assert run_state(run) == "finished"
 
 
+def test_compare_starts_a_run_killed_before_its_first_checkpoint_over_without_deleting_it(tmp_path):
+    run = tmp_path / "runs" / "v-s1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "train.csv").write_text("step,loss\n1,5.0\n")
+    started = []
+
+    class FakeProcess:
+        def __init__(self, target, args, name):
+            started.append(args[0])
+            self.sentinel = 0
+
+        def start(self):
+            pass
+
+    runner = Runner.__new__(Runner)  # only what _start reads
+    runner.plan = SimpleNamespace(settings=SimpleNamespace(budget_minutes=None), spec=SimpleNamespace(name="t"))
+    runner.output, runner.threads, runner.echo = tmp_path, None, lambda line: None
+    runner.context = SimpleNamespace(Process=FakeProcess)
+    runner._start("[1/1] v seed 1", SimpleNamespace(variant=SimpleNamespace(name="v", preset="p"), sets={}), 1)
+    assert started[0]["resume"] is True  # experiment.train starts it over, under the run's lock
+    assert (run / "train.csv").is_file()  # compare itself deletes nothing
+
+
 def test_default_comparison_applies_to_its_bundled_task():
     from interlayer.cli.args import parse_sets
 
@@ -278,6 +304,7 @@ def _interrupt_when(path, events):
     events.append("interrupted")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run process through /proc")
 def test_two_by_two_comparison_is_interrupted_and_continued(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
@@ -327,6 +354,34 @@ def test_an_interrupted_compare_exits_128_plus_its_signal(monkeypatch, stopped, 
     assert main(["compare", "--task", "lm", "--variants", "baseline", "--output", "unused"]) == code
 
 
+@pytest.mark.slow
+def test_killing_compare_leaves_no_orphan_and_a_second_compare_is_refused(corpus, tmp_path, capsys):
+    args = ["compare", "--task", "translation", "--variants", "baseline", "--output", str(tmp_path / "cmp"),
+            *_cli_sets(corpus, ["enc_layers=1", "dec_layers=1", "train.max_epochs=1000"])]
+    parent = cli_process(args, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "cmp" / "runs" / "baseline-s1"
+    try:
+        wait_for(lambda: (run / "train.csv").is_file() and lock_owner(run), 90, "the run to train")
+        child = lock_owner(run)["pid"]
+        assert lock_owner(tmp_path / "cmp")["pid"] == parent.pid
+        assert main(args) == 2  # a second comparison on the same directory
+        assert f"pid {parent.pid} on host" in capsys.readouterr().err
+        assert main(["train", "translation", "--run-dir", str(run), "--resume"]) == 2  # a writer beside the run
+        assert f"pid {child} on host" in capsys.readouterr().err
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        wait_for(lambda: gone(child), 15, f"run process {child} to end after compare was killed")
+    finally:
+        parent.kill()
+        parent.wait()
+    size = (run / "train.csv").stat().st_size
+    time.sleep(0.5)
+    assert (run / "train.csv").stat().st_size == size  # nobody writes any more
+    assert (run / LAST).is_file()  # the run saved on its way out (SIGTERM): resumable
+    assert lock_owner(run) == {}  # and released its lock cleanly
+
+
+@pytest.mark.slow
 def test_jobs_train_runs_at_once_each_with_its_share_of_the_cores(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", "--task", "translation", "--variants", "baseline,pa", "--jobs", "2", "--output", str(out),
@@ -412,6 +467,7 @@ def _check_png(picture):
     assert len(colours) > 50, f"{picture.path.name} has almost no content"
 
 
+@pytest.mark.slow
 def test_every_figure_is_a_real_png_and_the_html_is_self_contained(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa,mpt_soft,crossformer_sg")
@@ -537,6 +593,7 @@ def test_select_names_are_checked_before_training(corpus, tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa,pa_a0.3=pa+predictive.alpha=0.3")
@@ -556,6 +613,7 @@ def test_the_report_marks_the_variant_chosen_on_validation(corpus, tmp_path):
 
 
 # -- atomic files, a damaged results file, a full disk -----------------------------------------------------------
+@pytest.mark.slow
 def test_a_damaged_results_file_is_named_and_the_run_counted_unfinished(corpus, tmp_path):
     out = tmp_path / "cmp"
     plan = faked_comparison(corpus, out, "baseline,pa")
@@ -671,6 +729,7 @@ def test_a_tampered_run_refuses_the_command_before_anything_is_written(corpus, t
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "writer.lock"} == before
 
 
+@pytest.mark.slow
 def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
     from interlayer.compare.selection import parse_selections
 
@@ -687,6 +746,7 @@ def test_report_md_escapes_group_names_and_the_command_line(corpus, tmp_path):
     assert "<script>" not in report.html.read_text().replace("&lt;script&gt;", "")
 
 
+@pytest.mark.slow
 def test_a_translation_comparison_of_three_steps_finishes_every_run(corpus, tmp_path):
     """The issue's `compare --task translation --budget-steps 3`: with the task's average_last=5 every run FAILED."""
     out = tmp_path / "cmp"

@@ -30,6 +30,7 @@ def lm_logs(run, planned, seed, rng):
                                                   "test_loss": 2.1234 + 0.001 * seed}))
 
 
+@pytest.mark.slow
 def test_lm_report_under_a_step_budget(plan, tmp_path):
     assert plan.settings.sets["train.max_steps"] == "40" and plan.settings.budget_minutes is None
     out = tmp_path / "cmp"
@@ -99,6 +100,7 @@ def main_job_logs(run, planned, seed, rng):
         (run / "results.json").write_text(json.dumps({"status": "finished", "steps": 2000, "test_loss": value}))
 
 
+@pytest.mark.slow
 def test_the_main_jobs_report_leads_with_the_paired_test(tmp_path):
     from interlayer.compare import DEFAULT
 
@@ -147,6 +149,7 @@ def test_the_main_jobs_report_leads_with_the_paired_test(tmp_path):
     assert report.tables == [out / "report.csv", out / "report.tex"]
 
 
+@pytest.mark.slow
 def test_one_validation_cannot_show_that_training_levelled_off(plan, tmp_path):
     def once(run, planned, seed, rng):
         (run / "valid.csv").write_text("step,epoch,loss,elapsed_min\n40,1,2.5,1\n")

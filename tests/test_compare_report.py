@@ -59,6 +59,7 @@ def _section(markdown, title):
     return markdown[start:] if end < 0 else markdown[start:end]
 
 
+@pytest.mark.slow
 def test_the_runs_table_gives_each_runs_test_value_to_three_decimals(main_job):
     plan, out, report = main_job
     runs = _section(report.markdown.read_text(), "## Runs")
@@ -67,6 +68,7 @@ def test_the_runs_table_gives_each_runs_test_value_to_three_decimals(main_job):
     assert cells[-2:] == ["2.200", "1.800"], row  # the best validation and the test loss (1.8003): not "1.80"
 
 
+@pytest.mark.slow
 def test_the_per_seed_differences_appear_in_markdown_html_and_csv(main_job):
     plan, out, report = main_job
     diffs = {name: [v - b for v, b in zip(values, TEST["baseline"])] for name, values in TEST.items()}
@@ -94,6 +96,7 @@ def test_the_per_seed_differences_appear_in_markdown_html_and_csv(main_job):
     assert base["delta_seed_1"] == ""
 
 
+@pytest.mark.slow
 def test_seeds_are_planned_for_a_stated_difference_never_the_observed_one(main_job, tmp_path):
     plan, out, report = main_job
     summary = json.loads((out / "summary.json").read_text())
@@ -125,6 +128,7 @@ def test_a_bad_effect_is_refused(capsys):
     assert "--effect=0.0 must be positive" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_at_one_seed_no_test_is_named(tmp_path):
     out = compare_to_baseline({"pa": {1: 1.8}}, {1: 1.9}, False)["pa"]
     assert out.test is None and out.interval is None and out.delta == pytest.approx(-0.1)
@@ -137,6 +141,7 @@ def test_at_one_seed_no_test_is_named(tmp_path):
     assert report.tests == [] and not any("t-test" in line for line in report.verdicts)
 
 
+@pytest.mark.slow
 def test_the_latex_table_is_compact_and_its_sentences_are_notes(main_job):
     plan, out, report = main_job
     tex = (out / "report.tex").read_text()
@@ -162,6 +167,7 @@ LATEX_DOCUMENT = r"""\documentclass{article}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None,
                     reason="pdflatex is not installed (Debian: apt-get install texlive-latex-base)")
 def test_report_tex_compiles_within_the_text_width(main_job, tmp_path):
@@ -186,6 +192,7 @@ def _drawn(monkeypatch):
     return figures
 
 
+@pytest.mark.slow
 def test_attention_map_tick_labels_are_readable(monkeypatch, tmp_path):
     """32 characters (the language model's sample) with spaces and a line break: every tick label is at least 8
     points, visible (whitespace as a sign) and clear of its neighbours once drawn."""
@@ -214,6 +221,7 @@ def test_attention_map_tick_labels_are_readable(monkeypatch, tmp_path):
     assert plots.token_label("") == "∅" and plots.token_label("a\tb") == "a⇥b"
 
 
+@pytest.mark.slow
 def test_throughput_bars_show_their_spread_over_seeds(monkeypatch, main_job, tmp_path):
     figures = _drawn(monkeypatch)
     plots.cost_bars(["baseline", "pa"], [("params", "count", [1.0, 2.0]),

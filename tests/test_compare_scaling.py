@@ -76,6 +76,7 @@ def test_compute_budgets_are_refused_where_they_cannot_hold(book, corpus):
         build_plan(make_settings("translation", ["baseline"], budget_tokens=1000, sets=compare_sets(corpus)))
 
 
+@pytest.mark.slow
 def test_a_flop_budget_stops_each_run_at_its_step_and_the_report_states_its_compute(book, tmp_path, capsys):
     out = tmp_path / "cmp"
     sets = [a for k, v in _sets(book).items() for a in ("--set", f"{k}={v}")]
@@ -151,6 +152,7 @@ def _sweep_args(book, out, *extra):
             *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")], *extra]
 
 
+@pytest.mark.slow
 def test_a_toy_sweep_trains_every_size_fits_and_reports(book, tmp_path, capsys):
     """The character LM at 3 sizes x 2 variants x 2 seeds, 4 steps each: every run trains once, the report holds the
     table, the fits, the multipliers (measured and extrapolated), the figures (PNG files, embedded in the HTML), the
@@ -203,6 +205,7 @@ def test_sweep_flags_belong_together(book, tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_of_faked_runs_recovers_the_multiplier_they_were_made_with(book, tmp_path):
     """Runs faked on disk with losses on a known curve: the method reaches the baseline's loss at half the compute
     (worth 2x), so the report must say it is worth about 2x at the largest size, with an interval holding 2."""

@@ -45,6 +45,7 @@ def _submissions(out):
     return {name: len(entry["submissions"]) for name, entry in runs.items()}
 
 
+@pytest.mark.slow
 def test_debug_jobs_a_failure_a_cancellation_and_the_rerun_that_submits_only_them(corpus, tmp_path, monkeypatch,
                                                                                   capsys):
     out = tmp_path / "cmp"
@@ -97,6 +98,7 @@ def _wait_for(predicate, seconds, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_local_jobs_survive_a_killed_compare_and_no_run_is_submitted_twice(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = _args(corpus, out, "--slurm-cluster", "local", "--slurm-gpus-per-run", "0", "--slurm-time", "20")
@@ -186,6 +188,7 @@ def test_a_refused_launcher_writes_nothing_and_a_refused_submission_leaves_no_st
     assert sorted(p.name for p in out.iterdir()) == ["compare.json", "writer.lock"]  # no slurm/, logs/, jobs.json
 
 
+@pytest.mark.slow
 def test_a_local_job_id_now_naming_another_process_is_not_followed(tmp_path):
     """A local job's id is its controller's pid: once the controller has ended, the system may give the pid to any
     process, which was then followed as the job for ever ("running"). The record keeps the controller's start time,
@@ -223,6 +226,7 @@ def test_cli_refuses_slurm_options_without_the_launcher_and_jobs_with_it(capsys)
     assert "--jobs applies to --launcher local" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_job_body_turns_the_time_limit_signal_into_a_clean_stop(tmp_path, monkeypatch):
     """submitit's warning before the limit (SIGUSR2) reaches the run as SIGTERM, on which the engine saves; an
     exception becomes a result, its traceback in the run's log."""

@@ -69,6 +69,7 @@ def test_every_method_has_an_example_and_every_conflict_names_one() -> None:
             assert conflict.other in EXAMPLES and EXAMPLES[conflict.other][0] is not method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["encoder_decoder", "encoder_classifier"])
 @pytest.mark.parametrize("pair", PAIRS, ids=["+".join(p) for p in PAIRS])
 def test_pair_composes_or_is_rejected_with_reason(pair, arch):
@@ -83,6 +84,7 @@ def test_pair_composes_or_is_rejected_with_reason(pair, arch):
         assert len(out.exit_logits) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["encoder_decoder", "encoder_classifier"])
 def test_four_methods_at_once(arch):
     """Crossformer HG on attention, LW's group FFN, Multi-Pass and Predictive Attention in one model."""

@@ -1,15 +1,20 @@
-"""config_io: the config plumbing below the methods; here, the one function that applies dotted overrides
-(set_dotted), which every family's overrides and a resumed run's --set go through."""
+"""config_io: the config plumbing below the methods: the one function that applies dotted overrides (set_dotted),
+which every family's overrides and a resumed run's --set go through; the one finite check; config files and --set
+values read with their duplicates, syntax and bytes refused, naming the place."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
+from helpers.tiny_runs import translation_args
 from interlayer import get_config
-from interlayer.config_io import set_dotted
+from interlayer.cli import main
+from interlayer.config_io import parse_value, read_config_file, set_dotted
 from interlayer.errors import ConfigError
+from interlayer.training.config import TrainConfig
 
 
 def test_text_values_are_set_values_and_sections_turn_on() -> None:
@@ -51,6 +56,7 @@ def test_every_family_takes_the_same_overrides(name: str, overrides: dict, expec
         get_config(name, nope=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gat", "cnn_text"])
 def test_a_flat_family_loads_no_method(family: str) -> None:
     """The plumbing sits below the methods: the GAT and text-CNN families read and override their configs without
@@ -86,3 +92,52 @@ def test_the_gpt_config_takes_the_names_transformers_and_nanogpt_users_know(tmp_
                                           r"vocab_size \(src_vocab_size\).*n_layer \(enc_layers\)"):
         get_config("gpt_shakespeare_char", n_layers=2)
     assert get_config("vit_fashion_mnist", n_layer=2).encoder.enc_layers == 2  # a nested Transformer config too
+
+
+# -- values and files refused, naming the key or the place (issue 16) ---------------------------------------
+@pytest.mark.parametrize("key, value", [("train.lr", ".nan"), ("train.lr", "inf"), ("train.warmup_init_lr", "inf"),
+                                        ("train.min_lr", ".inf"), ("train.clip_norm", ".nan"),
+                                        ("train.adam_eps", "-1e-8"), ("layer_norm_eps", "0"),
+                                        ("layer_norm_eps", "nan"), ("train.step_gamma", "inf")])
+def test_non_finite_or_out_of_range_numbers_are_refused_before_training(corpus, tmp_path, capsys, key, value):
+    assert main(translation_args(corpus, tmp_path / "run", f"{key}={value}", "train.max_epochs=1")) == 2
+    assert key.removeprefix("train.").split("[")[0] in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_one_finite_check_covers_every_config_and_section():
+    with pytest.raises(ConfigError, match=r"train.max_minutes=inf is not a finite number"):
+        TrainConfig(max_minutes=float("inf")).validate()
+    with pytest.raises(ConfigError, match=r"crossformer.alpha=nan is not a finite number"):
+        get_config("transformer_small", crossformer={"soft": ["kq"], "alpha": float("nan")})
+    with pytest.raises(ConfigError, match=r"negative_slope=inf"):
+        get_config("gat_cora", negative_slope=float("inf"))
+    with pytest.raises(ConfigError, match=r"pixel_std\[0\]=nan"):
+        get_config("vit_fashion_mnist", pixel_std=[float("nan")])
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("dup.yaml", b"d_model: 256\nn_heads: 4\nd_model: 128\n",
+     r"dup\.yaml:3:1: not valid YAML: found duplicate key 'd_model' \(first at line 1"),
+    ("nested.yaml", b"crossformer:\n  soft: [kq]\n  soft: [ffn]\n", r"nested\.yaml:3:3: .*duplicate key 'soft'"),
+    ("dup.json", b'{"d_model": 256, "d_model": 128}', r"dup\.json: duplicate key 'd_model'"),
+    ("bad.yaml", b"d_model: [1,\n", r"bad\.yaml:2:1: not valid YAML"),
+    ("bad.json", b'{"d_model": }', r"bad\.json:1:13: not valid JSON"),
+    ("latin1.yaml", b"# caf\xe9\nd_model: 64\n", r"latin1\.yaml:1: not valid UTF-8 \(byte 5"),
+])
+def test_config_files_with_duplicates_bad_syntax_or_bytes_are_refused(tmp_path, capsys, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        read_config_file(tmp_path / name)
+    assert main(["config", str(tmp_path / name)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value, message", [("[1,", r"--set d_model='\[1,': not valid YAML"),
+                                            ("{a: 1, a: 2}", r"duplicate key 'a'")])
+def test_bad_yaml_in_set_is_refused_naming_the_key(capsys, value, message):
+    assert main(["config", "transformer_small", "--set", f"d_model={value}"]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    with pytest.raises(ConfigError, match=message):
+        parse_value(value, "--set d_model")
+

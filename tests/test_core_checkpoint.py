@@ -132,6 +132,7 @@ def test_tables_outside_the_weights_are_bounded():
             check_buffers(Tables(BUFFER_FLOOR // 256 + 1), shapes, source="config.json", holder="model.safetensors")
 
 
+@pytest.mark.slow
 def test_every_preset_passes_the_size_check_of_its_own_weights():
     """No false refusal: each preset's config against the shapes of its own tensors (built on meta), with the
     options that are no size of the weights (sinusoidal positions, warm-up steps) declared as such."""

@@ -66,6 +66,7 @@ def test_unknown_preset_suggests_close_names():
         get_config("transformer_smal")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list_models(family="transformer"))
 def test_every_preset_builds_and_runs(name):
     import torch

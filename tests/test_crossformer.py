@@ -528,6 +528,7 @@ def test_each_preset_named_after_a_row_is_the_closest_choice_of_stacks(name, ove
     assert preset <= min(distance(None), distance(["encoder", "decoder", "cross"])), name
 
 
+@pytest.mark.slow
 def test_paper_tables_list_ours_beside_the_paper():
     tables = paper.paper_tables()
     assert [title.split(":")[0] for title, _, _ in tables] == ["Crossformer Table 1", "Crossformer Table 2",

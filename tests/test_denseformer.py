@@ -153,6 +153,7 @@ def test_invalid_settings_name_the_key():
         lm(denseformer={}, hyper_connections={})
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     model = lm(denseformer={"dilation": 2, "period": 2}, enc_layers=4).train()
@@ -160,6 +161,7 @@ def test_compiles_without_graph_breaks():
     assert explanation.graph_break_count == 0, [str(r.reason) for r in explanation.break_reasons]
 
 
+@pytest.mark.slow
 def test_the_average_is_an_accumulation_the_old_formula_s_numbers_and_no_stacked_buffer():
     """DWA over 10 inputs (more than inductor's 8 for a fused concatenation): the same numbers as the stacked
     formula ``(alpha * stack(X)).sum(0)`` it replaced, and inductor's CPU code allocates no buffer of the 10 inputs

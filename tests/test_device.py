@@ -2,9 +2,9 @@
 
 CI has no GPU, so device bugs are caught on the CPU in two ways:
 
-* every model that ``interlayer models`` lists runs forward and backward on the ``meta`` device, where a tensor
-  created on the CPU (a missing ``device=``) fails to mix with the model's and any host synchronisation
-  (``.item()``, ``bool(tensor)``) fails outright;
+* every model that ``interlayer models`` lists (each depth cut to 2: ``shallow``) runs forward and backward on the
+  ``meta`` device, where a tensor created on the CPU (a missing ``device=``) fails to mix with the model's and any
+  host synchronisation (``.item()``, ``bool(tensor)``) fails outright;
 * decoding and each task's training step run on the CPU while ``torch.set_default_device("meta")`` is in force, so
   a factory call without ``device=`` creates a meta tensor that cannot meet the CPU ones.
 
@@ -80,33 +80,47 @@ def scalar_loss(output) -> torch.Tensor:
     return loss
 
 
+# A config's depths: a count of layers or blocks, or one count a stage (AA-ResNet's layers, Swin's depths)
+DEPTHS = ("enc_layers", "dec_layers", "layers", "depths", "stage_blocks")
+
+
+def shallower(config: dict, prefix: str = "") -> dict[str, object]:
+    """The overrides that cut every depth of ``config`` (its nested sections' too) to at most 2."""
+    overrides: dict[str, object] = {}
+    for key, value in config.items():
+        if key in DEPTHS and isinstance(value, int) and value > 2:
+            overrides[prefix + key] = 2
+        elif key in DEPTHS and isinstance(value, list) and any(v > 2 for v in value):
+            overrides[prefix + key] = [min(v, 2) for v in value]
+        elif isinstance(value, dict):
+            overrides.update(shallower(value, f"{prefix}{key}."))
+    return overrides
+
+
+def shallow(name: str, device: str = "meta") -> torch.nn.Module:
+    """The preset with every depth at most 2 (layers, a stage's blocks), on ``device``: a tensor made on the wrong
+    device and a graph break come from code paths, which 2 layers exercise as 6 do (the cross-layer hooks need 2;
+    a ResNet stage's first block changes the shape and its second keeps it; a Swin stage's second block shifts its
+    windows), while the time to run or trace grows with depth. A preset whose method fixes its depth (an MPT
+    permutation of 6 layers) is built whole."""
+    with torch.device(device):
+        try:
+            return create_model(name, **shallower(get_config(name).to_dict()))
+        except ConfigError:
+            return create_model(name)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_model_runs_forward_and_backward_on_the_meta_device(name):
-    with torch.device("meta"):
-        model = create_model(name)
-    model.train()
+    model = shallow(name).train()
     args, kwargs = example_inputs(model, "meta")
     scalar_loss(model(*args, **kwargs)).backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is None or g.device.type == "meta" for g in grads)
 
 
-def shallow(name: str, device: str = "meta") -> torch.nn.Module:
-    """The preset with at most 2 encoder and 2 decoder layers, on ``device``: graph breaks come from code
-    paths, which 2 layers exercise as 6 do (the cross-layer hooks need 2), while tracing time grows with depth.
-    A preset whose method fixes its depth (an MPT permutation of 6 layers) is traced whole."""
-    with torch.device(device):
-        if name in MCANS:
-            return create_model(name, layers=min(get_config(name).layers, 2))
-        if name not in TRANSFORMERS:
-            return create_model(name)
-        cfg = get_config(name)
-        try:
-            return create_model(name, enc_layers=min(cfg.enc_layers, 2), dec_layers=min(cfg.dec_layers, 2))
-        except ConfigError:
-            return create_model(name)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_model_compiles_without_graph_breaks(name):
     torch._dynamo.reset()

@@ -53,6 +53,7 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"), {"train": (120, 1), "valid": (8, 2), "test": (8, 3)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [
     {}, {"crossformer.hard": "[kq, ffn]"},
     pytest.param({"train.device": "cuda", "train.tf32": "false"}, marks=pytest.mark.skipif(
@@ -99,6 +100,7 @@ def _rank_exit_codes(output: str) -> list[int]:
     return sorted(int(code) for code in re.findall(r"^\s+exitcode\s+: (-?\d+)", output, re.M))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bad_set_on_rank_1", "other_set_on_rank_1", "refused_on_rank_0"])
 def test_ranks_that_disagree_or_refuse_all_exit_2_with_one_message(tmp_path, case):
     """A bad --set given to rank 1 only was ignored (the run trained with rank 0's settings); a refusal on rank 0

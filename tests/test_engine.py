@@ -1,5 +1,12 @@
-"""The engine's model selection and early stopping, driven by a task whose validation metrics are scripted; and
-the batches it hands any task, on the model's device."""
+"""The engine's model selection and early stopping, driven by a task whose validation metrics are scripted; the
+batches it hands any task, on the model's device; and what keeps a run's directory to one writer and stops it on a
+signal (training/concurrency.py)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
 from collections import namedtuple
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -7,11 +14,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers.processes import cli_process, dead_pid, lock_owner, wait_for
+from helpers.tiny_runs import translation_args
 from interlayer import create_model
 from interlayer.core.config import ConfigError
+from interlayer.errors import DirectoryBusy, SignalStop
 from interlayer.training import engine
+from interlayer.training.concurrency import LOCK_FILE, DirectoryLock, ForwardedInterrupts, StopSignals
 from interlayer.training.config import TrainConfig
-from interlayer.training.engine import Trainer
+from interlayer.training.engine import LAST, Trainer
 
 
 class ScriptedTask:
@@ -190,6 +201,58 @@ def test_concurrent_runs_share_the_cores_of_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(cores.os, "cpu_count", lambda: 64)
     assert cores.available_cores() == 6
     assert [cores.threads_per_run(n) for n in (1, 2, 4, 12)] == [None, 3, 1, 1]
+
+
+# -- one writer per run directory; signals (training/concurrency.py, issue 16) --------------------------------------
+def test_a_dead_owners_lock_is_taken_over_and_the_takeover_logged(tmp_path):
+    pid = dead_pid()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "what": "run",
+                                                  "started": "yesterday"}))
+    lines = []
+    with DirectoryLock(tmp_path, "successor", warn=lines.append):
+        assert lock_owner(tmp_path)["pid"] == os.getpid()
+    assert len(lines) == 1 and f"taking over {tmp_path / LOCK_FILE}" in lines[0] and f"pid {pid} " in lines[0]
+
+
+def test_a_lock_kept_by_a_child_of_a_dead_owner_names_both(tmp_path):
+    holder = DirectoryLock(tmp_path, "orphan's parent").acquire()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
+    try:
+        with pytest.raises(DirectoryBusy, match=r"has exited, but a process it started still holds .*fuser"):
+            DirectoryLock(tmp_path, "next").acquire()
+    finally:
+        holder.release()
+
+
+def test_the_signal_handlers_remember_which_signal_stopped_a_command():
+    """compare and search exit 128 + the signal that stopped them (130, 143): the handlers keep it (the first one,
+    for a SIGTERM followed by an impatient Ctrl-C); StopSignals makes a SIGTERM stop as Ctrl-C does."""
+    with ForwardedInterrupts() as interrupts:
+        assert (interrupts.requested, interrupts.signal) == (False, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert (interrupts.requested, interrupts.signal) == (True, signal.SIGTERM)
+    for sent in (signal.SIGTERM, signal.SIGINT):
+        with pytest.raises(KeyboardInterrupt) as caught, StopSignals():
+            os.kill(os.getpid(), sent)
+            time.sleep(5)  # the handler raises at once
+        assert isinstance(caught.value, SignalStop) and caught.value.signal == sent
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+@pytest.mark.slow
+def test_sigterm_stops_train_with_exit_143_and_a_checkpoint(corpus, tmp_path):
+    run = tmp_path / "run"
+    args = translation_args(corpus, run, "train.max_epochs=1000", "train.patience=0", "train.log_interval=1")
+    process = cli_process(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_for(lambda: (run / "train.csv").is_file(), 60, "training to start")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM
+    assert json.loads(out)["signal"] == "SIGTERM" and (run / LAST).is_file()
 
 
 # -- batches reach the model's device ---------------------------------------------------------------------------

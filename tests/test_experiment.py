@@ -37,6 +37,7 @@ def test_averaging_uses_the_epoch_checkpoints_that_exist_and_says_so(corpus, tmp
 
 # Each task's shortest budget: a budget used up before the first optimiser step (nothing trained: the initial model
 # is validated, saved as best/ and scored), and one step.
+@pytest.mark.slow
 @pytest.mark.parametrize("task, extra", [
     ("sst2", TINY_TEXT), ("cora", ["hidden=4", "heads=2"]), ("lm", TINY_LM),
     ("fashion_mnist", TINY_IMAGE), ("vqa", TINY_VQA)])
@@ -54,6 +55,7 @@ def test_every_task_finishes_its_shortest_budget(tmp_path, task, extra, budget):
 
 
 # -- a refused run leaves no directory ----------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("task, sets, message", [
     ("sst2", ["--seed", "-1"], r"train\.seed=-1 is outside 0\.\.4294967295"),
     ("sst2", ["--set", "train.update_freq=1000000"],
@@ -106,6 +108,7 @@ def test_a_run_json_edited_to_ten_million_layers_is_refused_on_resume_before_bui
 
 
 # -- inputs and scores checked -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_last_step_that_diverges_stops_the_run_at_the_non_finite_validation(tmp_path, capsys):
     run = tmp_path / "run"
     sets = [*TINY_TEXT, "train.lr=1e30", "train.warmup_steps=0", "train.schedule=constant", "train.max_steps=1"]

@@ -52,6 +52,7 @@ def assert_the_runs_tokenizer(tokenizer, run: Path, batch) -> None:
     assert batch["input_ids"][0, :len(ids)].tolist() == ids
 
 
+@pytest.mark.slow
 def test_cli_export_loads_back_in_transformers_with_tokenizer_labels_and_card(runs, tmp_path, capsys):
     out = tmp_path / "hf"
     assert main(["export", str(runs["plain"]), str(out)]) == 0

@@ -156,6 +156,7 @@ def test_grouped_linear_is_its_block_diagonal_dense_layer(shared, bias, groups):
     _assert_all_close(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep,pads,slope", [(True, [1, 1, 2, 0], 0.0), (False, [2, 2, 2, 2], 0.0),
                                              (True, [1, 1, 1, 1], 0.01)])
 def test_prediction_operators_pass_torch_library_opcheck(keep, pads, slope):

@@ -227,6 +227,7 @@ DEEPISH = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)  # parses within Python'
 HUGE = "1" * 5000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [DEEP, DEEPISH], ids=["5000", "max+1"])
 def test_documents_nested_too_deeply_are_refused_naming_the_source(text):
     with pytest.raises(ConfigError, match=rf"^x\.json: nested more than {MAX_DEPTH} levels deep"):
@@ -355,6 +356,7 @@ def test_a_full_disk_names_the_file_and_the_free_space_and_keeps_the_old_file(co
     assert (run / LAST).read_bytes() == saved[0] and not (run / (LAST + ".tmp")).exists()
 
 
+@pytest.mark.slow
 def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys):
     """results.json, task.json, the vocabularies ... all go through fileio.write_atomic: an OSError(ENOSPC) in it is
     one line naming the file, exit 2 (the writer is monkeypatched to fail at results.json)."""
@@ -375,6 +377,18 @@ def test_every_text_file_write_is_atomic_on_enospc(tmp_path, monkeypatch, capsys
                  *set_args([*TINY_TEXT, "train.max_steps=1"])]) == 2
     assert f"{run / 'results.json'}: no space left on device while writing it" in capsys.readouterr().err
     assert not (run / "results.json").exists() and not (run / "results.json.tmp").exists()
+
+
+def test_every_yaml_read_goes_through_the_duplicate_refusing_loader():
+    """No module reads YAML, JSON-as-YAML or pickles past the checked readers (issue 16: nothing from a file may
+    run code, and a duplicate key may not pass silently)."""
+    patterns = {r"yaml\.(safe_)?load\(": "fileio.py", r"yaml\.(unsafe_|full_)?load\(": "fileio.py",
+                r"allow_pickle\s*=\s*True": None, r"pickle\.loads?\(": None, r"\.Unpickler\(": None}
+    for path in (Path(__file__).resolve().parents[1] / "src").rglob("*.py"):
+        text = path.read_text()
+        for pattern, allowed in patterns.items():
+            if re.search(pattern, text) and path.name != allowed:
+                raise AssertionError(f"{path}: {pattern} outside the checked readers")
 
 
 def test_no_run_file_is_written_in_place():

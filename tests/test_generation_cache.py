@@ -115,6 +115,7 @@ def test_fixed_shape_cache_steps_give_the_full_forward_logits(case):
     assert all(t.shape[2] == 16 for layer in cache for t in layer.buffers.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("methods", list(COMBINED))
 def test_the_compiled_step_gives_the_recomputed_tokens(methods):
     """The same with the compiled fixed-shape step (one graph, attending to the whole capacity, positions from a
@@ -124,6 +125,7 @@ def test_the_compiled_step_gives_the_recomputed_tokens(methods):
     assert torch.equal(decode(model, SamplingOptions(**GREEDY, **COMPILED)).tokens, expected)
 
 
+@pytest.mark.slow
 def test_sampling_past_the_context_is_the_same_with_every_decoder():
     """Top-k, top-p and temperature from one seed, and more new tokens than the context holds (the window slides
     once the cache is full): the same draws, whichever decoder computes the logits."""
@@ -174,6 +176,7 @@ def test_a_cla_layer_that_reuses_keys_stores_nothing_in_the_static_cache():
     assert [layer.length for layer in cache] == [4, 0, 4, 0]
 
 
+@pytest.mark.slow
 def test_the_compiled_step_is_one_graph_reused_by_the_next_call_of_the_same_shapes():
     """A counting backend sees one graph (dynamo's fullgraph trace of the step) for two calls of the same batch
     size and capacity, whose caches keep their addresses; another batch size compiles again."""
@@ -250,6 +253,7 @@ def test_a_capacity_beyond_the_context_is_refused():
         lm().new_cache(capacity=33)
 
 
+@pytest.mark.slow
 def test_static_decoding_creates_every_tensor_on_its_input_device():
     """CPU model and prompts while the default device is meta: a buffer or position made without ``device=``
     would land on meta and fail to meet the CPU tensors."""
@@ -271,6 +275,7 @@ def test_reorder_selects_rows_of_a_static_cache_in_place():
     assert torch.equal(cache.v, keys[[1, 1]] + 100) and cache.length == 3
 
 
+@pytest.mark.slow
 def test_bench_generate_dry_run_reports_every_part(tmp_path):
     """benchmarks/bench_generate.py --tiny: every setting warmed up and timed, each with the recomputed tokens; the
     cache's bytes per token (CLA2 half the plain model's); each variant's batch within the memory budget, larger

@@ -1,6 +1,8 @@
 """The GPU campaign's CPU dry run (benchmarks/gpu/campaign.sh PART --device cpu --tiny; docs/gpu-campaign.md): every
 part runs end to end at toy sizes and writes its log and JSON, so a broken campaign shows here before a GPU is
-lent. Each part starts several Python processes (pytest, torchrun, training runs, benchmarks)."""
+lent. Each part starts several Python processes (pytest, torchrun, training runs, benchmarks): a part runs once for
+the module (a fixture) and every test of its record reads that run; the tests of one run share an xdist group, so
+``make test``'s workers do not run it twice."""
 from __future__ import annotations
 
 import importlib.util
@@ -31,6 +33,24 @@ def dry_run(part: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dic
     return result, json.loads((tmp_path / "out" / f"{part}.json").read_text())
 
 
+def _needs_peers() -> None:
+    if importlib.util.find_spec("x_transformers") is None:
+        pytest.skip("x-transformers is not installed (make bench installs it): the peers need it")
+
+
+@pytest.fixture(scope="module")
+def throughput(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    _needs_peers()
+    return dry_run("throughput", tmp_path_factory.mktemp("throughput"))
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    _needs_peers()
+    return dry_run("peers", tmp_path_factory.mktemp("peers"))
+
+
+@pytest.mark.slow
 def test_setup_reports_imports_torch_and_a_measured_matmul(tmp_path):
     result, record = dry_run("setup", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -46,6 +66,7 @@ def test_a_module_that_does_not_import_is_named():
     assert found["no_such_module_for_the_campaign"].startswith("FAILED (a carried wheel): ModuleNotFoundError")
 
 
+@pytest.mark.slow
 def test_suite_lists_outcomes_skip_reasons_and_runs_torchrun(tmp_path):
     result, record = dry_run("suite", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -95,10 +116,10 @@ def test_junit_failures_carry_their_tracebacks(tmp_path):
     assert tests["skipped"] == [{"test": "tests.test_a::test_gpu", "reason": "needs a CUDA GPU"}]
 
 
-def test_throughput_measures_the_peers_eager_and_compiled(tmp_path):
-    if importlib.util.find_spec("x_transformers") is None:
-        pytest.skip("x-transformers is not installed (make bench installs it): bench_compare.py needs it")
-    result, record = dry_run("throughput", tmp_path)
+@pytest.mark.slow
+@pytest.mark.xdist_group("campaign throughput")
+def test_throughput_measures_the_peers_eager_and_compiled(throughput):
+    result, record = throughput
     for label in ("eager", "compiled"):
         peers = record["bench_compare"][label]["peers"]["sizes"]["transformer_small"]
         assert set(peers) == {"interlayer", "torch.nn.Transformer", "x-transformers"}
@@ -113,6 +134,18 @@ def test_throughput_measures_the_peers_eager_and_compiled(tmp_path):
     assert all(row["error"] < 1e-4 for row in kernels.values())
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("campaign throughput")
+def test_the_gpu_peers_step_interlayer_as_its_trainer_does(throughput):
+    """bench_gpu.py's peers (the throughput part's run): interlayer eager, compiled, with the task's loss terms and
+    as ``model(input_ids, labels=)``, beside the minimal GPT-2, transformers' and x-transformers'."""
+    peers = throughput[1]["bench_gpu"]["peers"]
+    assert {"interlayer eager", "interlayer compiled", "interlayer task loss compiled", "interlayer labels= compiled",
+            "minimal-gpt2 compiled", "hf-gpt2 compiled", "x-transformers compiled"} <= set(peers)
+    assert all(row["mfu"] > 0 and row["bound_ms"] > 0 for name, row in peers.items() if name.startswith("interlayer"))
+
+
+@pytest.mark.slow
 def test_paper_trains_baseline_and_causal_pa_and_times_generation(tmp_path):
     result, record = dry_run("paper", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -124,6 +157,7 @@ def test_paper_trains_baseline_and_causal_pa_and_times_generation(tmp_path):
     assert {s["cache"] for s in settings} == {True, False} and all(s["same_tokens"] for s in settings)
 
 
+@pytest.mark.slow
 def test_a_step_past_its_limit_is_killed_with_its_children_and_recorded(tmp_path):
     run = campaign.Campaign("setup", "cpu", True, tmp_path, budget=60)
     pid_file = tmp_path / "child.pid"
@@ -149,14 +183,25 @@ def test_an_unknown_part_is_refused(tmp_path):
     assert result.returncode == 2 and "unknown part 'benchmark'" in result.stderr
 
 
-def test_peers_times_the_peers_decoding_and_the_shared_kernel_methods(tmp_path):
+@pytest.mark.slow
+@pytest.mark.xdist_group("campaign peers")
+def test_peers_times_the_peers_decoding_and_the_shared_kernel_methods(peers):
     """The second short slot: bench_gpu's peers and decode, then mHC, DenseFormer and MUDDFormer against the plain
     model (on a GPU in auto and triton mode)."""
-    if importlib.util.find_spec("x_transformers") is None:
-        pytest.skip("x-transformers is not installed (make bench installs it): the peers need it")
-    result, record = dry_run("peers", tmp_path)
+    result, record = peers
     assert result.returncode == 0, result.stdout + result.stderr
-    assert record["bench_gpu_peers"]["peers"] and record["bench_gpu_peers"]["decode"]
+    assert record["bench_gpu_peers"]["peers"]
     measured = record["bench_gpu"]["methods"]
     for name in ("mHC", "DenseFormer", "MUDDFormer"):
         assert any(key.startswith(name) for key in measured), sorted(measured)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("campaign peers")
+def test_decoding_is_timed_three_ways_with_the_same_tokens(peers):
+    """bench_gpu.py's decode (the peers part's run): recomputing the prefix, the KV cache and the compiled cached
+    step, at batch 1 and 8, each giving the tokens the recomputation gives."""
+    decode = peers[1]["bench_gpu_peers"]["decode"]
+    assert {(d["batch"], d["setting"]) for d in decode} == {
+        (b, s) for b in (1, 8) for s in ("recompute", "cache", "cache compiled")}
+    assert all(d["same_tokens"] for d in decode)

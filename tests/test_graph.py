@@ -19,8 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from interlayer import create_model, get_config
 from interlayer.accounting import count_madds, count_parameters
 from interlayer.checkpoint import save_pretrained, tie_map
+from interlayer.cli import main
 from interlayer.core.config import ConfigError
-from interlayer.data.planetoid import load_planetoid, read_raw, safe_unpickle
+from interlayer.data.planetoid import PlanetoidGraph, load_npz, load_planetoid, read_raw, safe_unpickle, save_npz
 from interlayer.data.text import DataError
 from interlayer.experiment import train
 from interlayer.models.gat import GAT, SHARING, GATConfig, GATLayer, with_self_loops
@@ -155,6 +156,51 @@ def test_a_broken_npz_is_a_data_error(tmp_path: Path) -> None:
         load_planetoid(str(path))
     with pytest.raises(DataError, match="neither a .npz file nor the prefix"):
         load_planetoid(str(tmp_path / "ind.nothing"))
+
+
+# -- the reader's checks of a graph file (issue 16) ----------------------------------------------------------
+def _toy_graph(**changes) -> PlanetoidGraph:
+    """Six nodes, two classes, features 0..3."""
+    base = dict(name="toy", feat_data=np.ones(6, dtype=np.float32), feat_indices=np.array([0, 1, 2, 3, 0, 1]),
+                feat_indptr=np.arange(7), feat_shape=(6, 4), labels=np.array([0, 1, 0, 1, 0, 1]),
+                edges=np.array([[0, 1], [1, 0]]), train=np.array([0, 1]), valid=np.array([2, 3]),
+                test=np.array([4, 5]))
+    return PlanetoidGraph(**{**base, **changes})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"feat_data": np.array([1, 1, np.nan, 1, 1, 1], dtype=np.float32)},
+     r"feature 2 of node 2 is nan; features must be finite"),
+    ({"feat_indices": np.array([0, 1, 2, 7, 0, 1])},
+     r"node 3 has feature index 7, outside the declared width of 4 features \(valid indices 0\.\.3"),
+    ({"labels": np.array([0, 1, 0, 1, 0, 50])}, r"the labels run to 50 \(node 5\) but no node has class 2, 3, .*"),
+    ({"labels": np.array([0, 1, 0, 1, 0, 50]), "declared_classes": 7},
+     r"node 5 has label 50, outside the declared num_classes=7"),
+    ({"feat_indptr": np.array([0, 1, 3, 2, 4, 5, 6])},  # issue 29: an IndexError before
+     r"feat_indptr falls at node 2 \(3 -> 2\); the offsets must never decrease \(1 such nodes in all\)"),
+])
+def test_the_graph_reader_refuses_bad_features_and_labels(tmp_path, changes, message):
+    path = save_npz(_toy_graph(**changes), tmp_path / "toy.npz")
+    if "declared_classes" not in changes:  # a file as written before num_classes existed
+        with np.load(path) as archive:
+            arrays = {k: archive[k] for k in archive.files if k != "num_classes"}
+        np.savez_compressed(path, **arrays)
+    with pytest.raises(DataError, match=rf"toy\.npz: {message}"):
+        load_npz(path)
+
+
+def test_declared_classes_survive_the_npz_round_trip(tmp_path):
+    graph = load_planetoid("bundled:planetoid/cora.npz")
+    assert graph.declared_classes is None and graph.num_classes == 7  # inferred, every class present
+    again = load_npz(save_npz(graph, tmp_path / "cora.npz"))
+    assert again.declared_classes == 7
+
+
+def test_train_on_a_graph_with_a_nan_feature_exits_2(tmp_path, capsys):
+    path = save_npz(_toy_graph(feat_data=np.array([1, 1, 1, np.inf, 1, 1], dtype=np.float32)), tmp_path / "g.npz")
+    assert main(["train", "cora", "--graph", str(path), "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "feature 3 of node 3 is inf" in capsys.readouterr().err
+
 
 
 # -- GAT -----------------------------------------------------------------------------------------------------------

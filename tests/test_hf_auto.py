@@ -45,6 +45,7 @@ def prompt_ids(model: torch.nn.Module) -> torch.Tensor:
     return torch.tensor([model.tokenizer.encode(PROMPT)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SECTIONS))
 def test_an_exported_method_lm_loads_with_automodel_and_generates_interlayers_tokens(name: str, exports) -> None:
     model, folder = exports[name]
@@ -77,6 +78,7 @@ def test_transformers_loop_takes_the_options_interlayers_does_not(exports) -> No
     assert torch.equal(hf.generate(ids, max_new_tokens=10, do_sample=False, no_repeat_ngram_size=2), theirs)
 
 
+@pytest.mark.slow
 def test_with_code_loads_where_interlayer_is_not_importable(exports, tmp_path: Path) -> None:
     model, folder = exports["resformer"]
     config = json.loads((folder / "config.json").read_text())
@@ -118,6 +120,7 @@ def test_interlayer_never_runs_a_folders_code(exports, tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_import_interlayer_registers_only_when_transformers_is_used() -> None:
     out = run_python("""
         import sys, interlayer
@@ -151,6 +154,7 @@ def test_after_import_calls_back_after_the_import_or_at_once(tmp_path: Path, mon
     assert seen == [3, "again"]
 
 
+@pytest.mark.slow
 def test_without_transformers_interlayer_works(tmp_path: Path) -> None:
     out = run_python(f"""
         import sys

@@ -113,6 +113,7 @@ def test_right_and_left_padded_batches_match_transformers(folders: dict[str, Pat
     assert (ours[0, 3:] - alone[0]).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["tied", "untied"])
 def test_cached_greedy_generation_equals_transformers_generate(case: str, folders: dict[str, Path]) -> None:
     hf, model = hf_gpt2(case), from_hf(folders[case])
@@ -490,6 +491,7 @@ def test_save_and_from_pretrained_methods_keep_the_warm_up(folders: dict[str, Pa
     assert (again(tokens).logits.float() - model(tokens).logits).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_the_warm_up_adds_no_graph_break_and_runs_on_meta() -> None:
     """The ramp reads the step buffer as a tensor: no host sync, so no graph break, and nothing off the device."""
     torch._dynamo.reset()
@@ -507,6 +509,7 @@ METHOD_SECTIONS = {**{name: next(iter(overrides.items())) for name, overrides in
                    "layer_sharing_1": ("layer_sharing", {"repeats": 1}), "cla_1": ("cla", {"sharing_factor": 1})}
 
 
+@pytest.mark.slow
 def test_the_sections_an_import_refuses_are_exactly_the_restructuring_ones(folders: dict[str, Path]) -> None:
     """``restructuring_sections`` (each method's ``restructures``) decides whether a fine-tuning run re-initialises
     (``load_checkpoint``): a section missing from it refused ``train lm --pretrained GPT2 --set cla.sharing_factor=2

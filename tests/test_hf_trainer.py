@@ -117,6 +117,7 @@ def counters(model: torch.nn.Module) -> list[float]:
     return [float(b) for name, b in model.named_buffers() if name.endswith("steps_done")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(IMPORTS))
 def test_trainer_with_default_arguments_trains_saves_and_resumes_tied_weights(kind: str, tmp_path: Path) -> None:
     """The whole run, saved every 2 steps and at the end; then a run resumed from its step-2 checkpoint ends
@@ -146,6 +147,7 @@ def test_trainer_with_default_arguments_trains_saves_and_resumes_tied_weights(ki
         assert own.keys() == saved.keys() and all(torch.equal(own[k], v) for k, v in saved.items())
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_argument_trains_the_same(tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()
@@ -160,6 +162,7 @@ def test_gradient_checkpointing_argument_trains_the_same(tmp_path: Path) -> None
     assert logged[0] == pytest.approx(logged[1], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_trainer_saves_the_transformers_class_as_a_folder_automodel_loads(tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()

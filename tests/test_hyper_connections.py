@@ -193,6 +193,7 @@ def test_refusals_name_the_reason():
         lm(hyper_connections={}, denseformer={})
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     model = lm(hyper_connections={"rate": 4}).train()

@@ -18,7 +18,7 @@ from interlayer.cli import main
 from interlayer.config import ModelConfig
 from interlayer.core.attention import MultiHeadAttention
 from interlayer.core.config import ConfigError
-from interlayer.data.idx import encode_idx, read_idx, read_labelled_images, write_idx
+from interlayer.data.idx import encode_idx, parse_idx, read_idx, read_labelled_images, write_idx
 from interlayer.data.image_augment import crop_flip as augment
 from interlayer.data.parallel import bundled_dir
 from interlayer.data.text import DataError
@@ -84,6 +84,13 @@ def test_idx_round_trip_every_type_plain_and_gzip(tmp_path, dtype):
         write_idx(tmp_path / name, array)
         back = read_idx(tmp_path / name)
         assert back.shape == (2, 3, 4) and np.array_equal(back, array.astype(back.dtype))
+
+
+def test_an_idx_header_with_huge_dimensions_is_reported_without_overflow():
+    data = bytes([0, 0, 0x08, 3]) + (2 ** 21).to_bytes(4, "big") * 3 + b"x" * 10
+    with pytest.raises(DataError, match=r"offset 26: data truncated; shape \(2097152, 2097152, 2097152\) of uint8 "
+                                        r"needs 9223372036854775808 bytes .*corrupt header"):
+        parse_idx(data, "huge.idx")
 
 
 def test_idx_gzip_is_recognised_by_content_not_name(tmp_path):

@@ -7,7 +7,7 @@ from helpers.kernels import FP32, half_tolerance, on_device  # noqa: F401 (on_de
 from interlayer.kernels import causal_logits as cl
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("on_device")
+pytestmark = [pytest.mark.usefixtures("on_device"), pytest.mark.slow]  # the interpreter without a GPU: slow
 
 
 @pytest.mark.parametrize("t", [37, 64, 130])

@@ -8,7 +8,7 @@ from interlayer.kernels import cross_entropy
 from interlayer.kernels.dispatch import kernel_mode
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
+pytestmark = [pytest.mark.usefixtures("on_device"), pytest.mark.slow]  # CUDA on a GPU, else the interpreter: slow
 
 
 def _case(dtype: torch.dtype, shape: tuple[int, ...], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

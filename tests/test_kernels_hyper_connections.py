@@ -85,6 +85,7 @@ CHAINS = [  # (dynamic, n, d, (batch, time), dtype, norm bias)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic,n,d,shape,dtype,bias", CHAINS)
 def test_two_sublayers_match_the_reference_forward_and_every_gradient(dynamic, n, d, shape, dtype, bias):
     """The first width connection (no depth connection pending), the fused depth + width connection of the second
@@ -116,6 +117,7 @@ def test_two_sublayers_match_the_reference_forward_and_every_gradient(dynamic, n
         assert_close(grads[name], truth[3][name], f"{name}'s gradient", rival[3].get(name))
 
 
+@pytest.mark.slow
 def test_the_generic_operator_takes_any_per_position_coefficients():
     """``hc_mix`` as another multi-stream residual (mHC) would call it: coefficients per position (here n = 3, not a
     power of two), the depth connection with the next width connection, each alone, and their gradients."""
@@ -154,6 +156,7 @@ def test_the_generic_operator_takes_any_per_position_coefficients():
             assert_close(leaves[0][k].grad, leaves[1][k].grad, f"{used}: {k}'s gradient")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_language_model_loss_gradients_and_records_match_the_reference(dynamic):
     """Against the reference path in float64: some parameters' gradients are sums that mostly cancel (the scales',
@@ -178,6 +181,7 @@ def test_language_model_loss_gradients_and_records_match_the_reference(dynamic):
         assert_close(grad, ref_grads[name], f"{name}'s gradient")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_mhc_runs_on_the_kernels_and_matches_its_reference_path(dynamic, monkeypatch):
     """mHC's mixes (Sinkhorn-projected, computed outside) go through the same kernels as HC's: the loss, every
@@ -209,6 +213,7 @@ def test_mhc_runs_on_the_kernels_and_matches_its_reference_path(dynamic, monkeyp
         assert_close(grad, ref_grads[name], f"{name}'s gradient")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,section", [("hyper_connections", {"dynamic": True}), ("mhc", {})])
 def test_16_bit_streams_on_the_kernels(method, section):
     """The option of 16-bit streams on the kernel path: the kernels read and write the streams in their dtype
@@ -221,6 +226,7 @@ def test_16_bit_streams_on_the_kernels(method, section):
     assert 1e-5 < error < 5e-3, error
 
 
+@pytest.mark.slow
 def test_the_compiled_model_has_no_graph_break_and_the_kernels_gradients():
     """``fullgraph=True`` fails on any graph break; ``aot_eager`` traces the backward too, through the backward
     operators' fake implementations."""
@@ -243,6 +249,7 @@ def test_the_compiled_model_has_no_graph_break_and_the_kernels_gradients():
         assert_close(grads[name], p.grad, f"{name}'s gradient")
 
 
+@pytest.mark.slow
 def test_the_fake_implementations_give_the_real_outputs_layouts():
     """What torch.compile traces with (each operator's fake implementation) must give every output the real
     output's shape, dtype and strides: inductor checks the strides at run time (a transposed gradient once failed
@@ -265,6 +272,7 @@ def test_the_fake_implementations_give_the_real_outputs_layouts():
         assert [(t.shape, t.dtype, t.stride()) for t in fake] == [(t.shape, t.dtype, t.stride()) for t in real], op
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_one_dispatch_rule_picks_the_path(dynamic):
     """reference never runs a kernel; triton runs it (the depth connection stays pending) and refuses a case it does
@@ -343,6 +351,7 @@ def traffic(mode: str, dynamic: bool, sublayers: int, positions: int, n: int = 4
     return counter.total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,dynamic,expected", [("triton", False, 126.8), ("triton", True, 126.6),
                                                    ("reference", False, 434.0), ("reference", True, 1757.9)])
 def test_the_cost_model_figures_are_the_bytes_the_operators_move(mode, dynamic, expected):

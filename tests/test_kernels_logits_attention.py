@@ -8,7 +8,7 @@ from interlayer.kernels import logits_attention as la
 from interlayer.kernels.dispatch import kernel_mode
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
+pytestmark = [pytest.mark.usefixtures("on_device"), pytest.mark.slow]  # CUDA on a GPU, else the interpreter: slow
 
 
 def _case(dtype, b=2, h=3, t=70, d=24, seed=0):

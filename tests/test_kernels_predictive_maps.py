@@ -16,7 +16,7 @@ from interlayer.kernels.dispatch import kernel_mode
 from interlayer.kernels.predictive_cnn import hidden_cells
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("on_device")  # CUDA on a GPU machine, else the interpreter
+pytestmark = [pytest.mark.usefixtures("on_device"), pytest.mark.slow]  # CUDA on a GPU, else the interpreter: slow
 
 
 @pytest.fixture(autouse=True)

@@ -233,6 +233,7 @@ def test_mobilellm_reading_of_depth_doubles_the_layers_at_the_same_parameters():
     assert count_madds(build_model(deep), 9) > count_madds(build_model(cfg), 9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", [{"repeats": 2}, {"share": "attention", "order": "reverse", "repeats": 2}])
 def test_compiles_without_graph_breaks(section):
     torch._dynamo.reset()

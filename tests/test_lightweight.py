@@ -210,6 +210,7 @@ def test_paper_scale_counts_closed_form():
     assert madds == 1_853_300_736  # 1.85G in Table II
 
 
+@pytest.mark.slow
 def test_paper_rows_and_tables():
     """The rows are MCAN presets (interlayer.models.mcan; tests/test_mcan.py checks each count against the
     table); the Transformer registry holds no LW preset any more."""

@@ -53,6 +53,7 @@ def test_total_loss_gradient_is_the_sum_of_every_exit_and_the_sg_term(soft_targe
     assert (logs["loss_exit1"], logs["loss_exit2"], logs["crossformer_sg"]) == pytest.approx(values, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["reference", "triton"])
 def test_labels_and_the_lm_tasks_loss_trace_without_graph_breaks(tmp_path, mode) -> None:
     """``model(input_ids, labels=)`` and the language-modelling task's loss (what ``train.compile`` compiles, the

@@ -387,6 +387,7 @@ def test_save_and_load_keep_the_ties(tmp_path):
         torch.testing.assert_close(loaded(*batch()).logits, model(*batch()).logits)
 
 
+@pytest.mark.slow
 def test_every_layer_norm_uses_mcans_epsilon_and_large_is_the_official_config():
     """MCAN's LayerNorm eps is 1e-6 (MILVLG/mcan-vqa, core/model/net_utils.py); 1e-5, PyTorch's default, changes
     every output a little and passed every other test. mcan_large is cfgs/large_model.yml: HIDDEN_SIZE 1024,

@@ -239,6 +239,7 @@ def test_refusals_name_the_reason():
             lm(mhc={}, **{other: {}})
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     model = lm(mhc={}).train()
@@ -271,6 +272,7 @@ def test_at_initialisation_only_the_final_norms_epsilon_tells_it_from_the_plain_
         assert (logits - plain(tokens).logits).abs().max() > 1e-7
         plain.encoder.final_norm.eps /= model.encoder.layers[0].attn_block.rate ** 2
         assert (logits - plain(tokens).logits).abs().max() < 1e-9
+@pytest.mark.slow
 def test_inductor_fuses_the_mixes_no_batched_product_of_inner_size_n():
     """mHC's mixes go through the hyper-connection interface (kernels.hyper_connections.width_mix): on the reference
     path, what inductor compiles, each mix is n scaled streams added, fused into inductor's own kernels, and no

@@ -231,6 +231,7 @@ def test_refusals_name_the_reason():
         lm(muddformer={"ffn_reallocation": True}, enc_layers=1)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     model = lm(muddformer={"prepost_norm": True}).train()

@@ -94,6 +94,7 @@ def test_a_hostile_or_foreign_meta_pkl_is_refused_and_runs_nothing(case: str, tm
     assert not marker.exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_prepare_lm_writes_nanogpts_meta_pkl_for_characters(tmp_path: Path) -> None:
     """nanoGPT's sample.py decodes with meta.pkl's stoi/itos; without it, it would decode with GPT-2's BPE."""
     source = tmp_path / "book.txt"

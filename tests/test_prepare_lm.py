@@ -39,6 +39,7 @@ def _files(folder):
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow
 def test_the_same_text_gives_the_same_bytes_whatever_the_workers_and_chunks(documents, tmp_path):
     outputs = []
     for index, (workers, chunk) in enumerate(((2, 300), (1, 700), (1, 1 << 20))):
@@ -160,6 +161,7 @@ def test_a_vocabulary_beyond_uint16_is_refused(tmp_path):
 
 
 # -- signals, a full disk, and what one command may start (issue 49) ----------------------------------------------
+@pytest.mark.slow
 def test_sigterm_stops_prepare_with_one_line_and_leaves_nothing(documents, tmp_path):
     """SIGTERM killed the process where it stood: its temporary folder and a partial train.bin stayed, its workers ran
     on as orphans, and with them the shell's Ctrl-C printed a traceback per worker. Now: one line, exit code 143, no

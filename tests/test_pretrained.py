@@ -84,6 +84,7 @@ def test_minilm_equals_transformers_per_layer_with_padding_and_token_types(minil
     # every position agrees, see test_padded_positions_agree_too_in_fp64).
 
 
+@pytest.mark.slow
 def test_minilm_defaults_follow_sentence_transformers_and_count_matches(minilm: Path, minilm_hf: Any,
                                                                        minilm_cls: Any) -> None:
     model, tokenizer = import_bert(minilm)

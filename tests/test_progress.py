@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from helpers import TEXT
 from interlayer.cli import main
 from interlayer.compare.runner import overall_eta
@@ -42,6 +44,7 @@ def test_train_names_its_directories_and_counts_steps_against_the_budget(tmp_pat
     assert "scoring test" in err
 
 
+@pytest.mark.slow
 def test_the_bar_under_a_time_budget_ends_where_the_time_does(tmp_path, capsys):
     text = tmp_path / "book.txt"
     text.write_text(TEXT, encoding="utf-8")

@@ -123,6 +123,7 @@ def test_save_and_load_round_trip(tmp_path) -> None:
             assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_the_papers_captioning_and_rec_rows_are_within_one_percent_of_our_builds() -> None:
     """LW Table VIII (44M, 24M, 29M) and Table II's RefCOCO column (44.1M, 24.0M, 28.7M) beside our presets."""
     from interlayer.papers.lightweight import region_tables

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("triton")
 BIN = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin"
 TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.xdist_group("sass audit")  # the module's one compile (audits), on one worker of make test
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def audits() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_loop_runs_as_often_as_the_launch_says(audits):
     short, long, longer = (audits[f"rows {n}"] for n in (8, 16, 32))
     assert long["instructions"] > short["instructions"]
@@ -39,17 +41,20 @@ def test_a_loop_runs_as_often_as_the_launch_says(audits):
     assert long["bytes_loaded"] == 16 * 1024 * 2 and long["bytes_stored"] == 1024 * 4
 
 
+@pytest.mark.slow
 def test_vector_loads_pass_and_one_element_off_is_counted_as_scalar_16_bit_loads(audits):
     assert audits["rows 8"]["scalar_16bit_loads_in_loops"] == 0
     assert audits["shifted"]["scalar_16bit_loads_in_loops"] > 0
 
 
+@pytest.mark.slow
 def test_warps_that_repeat_each_others_products_are_replication(audits):
     one, four = audits["product 1 warp"], audits["product 4 warps"]
     assert one["mma_work"] == one["mma_work_needed"] == 16 * 16 * 16
     assert four["mma_work"] > four["mma_work_needed"]  # a 16 x 16 tile has no work for four warps to share
 
 
+@pytest.mark.slow
 def test_two_calls_on_one_line_are_refused(audits):
     assert "one call a line" in audits["twice"]["refused"]
 

@@ -125,6 +125,18 @@ def test_running_and_queued_patterns_are_taken_lost_ones_are_free_and_draws_are_
     assert one == [t.params[PARAM] for t in _memory_study(Strategy(N, coarse=3, seed=5), 9).get_trials()]
 
 
+def test_search_refuses_zero_trials(monkeypatch, capsys):
+    import interlayer.search.mpt as mpt
+
+    def validating_stub(settings, *args, **kwargs):
+        settings.validate()  # what run_search does first
+        return mpt.SearchOutcome("done", "stub")
+
+    monkeypatch.setattr(mpt, "run_search", validating_stub)
+    assert main(["search", "mpt", "--task", "translation", "--trials", "0"]) == 2
+    assert "--trials=0 must be at least 1" in capsys.readouterr().err
+
+
 def test_strategy_and_settings_are_checked():
     with pytest.raises(ConfigError, match="2..7"):
         Strategy(8, coarse=1).validate()
@@ -161,6 +173,7 @@ def test_a_diverged_trial_is_complete_with_the_worst_score(tmp_path):
 
 
 # -- studies in SQLite ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_resume_duplicates_report_and_figure(tmp_path):
     settings = search_settings(tmp_path, trials=4)
     first = run_search(settings, Scored(), DEFINITION)
@@ -202,6 +215,7 @@ class Interrupted:
         raise KeyboardInterrupt("stopped by request (signal)")
 
 
+@pytest.mark.slow
 def test_an_interrupted_trial_frees_its_pattern_and_the_identity_is_queued_again(tmp_path):
     assert run_search(search_settings(tmp_path, trials=2), Interrupted(), DEFINITION).status == "interrupted"
     first = open_study(search_settings(tmp_path, trials=2))[0].get_trials()
@@ -222,6 +236,7 @@ def test_pattern_figure_for_the_papers_best(tmp_path):
     assert red.sum() > 50 and blue.sum() > 50
 
 
+@pytest.mark.slow
 def test_two_worker_processes_share_one_study_and_a_killed_one_loses_only_its_trial(tmp_path):
     """``--workers 2`` on one SQLite study; one worker is SIGKILLed in the middle of its second trial. Trials take
     0.3 s, then 0.8 s after the kill, so that the survivor is still starting trials when the 2 s grace is over."""
@@ -261,6 +276,7 @@ def test_two_worker_processes_share_one_study_and_a_killed_one_loses_only_its_tr
     assert f"retry of trial {lost.number}" in outcome.report and "lost: no heartbeat" in outcome.report
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
     """``kill PID`` (SIGTERM to the parent only, not its process group) must not leave the workers training on."""
     settings = search_settings(tmp_path, trials=8, workers=2)
@@ -291,6 +307,7 @@ def test_a_signal_to_the_search_process_alone_stops_its_workers(tmp_path):
     assert all("interrupted" in t.user_attrs for t in trials if t.state == TrialState.FAIL)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_one_worker_search_like_ctrl_c_and_is_remembered(tmp_path):
     """The worker in the search's own process: a SIGTERM while a trial runs (outside any training loop here) ends
     the trial FAIL, its pattern free, as Ctrl-C does, and the search reports SIGTERM (it killed the process, or
@@ -334,6 +351,7 @@ def corpus(tmp_path_factory):
                         gzip_target=True)
 
 
+@pytest.mark.slow
 def test_one_real_trial_through_experiment_train_and_the_cli(corpus, tmp_path, capsys):
 
     output = tmp_path / "search"
@@ -360,6 +378,7 @@ def test_one_real_trial_through_experiment_train_and_the_cli(corpus, tmp_path, c
     assert "itself" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_killing_the_search_stops_its_workers(tmp_path):
     """A SIGKILLed ``search`` forwards nothing; the kernel sends each worker SIGINT (``die_with_parent``), which
     ends its trial as Ctrl-C does, so no worker trains on as an orphan beside the next search."""
@@ -435,6 +454,7 @@ def test_a_damaged_study_database_is_one_line_without_sql(tmp_path, capsys, cont
     assert err.count("\n") == 1 and "SQL" not in err and "sqlalche.me" not in err
 
 
+@pytest.mark.slow
 def test_a_sqlite_database_of_another_program_is_refused_and_left_as_it_was(tmp_path, capsys):
     """A valid SQLite file of another program became a study (Optuna added its tables beside the program's): the
     docs say it is refused. A study's own file, and an empty one, still open."""

@@ -33,6 +33,7 @@ class FailsOnce:
         return Scored()(request)
 
 
+@pytest.mark.slow
 def test_debug_jobs_complete_the_study_and_a_failing_trial_fails_alone(tmp_path, capsys):
     settings = search_settings(tmp_path, trials=5, workers=2)
     outcome = run_search_jobs(settings, DEBUG, FailsOnce(), DEFINITION)
@@ -51,6 +52,7 @@ def test_debug_jobs_complete_the_study_and_a_failing_trial_fails_alone(tmp_path,
     assert "- best:" in outcome.report
 
 
+@pytest.mark.slow
 def test_a_killed_driver_is_started_again_and_follows_its_trials_jobs(tmp_path):
     settings = search_settings(tmp_path, trials=3, workers=2)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(SRC)])}

@@ -86,10 +86,11 @@ def test_the_cli_dispatches_every_command_through_its_table_or_the_tasks():
     assert set(COMMANDS) | set(own) == set(commands)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["models", "transformer_small"], ["tables"]])
 def test_a_listing_piped_into_head_ends_quietly(tmp_path, args):
     """``interlayer models | head -3`` through a real shell pipe: head's exit status, nothing on stderr. The
-    listing's own exit code when its reader has gone is 141 (test_reliability's closed-pipe tests)."""
+    listing's own exit code when its reader has gone is 141 (tests/test_cli_exits.py's closed-pipe tests)."""
     command = [sys.executable, "-c", "import sys; from interlayer.cli import main; sys.exit(main())", *args]
     shell = " ".join(f"'{part}'" for part in command) + " | head -3"
     done = subprocess.run(["sh", "-c", shell], capture_output=True, cwd=tmp_path, timeout=300,
@@ -97,6 +98,7 @@ def test_a_listing_piped_into_head_ends_quietly(tmp_path, args):
     assert done.returncode == 0 and done.stderr == b"" and len(done.stdout.splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_a_listing_whose_reader_left_before_it_wrote_ends_quietly(tmp_path):
     """The pipe closed before the first write (the race-free case of ``| head``): exit 141, nothing on stderr."""
     process = subprocess.Popen([sys.executable, "-c", "import sys; from interlayer.cli import main; sys.exit(main())",

@@ -3,6 +3,7 @@ metrics, model resolution, the CNN baseline, and tiny end-to-end runs through ``
 import gzip
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -349,6 +350,20 @@ def test_cli_train_then_evaluate(sst_files, tmp_path, capsys):
     bad = _write(tmp_path / "bad.txt", ["7 nope"])
     assert main(["evaluate", "--checkpoint", str(run / "best"), "--data", str(bad)]) == 2
     assert "bad.txt:1: label '7'" in capsys.readouterr().err
+
+
+def test_a_text_input_longer_than_a_position_table_is_refused_with_file_and_line(tmp_path, capsys):
+    for split, n in (("train", 40), ("valid", 8), ("test", 8)):
+        lines = [f"{i % 2} the film is {'good' if i % 2 else 'bad'}" for i in range(n)]
+        if split == "test":
+            lines[5] = "1 " + " ".join(["great"] * 30)
+        (tmp_path / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    sets = ["d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "positions=learned", "max_positions=16",
+            "train.max_epochs=1", *(f"data.{s}={tmp_path / f'{s}.txt'}" for s in ("train", "valid", "test"))]
+    args = ["train", "sst2", "--run-dir", str(tmp_path / "run"), "--no-progress"]
+    assert main(args + [a for pair in sets for a in ("--set", pair)]) == 2
+    assert re.search(r"test\.txt:6: the test example has \d+ tokens, more than the model's max_positions=16 "
+                     r"\(positions='learned'\); set data\.max_len=16", capsys.readouterr().err)
 
 
 def test_a_line_with_a_nul_byte_is_refused_naming_file_and_line(tmp_path):

@@ -218,6 +218,7 @@ def _rank(rank: int, world: int, port: int, folder: str, run_dir: str, update_fr
         distributed.leave()
 
 
+@pytest.mark.slow
 def test_two_ranks_on_token_shards_equal_one_process_with_the_same_global_batch(tmp_path):
     rng = np.random.default_rng(1)
     write_shard(tmp_path / "d_train_000000.bin", rng.integers(0, 50, 400))

@@ -1,23 +1,30 @@
 """The training checkpoint (training/state_file.py) and the engine's guards: no code runs from a checkpoint, a
-truncated one is a clear error, a diverging run stops, mixed precision and compilation do what they say."""
+truncated one is a clear error, a diverging run stops, mixed precision and compilation do what they say, and a
+run resumes under its one writer with only the settings a resume may change."""
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
 import pickle
 import random
+import shutil
+import socket
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import gpu
+from helpers.processes import lock_owner
+from helpers.tiny_runs import translation_args
 from interlayer import create_model
 from interlayer.checkpoint import canonical_state_dict
 from interlayer.cli import main
-from interlayer.errors import DivergenceError
+from interlayer.errors import DirectoryBusy, DivergenceError
 from interlayer.training import state_file
+from interlayer.training.concurrency import DirectoryLock
 from interlayer.training.config import TrainConfig
 from interlayer.training.engine import LAST, LEGACY_LAST, Trainer
 
@@ -83,6 +90,7 @@ def test_resume_refuses_a_pickle_checkpoint_and_runs_none_of_it(sst, tmp_path, c
         Trainer(_Task(), _model(), TrainConfig(), run)
 
 
+@pytest.mark.slow
 def test_compare_rerun_refuses_a_pickle_checkpoint_and_runs_none_of_it(sst, tmp_path, capsys):
     out, marker = tmp_path / "cmp", tmp_path / "ran"
     args = ["compare", "--task", "sst5", "--variants", "transformer_text_cls", "--seeds", "1", "--output", str(out),
@@ -252,6 +260,7 @@ def test_fp16_scaler_state_survives_a_resume(tmp_path):
     assert planted.scaler.get_scale() == 1024.0 and planted.scaler.state_dict()["_growth_tracker"] == 7
 
 
+@pytest.mark.slow
 def test_compile_compiles_the_model_and_the_loss_as_one_graph(tmp_path, monkeypatch):
     """``train.compile`` hands the task's whole loss (the model's forward *and* the loss on its logits) to
     ``torch.compile`` (here with dynamo's eager backend and ``fullgraph=True``, so a graph break fails the test;
@@ -312,6 +321,62 @@ def test_a_step_never_waits_for_the_device(tmp_path, monkeypatch):
     assert waits == []
     trainer.step_logs.read(trainer._diverged_at)
     assert waits and all("step_logs.py" in w for w in waits)
+
+
+# -- resuming a run: its one writer, a start before the first checkpoint, the settings it may change (issue 16) ------
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory) -> Path:
+    """A finished one-epoch translation run (module-scoped: tests copy it before changing anything)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert main(translation_args(corpus, run, "train.max_epochs=1", "train.log_interval=1", "train.average_last=0",
+                                 "train.keep_last=1")) == 0
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+def test_a_second_writer_is_refused_naming_the_owner(finished_run, tmp_path, capsys):
+    run = _copy(finished_run, tmp_path)
+    with DirectoryLock(run, "test writer"):
+        assert lock_owner(run)["pid"] == os.getpid()
+        assert main(["train", "translation", "--run-dir", str(run), "--resume", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"is being written by another process: pid {os.getpid()} on host {socket.gethostname()}" in err
+        with pytest.raises(DirectoryBusy, match="test writer"):
+            DirectoryLock(run, "another").acquire()
+    assert lock_owner(run) == {}  # released cleanly: nothing for the next writer to take over
+
+
+def test_resume_before_the_first_checkpoint_starts_over_and_says_so(finished_run, tmp_path, capsys):
+    run = _copy(finished_run, tmp_path)
+    rows = len((run / "train.csv").read_text().splitlines())
+    for name in (LAST, "results.json"):  # as if killed before the first checkpoint
+        (run / name).unlink()
+    assert main(["train", "translation", "--run-dir", str(run), "--resume", "--no-progress", "--beam", "1"]) == 0
+    assert "stopped before its first checkpoint" in capsys.readouterr().err
+    assert len((run / "train.csv").read_text().splitlines()) == rows  # the partial log was cleared, not extended
+    assert json.loads((run / "results.json").read_text())["status"] == "finished"
+
+
+def test_resume_refuses_set_values_that_change_the_run(finished_run, tmp_path, capsys):
+    run = _copy(finished_run, tmp_path)
+    (run / "results.json").unlink()
+    base = ["train", "translation", "--run-dir", str(run), "--resume", "--no-progress", "--beam", "1"]
+    assert main([*base, "--set", "d_model=64", "--set", "train.lr=0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "d_model 32 -> 64" in err and "train.lr 0.001 -> 0.01" in err and "train.max_minutes" in err
+    assert main([*base, "--seed", "2"]) == 2
+    assert "train.seed 1 -> 2" in capsys.readouterr().err
+    assert main([*base, "--set", "d_model=32", "--set", "train.max_epochs=3", "--set", "train.log_interval=7"]) == 0
+    assert "changed settings: train.log_interval 1 -> 7, train.max_epochs 1 -> 3" in capsys.readouterr().err
+    assert json.loads((run / "run.json").read_text())["train"]["max_epochs"] == 3  # recorded with the run
+    assert main([*base, "--set", "train.max_epochs=4"]) == 2  # finished now: the change would do nothing
+    assert "has finished" in capsys.readouterr().err
+
 
 
 # -- GPU (skipped without CUDA) ---------------------------------------------------------------------------------

@@ -1,10 +1,16 @@
 """Translation end to end on a tiny synthetic corpus: data checks, BPE, batching, decoding, training, CLI."""
+import io
 import json
 import random
+import re
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import set_args
 from helpers.translation import sentence_pairs, write_corpus
 from interlayer import create_model
 from interlayer.checkpoint import canonical_state_dict
@@ -104,6 +110,7 @@ def trained(corpus, tmp_path_factory):
     return task, model, run, state
 
 
+@pytest.mark.slow
 def test_training_writes_logs_checkpoints_and_averages(trained):
     task, model, run, state = trained
     assert state.finished and state.epoch == 4
@@ -117,6 +124,7 @@ def test_training_writes_logs_checkpoints_and_averages(trained):
     assert any(p.name.startswith("events") for p in (run / "tb").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 3])
 def test_decoding_with_and_without_cache_agree(trained, beam):
     task, model, _, _ = trained
@@ -128,6 +136,7 @@ def test_decoding_with_and_without_cache_agree(trained, beam):
     assert with_cache == without and any(with_cache)
 
 
+@pytest.mark.slow
 def test_beam_of_one_is_greedy_and_batched_equals_single(trained):
     task, model, _, _ = trained
     model.eval()
@@ -145,6 +154,7 @@ def test_sacrebleu_scores_detokenized_text_with_signature():
 
 
 # -- resume ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     cfg = TrainConfig(max_epochs=2, max_tokens=400, warmup_steps=10, lr=3e-3, log_interval=5, seed=3)
     task = TranslationTask(_data(corpus), cfg)
@@ -178,6 +188,7 @@ def test_interrupted_and_resumed_run_reaches_the_same_weights(corpus, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_starting_over_an_existing_run_is_refused(trained):
     task, model, run, _ = trained
     with pytest.raises(FileExistsError, match="--resume"):
@@ -185,15 +196,28 @@ def test_starting_over_an_existing_run_is_refused(trained):
 
 
 # -- command line ----------------------------------------------------------------------------------------------
-def test_cli_train_translate_evaluate(corpus, tmp_path, capsys):
-    run = tmp_path / "run"
-    args = ["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "2",
-            "--set", "d_model=32", "--set", "n_heads=4", "--set", "d_ffn=64", "--set", "enc_layers=1",
-            "--set", "dec_layers=1", "--set", "train.max_epochs=1", "--set", "train.max_tokens=400",
-            "--set", "train.average_last=0", "--set", "data.vocab_size=80"]
+def _cli_args(corpus, run, *sets, **files):
+    """``interlayer train translation`` of a tiny model for one epoch on the corpus (``files``: a split's file in
+    place of the corpus's, ``train_src=path``)."""
+    args = ["train", "translation", "--run-dir", str(run), "--no-progress", "--beam", "2", *set_args([
+        "d_model=32", "n_heads=4", "d_ffn=64", "enc_layers=1", "dec_layers=1", "train.max_epochs=1",
+        "train.max_tokens=400", "train.average_last=0", "data.vocab_size=80", *sets])]
     for split in ("train", "valid", "test"):
-        args += [f"--{split}-src", str(corpus / f"{split}.de"), f"--{split}-tgt", str(corpus / f"{split}.en.gz")]
-    assert main(args) == 0
+        args += [f"--{split}-src", str(files.get(f"{split}_src", corpus / f"{split}.de")),
+                 f"--{split}-tgt", str(corpus / f"{split}.en.gz")]
+    return args
+
+
+@pytest.fixture(scope="module")
+def cli_run(corpus, tmp_path_factory):
+    """A run trained by ``interlayer train translation`` (module-scoped: a test that changes its files copies them)."""
+    run = tmp_path_factory.mktemp("cli") / "run"
+    assert main(_cli_args(corpus, run)) == 0
+    return run
+
+
+def test_cli_train_translate_evaluate(cli_run, tmp_path, capsys):
+    run = cli_run
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "finished" and "nrefs:1" in results["bleu_signature"]
     capsys.readouterr()
@@ -205,6 +229,71 @@ def test_cli_train_translate_evaluate(corpus, tmp_path, capsys):
     assert "BLEU" in capsys.readouterr().out
     assert main(["train", "translation", "--run-dir", str(run), "--no-progress"]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+# -- a damaged model folder, bad input, a sentence too long: refused in one line (issue 16) ---------------------
+def _broken_model(run: Path, tmp_path: Path, damage: str) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(run / "best", model)
+    if damage == "truncated":
+        data = (model / "model.safetensors").read_bytes()
+        (model / "model.safetensors").write_bytes(data[:-100])
+    elif damage == "config":
+        (model / "config.json").write_text('{"d_model": 32,\n "n_heads": }')
+    elif damage == "vocab":
+        (model / "vocab.json").write_text('{"joint": true, "source": 7}')
+    elif damage == "task":
+        (model / "task.json").write_text('{"task": "sst2"}')
+    return model
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated", r"model\.safetensors: not a readable safetensors file .*truncated"),
+    ("config", r"config\.json:2:13: not valid JSON"),
+    ("vocab", r"vocab\.json is not a translation vocabulary"),
+    ("task", r"holds a 'sst2' model .*not a translation model"),
+])
+def test_translate_refuses_a_damaged_or_foreign_model_folder(cli_run, tmp_path, capsys, monkeypatch, damage,
+                                                             message):
+    model = _broken_model(cli_run, tmp_path, damage)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ein hund\n")))
+    assert main(["translate", "--checkpoint", str(model)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_evaluate_refuses_a_task_json_naming_an_unknown_task(cli_run, tmp_path, capsys):
+    model = _broken_model(cli_run, tmp_path, "none")
+    (model / "task.json").write_text('{"task": "summarisation"}')
+    assert main(["evaluate", "--checkpoint", str(model)]) == 2
+    assert re.search(r"task\.json names the task 'summarisation'; known tasks: .*translation",
+                     capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("stdin, message", [(b"", r"<stdin>: no input \(empty\)"),
+                                            (b"ein hund\n\xff\xfe\n", r"<stdin>:2: not valid UTF-8"),
+                                            (b"ein\n" + b"hund " * 300 + b"\n",
+                                             r"<stdin>:2: the sentence has \d+ subword tokens .*max_positions=256")])
+def test_translate_refuses_empty_undecodable_or_too_long_input(cli_run, capsys, monkeypatch, stdin, message):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert main(["translate", "--checkpoint", str(cli_run / "best")]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("split, message", [
+    ("valid", r"valid\.de:3: the valid source sentence has \d+ tokens, more than the model's max_positions=48; "
+              r"evaluation data is never cut"),
+    ("train", r"train\.de:5: the train source sentence .*data\.max_tokens_per_sentence=48 drops such"),
+])
+def test_a_sentence_longer_than_max_positions_is_refused_before_training(corpus, tmp_path, capsys, split, message):
+    lines = (corpus / f"{split}.de").read_text().splitlines()
+    lines[2 if split == "valid" else 4] = " ".join(["hund"] * 80)
+    if split == "train":
+        lines[1] = ""  # a blank pair, dropped from training: the message must still name the file's line
+    (tmp_path / f"{split}.de").write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    assert main(_cli_args(corpus, run, "max_positions=48", **{f"{split}_src": tmp_path / f"{split}.de"})) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (run / "train.csv").exists()  # nothing trained
 
 
 def test_label_smoothed_loss_matches_pytorch():

@@ -156,6 +156,7 @@ def test_warm_up_starts_as_the_plain_model_and_ramps_to_the_lambdas(learnable):
     assert warm.state_dict()["encoder.layers.1.self_attn.kv_source.steps_done"] == 7  # saved with the weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [*MODES, "warm_up"])
 def test_compiles_without_graph_breaks(mode):
     torch._dynamo.reset()

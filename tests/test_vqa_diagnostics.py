@@ -15,6 +15,7 @@ from interlayer.training.config import TrainConfig
 D = load_benchmark("vqa_diagnostics")
 
 
+@pytest.mark.slow
 def test_reference_rules_on_the_release():
     """docs/vqa.md's reference lines: 48.3% from the words alone, 64.5% with the image's number of squares."""
     train, test = soc.generate(10_000, 0, "train"), soc.generate(1_000, 0, "test")

@@ -63,6 +63,7 @@ def test_train_and_evaluate_sort_of_clevr(tmp_path, capsys, monkeypatch):
     assert seeds == [7, 7]
 
 
+@pytest.mark.slow
 def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
     """``data.image_features=objects``: MCAN reads six 365-d regions (no stem), noise goes onto those features,
     the checkpoint's evaluation rebuilds the same regions, and the option is refused for the path data sets."""
@@ -84,6 +85,7 @@ def test_sort_of_clevr_as_object_regions(tmp_path, capsys):
     assert "feature_dim=24" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main(["train", "vqa", "--dataset", "vqa2", "--run-dir", str(tmp_path / "r")]) == 2
     assert "--data-dir" in capsys.readouterr().err
