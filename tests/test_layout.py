@@ -219,10 +219,10 @@ def test_no_module_only_reexports() -> None:
 
 
 # Names several modules define on purpose: the same hook of each task or paper module (report, score, predict,
-# paper_tables), each kernel's parts (forward, backward, backward_op, reference, covers), and one verb on two unrelated
+# paper_tables), each kernel's parts (forward, backward, reference, covers), and one verb on two unrelated
 # things (beam search of the translation decoder and of the causal LM; the reports of compare and search; decoding a
 # translation and a search pattern; generating text and Sort-of-CLEVR images; a file's raw bytes; a metrics table).
-SHARED_NAMES = {"report", "score", "predict", "paper_tables", "forward", "backward", "backward_op", "reference",
+SHARED_NAMES = {"report", "score", "predict", "paper_tables", "forward", "backward", "reference",
                 "covers", "beam_search", "write_report", "decode", "generate", "read_raw", "format_report"}
 
 
