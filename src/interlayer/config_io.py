@@ -285,3 +285,24 @@ def flatten_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
         else:
             flat[key] = value
     return flat
+
+
+SectionForm = Literal["section", "hard_pair"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSlots:
+    """Where a model's config takes the methods' sections, as its family declares it (``Family.method_slots`` in
+    :mod:`interlayer.models.registry`): what a named variant writes its overrides into, so that no method recognises
+    a model by the keys of its config. Config plumbing below the methods, so that a family without Transformer
+    sections (GAT, the text CNN) declares its slots without loading them.
+
+    ``name``: the model in messages. ``at``: where the sections go, with a Transformer's keys: ``""`` the config's
+    top, a key (``"encoder"``, ``"transformer"``) a nested Transformer config, None nowhere. ``only``: the methods
+    whose sections the model takes there, when not all (None: every method). ``forms``: sections the model takes in
+    a form of its own, by method (``"hard_pair"``: one Crossformer hard pair named by a string, as GAT's)."""
+
+    name: str = "Transformer"
+    at: Optional[str] = ""
+    only: Optional[frozenset[str]] = None
+    forms: Mapping[str, SectionForm] = dataclasses.field(default_factory=dict)

@@ -25,10 +25,11 @@ What a method registers where it lives, so that adding one is a module here plus
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from torch import nn
 
+from ..config_io import MethodSlots, SectionForm
 from ..core.components import Components
 from ..core.config import TransformerConfig
 from ..errors import ConfigError, VariantError
@@ -48,26 +49,6 @@ class ComposedConfig(TransformerConfig):
 
 
 # -- compare variants ---------------------------------------------------------------------------------------------
-SectionForm = Literal["section", "hard_pair"]
-
-
-@dataclass(frozen=True)
-class MethodSlots:
-    """Where a model's config takes the methods' sections, as its family declares it (``Family.method_slots`` in
-    :mod:`interlayer.models.registry`): what a named variant writes its overrides into, so that no method recognises
-    a model by the keys of its config.
-
-    ``name``: the model in messages. ``at``: where the sections go, with a Transformer's keys: ``""`` the config's
-    top, a key (``"encoder"``, ``"transformer"``) a nested Transformer config, None nowhere. ``only``: the methods
-    whose sections the model takes there, when not all (None: every method). ``forms``: sections the model takes in
-    a form of its own, by method (``"hard_pair"``: one Crossformer hard pair named by a string, as GAT's)."""
-
-    name: str = "Transformer"
-    at: Optional[str] = ""
-    only: Optional[frozenset[str]] = None
-    forms: Mapping[str, SectionForm] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class VariantContext:
     """What a named variant may depend on: the task, the comparison's base preset, its resolved config (a dict),

@@ -35,13 +35,12 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ModelConfig
-from ..config_io import ConfigFile, checked_config, set_dotted
+from ..config_io import ConfigFile, MethodSlots, checked_config, set_dotted
 from ..core.encoder import EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import ClassifierOutput
 from ..core.positions import RelativePositionBias2D
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from ..methods.conv_branch import BranchAttention
 from ..methods.predictive import PredictiveConfig, make_mixer
 from .image_input import PixelNorm, check_pixels, image_input

@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config_io import ConfigFile, checked_config
+from ..config_io import ConfigFile, MethodSlots, checked_config
 from ..core.embedding import make_token_embedding
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from .registry import Family, override_flat, register_family, register_presets
 
 MODEL_TYPE = "cnn_text"

@@ -86,11 +86,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..accounting import count_madds
-from ..config_io import ConfigFile, checked_config
+from ..config_io import ConfigFile, MethodSlots, checked_config
 from ..core.hub import PretrainedMixin, track_ties
 from ..data.planetoid import load_planetoid
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from .registry import Family, override_flat, register_family
 
 MODEL_TYPE = "gat"

@@ -63,7 +63,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ModelConfig
-from ..config_io import ConfigFile, check_choices, checked_config, set_dotted
+from ..config_io import ConfigFile, MethodSlots, check_choices, checked_config, set_dotted
 from ..core.attention import MultiHeadAttention
 from ..core.components import Components
 from ..core.decoder import decoder_layers, run_decoder_layers
@@ -73,7 +73,6 @@ from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import AuxLossFn
 from ..errors import ConfigError
 from ..methods import METHODS
-from ..methods.base import MethodSlots
 from ..methods.crossformer import CrossformerConfig
 from ..methods.lightweight import LightweightConfig
 from ..methods.predictive import PredictiveConfig

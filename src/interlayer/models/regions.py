@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from ..accounting import count_madds
 from ..config import ModelConfig, is_section
-from ..config_io import ConfigFile, check_choices, dataclass_from_dict, set_dotted
+from ..config_io import ConfigFile, MethodSlots, check_choices, dataclass_from_dict, set_dotted
 from ..core.components import Components
 from ..core.decoder import Decoder, decoder_layers, run_decoder_layers
 from ..core.embedding import make_token_embedding
@@ -47,7 +47,6 @@ from ..core.encoder import Encoder, EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
 from ..core.models import AuxLossFn, Seq2SeqOutput
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from .registry import Family, register_family, register_presets
 
 Head = Literal["caption", "rec"]

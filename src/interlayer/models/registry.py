@@ -31,10 +31,9 @@ from torch import nn
 
 from ..accounting import count_parameters
 from ..checkpoint import SavedModel, load_saved_weights, read_saved, size_checked_config
-from ..config_io import ConfigFile, checked_config, flatten_overrides, read_config_file, set_dotted
+from ..config_io import ConfigFile, MethodSlots, checked_config, flatten_overrides, read_config_file, set_dotted
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
-from ..methods.base import MethodSlots
 from ..plugins import import_modules
 from ..tables import format_table, human
 

@@ -37,14 +37,13 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..build import customized_components
 from ..config import ModelConfig, is_section
-from ..config_io import ConfigFile, checked_config, set_dotted
+from ..config_io import ConfigFile, MethodSlots, checked_config, set_dotted
 from ..core.components import Components
 from ..core.encoder import EncoderOutput
 from ..core.hub import PretrainedMixin, track_ties
 from ..core.layers import EncoderLayer, Residual
 from ..core.models import ClassifierOutput
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from ..methods.lightweight import LightweightConfig
 from .image_input import PixelNorm, check_pixels, image_input
 from .registry import Family, register_family, register_presets

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from ..accounting import count_madds
 from ..build import build_model
 from ..config import ModelConfig, is_section
-from ..config_io import ConfigFile, dataclass_from_dict, set_dotted
+from ..config_io import ConfigFile, MethodSlots, dataclass_from_dict, set_dotted
 from ..core.components import Components
 from ..core.feedforward import FeedForward
 from ..core.hub import PretrainedMixin, track_ties
@@ -68,7 +68,6 @@ from ..core.layers import EncoderLayer
 from ..core.models import ClassifierOutput, EncoderClassifier
 from ..core.outputs import one_of
 from ..errors import ConfigError
-from ..methods.base import MethodSlots
 from ..methods.conv_branch import TokenConv, check_kernel
 from .image_input import PixelNorm, check_pixels
 from .registry import Family, register_family, register_presets
