@@ -247,7 +247,7 @@ def test_the_main_jobs_seeds_are_the_pilots_power_calculation():
     from interlayer.compare.stats import power
     from interlayer.compare.variants import split_entries
 
-    pilot = json.loads((Path(__file__).parents[1] / "docs" / "main-job-pilot.json").read_text())
+    pilot = json.loads((Path(__file__).parents[1] / "docs" / f"main-job-pilot-{MAIN_JOB_STEPS}.json").read_text())
     assert pilot["steps"] == MAIN_JOB_STEPS == DEFAULT["budget_steps"]
     pa = pilot["variants"]["pa"]
     assert len(pa["differences"]) == len(pa["seeds"]) >= 5 and min(pa["seeds"]) > MAIN_JOB_SEEDS
