@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 # most steps whose seeds fit the main job's 15 minutes with its set-up. 1,500 steps x 5 seeds, the estimate's choice,
 # took 20 min 26 s measured whole on a fresh clone (2 quiet cores), so the plan's next step count holds: 1,000 steps,
 # 3 seeds (PA's paired difference -0.149, sd 0.022: docs/main-job-pilot-1000.json, by benchmarks/main_job_pilot.py;
-# a test checks both constants against it). At 1,000 steps the baseline's test loss is about 2.15 nats per character
-# (2.148 +- 0.014 over the pilots), far below the bigram level (2.75) at which issue 30 found every model stopped at 160 steps.
+# a test checks both constants against it). At 1,000 steps the baseline's test loss is about 2.15 nats per
+# character (2.148 +- 0.014 over the pilots), far below the bigram level (2.75) at which issue 30 found every model
+# stopped at 160 steps.
 MAIN_JOB_STEPS = 1000
 MAIN_JOB_SEEDS = 3
 MAIN_JOB_VALIDATIONS = 10
