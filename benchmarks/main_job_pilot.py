@@ -5,6 +5,8 @@ differences to the baseline, their spread, and the power calculation that gives 
 
     python benchmarks/main_job_pilot.py --first-seed 101 --seeds 5 --steps 2000 --output runs/pilot/s2000
     python benchmarks/main_job_pilot.py --output runs/pilot/s2000 --analyse-only --effect 0.05
+    python benchmarks/main_job_pilot.py --first-seed 116 --seeds 10 --steps 1000 --variants baseline,pa \
+        --output runs/pilot/s1000b --pool docs/main-job-pilot-1000-first.json --json docs/main-job-pilot-1000.json
 
 The runs are trained exactly as the default trains them (one torch thread per run, the default's ``--jobs``), so the
 per-run cost they print (wall seconds, and the process CPU seconds that do not depend on the machine's load, both
@@ -12,7 +14,8 @@ from each run's ``compare_memory.json``) is the default's. The power is that of 
 differences at the level Holm's first step uses (``alpha / m`` for the ``m`` variants compared with the baseline: the
 variant with the smallest p is tested there; ``m`` is the default's, also when the pilot trains fewer variants), and
 also at ``alpha`` (its last step), from SciPy's noncentral t
-(:func:`interlayer.compare.stats.power`).
+(:func:`interlayer.compare.stats.power`). ``--pool`` adds the per-seed differences of earlier pilots at the same steps
+(their JSON files), so that a second pilot sharpens the first one's estimate of the spread instead of replacing it.
 """
 from __future__ import annotations
 
@@ -48,18 +51,36 @@ def _run_costs(output: Path) -> dict[str, dict[str, float]]:
     return costs
 
 
-def analyse(output: Path, effect: Optional[float]) -> dict[str, Any]:
+def _pooled(pool: list[Path], steps: int) -> dict[str, dict[int, float]]:
+    """Each variant's per-seed differences in earlier pilots' JSON files, which must be at ``steps`` steps."""
+    pairs: dict[str, dict[int, float]] = {}
+    for path in pool:
+        earlier = json.loads(path.read_text())
+        if earlier["steps"] != steps:
+            raise SystemExit(f"--pool {path}: a pilot at {earlier['steps']} steps, not {steps}")
+        for name, entry in earlier["variants"].items():
+            pairs.setdefault(name, {}).update(zip(entry["seeds"], entry["differences"]))
+    return pairs
+
+
+def analyse(output: Path, effect: Optional[float], pooled: Optional[dict[str, dict[int, float]]] = None
+            ) -> dict[str, Any]:
     summary = json.loads((output / "summary.json").read_text())
     base = summary["variants"][summary["baseline"]]["test_by_seed"]
     others = {name: v["test_by_seed"] for name, v in summary["variants"].items() if name != summary["baseline"]}
     m = len(split_entries(DEFAULT["variants"][0])) - 1  # the default's family, whatever variants the pilot trained
     rows, out = [], {"baseline": summary["baseline"], "m": m, "alpha_first_step": ALPHA / m, "variants": {}}
     for name, values in others.items():
-        seeds = sorted(set(values) & set(base), key=int)
-        diffs = [values[s] - base[s] for s in seeds]
+        pairs = {int(s): values[s] - base[s] for s in set(values) & set(base)}
+        earlier = (pooled or {}).get(name, {})
+        if set(earlier) & set(pairs):
+            raise SystemExit(f"{name}: seeds {sorted(set(earlier) & set(pairs))} are in --pool and in this pilot")
+        pairs.update(earlier)
+        seeds = sorted(pairs)
+        diffs = [pairs[s] for s in seeds]
         mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
         targets = {"pilot Δ": abs(mean), **({f"effect {effect:g}": effect} if effect else {})}
-        entry = {"seeds": [int(s) for s in seeds], "differences": diffs, "mean": mean, "sd": sd,
+        entry = {"seeds": seeds, "differences": diffs, "mean": mean, "sd": sd,
                  "dz": abs(mean) / sd if sd else None, "needed": {}, "power": {}}
         for label, target in targets.items():
             for level, alpha in (("alpha/m", ALPHA / m), ("alpha", ALPHA)):
@@ -100,6 +121,8 @@ def main() -> None:
     parser.add_argument("--effect", type=float, help="a stated smallest effect of interest (metric units) to plan for")
     parser.add_argument("--analyse-only", action="store_true", help="only the calculation, on finished pilot runs")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument("--pool", type=Path, nargs="*", default=[],
+                        help="earlier pilots' JSON files at the same steps: their per-seed differences join these")
     args = parser.parse_args()
     if not args.analyse_only:
         load = os.getloadavg()[0]
@@ -112,7 +135,9 @@ def main() -> None:
             raise SystemExit("interrupted: run the same command again to continue")
         if result.failed:
             raise SystemExit(f"failed runs: {', '.join(result.failed)}")
-    out = {"steps": args.steps, **analyse(args.output, args.effect)}
+    pooled = _pooled(args.pool, args.steps)
+    out = {"steps": args.steps, **analyse(args.output, args.effect, pooled),
+           **({"pooled": [str(p) for p in args.pool]} if args.pool else {})}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 
