@@ -65,6 +65,9 @@ def test_scst_defaults_are_a_cpu_recipe_on_the_scenes_and_lw_sec_iv_c_on_coco() 
                                                             "data.scst_lr": 5e-6}
     mine = with_defaults(spec, {"data.dataset": "coco", "data.scst_lr": "1e-5"})
     assert mine["data.scst_lr"] == "1e-5" and mine["data.scst_baseline"] == "greedy"
+    # the small captioner: d 128 with the paper's FFN of 4 d (at 2 d its SCST levelled off 10 CIDEr-D lower)
+    small = get_config("caption_transformer_small").transformer
+    assert (small.d_model, small.d_ffn, small.enc_layers, small.dec_layers) == (128, 512, 3, 3)
 
 
 def test_the_task_refuses_a_rec_preset_and_a_feature_width_override() -> None:
