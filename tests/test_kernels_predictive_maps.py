@@ -140,8 +140,9 @@ def test_above_a_causal_diagonal_the_mixed_map_is_unread_and_its_gradients_are_z
 @pytest.mark.parametrize("causal", [True, False])
 def test_word_pairs_and_unmasked_rows_of_a_wide_16_bit_map(causal) -> None:
     """An even-width 16-bit map is read as 32-bit words (each row's columns at the taps' offsets from word halves),
-    and a map wider than two blocks has rows that no mask touches: both against the reference."""
-    _compare(causal=causal, convs=1, dtype=torch.float16, h=3, t=136, b=1)
+    and a map wider than two blocks has rows that no mask touches: both against the reference. (Two heads: the
+    heads' mixing is every other test's; under the interpreter a third head costs the suite 20 s.)"""
+    _compare(causal=causal, convs=1, dtype=torch.float16, h=2, t=136, b=1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 products run on a GPU's tensor cores")

@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.xdist_group("sass audit")  # the module's one compile (audits), on one worker of make test
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever xdist interleaves
 def audits() -> dict:
     if not (BIN / "nvdisasm").is_file():
         pytest.skip("this Triton build has no NVIDIA tools (nvdisasm)")
