@@ -20,6 +20,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from helpers.translation import SHORT_LEXICON, write_corpus
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``make test``'s xdist groups whole. Under ``--dist loadgroup`` pytest-xdist (3.8) suffixes the node id of
+    an ``xdist_group``'s tests with the group by writing ``item._nodeid``; pytest 9 reads the id from ``item._id``,
+    so the suffix was lost, the groups were split over both workers, and the expensive runs they share (the GPU
+    campaign's dry runs, the kernels' audits) ran on both: 70 s twice in one suite. The suffix goes where this pytest
+    reads it (tests/test_gpu_campaign.py checks that it arrives)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId  # pytest 9; before it, xdist's own suffix works
+    except ImportError:
+        return
+    for item in items:
+        suffixed = getattr(item, "_nodeid", None)
+        if suffixed and suffixed != item.nodeid:
+            item._id = NodeId.parse(suffixed)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

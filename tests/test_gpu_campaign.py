@@ -50,6 +50,15 @@ def peers(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     return dry_run("peers", tmp_path_factory.mktemp("peers"))
 
 
+@pytest.mark.xdist_group("campaign peers")
+def test_a_group_reaches_the_node_id_that_xdist_schedules_by(request):
+    """Under ``make test``'s ``--dist loadgroup`` the group must be in the node id, or xdist splits it over the workers
+    and each runs the part's dry run (tests/conftest.py's hook; pytest 9 lost xdist 3.8's own suffix)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not under pytest -n N --dist loadgroup")
+    assert request.node.nodeid.endswith("@campaign peers"), request.node.nodeid
+
+
 @pytest.mark.slow
 def test_setup_reports_imports_torch_and_a_measured_matmul(tmp_path):
     result, record = dry_run("setup", tmp_path)
